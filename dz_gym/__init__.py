@@ -1,0 +1,26 @@
+"""dz-gym: batched, trustworthy evaluation of OpenPI/DreamZero policy servers on DROID simulation scenes.
+
+Public API:
+    make_droid_env(backend="mujoco"|"isaac", scene=1, num_envs=8, ...)  -> a batched DROID env
+    DreamZeroPolicyWrapper(env, server=..., prompt=...)                 -> a gymnasium.Wrapper that
+                                                                           queries the policy server
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+__all__ = ["DreamZeroPolicyWrapper", "make_droid_env", "__version__"]
+
+
+def __getattr__(name: str):
+    # Lazy: importing dz_gym must not import MuJoCo, torch or websockets machinery until asked for.
+    if name == "make_droid_env":
+        from dz_gym.envs import make_droid_env
+
+        return make_droid_env
+    if name == "DreamZeroPolicyWrapper":
+        from dz_gym.wrapper import DreamZeroPolicyWrapper
+
+        return DreamZeroPolicyWrapper
+    raise AttributeError(f"module 'dz_gym' has no attribute {name!r}")

@@ -1,0 +1,103 @@
+"""The batched DROID env interface every backend implements (Isaac Lab's contract, plus two hooks).
+
+A backend is a ``gymnasium.Env`` that is internally batched, like Isaac Lab's ``ManagerBasedRLEnv``:
+
+- ``reset(*, seed=None, options=None) -> (obs, info)`` resets every env. With ``seed`` the episode seeds
+  become ``seed + arange(num_envs)`` unless seeds were queued with :meth:`set_episode_seeds`.
+- ``step(action) -> (obs, reward, terminated, truncated, info)`` with ``action`` ``(N, 8)`` (numpy or
+  torch), ``reward``/``terminated``/``truncated`` of shape ``(N,)``. Envs that finish are reset inside the
+  step (same-step autoreset), so their returned observation already belongs to the next episode.
+- ``obs["policy"]`` holds ``external_cam``, ``external_cam_2``, ``wrist_cam`` ``(N,H,W,3)`` uint8 and
+  ``arm_joint_pos`` ``(N,7)``, ``gripper_pos`` ``(N,1)`` float32 (numpy for the embedded simulator, torch
+  tensors on the sim device for Isaac Lab).
+- ``info`` (dict of arrays with a leading ``N``), describing the state *reached by this step*, before any
+  autoreset: ``success`` (placement check now), ``success_any_step`` (OR over the episode so far),
+  ``time_outs``, ``episode_seed`` (seed of the episode the step belonged to), ``episode_step`` (steps
+  taken in it), ``object_pos`` / ``container_pos`` ``(N,3)`` env-local, and ``images_fresh`` (which envs'
+  images were rendered for the returned observation).
+
+Two hooks beyond Isaac Lab's API, both optional for callers:
+
+- :meth:`set_render_mask` tells the backend which envs' images will be read from the next observation.
+  Envs outside the mask may return their previous frame (the embedded simulator skips rendering them,
+  the costliest part of a step); envs reset during the step are always rendered.
+- :meth:`set_episode_seeds` queues the seeds of the next episode of some envs, applied when they reset
+  (explicitly or by autoreset). The evaluator uses it for per-episode seeds that do not depend on
+  ``num_envs``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import batch_space
+
+from dz_gym.envs import droid
+
+
+def droid_single_spaces(image_shape: tuple[int, int]) -> tuple[gym.spaces.Dict, gym.spaces.Box]:
+    """Single-env observation and action spaces of the DROID contract at ``image_shape`` (H, W)."""
+    height, width = image_shape
+    image = gym.spaces.Box(0, 255, shape=(height, width, 3), dtype=np.uint8)
+    policy = gym.spaces.Dict(
+        {
+            "external_cam": image,
+            "external_cam_2": image,
+            "wrist_cam": image,
+            droid.JOINT_KEY: gym.spaces.Box(-np.inf, np.inf, shape=(droid.ARM_DOF,), dtype=np.float32),
+            droid.GRIPPER_KEY: gym.spaces.Box(0.0, 1.0, shape=(1,), dtype=np.float32),
+        }
+    )
+    observation = gym.spaces.Dict({droid.POLICY_GROUP: policy})
+    action = gym.spaces.Box(-np.inf, np.inf, shape=(droid.ACTION_DIM,), dtype=np.float32)
+    return observation, action
+
+
+class BatchedDroidEnv(gym.Env):
+    """Base class of the batched DROID backends: spaces, metadata and the two hooks' defaults."""
+
+    metadata: dict[str, Any] = {"render_modes": [], "render_fps": droid.CONTROL_HZ, "autoreset_mode": AutoresetMode.SAME_STEP}
+    is_vector_env = True
+
+    def __init__(self, num_envs: int, image_shape: tuple[int, int], scene: int, device: str = "cpu"):
+        if not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
+            raise ValueError(f"num_envs: expected an integer >= 1, got {num_envs!r}")
+        self.metadata = dict(type(self).metadata)
+        self.num_envs = int(num_envs)
+        self.scene = droid.scene_spec(scene)
+        self.device = device
+        self.step_dt = droid.STEP_DT
+        self.max_episode_length = droid.MAX_EPISODE_LENGTH
+        self.single_observation_space, self.single_action_space = droid_single_spaces(image_shape)
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self._render_mask: np.ndarray | None = None
+        self._queued_seeds: dict[int, int] = {}
+
+    def set_render_mask(self, mask: np.ndarray | None) -> None:
+        """Envs whose images the caller will read from the next observation (``None``: all of them)."""
+        if mask is None:
+            self._render_mask = None
+            return
+        mask = np.asarray(mask, dtype=bool).reshape(-1)
+        if mask.shape != (self.num_envs,):
+            raise ValueError(f"render mask: expected shape ({self.num_envs},), got {mask.shape}")
+        self._render_mask = mask.copy()
+
+    def set_episode_seeds(self, env_ids, seeds) -> None:
+        """Queue the seed of the next episode of each env in ``env_ids``."""
+        env_ids = np.atleast_1d(np.asarray(env_ids, dtype=np.int64))
+        seeds = np.atleast_1d(np.asarray(seeds, dtype=np.int64))
+        if env_ids.shape != seeds.shape:
+            raise ValueError(f"seeds: expected one seed per env id, got {seeds.shape} for {env_ids.shape}")
+        for env_id, seed in zip(env_ids.tolist(), seeds.tolist()):
+            if not 0 <= env_id < self.num_envs:
+                raise ValueError(f"env_ids: expected ids in [0, {self.num_envs}), got {env_id}")
+            self._queued_seeds[env_id] = seed
+
+    def _take_seed(self, env_id: int, fallback: int) -> int:
+        """The queued seed of ``env_id`` (consumed), else ``fallback``."""
+        return self._queued_seeds.pop(env_id, fallback)

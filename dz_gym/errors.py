@@ -1,0 +1,48 @@
+"""Typed exceptions of dz-gym.
+
+Every failure that crosses a module boundary has a type here, so callers can tell a server's own error
+(the request reached the model and it failed) from a broken wire (protocol), a dead connection or a
+bound that ran out. Messages are one line and name the field and what was expected.
+"""
+
+from __future__ import annotations
+
+
+class DzGymError(Exception):
+    """Base class of every dz-gym error."""
+
+
+class ProtocolError(DzGymError):
+    """A frame that does not follow the OpenPI/DreamZero protocol (bad msgpack, wrong type, bad shape)."""
+
+
+class ServerError(DzGymError):
+    """The server answered with an error (binary error dict, text traceback, or JSON error at handshake).
+
+    ``message`` is the server's own text; ``fatal`` says whether the server closes the connection after it
+    (openpi/DreamZero servers do, vLLM-Omni keeps it open).
+    """
+
+    def __init__(self, message: str, *, fatal: bool = False, code: str | None = None):
+        first_line = message.strip().splitlines()[-1] if message.strip() else "(empty message)"
+        super().__init__(f"server error: {first_line}")
+        self.message = message
+        self.fatal = fatal
+        self.code = code
+
+
+class ConnectionLost(DzGymError):
+    """The websocket closed or could not be opened (after the configured retries)."""
+
+    def __init__(self, message: str, *, code: int | None = None, reason: str = ""):
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+
+
+class RequestTimeout(DzGymError, TimeoutError):
+    """A bounded wait on the network ran out (open, handshake, or a request's reply)."""
+
+
+class HandshakeError(DzGymError):
+    """The server's metadata does not fit what the client will send (views, resolution, sessions, actions)."""

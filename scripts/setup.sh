@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Install dz-gym into a local virtual environment (.venv), with the system libraries the embedded
+# simulator renders with. Usage: bash scripts/setup.sh [--test]
+#   --test  also installs the test tools and the PyPI peers the interoperability tests run against.
+# Idempotent: a second run only checks what is there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+want_test=0
+[ "${1:-}" = "--test" ] && want_test=1
+
+# Headless OpenGL for MuJoCo: Mesa EGL (works without a GPU through llvmpipe), OSMesa as the fallback.
+need_apt=()
+ldconfig -p | grep -q 'libEGL.so.1' || need_apt+=(libegl1)
+ldconfig -p | grep -q 'libEGL_mesa.so.0' || need_apt+=(libegl-mesa0)
+[ -e /usr/lib/x86_64-linux-gnu/dri/swrast_dri.so ] || [ -e /usr/lib/aarch64-linux-gnu/dri/swrast_dri.so ] || need_apt+=(libgl1-mesa-dri)
+ldconfig -p | grep -q 'libOSMesa.so' || need_apt+=(libosmesa6)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "setup: installing ${need_apt[*]}"
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  else
+    echo "setup: please install the Debian packages: ${need_apt[*]} (headless rendering)" >&2
+  fi
+fi
+
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+pip=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
+if [ $want_test = 1 ]; then
+  # torch==2.13.0 resolves to the CPU build on a CPU machine; the tests use it for the torch code paths.
+  "${pip[@]}" -e ".[mujoco,test,plot]" "torch==2.13.0"
+  # openpi-client pins numpy<2 and forgets typing_extensions: install it without its pins, next to the
+  # dependencies it really uses (pillow, dm-tree, typing-extensions come with the test extra).
+  "${pip[@]}" --no-deps "openpi-client==0.1.2" "openpi-server==0.1.0"
+else
+  "${pip[@]}" -e ".[mujoco]"
+fi
