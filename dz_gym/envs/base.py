@@ -4,6 +4,8 @@ A backend is a ``gymnasium.Env`` that is internally batched, like Isaac Lab's ``
 
 - ``reset(*, seed=None, options=None) -> (obs, info)`` resets every env. With ``seed`` the episode seeds
   become ``seed + arange(num_envs)`` unless seeds were queued with :meth:`set_episode_seeds`.
+  ``options={"env_ids": ids}`` resets only those envs (a partial reset, like Isaac Lab's
+  ``reset(env_ids=...)``); the returned observation is the whole batch, unchanged for the other envs.
 - ``step(action) -> (obs, reward, terminated, truncated, info)`` with ``action`` ``(N, 8)`` (numpy or
   torch), ``reward``/``terminated``/``truncated`` of shape ``(N,)``. Envs that finish are reset inside the
   step (same-step autoreset), so their returned observation already belongs to the next episode.
