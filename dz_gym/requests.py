@@ -1,0 +1,115 @@
+"""Observation adapter: batched DROID observations -> DreamZero infer requests (pure, no I/O).
+
+Takes ``obs["policy"]`` of a batched env (numpy arrays or torch tensors on any device), picks the envs that
+need a chunk, resizes their three views to the server's ``image_resolution`` in one batched call per camera
+(on the tensors' device, before any host copy), and builds exactly the reference client's request per env:
+external_cam -> exterior_image_0_left, external_cam_2 -> exterior_image_1_left, wrist_cam -> wrist_image_left,
+joint and gripper positions as float64, zero cartesian position, prompt, session id, endpoint "infer".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from dz_gym.envs import droid
+from dz_gym.preprocess import resize_with_pad_to_numpy
+from dz_gym.protocol import build_infer_request
+
+
+def is_torch_tensor(value: Any) -> bool:
+    """True for a torch tensor, without importing torch."""
+    return type(value).__module__.startswith("torch") and hasattr(value, "detach")
+
+
+def to_numpy(value: Any) -> np.ndarray:
+    """A host numpy view/copy of a numpy array or torch tensor."""
+    if is_torch_tensor(value):
+        return value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+def validate_policy_obs(policy: Mapping[str, Any], num_envs: int) -> None:
+    """Check ``obs["policy"]`` against the DROID contract; one-line ``ValueError`` naming the field."""
+    if not isinstance(policy, Mapping):
+        raise ValueError(f"obs['policy']: expected a mapping of observation terms, got {type(policy).__name__}")
+    for key in droid.CAMERA_KEYS:
+        if key not in policy:
+            raise ValueError(f"obs['policy']['{key}']: missing (expected (N,H,W,3) uint8 images)")
+        shape = tuple(policy[key].shape)
+        if len(shape) != 4 or shape[0] != num_envs or shape[3] != 3:
+            raise ValueError(f"obs['policy']['{key}']: expected shape ({num_envs}, H, W, 3), got {shape}")
+        dtype = str(policy[key].dtype)
+        if "uint8" not in dtype:
+            raise ValueError(f"obs['policy']['{key}']: expected dtype uint8, got {dtype}")
+    for key, width in ((droid.JOINT_KEY, droid.ARM_DOF), (droid.GRIPPER_KEY, 1)):
+        if key not in policy:
+            raise ValueError(f"obs['policy']['{key}']: missing (expected ({num_envs}, {width}))")
+        shape = tuple(policy[key].shape)
+        if shape != (num_envs, width):
+            raise ValueError(f"obs['policy']['{key}']: expected shape ({num_envs}, {width}), got {shape}")
+
+
+def proprio(policy: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """Joint ``(N,7)`` and gripper ``(N,1)`` positions as host float64 arrays."""
+    joints = to_numpy(policy[droid.JOINT_KEY]).astype(np.float64)
+    gripper = to_numpy(policy[droid.GRIPPER_KEY]).astype(np.float64)
+    return joints, gripper
+
+
+def resized_views(
+    policy: Mapping[str, Any], env_ids: Sequence[int], image_resolution: tuple[int, int] | None
+) -> dict[str, np.ndarray]:
+    """The three views of ``env_ids``, resized with pad to ``image_resolution`` (None: as they are)."""
+    index = np.asarray(env_ids, dtype=np.int64)
+    views = {}
+    for camera in droid.CAMERA_KEYS:
+        batch = policy[camera]
+        if is_torch_tensor(batch):
+            import torch
+
+            batch = batch[torch.as_tensor(index, device=batch.device)]
+        else:
+            batch = np.asarray(batch)[index]
+        if image_resolution is None:
+            views[camera] = to_numpy(batch)
+        else:
+            views[camera] = resize_with_pad_to_numpy(batch, int(image_resolution[0]), int(image_resolution[1]))
+    return views
+
+
+def build_requests(
+    policy: Mapping[str, Any],
+    env_ids: Sequence[int],
+    *,
+    prompts: Sequence[str],
+    session_ids: Sequence[str],
+    image_resolution: tuple[int, int] | None,
+) -> dict[int, dict]:
+    """Infer requests for ``env_ids`` (keyed by env id); ``prompts``/``session_ids`` are indexed by env id."""
+    if len(env_ids) == 0:
+        return {}
+    views = resized_views(policy, env_ids, image_resolution)
+    joints, gripper = proprio(policy)
+    requests = {}
+    for row, env_id in enumerate(env_ids):
+        images = {droid.REQUEST_IMAGE_KEYS[camera]: views[camera][row] for camera in droid.CAMERA_KEYS}
+        requests[int(env_id)] = build_infer_request(
+            images=images,
+            joint_position=joints[env_id],
+            gripper_position=gripper[env_id],
+            prompt=prompts[env_id],
+            session_id=session_ids[env_id],
+        )
+    return requests
+
+
+def hold_actions(policy: Mapping[str, Any]) -> np.ndarray:
+    """``(N, 8)`` float32 actions that hold every arm where it is and keep the gripper's current state."""
+    joints, gripper = proprio(policy)
+    out = np.empty((joints.shape[0], droid.ACTION_DIM), dtype=np.float32)
+    out[:, : droid.ARM_DOF] = joints
+    out[:, -1] = (gripper[:, 0] > droid.GRIPPER_CLOSE_THRESHOLD).astype(np.float32)
+    return out

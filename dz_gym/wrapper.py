@@ -1,0 +1,302 @@
+"""``DreamZeroPolicyWrapper``: a remote DreamZero/OpenPI policy driving a batched DROID env.
+
+Example::
+
+    import dz_gym
+
+    env = dz_gym.make_droid_env(backend="mujoco", scene=1, num_envs=8, seed=0)
+    env = dz_gym.DreamZeroPolicyWrapper(env, server="ws://127.0.0.1:8000/v1/realtime/robot/openpi")
+    obs, info = env.reset(seed=0)
+    for _ in range(450):
+        obs, reward, terminated, truncated, info = env.step()   # the policy chooses the actions
+    env.close()
+
+Each env has its own websocket connection (sessions are spread over the given servers round-robin), a uuid
+session id per episode and an action-chunk cache (``dz_gym.chunks``). An env queries the server only when its
+cache is spent (steps 0, 8, 16, ... of each episode with ``open_loop_horizon=8``); the envs that need a chunk in
+the same step are queried concurrently, the others use their cache. Requests are exactly the reference
+single-env client's (``dz_gym.requests``).
+
+``step(action=None)``: the policy's actions are executed. ``step(action)``: the caller's ``(N, 8)`` action is
+executed instead, while the policy is still queried on its usual schedule so that its bookkeeping (cursors,
+sessions) stays in sync; the policy's proposal for this step is in ``info["policy_action"]`` (useful for
+residual RL or DAgger-style relabelling).
+
+Like Isaac Lab, the env resets finished envs inside ``step`` (same-step autoreset): the returned observation of
+a finished env belongs to its next episode, and its chunk cache and session id are renewed; other envs are
+untouched. The wrapper never sends ``reset`` over the wire (a shared connection would lose every session).
+
+``info`` adds, per env (arrays with a leading ``num_envs``): ``policy_called`` (this step queried the
+server), ``chunk_latency_s`` (NaN when not called), ``session_id`` (of the episode the step belonged to),
+``policy_action``, ``policy_error`` (None or the error's one-line text) and ``integrity_event`` (None,
+``"server_error"``, ``"connection_lost"``, ``"timeout"``, ``"protocol_error"``, or ``"reconnect_failed"``).
+An env whose server call failed holds its pose for that step and asks again at its next step (after a bounded
+reconnect when the connection broke); its episode is flagged, the other envs carry on.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlparse
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+from dz_gym.chunks import ChunkSchedule, new_session_id
+from dz_gym.envs import droid
+from dz_gym.errors import ConnectionLost, DzGymError, HandshakeError, ProtocolError, RequestTimeout, ServerError
+from dz_gym.protocol import ServerMetadata
+from dz_gym.requests import build_requests, hold_actions, is_torch_tensor, to_numpy, validate_policy_obs
+from dz_gym.transport import SessionPool, TransportConfig
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SERVER = "ws://127.0.0.1:8000/v1/realtime/robot/openpi"
+
+
+def check_server_capabilities(metadata: ServerMetadata, url: str, num_envs: int) -> list[str]:
+    """Raise ``HandshakeError`` when a server cannot take what the wrapper sends; return warnings.
+
+    The wrapper sends two external views and a wrist view, a session id per episode, and executes absolute
+    joint-position actions.
+    """
+    problems = []
+    if metadata.n_external_cameras is not None and metadata.n_external_cameras > 2:
+        problems.append(f"n_external_cameras={metadata.n_external_cameras} (the DROID rig has 2)")
+    if metadata.needs_stereo_camera:
+        problems.append("needs_stereo_camera=true (the DROID rig has no stereo camera)")
+    if metadata.action_space not in (None, "joint_position"):
+        problems.append(f"action_space={metadata.action_space!r} (the DROID env takes 'joint_position')")
+    if metadata.image_resolution is not None:
+        height, width = metadata.image_resolution
+        if height < 1 or width < 1:
+            problems.append(f"image_resolution={list(metadata.image_resolution)} (expected positive sizes)")
+    if problems:
+        raise HandshakeError(f"server {url}: cannot serve the DROID client: " + "; ".join(problems))
+    notes = []
+    path = urlparse(url).path
+    if num_envs > 1 and metadata.needs_session_id and path in ("", "/"):
+        notes.append(
+            f"server {url} looks like DreamZero's own server (no path, session ids): it holds ONE global "
+            f"session, so {num_envs} interleaved envs reset its state at every switch; serve with vLLM-Omni "
+            "or run one env per server"
+        )
+    return notes
+
+
+def _resolve_prompts(prompt: str | Sequence[str] | None, env: Any, num_envs: int) -> list[str]:
+    if prompt is None:
+        scene = getattr(env.unwrapped, "scene", None)
+        if not isinstance(getattr(scene, "prompt", None), str):
+            raise ValueError("prompt: the env has no scene prompt; pass prompt='...'")
+        return [scene.prompt] * num_envs
+    if isinstance(prompt, str):
+        return [prompt] * num_envs
+    prompts = list(prompt)
+    if len(prompts) != num_envs or not all(isinstance(p, str) for p in prompts):
+        raise ValueError(f"prompt: expected a string or {num_envs} strings, got {prompt!r}")
+    return prompts
+
+
+def _event_of(error: BaseException) -> str:
+    if isinstance(error, ServerError):
+        return "server_error"
+    if isinstance(error, RequestTimeout):
+        return "timeout"
+    if isinstance(error, ProtocolError):
+        return "protocol_error"
+    return "connection_lost"
+
+
+class DreamZeroPolicyWrapper(gym.Wrapper):
+    """Query a remote DreamZero/OpenPI policy for a batched DROID env (see the module docstring)."""
+
+    def __init__(
+        self,
+        env: gym.Env,
+        server: str | Sequence[str] = DEFAULT_SERVER,
+        prompt: str | Sequence[str] | None = None,
+        open_loop_horizon: int = droid.DEFAULT_OPEN_LOOP_HORIZON,
+        transport: TransportConfig | None = None,
+        image_resolution: tuple[int, int] | None | str = "server",
+        session_id_factory=new_session_id,
+    ):
+        super().__init__(env)
+        base = env.unwrapped
+        self.num_envs = int(base.num_envs)
+        self.max_episode_length = int(getattr(base, "max_episode_length", droid.MAX_EPISODE_LENGTH))
+        self.servers = [server] if isinstance(server, str) else list(server)
+        if not self.servers or not all(isinstance(url, str) and url for url in self.servers):
+            raise ValueError(f"server: expected a ws:// or wss:// URL or a list of them, got {server!r}")
+        self.prompts = _resolve_prompts(prompt, env, self.num_envs)
+        self.schedule = ChunkSchedule(self.num_envs, open_loop_horizon, session_id_factory)
+        self.open_loop_horizon = self.schedule.open_loop_horizon
+        self.metadata = dict(env.metadata)
+        self.metadata["autoreset_mode"] = AutoresetMode.SAME_STEP
+        self.single_observation_space = getattr(base, "single_observation_space", None)
+        self.single_action_space = getattr(base, "single_action_space", None)
+        self.render_all = False  # set by recorders that read every env's images every step
+        self._obs: dict | None = None
+        self.episode_flagged = np.zeros(self.num_envs, dtype=bool)
+
+        self.pool = SessionPool(self.servers, self.num_envs, transport or TransportConfig())
+        try:
+            self.server_metadata: list[ServerMetadata] = self.pool.connect()
+            for env_id, meta in enumerate(self.server_metadata):
+                for note in check_server_capabilities(meta, self.pool.url(env_id), self.num_envs):
+                    if env_id < len(self.servers):  # once per server
+                        warnings.warn(note, stacklevel=2)
+            self.image_resolution = self._resolve_resolution(image_resolution)
+        except BaseException:
+            self.pool.close()
+            raise
+
+    def _resolve_resolution(self, image_resolution) -> tuple[int, int] | None:
+        if image_resolution != "server":
+            if image_resolution is None:
+                return None
+            height, width = (int(v) for v in image_resolution)
+            return height, width
+        resolutions = {meta.image_resolution for meta in self.server_metadata}
+        if len(resolutions) != 1:
+            raise HandshakeError(f"servers disagree on image_resolution: {sorted(map(str, resolutions))}")
+        resolution = resolutions.pop()
+        return None if resolution is None else (int(resolution[0]), int(resolution[1]))
+
+    # -- Gymnasium API --------------------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        """Reset the env (all envs, or ``options["env_ids"]``) and start new sessions for the reset envs."""
+        base = self.env.unwrapped
+        if hasattr(base, "set_render_mask"):
+            base.set_render_mask(None)
+        obs, info = self.env.reset(seed=seed, options=options)
+        env_ids = None if not options else options.get("env_ids")
+        ids = range(self.num_envs) if env_ids is None else [int(i) for i in np.atleast_1d(to_numpy(env_ids))]
+        self.schedule.end_episodes(ids)
+        self.episode_flagged[list(ids)] = False
+        validate_policy_obs(obs[droid.POLICY_GROUP], self.num_envs)
+        self._obs = obs
+        info = dict(info)
+        info["session_id"] = np.array(self.schedule.session_ids, dtype=object)
+        return obs, info
+
+    def step(self, action=None):
+        """Step every env once; ``action=None`` executes the policy's actions (see the module docstring)."""
+        if self._obs is None:
+            raise RuntimeError("step: call reset() first")
+        policy_obs = self._obs[droid.POLICY_GROUP]
+        called, latency, errors, events = self._query_policy(policy_obs)
+        failed = np.array([e is not None for e in errors], dtype=bool)
+        policy_action = self.schedule.pop_actions(active=~failed)
+        if failed.any():
+            policy_action[failed] = hold_actions(policy_obs)[failed]
+        executed = policy_action if action is None else self._validate_action(action)
+        session_ids = np.array(self.schedule.session_ids, dtype=object)
+
+        base = self.env.unwrapped
+        if hasattr(base, "set_render_mask"):
+            need_next = self.schedule.needs_chunk()
+            base.set_render_mask(None if self.render_all else need_next)
+        obs, reward, terminated, truncated, info = self.env.step(self._to_env_action(executed, policy_obs))
+
+        done = np.asarray(to_numpy(terminated), dtype=bool).reshape(-1) | np.asarray(
+            to_numpy(truncated), dtype=bool
+        ).reshape(-1)
+        info = dict(info)
+        info.update(
+            policy_called=called,
+            chunk_latency_s=latency,
+            session_id=session_ids,
+            policy_action=policy_action,
+            policy_error=np.array(errors, dtype=object),
+            integrity_event=np.array(events, dtype=object),
+            episode_flagged=self.episode_flagged.copy(),
+        )
+        done_ids = np.flatnonzero(done)
+        if done_ids.size:
+            self.schedule.end_episodes(done_ids)
+            self.episode_flagged[done_ids] = False
+        validate_policy_obs(obs[droid.POLICY_GROUP], self.num_envs)
+        self._obs = obs
+        return obs, reward, terminated, truncated, info
+
+    def close(self):
+        """Close every connection, then the env."""
+        try:
+            self.pool.close()
+        finally:
+            super().close()
+
+    # -- internals ------------------------------------------------------------------------------------
+    def _query_policy(self, policy_obs):
+        need = self.schedule.needs_chunk()
+        env_ids = np.flatnonzero(need).tolist()
+        called = need.copy()
+        latency = np.full(self.num_envs, np.nan)
+        errors: list[str | None] = [None] * self.num_envs
+        events: list[str | None] = [None] * self.num_envs
+        if not env_ids:
+            return called, latency, errors, events
+        requests = build_requests(
+            policy_obs,
+            env_ids,
+            prompts=self.prompts,
+            session_ids=self.schedule.session_ids,
+            image_resolution=self.image_resolution,
+        )
+        outcomes = self.pool.infer_many(requests)
+        for env_id in env_ids:
+            outcome = outcomes[env_id]
+            latency[env_id] = outcome.latency_s
+            error = outcome.error
+            if error is None:
+                try:
+                    self.schedule.accept_chunk(env_id, outcome.reply.actions)
+                    continue
+                except ValueError as exc:
+                    error = ProtocolError(str(exc))
+            errors[env_id] = str(error)
+            events[env_id] = _event_of(error)
+            self.episode_flagged[env_id] = True
+            logger.warning("env %d: policy call failed (%s): %s", env_id, events[env_id], error)
+            if not (isinstance(error, ServerError) and not error.fatal):
+                events[env_id] = self._reconnect(env_id) or events[env_id]
+        return called, latency, errors, events
+
+    def _reconnect(self, env_id: int) -> str | None:
+        """Bounded reconnect of env ``env_id``'s session; returns an event name when it failed."""
+        try:
+            self.pool.reconnect(env_id)
+        except (DzGymError, OSError) as exc:
+            logger.warning("env %d: reconnect failed: %s", env_id, exc)
+            return "reconnect_failed"
+        return None
+
+    def _validate_action(self, action) -> np.ndarray:
+        array = to_numpy(action).astype(np.float32, copy=False)
+        if array.shape != (self.num_envs, droid.ACTION_DIM):
+            raise ValueError(f"action: expected shape ({self.num_envs}, {droid.ACTION_DIM}), got {array.shape}")
+        return array
+
+    @staticmethod
+    def _to_env_action(actions: np.ndarray, policy_obs):
+        reference = policy_obs[droid.JOINT_KEY]
+        if is_torch_tensor(reference):
+            import torch
+
+            return torch.as_tensor(actions, dtype=torch.float32, device=reference.device)
+        return actions
+
+    @property
+    def session_ids(self) -> list[str]:
+        """The current session id of every env."""
+        return list(self.schedule.session_ids)
+
+    @property
+    def last_obs(self):
+        """The observation the next ``step`` will act on."""
+        return self._obs
