@@ -1,0 +1,301 @@
+"""msgpack with numpy arrays, as the OpenPI/DreamZero policy servers speak it (no I/O here).
+
+Encoding writes the openpi markers of ``openpi_client.msgpack_numpy``, byte for byte:
+
+- an ``np.ndarray`` becomes a map with *bytes* keys ``__ndarray__`` (True), ``data`` (C-order bytes),
+  ``dtype`` (``dtype.str``, e.g. ``<f4``) and ``shape``;
+- a numpy scalar that is not already a Python scalar subclass becomes ``__npgeneric__``/``data``/``dtype``
+  (``np.float64`` and ``np.str_`` subclass ``float``/``str`` and are packed as plain msgpack values, as the
+  reference encoder does).
+
+Decoding reads those markers and also vLLM-Omni's legacy markers (a map with ``nd``, ``type`` (the dtype
+string), ``kind`` (``dtype.kind``, checked), ``data`` (raw bytes) and, for arrays, ``shape``; ``nd`` false means
+a scalar whose ``data`` holds one item). Object, structured/void and complex dtypes are refused both ways: the
+wire never carries pickles. Every malformed input (garbage, truncation, wrong marker fields, a shape that does not
+match the data, nesting or sizes past the bounds) raises :class:`~dz_gym.errors.ProtocolError` with one line.
+
+Decoded arrays are read-only views of the message buffer; copy before writing into them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from dz_gym.errors import ProtocolError
+
+__all__ = [
+    "DEFAULT_MAX_DEPTH",
+    "SUPPORTED_DTYPE_KINDS",
+    "packb",
+    "unpackb",
+]
+
+# bool, signed/unsigned ints, floats, fixed-width unicode/bytes strings, datetimes/timedeltas.
+SUPPORTED_DTYPE_KINDS = frozenset("biufUSMm")
+# Maps and lists nested deeper than this are refused (a request is two levels deep).
+DEFAULT_MAX_DEPTH = 32
+_MAX_NDIM = 32
+_MAX_DTYPE_CHARS = 64
+
+_ND_KEY = b"__ndarray__"
+_GEN_KEY = b"__npgeneric__"
+
+
+# ----------------------------------------------------------------------------------------------- encoding
+def _check_dtype_for_encoding(dtype: np.dtype) -> None:
+    if dtype.kind not in SUPPORTED_DTYPE_KINDS:
+        raise _UnsupportedDtype(dtype)
+
+
+class _UnsupportedDtype(Exception):
+    """Internal: raised inside the msgpack hook, turned into a ProtocolError that names the key."""
+
+    def __init__(self, dtype: np.dtype):
+        super().__init__(str(dtype))
+        self.dtype = dtype
+
+
+def _encode_hook(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        _check_dtype_for_encoding(obj.dtype)
+        if obj.flags.c_contiguous and obj.dtype.kind not in "Mm":
+            # Zero-copy: msgpack reads the array's own buffer.
+            data: Any = memoryview(obj)
+        else:
+            data = obj.tobytes()  # C order, one copy
+        return {_ND_KEY: True, b"data": data, b"dtype": obj.dtype.str, b"shape": obj.shape}
+    if isinstance(obj, np.generic):
+        _check_dtype_for_encoding(obj.dtype)
+        return {_GEN_KEY: True, b"data": obj.item(), b"dtype": obj.dtype.str}
+    raise TypeError(f"can not serialize {type(obj).__name__!r} object")
+
+
+def _describe(obj: Any) -> str:
+    if isinstance(obj, (np.ndarray, np.generic)):
+        return f"dtype {obj.dtype.str!r} (kind {obj.dtype.kind!r})"
+    return f"type {type(obj).__name__}"
+
+
+def _find_bad_path(obj: Any, path: str = "", depth: int = 0) -> tuple[str, Any] | None:
+    """Locate the first value that cannot go on the wire; used only to word an error."""
+    if depth > 256:
+        return (path or "<root>", obj)
+    if isinstance(obj, (np.ndarray, np.generic)):
+        return None if obj.dtype.kind in SUPPORTED_DTYPE_KINDS else (path or "<root>", obj)
+    if obj is None or isinstance(obj, (bool, int, float, str, bytes, bytearray, memoryview)):
+        if isinstance(obj, int) and not isinstance(obj, bool) and not (-(2**63) <= obj < 2**64):
+            return (path or "<root>", obj)
+        return None
+    if isinstance(obj, Mapping):
+        for key, value in obj.items():
+            if not isinstance(key, (str, bytes)):
+                return (f"{path}[{key!r}]" if path else repr(key), key)
+            name = key.decode("utf-8", "replace") if isinstance(key, bytes) else key
+            found = _find_bad_path(value, f"{path}.{name}" if path else name, depth + 1)
+            if found:
+                return found
+        return None
+    if isinstance(obj, (list, tuple)):
+        for index, value in enumerate(obj):
+            found = _find_bad_path(value, f"{path}[{index}]", depth + 1)
+            if found:
+                return found
+        return None
+    return (path or "<root>", obj)
+
+
+def packb(obj: Any) -> bytes:
+    """Encode ``obj`` (maps, lists, scalars, numpy arrays and scalars) as openpi-compatible msgpack.
+
+    C-contiguous arrays are passed to msgpack without an intermediate copy. Raises ProtocolError naming the
+    offending key for object/structured/complex dtypes and for values msgpack cannot carry.
+    """
+    try:
+        return msgpack.packb(obj, default=_encode_hook, use_bin_type=True)
+    except (_UnsupportedDtype, TypeError, ValueError, OverflowError) as exc:
+        found = _find_bad_path(obj)
+        if found is None:
+            raise ProtocolError(f"cannot encode message: {exc}") from None
+        path, value = found
+        if isinstance(value, (np.ndarray, np.generic)):
+            raise ProtocolError(
+                f"{path}: unsupported {_describe(value)}; expected bool, integer, float or string dtypes"
+            ) from None
+        raise ProtocolError(f"{path}: cannot encode {_describe(value)} ({exc})") from None
+
+
+# ----------------------------------------------------------------------------------------------- decoding
+def _text(value: Any, field: str) -> str:
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("ascii")
+        except UnicodeDecodeError:
+            raise ProtocolError(f"array marker {field}: expected an ASCII dtype string") from None
+    if not isinstance(value, str) or not value or len(value) > _MAX_DTYPE_CHARS:
+        raise ProtocolError(f"array marker {field}: expected a dtype string, got {type(value).__name__}")
+    return value
+
+
+def _parse_dtype(value: Any, field: str = "dtype") -> np.dtype:
+    text = _text(value, field)
+    try:
+        dtype = np.dtype(text)
+    except Exception:
+        raise ProtocolError(f"array marker {field}: {text!r} is not a numpy dtype") from None
+    if dtype.kind not in SUPPORTED_DTYPE_KINDS or dtype.fields is not None or dtype.subdtype is not None:
+        raise ProtocolError(
+            f"array marker {field}: unsupported dtype {text!r} (kind {dtype.kind!r}); object, structured and "
+            "complex dtypes are refused"
+        )
+    if dtype.itemsize == 0:
+        raise ProtocolError(f"array marker {field}: dtype {text!r} has no item size")
+    return dtype
+
+
+def _parse_shape(value: Any) -> tuple[int, ...]:
+    if not isinstance(value, (list, tuple)) or len(value) > _MAX_NDIM:
+        raise ProtocolError(f"array marker shape: expected a list of at most {_MAX_NDIM} sizes")
+    shape = []
+    for size in value:
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ProtocolError(f"array marker shape: expected non-negative integers, got {list(value)!r}")
+        shape.append(size)
+    return tuple(shape)
+
+
+def _array_from(data: Any, dtype: np.dtype, shape: tuple[int, ...], max_array_bytes: int | None) -> np.ndarray:
+    if not isinstance(data, (bytes, bytearray)):
+        raise ProtocolError(f"array marker data: expected bytes, got {type(data).__name__}")
+    count = 1
+    for size in shape:
+        count *= size
+    expected = count * dtype.itemsize
+    if expected != len(data):
+        raise ProtocolError(
+            f"array marker: shape {shape} of dtype {dtype.str!r} needs {expected} bytes, data has {len(data)}"
+        )
+    if max_array_bytes is not None and len(data) > max_array_bytes:
+        raise ProtocolError(f"array marker data: {len(data)} bytes exceeds the limit of {max_array_bytes}")
+    try:
+        return np.frombuffer(data, dtype=dtype).reshape(shape)
+    except Exception as exc:  # e.g. datetime payloads numpy refuses
+        raise ProtocolError(f"array marker: cannot build array of dtype {dtype.str!r}: {exc}") from None
+
+
+def _get(obj: dict, key: str) -> Any:
+    """Marker field lookup: bytes keys (openpi) or str keys (msgspec/vLLM)."""
+    value = obj.get(key.encode(), _MISSING)
+    if value is _MISSING:
+        value = obj.get(key, _MISSING)
+    return value
+
+
+_MISSING = object()
+
+
+def _has(obj: dict, key: str) -> bool:
+    return key.encode() in obj or key in obj
+
+
+def _make_object_hook(max_array_bytes: int | None):
+    def hook(obj: dict) -> Any:
+        if _has(obj, "__ndarray__"):
+            data, dtype, shape = _get(obj, "data"), _get(obj, "dtype"), _get(obj, "shape")
+            if data is _MISSING or dtype is _MISSING or shape is _MISSING:
+                raise ProtocolError("array marker: __ndarray__ needs data, dtype and shape")
+            return _array_from(data, _parse_dtype(dtype), _parse_shape(shape), max_array_bytes)
+        if _has(obj, "__npgeneric__"):
+            data, dtype = _get(obj, "data"), _get(obj, "dtype")
+            if data is _MISSING or dtype is _MISSING:
+                raise ProtocolError("scalar marker: __npgeneric__ needs data and dtype")
+            dtype = _parse_dtype(dtype)
+            if isinstance(data, (dict, list)):
+                raise ProtocolError(f"scalar marker data: expected a scalar, got {type(data).__name__}")
+            try:
+                return dtype.type(data)
+            except Exception:
+                raise ProtocolError(f"scalar marker: {data!r} is not a valid {dtype.str!r} value") from None
+        if _has(obj, "nd") and _has(obj, "type") and _has(obj, "kind") and _has(obj, "data"):
+            # vLLM-Omni's legacy marker.
+            dtype = _parse_dtype(_get(obj, "type"), "type")
+            kind = _text(_get(obj, "kind"), "kind")
+            if dtype.kind != kind:
+                raise ProtocolError(f"array marker kind: {kind!r} does not match dtype {dtype.str!r}")
+            data = _get(obj, "data")
+            if _get(obj, "nd"):
+                shape = _get(obj, "shape")
+                if shape is _MISSING:
+                    raise ProtocolError("array marker: nd marker needs a shape")
+                return _array_from(data, dtype, _parse_shape(shape), max_array_bytes)
+            return _array_from(data, dtype, (), max_array_bytes)[()]
+        return obj
+
+    return hook
+
+
+def _refuse_ext(code: int, data: bytes) -> Any:
+    raise ProtocolError(f"message: msgpack extension type {code} is not part of the protocol")
+
+
+def _check_depth(obj: Any, max_depth: int) -> None:
+    stack = [(obj, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > max_depth:
+            raise ProtocolError(f"message: nesting deeper than {max_depth} levels")
+        if isinstance(node, dict):
+            children = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        for child in children:
+            if isinstance(child, (dict, list)):
+                stack.append((child, depth + 1))
+
+
+def unpackb(
+    data: bytes | bytearray | memoryview,
+    *,
+    max_bytes: int | None = None,
+    max_depth: int = DEFAULT_MAX_DEPTH,
+    max_array_bytes: int | None = None,
+) -> Any:
+    """Decode one msgpack message, turning openpi and legacy vLLM array markers into numpy arrays.
+
+    Bounds: ``max_bytes`` caps the frame, ``max_depth`` the nesting of maps/lists, ``max_array_bytes`` one
+    array's payload (arrays can never exceed the frame: their bytes are inside it). Maps must have string
+    or bytes keys. Any failure raises ProtocolError.
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise ProtocolError(f"message: expected a binary frame (bytes), got {type(data).__name__}")
+    size = memoryview(data).nbytes
+    if size == 0:
+        raise ProtocolError("message: empty frame")
+    if max_bytes is not None and size > max_bytes:
+        raise ProtocolError(f"message: {size} bytes exceeds the limit of {max_bytes}")
+    try:
+        obj = msgpack.unpackb(
+            data,
+            object_hook=_make_object_hook(max_array_bytes),
+            raw=False,
+            strict_map_key=True,
+            use_list=True,
+            ext_hook=_refuse_ext,
+        )
+    except ProtocolError:
+        raise
+    except msgpack.ExtraData:
+        raise ProtocolError("message: trailing bytes after the msgpack object") from None
+    except (ValueError, msgpack.UnpackException) as exc:
+        kind = type(exc).__name__
+        detail = str(exc).splitlines()[0] if str(exc) else kind
+        raise ProtocolError(f"message: not valid msgpack ({detail})") from None
+    except Exception as exc:  # msgpack may raise TypeError/RecursionError on hostile input
+        raise ProtocolError(f"message: not valid msgpack ({type(exc).__name__})") from None
+    _check_depth(obj, max_depth)
+    return obj

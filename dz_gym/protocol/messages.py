@@ -1,0 +1,362 @@
+"""The messages of the OpenPI/DreamZero policy protocol: build requests, parse replies (no I/O here).
+
+Client side: :func:`parse_metadata` (the handshake frame), :func:`build_infer_request`,
+:func:`build_reset_request`, :func:`parse_infer_response`, :func:`parse_reset_response`.
+Server side: :func:`parse_request`, :func:`encode_error`, :func:`encode_reset_reply`, :func:`encode_metadata`,
+:func:`encode_reply`.
+
+Replies differ per server (see the docs): DreamZero and vLLM-Omni send a bare ``(24, 8)`` float32 array,
+openpi a dict with ``actions`` and ``server_timing``. Errors come as a binary ``{"type": "error", ...}`` dict
+(vLLM-Omni, the connection stays open) or as a text frame with a traceback (openpi/DreamZero, then close
+1011); both become :class:`~dz_gym.errors.ServerError` with ``fatal`` set accordingly. Anything that does not
+fit the protocol becomes :class:`~dz_gym.errors.ProtocolError` with a one-line message.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dz_gym.errors import ProtocolError, ServerError
+from dz_gym.protocol.codec import packb, unpackb
+
+__all__ = [
+    "DREAMZERO_METADATA",
+    "InferReply",
+    "InvalidRequest",
+    "JOINT_KEY",
+    "CARTESIAN_KEY",
+    "GRIPPER_KEY",
+    "MAX_VLLM_PAYLOAD_BYTES",
+    "RESET_SUCCESSFUL",
+    "ServerMetadata",
+    "build_infer_request",
+    "build_reset_request",
+    "encode_error",
+    "encode_metadata",
+    "encode_reply",
+    "encode_reset_reply",
+    "is_error_reply",
+    "parse_infer_response",
+    "parse_metadata",
+    "parse_request",
+    "parse_reset_response",
+]
+
+RESET_SUCCESSFUL = "reset successful"
+MAX_VLLM_PAYLOAD_BYTES = 64 * 1024 * 1024
+JOINT_KEY = "observation/joint_position"
+CARTESIAN_KEY = "observation/cartesian_position"
+GRIPPER_KEY = "observation/gripper_position"
+
+# DreamZero's PolicyServerConfig, as DreamZero's own server and vLLM-Omni's deploy config send it.
+DREAMZERO_METADATA: dict[str, Any] = {
+    "image_resolution": [180, 320],
+    "n_external_cameras": 2,
+    "needs_wrist_camera": True,
+    "needs_stereo_camera": False,
+    "needs_session_id": True,
+    "action_space": "joint_position",
+}
+
+
+class InvalidRequest(ProtocolError, ValueError):
+    """A request the caller asked to build does not fit the protocol (wrong shape, dtype or type)."""
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+def _text_first_line(text: str) -> str:
+    stripped = text.strip()
+    return stripped.splitlines()[-1] if stripped else "(empty)"
+
+
+def _decode_binary(frame: Any, what: str) -> Any:
+    if isinstance(frame, memoryview):
+        frame = frame.tobytes()
+    if not isinstance(frame, (bytes, bytearray)):
+        raise ProtocolError(f"{what}: expected a binary or text frame, got {type(frame).__name__}")
+    return unpackb(frame)
+
+
+def is_error_reply(obj: Any) -> bool:
+    """True for a decoded binary error dict ``{"type": "error", ...}`` (vLLM-Omni's error reply)."""
+    return isinstance(obj, dict) and obj.get("type") == "error"
+
+
+def _raise_error_reply(obj: dict, *, fatal: bool) -> None:
+    message = obj.get("message", obj.get("error", "unknown error"))
+    code = obj.get("code")
+    raise ServerError(str(message), fatal=fatal, code=str(code) if code is not None else None)
+
+
+# ------------------------------------------------------------------------------------------------ metadata
+@dataclass(frozen=True)
+class ServerMetadata:
+    """The handshake fields a DreamZero-style server announces; ``raw`` keeps every field as sent."""
+
+    image_resolution: tuple[int, int] | None = None
+    n_external_cameras: int | None = None
+    needs_wrist_camera: bool | None = None
+    needs_stereo_camera: bool | None = None
+    needs_session_id: bool | None = None
+    action_space: str | None = None
+    raw: dict = field(default_factory=dict)
+
+
+def _meta_bool(raw: dict, key: str) -> bool | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise ProtocolError(f"metadata {key}: expected a bool or null, got {value!r}")
+
+
+def _meta_int(raw: dict, key: str) -> int | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ProtocolError(f"metadata {key}: expected a non-negative integer or null, got {value!r}")
+    return int(value)
+
+
+def _meta_resolution(raw: dict) -> tuple[int, int] | None:
+    value = raw.get("image_resolution")
+    if value is None:
+        return None
+    items = list(value) if isinstance(value, (list, tuple, np.ndarray)) else None
+    if (
+        items is None
+        or len(items) != 2
+        or any(isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v <= 0 for v in items)
+    ):
+        raise ProtocolError(f"metadata image_resolution: expected [height, width] positive integers, got {value!r}")
+    return int(items[0]), int(items[1])
+
+
+def parse_metadata(frame: bytes | str) -> ServerMetadata:
+    """Parse the server's first frame. A text frame is a handshake error (vLLM-Omni's JSON error, then close)."""
+    if isinstance(frame, str):
+        try:
+            obj = json.loads(frame)
+        except ValueError:
+            obj = None
+        if isinstance(obj, dict) and obj.get("type") == "error":
+            message = obj.get("error", obj.get("message", frame))
+            code = obj.get("code")
+            raise ServerError(str(message), fatal=True, code=str(code) if code is not None else None)
+        raise ServerError(frame, fatal=True)
+    raw = _decode_binary(frame, "metadata")
+    if not isinstance(raw, dict):
+        raise ProtocolError(f"metadata: expected a map, got {type(raw).__name__}")
+    if is_error_reply(raw):
+        _raise_error_reply(raw, fatal=True)
+    space = raw.get("action_space")
+    if space is not None and not isinstance(space, str):
+        raise ProtocolError(f"metadata action_space: expected a string or null, got {space!r}")
+    return ServerMetadata(
+        image_resolution=_meta_resolution(raw),
+        n_external_cameras=_meta_int(raw, "n_external_cameras"),
+        needs_wrist_camera=_meta_bool(raw, "needs_wrist_camera"),
+        needs_stereo_camera=_meta_bool(raw, "needs_stereo_camera"),
+        needs_session_id=_meta_bool(raw, "needs_session_id"),
+        action_space=space,
+        raw=raw,
+    )
+
+
+# ------------------------------------------------------------------------------------------------ requests
+def _vector(value: Any, name: str, size: int) -> np.ndarray:
+    try:
+        arr = np.asarray(value)
+    except Exception:
+        raise InvalidRequest(f"{name}: expected {size} numbers, got {type(value).__name__}") from None
+    if arr.dtype.kind not in "biuf":
+        raise InvalidRequest(f"{name}: expected a numeric array, got dtype {arr.dtype}")
+    if arr.size != size or (arr.ndim > 1 and arr.shape[-1] != size):
+        raise InvalidRequest(f"{name}: expected shape ({size},), got {arr.shape}")
+    out = np.ascontiguousarray(arr.reshape(size), dtype=np.float64)
+    if not np.all(np.isfinite(out)):
+        raise InvalidRequest(f"{name}: expected finite values, got {out.tolist()}")
+    return out
+
+
+def _image(value: Any, key: str) -> np.ndarray:
+    if not isinstance(value, np.ndarray):
+        raise InvalidRequest(f"{key}: expected a numpy uint8 array, got {type(value).__name__}")
+    if value.dtype != np.uint8:
+        raise InvalidRequest(f"{key}: expected dtype uint8, got {value.dtype}")
+    if value.ndim not in (3, 4) or value.shape[-1] != 3 or 0 in value.shape:
+        raise InvalidRequest(f"{key}: expected shape (H, W, 3) or (T, H, W, 3), got {value.shape}")
+    return value
+
+
+def build_infer_request(
+    *,
+    images: Mapping[str, np.ndarray],
+    joint_position: Any,
+    gripper_position: Any,
+    prompt: str,
+    session_id: str | None,
+    cartesian_position: Any = None,
+    endpoint: str | None = "infer",
+    extra: Mapping[str, Any] | None = None,
+) -> dict:
+    """The DreamZero infer request, with the reference client's keys and dtypes.
+
+    Images stay as given (no copy; uint8 ``(H, W, 3)`` or ``(T, H, W, 3)``), keyed by request key such as
+    ``observation/exterior_image_0_left``. Proprio goes out as float64: joints ``(7,)``, gripper ``(1,)``,
+    cartesian ``(6,)`` (zeros when not given). ``session_id=None`` and ``endpoint=None`` leave those keys out
+    (openpi servers need neither). ``extra`` adds keys, which must not collide with the ones built here.
+    """
+    if not isinstance(images, Mapping) or not images:
+        raise InvalidRequest("images: expected a non-empty mapping of request key -> uint8 image")
+    if not isinstance(prompt, str):
+        raise InvalidRequest(f"prompt: expected a string, got {type(prompt).__name__}")
+    if session_id is not None and (not isinstance(session_id, str) or not session_id):
+        raise InvalidRequest(f"session_id: expected a non-empty string or None, got {session_id!r}")
+    if endpoint is not None and endpoint not in ("infer", "reset"):
+        raise InvalidRequest(f"endpoint: expected 'infer', 'reset' or None, got {endpoint!r}")
+    request: dict[str, Any] = {}
+    for key, image in images.items():
+        if not isinstance(key, str) or not key:
+            raise InvalidRequest(f"images: expected string request keys, got {key!r}")
+        if key in (JOINT_KEY, CARTESIAN_KEY, GRIPPER_KEY, "prompt", "session_id", "endpoint"):
+            raise InvalidRequest(f"images: key {key!r} is reserved for a non-image field")
+        request[key] = _image(image, key)
+    request[JOINT_KEY] = _vector(joint_position, "joint_position", 7)
+    if cartesian_position is None:
+        request[CARTESIAN_KEY] = np.zeros(6, dtype=np.float64)
+    else:
+        request[CARTESIAN_KEY] = _vector(cartesian_position, "cartesian_position", 6)
+    request[GRIPPER_KEY] = _vector(gripper_position, "gripper_position", 1)
+    request["prompt"] = prompt
+    if session_id is not None:
+        request["session_id"] = session_id
+    if extra:
+        for key, value in extra.items():
+            if key in request or key == "endpoint":
+                raise InvalidRequest(f"extra: key {key!r} collides with a request field")
+            request[key] = value
+    if endpoint is not None:
+        request["endpoint"] = endpoint
+    return request
+
+
+def build_reset_request(session_id: str | None = None) -> dict:
+    """``{"endpoint": "reset"}`` (plus ``session_id`` when given)."""
+    if session_id is not None and (not isinstance(session_id, str) or not session_id):
+        raise InvalidRequest(f"session_id: expected a non-empty string or None, got {session_id!r}")
+    request: dict[str, Any] = {"endpoint": "reset"}
+    if session_id is not None:
+        request["session_id"] = session_id
+    return request
+
+
+# ------------------------------------------------------------------------------------------------ replies
+@dataclass
+class InferReply:
+    """One decoded action chunk: ``actions`` is a writable float32 ``(H, D)`` copy."""
+
+    actions: np.ndarray
+    server_timing: dict | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def _actions(value: Any, action_dim: int, horizon: int | None) -> np.ndarray:
+    if isinstance(value, list):
+        try:
+            value = np.asarray(value)
+        except Exception:
+            raise ProtocolError("reply actions: expected a numeric 2-D array, got a ragged list") from None
+    if not isinstance(value, np.ndarray):
+        raise ProtocolError(f"reply actions: expected a numeric 2-D array, got {type(value).__name__}")
+    if value.dtype.kind not in "iuf":
+        raise ProtocolError(f"reply actions: expected a numeric dtype, got {value.dtype}")
+    if value.ndim != 2:
+        raise ProtocolError(f"reply actions: expected shape (H, {action_dim}), got {value.shape}")
+    if value.shape[1] != action_dim:
+        raise ProtocolError(f"reply actions: expected last dim {action_dim}, got shape {value.shape}")
+    if value.shape[0] == 0:
+        raise ProtocolError(f"reply actions: expected at least one row, got shape {value.shape}")
+    if horizon is not None and value.shape[0] != horizon:
+        raise ProtocolError(f"reply actions: expected horizon {horizon}, got shape {value.shape}")
+    actions = np.array(value, dtype=np.float32, copy=True, order="C")
+    if not np.all(np.isfinite(actions)):
+        bad = int(np.count_nonzero(~np.isfinite(actions)))
+        raise ProtocolError(f"reply actions: expected finite values, got {bad} non-finite")
+    return actions
+
+
+def parse_infer_response(frame: bytes | str, *, action_dim: int = 8, horizon: int | None = None) -> InferReply:
+    """Decode an infer reply: a bare ``(H, action_dim)`` array or a dict with ``actions`` (+ ``server_timing``)."""
+    if isinstance(frame, str):
+        raise ServerError(frame, fatal=True)
+    obj = _decode_binary(frame, "reply")
+    if isinstance(obj, dict):
+        if is_error_reply(obj):
+            _raise_error_reply(obj, fatal=False)
+        if "actions" not in obj:
+            keys = sorted(str(k) for k in obj)[:8]
+            raise ProtocolError(f"reply: expected an action array or a map with 'actions', got keys {keys}")
+        timing = obj.get("server_timing")
+        if timing is not None and not isinstance(timing, dict):
+            raise ProtocolError(f"reply server_timing: expected a map, got {type(timing).__name__}")
+        extra = {k: v for k, v in obj.items() if k not in ("actions", "server_timing")}
+        return InferReply(_actions(obj["actions"], action_dim, horizon), timing, extra)
+    return InferReply(_actions(obj, action_dim, horizon))
+
+
+def parse_reset_response(frame: bytes | str) -> str:
+    """Decode a reset reply: text ``"reset successful"`` (DreamZero) or binary ``{"status": ...}`` (vLLM-Omni)."""
+    if isinstance(frame, str):
+        if frame.strip() == RESET_SUCCESSFUL:
+            return RESET_SUCCESSFUL
+        raise ServerError(frame, fatal=True)
+    obj = _decode_binary(frame, "reset reply")
+    if isinstance(obj, dict):
+        if is_error_reply(obj):
+            _raise_error_reply(obj, fatal=False)
+        status = obj.get("status")
+        if isinstance(status, str):
+            return status
+    if isinstance(obj, str):
+        return obj
+    raise ProtocolError(f"reset reply: expected {{'status': str}} or text, got {type(obj).__name__}")
+
+
+# ------------------------------------------------------------------------------------------------ server side
+def parse_request(frame: bytes, *, max_bytes: int | None = None) -> dict:
+    """Decode a client request (server side): a map with string keys. ``endpoint`` is left in place."""
+    obj = unpackb(frame, max_bytes=max_bytes)
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"request: expected a map, got {type(obj).__name__}")
+    for key in obj:
+        if not isinstance(key, str):
+            raise ProtocolError(f"request: expected string keys, got {key!r}")
+    return obj
+
+
+def encode_error(message: str) -> bytes:
+    """vLLM-Omni's binary error reply ``{"type": "error", "message": message}``."""
+    return packb({"type": "error", "message": str(message)})
+
+
+def encode_reset_reply(status: str = RESET_SUCCESSFUL) -> bytes:
+    """vLLM-Omni's binary reset reply ``{"status": "reset successful"}``."""
+    return packb({"status": status})
+
+
+def encode_metadata(metadata: Mapping[str, Any]) -> bytes:
+    """The handshake frame: the metadata map as msgpack."""
+    return packb(dict(metadata))
+
+
+def encode_reply(reply: Any) -> bytes:
+    """An infer reply (bare array or dict) as msgpack."""
+    return packb(reply)
