@@ -1,19 +1,34 @@
 """Per-env action-chunk bookkeeping (pure: no I/O, no clocks, no simulator).
 
-Each env has its own cached chunk, a cursor into it, a session id and an episode counter. The replan rule
-is the reference single-env client's: an env asks for a new chunk when it has none or when its cursor has
-reached ``open_loop_horizon`` (so the server is called at steps 0, 8, 16, ... of every episode). Only the
-envs that need a chunk ask; the others keep consuming their cache, so envs that drifted apart never trigger
-a "refill everyone" storm.
+Each env has its own cached chunk, the row of its next action, a session id and an episode counter. One
+mechanism serves the reference client's synchronous semantics and latency hiding:
 
-When an env's episode ends its cache is dropped and a fresh session id begins; the other envs are not
-touched. The gripper command is binarized (> 0.5 -> 1.0, else 0.0) like the reference client.
+- A chunk's *window* is the ``open_loop_horizon`` actions it executes, starting at row ``d``, where ``d`` is
+  the number of env steps executed between the observation the request carried and the chunk's first use
+  (the delay). Synchronously ``d = 0``: rows 0..7 with a horizon of 8.
+- An env sends its next request when it has no chunk, or when ``prefetch`` actions are left in its window
+  (``prefetch=0``, the default, is the reference client: the server is called at steps 0, 8, 16, ... of
+  every episode and the env waits for the reply). Only the envs that are due ask; the others keep using
+  their cache, so envs that drifted apart never trigger a "refill everyone" storm.
+- With ``prefetch=K > 0`` the env keeps executing while the request is in flight. When the reply is
+  delivered at a later step, the rows for the steps already executed are skipped (``d`` = steps since the
+  request) and the new window starts there. If the reply is late, the env runs on the previous chunk's
+  remaining predicted rows past its window ("stale" steps, at most ``max_stale_steps``; default: until the
+  chunk's rows run out) and then must wait.
+- ``simulated_delay=D`` makes the delay a fixed number of steps instead of wall-clock time: a reply is
+  applied exactly ``D`` steps after its request (held back if it came early; waited for if it is late), and an
+  env with no action left meanwhile holds its pose. Results are then reproducible.
+
+When an env's episode ends its cache and any request in flight are dropped (a reply for an ended episode is
+discarded) and a fresh session id begins; other envs are not touched. Gripper commands are binarized
+(> 0.5 -> 1.0, else 0.0) like the reference client.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -32,16 +47,35 @@ def binarize_gripper(actions: np.ndarray) -> np.ndarray:
     return out
 
 
+@dataclass
+class _Pending:
+    token: int
+    sent_step: int
+    arrived: np.ndarray | None = None  # held back until the simulated delay has passed
+
+
+@dataclass
+class EpisodeChunkStats:
+    """Per-episode latency-hiding record of one env."""
+
+    delays: list[int] = field(default_factory=list)  # d of each chunk, in steps
+    wait_steps: int = 0  # steps at which the env had to wait (or hold) for a reply
+    stale_steps: int = 0  # steps executed past a chunk's window
+
+
 class ChunkSchedule:
-    """Chunk caches, cursors and session ids of ``num_envs`` envs.
+    """Chunk caches, next rows, requests in flight and session ids of ``num_envs`` envs.
 
-    Typical use per control step::
+    Synchronous use per control step (``prefetch=0``)::
 
-        need = schedule.needs_chunk()            # (N,) bool: which envs must query the server now
-        for i in np.flatnonzero(need): schedule.accept_chunk(i, chunk_from_server_i)
-        actions = schedule.pop_actions()         # (N, 8) float32, one row per env, cursors advance
+        for i in np.flatnonzero(schedule.requests_due()): schedule.accept_chunk(i, chunk_from_server_i)
+        actions = schedule.pop_actions()         # (N, 8) float32, one row per env
         ... env.step(actions) ...
         schedule.end_episodes(done_env_ids)      # drop caches, rotate session ids
+
+    With requests in flight: ``token = mark_sent(i)`` when env i's request leaves, ``deliver(i, token, chunk)``
+    when its reply is in, ``must_wait()`` says which envs cannot step before their reply, ``must_hold()``
+    which envs hold their pose this step (simulated delay only).
     """
 
     def __init__(
@@ -49,86 +83,208 @@ class ChunkSchedule:
         num_envs: int,
         open_loop_horizon: int = droid.DEFAULT_OPEN_LOOP_HORIZON,
         session_id_factory: Callable[[], str] = new_session_id,
+        *,
+        prefetch: int = 0,
+        max_stale_steps: int | None = None,
+        simulated_delay: int | None = None,
     ):
         if int(num_envs) < 1:
             raise ValueError(f"num_envs: expected an integer >= 1, got {num_envs!r}")
         if int(open_loop_horizon) < 1:
             raise ValueError(f"open_loop_horizon: expected an integer >= 1, got {open_loop_horizon!r}")
+        if not 0 <= int(prefetch) < int(open_loop_horizon):
+            raise ValueError(f"prefetch: expected an integer in [0, {open_loop_horizon}), got {prefetch!r}")
+        if max_stale_steps is not None and int(max_stale_steps) < 0:
+            raise ValueError(f"max_stale_steps: expected an integer >= 0 or None, got {max_stale_steps!r}")
+        if simulated_delay is not None and int(simulated_delay) < 0:
+            raise ValueError(f"simulated_delay: expected an integer >= 0 or None, got {simulated_delay!r}")
         self.num_envs = int(num_envs)
         self.open_loop_horizon = int(open_loop_horizon)
+        self.prefetch = int(prefetch)
+        if max_stale_steps is None and int(prefetch) == 0:
+            max_stale_steps = 0  # the reference semantics: wait for the reply, never run past the window
+        self.max_stale_steps = None if max_stale_steps is None else int(max_stale_steps)
+        self.simulated_delay = None if simulated_delay is None else int(simulated_delay)
         self._new_session_id = session_id_factory
         self._chunks: list[np.ndarray | None] = [None] * self.num_envs
-        self._cursor = np.zeros(self.num_envs, dtype=np.int64)
+        self._row = np.zeros(self.num_envs, dtype=np.int64)  # next row to execute
+        self._window_end = np.zeros(self.num_envs, dtype=np.int64)  # first row past the window
+        self._pending: list[_Pending | None] = [None] * self.num_envs
+        self._tokens = 0
         self.session_ids: list[str] = [session_id_factory() for _ in range(self.num_envs)]
         self.episode_index = np.zeros(self.num_envs, dtype=np.int64)
         self.episode_step = np.zeros(self.num_envs, dtype=np.int64)
-        self.server_calls = np.zeros(self.num_envs, dtype=np.int64)  # in the current episode
+        self.server_calls = np.zeros(self.num_envs, dtype=np.int64)  # chunks received this episode
+        self.stats = [EpisodeChunkStats() for _ in range(self.num_envs)]
 
     # -- queries ---------------------------------------------------------------------------------
-    def usable_length(self, env_id: int) -> int:
-        """How many actions of env ``env_id``'s chunk are executed before it replans."""
-        chunk = self._chunks[env_id]
-        return 0 if chunk is None else min(self.open_loop_horizon, len(chunk))
+    def _window_left(self, env_id: int) -> int:
+        return 0 if self._chunks[env_id] is None else max(0, int(self._window_end[env_id] - self._row[env_id]))
 
-    def needs_chunk(self) -> np.ndarray:
-        """``(N,)`` bool: envs without a usable cached action for their next step."""
+    def _usable_left(self, env_id: int) -> int:
+        """Actions env ``env_id`` may still execute from its chunk (window plus allowed stale rows)."""
+        chunk = self._chunks[env_id]
+        if chunk is None:
+            return 0
+        limit = len(chunk)
+        if self.max_stale_steps is not None:
+            limit = min(limit, int(self._window_end[env_id]) + self.max_stale_steps)
+        if self._pending[env_id] is None:
+            limit = min(limit, int(self._window_end[env_id]))  # stale rows only while a reply is awaited
+        return max(0, limit - int(self._row[env_id]))
+
+    def requests_due(self) -> np.ndarray:
+        """``(N,)`` bool: envs that should send a request now (none in flight, window nearly spent)."""
         return np.array(
-            [self._cursor[i] >= self.usable_length(i) for i in range(self.num_envs)], dtype=bool
+            [
+                self._pending[i] is None and (self._chunks[i] is None or self._window_left(i) <= self.prefetch)
+                for i in range(self.num_envs)
+            ],
+            dtype=bool,
         )
 
-    def has_chunk(self, env_id: int) -> bool:
-        """Whether env ``env_id`` currently holds a chunk (spent or not)."""
-        return self._chunks[env_id] is not None
+    needs_chunk = requests_due  # the synchronous reading: who must call the server this step
+
+    def in_flight(self) -> np.ndarray:
+        """``(N,)`` bool: envs with a request whose chunk has not been applied yet."""
+        return np.array([p is not None for p in self._pending], dtype=bool)
+
+    def _delay_elapsed(self, env_id: int) -> bool:
+        pending = self._pending[env_id]
+        return (
+            pending is not None
+            and self.simulated_delay is not None
+            and self.episode_step[env_id] - pending.sent_step >= self.simulated_delay
+        )
+
+    def must_wait(self) -> np.ndarray:
+        """``(N,)`` bool: envs that cannot take their next step before their reply is delivered."""
+        out = np.zeros(self.num_envs, dtype=bool)
+        for i, pending in enumerate(self._pending):
+            if pending is None or pending.arrived is not None:
+                continue
+            if self.simulated_delay is None:
+                out[i] = self._usable_left(i) == 0
+            else:
+                out[i] = self._delay_elapsed(i)
+        return out
+
+    def must_hold(self) -> np.ndarray:
+        """``(N,)`` bool: envs with no action to execute this step while a simulated delay runs."""
+        return np.array(
+            [self._pending[i] is not None and self._usable_left(i) == 0 for i in range(self.num_envs)],
+            dtype=bool,
+        )
 
     def cursor(self, env_id: int) -> int:
-        """Actions of the current chunk already executed by env ``env_id``."""
-        return int(self._cursor[env_id])
+        """Row of env ``env_id``'s next action in its current chunk."""
+        return int(self._row[env_id])
 
     # -- updates ---------------------------------------------------------------------------------
-    def accept_chunk(self, env_id: int, actions: np.ndarray) -> None:
-        """Install a new chunk ``(H, 8)`` for env ``env_id`` and rewind its cursor."""
+    def mark_sent(self, env_id: int) -> int:
+        """Record that env ``env_id``'s request left now; returns its token for :meth:`deliver`."""
+        if self._pending[env_id] is not None:
+            raise RuntimeError(f"mark_sent: env {env_id} already has a request in flight")
+        self._tokens += 1
+        self._pending[env_id] = _Pending(self._tokens, int(self.episode_step[env_id]))
+        return self._tokens
+
+    def deliver(self, env_id: int, token: int, actions: np.ndarray) -> bool:
+        """Hand env ``env_id`` the reply to request ``token``; False when it was discarded.
+
+        A reply to a request of an episode that has ended (or was abandoned) is discarded. Otherwise the
+        chunk is applied now, or, under a simulated delay, once the delay has passed.
+        """
         actions = np.asarray(actions)
         if actions.ndim != 2 or actions.shape[1] != droid.ACTION_DIM or actions.shape[0] < 1:
             raise ValueError(f"actions: expected shape (H>=1, {droid.ACTION_DIM}), got {actions.shape}")
-        self._chunks[env_id] = binarize_gripper(actions)
-        self._cursor[env_id] = 0
-        self.server_calls[env_id] += 1
+        pending = self._pending[env_id]
+        if pending is None or pending.token != token:
+            return False
+        pending.arrived = binarize_gripper(actions)
+        self.apply_arrivals([env_id])
+        return True
+
+    def apply_arrivals(self, env_ids: Iterable[int] | None = None) -> None:
+        """Switch envs to their arrived chunks whose (simulated) delay has passed."""
+        for i in range(self.num_envs) if env_ids is None else env_ids:
+            pending = self._pending[i]
+            if pending is None or pending.arrived is None:
+                continue
+            if self.simulated_delay is not None and not self._delay_elapsed(i):
+                continue
+            delay = int(self.episode_step[i] - pending.sent_step)
+            chunk = pending.arrived
+            self._pending[i] = None
+            self.server_calls[i] += 1
+            self.stats[i].delays.append(delay)
+            if delay >= len(chunk):  # every row is in the past: ask again
+                self._chunks[i] = None
+                continue
+            self._chunks[i] = chunk
+            self._row[i] = delay
+            self._window_end[i] = min(len(chunk), delay + self.open_loop_horizon)
+
+    def abandon(self, env_id: int) -> None:
+        """Forget env ``env_id``'s request in flight (it failed); a late reply to it is discarded."""
+        self._pending[env_id] = None
+
+    def accept_chunk(self, env_id: int, actions: np.ndarray) -> None:
+        """Shortcut for a request sent now whose reply is already in (delay 0; under a simulated delay
+        the chunk is applied ``simulated_delay`` steps later, like any other reply)."""
+        if self._pending[env_id] is not None:
+            self.abandon(env_id)
+        token = self.mark_sent(env_id)
+        self.deliver(env_id, token, actions)
 
     def pop_actions(self, active: np.ndarray | None = None) -> np.ndarray:
         """One action per env, ``(N, 8)`` float32; every env counts one executed step.
 
-        ``active`` (``(N,)`` bool, default all) selects the envs that consume their cached action; the
-        rows of the others are NaN and their cursors stay (the caller fills those rows, e.g. with a hold
-        action for an env whose server call failed).
+        ``active`` (``(N,)`` bool, default all) selects the envs that consume a cached action; the rows of
+        the others are NaN and their rows stay (the caller fills them, e.g. with a hold action for an env
+        whose server call failed or that waits out a simulated delay).
         """
         active = np.ones(self.num_envs, dtype=bool) if active is None else np.asarray(active, dtype=bool)
-        starving = active & self.needs_chunk()
-        if starving.any():
-            raise RuntimeError(f"pop_actions: envs {np.flatnonzero(starving).tolist()} have no cached action")
         out = np.full((self.num_envs, droid.ACTION_DIM), np.nan, dtype=np.float32)
         for i in np.flatnonzero(active):
-            out[i] = self._chunks[i][self._cursor[i]]
-        self._cursor[active] += 1
+            if self._usable_left(i) == 0:
+                raise RuntimeError(f"pop_actions: env {i} has no cached action")
+            row = int(self._row[i])
+            out[i] = self._chunks[i][row]
+            if row >= self._window_end[i]:
+                self.stats[i].stale_steps += 1
+            self._row[i] += 1
+        for i in np.flatnonzero(~active):
+            if self._pending[i] is not None:
+                self.stats[i].wait_steps += 1
         self.episode_step += 1
         return out
 
+    def count_wait(self, env_ids: Iterable[int]) -> None:
+        """Record that ``env_ids`` blocked on their replies before this step."""
+        for i in env_ids:
+            self.stats[i].wait_steps += 1
+
     def drop_chunk(self, env_id: int) -> None:
-        """Forget env ``env_id``'s chunk (e.g. after a server error) so it asks again."""
+        """Forget env ``env_id``'s chunk and request in flight (e.g. after a server error)."""
         self._chunks[env_id] = None
-        self._cursor[env_id] = 0
+        self._pending[env_id] = None
 
     def end_episodes(self, env_ids: Iterable[int]) -> list[str]:
-        """End the episodes of ``env_ids``: drop caches, start new session ids. Returns the old ids."""
+        """End the episodes of ``env_ids``: drop caches and requests in flight, start new session ids.
+
+        Returns the ended episodes' session ids.
+        """
         ended = []
         for i in env_ids:
             i = int(i)
             ended.append(self.session_ids[i])
-            self._chunks[i] = None
-            self._cursor[i] = 0
+            self.drop_chunk(i)
             self.session_ids[i] = self._new_session_id()
             self.episode_index[i] += 1
             self.episode_step[i] = 0
             self.server_calls[i] = 0
+            self.stats[i] = EpisodeChunkStats()
         return ended
 
     def reset_all(self) -> None:

@@ -88,3 +88,109 @@ def test_bad_construction():
         ChunkSchedule(0)
     with pytest.raises(ValueError, match="open_loop_horizon"):
         ChunkSchedule(1, open_loop_horizon=0)
+
+
+# -- latency hiding (prefetch) ---------------------------------------------------------------------
+
+
+def rows_chunk(tag: float, horizon: int = 24) -> np.ndarray:
+    """Row j carries ``tag + j`` in its first column, so executed actions reveal (chunk, row)."""
+    actions = np.zeros((horizon, 8), dtype=np.float32)
+    actions[:, 0] = tag + np.arange(horizon)
+    return actions
+
+
+def test_prefetch_sends_k_steps_early_and_skips_the_steps_already_executed():
+    schedule = ChunkSchedule(1, open_loop_horizon=8, prefetch=3)
+    schedule.accept_chunk(0, rows_chunk(0))  # episode start: synchronous, delay 0
+    executed, sent_at = [], None
+    for step in range(5):
+        assert not schedule.requests_due()[0]
+        executed.append(schedule.pop_actions()[0, 0])
+    assert schedule.requests_due()[0]  # 3 actions left in the window
+    token = schedule.mark_sent(0)
+    sent_at = int(schedule.episode_step[0])
+    executed.append(schedule.pop_actions()[0, 0])  # keeps executing the old chunk
+    executed.append(schedule.pop_actions()[0, 0])
+    assert schedule.deliver(0, token, rows_chunk(100))
+    assert schedule.stats[0].delays == [0, 2] and sent_at == 5
+    executed += [schedule.pop_actions()[0, 0] for _ in range(8)]
+    assert executed == [0, 1, 2, 3, 4, 5, 6] + [102 + j for j in range(8)]
+    assert schedule.stats[0].stale_steps == 0 and schedule.stats[0].wait_steps == 0
+
+
+def test_late_reply_runs_stale_rows_up_to_the_bound_then_must_wait():
+    schedule = ChunkSchedule(1, open_loop_horizon=8, prefetch=2, max_stale_steps=3)
+    schedule.accept_chunk(0, rows_chunk(0))
+    for _ in range(6):
+        schedule.pop_actions()
+    token = schedule.mark_sent(0)
+    rows = [schedule.pop_actions()[0, 0] for _ in range(5)]  # 2 in the window + 3 stale
+    assert rows == [6, 7, 8, 9, 10]
+    assert schedule.stats[0].stale_steps == 3
+    assert schedule.must_wait()[0]
+    with pytest.raises(RuntimeError, match="no cached action"):
+        schedule.pop_actions()
+    schedule.count_wait([0])
+    assert schedule.deliver(0, token, rows_chunk(100))
+    assert not schedule.must_wait()[0]
+    assert schedule.pop_actions()[0, 0] == 105  # delay 5 steps: rows 0..4 are in the past
+    assert schedule.stats[0].wait_steps == 1
+
+
+def test_reply_for_an_ended_episode_is_discarded():
+    schedule = ChunkSchedule(2, open_loop_horizon=8, prefetch=4)
+    for i in range(2):
+        schedule.accept_chunk(i, rows_chunk(0))
+    for _ in range(4):
+        schedule.pop_actions()
+    tokens = [schedule.mark_sent(i) for i in range(2)]
+    schedule.end_episodes([1])
+    assert not schedule.deliver(1, tokens[1], rows_chunk(500))
+    assert schedule.requests_due().tolist() == [False, True]  # env 1 starts over with a fresh request
+    assert schedule.deliver(0, tokens[0], rows_chunk(100))
+
+
+def test_simulated_delay_is_exact_in_steps_whatever_the_arrival_time():
+    def run(arrive_after: int) -> list[float]:
+        schedule = ChunkSchedule(1, open_loop_horizon=8, prefetch=4, simulated_delay=3)
+        out, token, reply_in = [], None, None
+        for _ in range(30):
+            if schedule.requests_due()[0]:
+                token, reply_in = schedule.mark_sent(0), arrive_after
+            if token is not None and reply_in == 0:
+                schedule.deliver(0, token, rows_chunk(100 * (len(schedule.stats[0].delays) + 1)))
+                token = None
+            if schedule.must_wait()[0] and token is not None:  # a late reply is waited for
+                schedule.deliver(0, token, rows_chunk(100 * (len(schedule.stats[0].delays) + 1)))
+                token = None
+            schedule.apply_arrivals()
+            out.append(float(schedule.pop_actions(active=~schedule.must_hold())[0, 0]))
+            reply_in = None if reply_in is None else reply_in - 1
+        assert schedule.stats[0].delays == [3] * len(schedule.stats[0].delays)
+        assert len(schedule.stats[0].delays) >= 4
+        return out
+
+    first = run(arrive_after=0)
+    assert np.isnan(first[:3]).all() and first[3] == 103  # the first chunk also takes 3 steps
+    assert first[3:] == run(arrive_after=2)[3:] == run(arrive_after=6)[3:]
+    assert run(arrive_after=6)[3:] == first[3:]
+
+
+def test_synchronous_simulated_delay_holds_the_pose_while_waiting():
+    schedule = ChunkSchedule(1, open_loop_horizon=8, simulated_delay=2)
+    token = schedule.mark_sent(0)
+    assert schedule.must_hold()[0] and not schedule.must_wait()[0]
+    schedule.deliver(0, token, rows_chunk(0))  # early arrival is held back
+    held = schedule.pop_actions(active=~schedule.must_hold())
+    assert np.isnan(held).all() and schedule.stats[0].wait_steps == 1
+    schedule.pop_actions(active=~schedule.must_hold())
+    schedule.apply_arrivals()
+    assert schedule.pop_actions()[0, 0] == 2
+
+
+def test_prefetch_bounds_are_validated():
+    with pytest.raises(ValueError, match="prefetch"):
+        ChunkSchedule(1, open_loop_horizon=8, prefetch=8)
+    with pytest.raises(ValueError, match="simulated_delay"):
+        ChunkSchedule(1, simulated_delay=-1)
