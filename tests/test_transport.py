@@ -1,0 +1,456 @@
+"""Tests of dz_gym.transport: config validation, sessions, the loop thread and the pool (loopback only)."""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import logging
+import shutil
+import ssl
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+from transport_servers import ServerThread, chunk, free_port, good, replying, serialized
+
+from dz_gym.errors import ConnectionLost, DzGymError, RequestTimeout, ServerError
+from dz_gym.protocol import packb, unpackb
+from dz_gym.transport import (
+    AsyncSession,
+    LoopThread,
+    Outcome,
+    PartialConnectError,
+    SessionPool,
+    TransportConfig,
+    validate_url,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+FAST = TransportConfig(open_timeout=3, request_timeout=5, close_timeout=1, connect_retries=0)
+
+
+def request(value: int = 0) -> dict:
+    """A small request with an image-like array, as the pool would get it from the adapter."""
+    return {
+        "observation/exterior_image_0_left": np.full((18, 32, 3), value % 256, dtype=np.uint8),
+        "observation/joint_position": np.zeros(7),
+        "prompt": "put the cube in the bowl",
+        "session_id": f"s{value}",
+        "endpoint": "infer",
+    }
+
+
+# ------------------------------------------------------------------------------------------------ config
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("open_timeout", 0, "open_timeout"),
+        ("request_timeout", float("inf"), "request_timeout"),
+        ("request_timeout", None, "request_timeout"),
+        ("ping_interval", -1, "ping_interval"),
+        ("connect_retries", -1, "connect_retries"),
+        ("connect_retries", 1.5, "connect_retries"),
+        ("max_frame_bytes", 0, "max_frame_bytes"),
+        ("max_frame_bytes", None, "max_frame_bytes"),
+        ("auth_env", "MY TOKEN", "auth_env"),
+        ("auth_env", "A=B", "auth_env"),
+        ("auth_scheme", "Api Key", "auth_scheme"),
+        ("compression", "gzip", "compression"),
+        ("action_horizon", 0, "action_horizon"),
+        ("connect_concurrency", 0, "connect_concurrency"),
+    ],
+)
+def test_config_rejects_bad_fields_with_one_line(field, value, words):
+    with pytest.raises(ValueError, match=words) as info:
+        TransportConfig(**{field: value})
+    assert "\n" not in str(info.value)
+
+
+def test_config_defaults_are_bounded_and_generous():
+    cfg = TransportConfig()
+    assert (cfg.ping_interval, cfg.ping_timeout) == (60.0, 600.0)
+    assert cfg.request_timeout >= 60 and np.isfinite(cfg.request_timeout)
+    assert cfg.max_frame_bytes == 64 * 1024 * 1024
+    assert cfg.compression is None and cfg.auth_env is None
+    assert np.isfinite(cfg.connect_bound())
+    # ping may be disabled explicitly
+    assert TransportConfig(ping_interval=None, ping_timeout=None).ping_interval is None
+
+
+def test_backoff_doubles_and_is_capped():
+    cfg = TransportConfig(retry_backoff=0.5, retry_backoff_max=3.0, connect_retries=5)
+    assert [cfg._backoff(k) for k in range(5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+
+
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1:1", "127.0.0.1:8000", "ws://", "ws://host:notaport", "ws://u:p@host:1/x", 5]
+)
+def test_bad_urls_are_rejected(url):
+    with pytest.raises(ValueError, match="url"):
+        validate_url(url)
+
+
+def test_auth_header_comes_from_the_named_env_var(monkeypatch):
+    cfg = TransportConfig(auth_env="DZ_TEST_TOKEN", auth_scheme="Bearer")
+    monkeypatch.delenv("DZ_TEST_TOKEN", raising=False)
+    with pytest.raises(ValueError, match="DZ_TEST_TOKEN"):
+        cfg.auth_header()
+    monkeypatch.setenv("DZ_TEST_TOKEN", "s3cret")
+    assert cfg.auth_header() == {"Authorization": "Bearer s3cret"}
+    assert "s3cret" not in repr(cfg)
+    assert TransportConfig().auth_header() == {}
+
+
+# ------------------------------------------------------------------------------------------------ session
+def test_async_session_handshake_infer_reset_close():
+    def reply(frame, n):
+        msg = unpackb(frame)
+        if msg.get("endpoint") == "reset":
+            return "reset successful"
+        return chunk(value=float(n))
+
+    async def scenario(url):
+        session = AsyncSession(url, FAST)
+        assert not session.connected and session.metadata is None
+        meta = await session.connect()
+        assert meta.image_resolution == (180, 320) and session.metadata is meta and session.connected
+        first = await session.infer(request(1))
+        second = await session.infer(packb(request(2)))  # pre-encoded bytes pass straight through
+        status = await session.reset("abc")
+        await session.close()
+        await session.close()  # idempotent
+        return first, second, status, session.connected
+
+    with ServerThread(replying(reply)) as server:
+        first, second, status, connected = asyncio.run(scenario(server.url))
+    assert first.actions.shape == (24, 8) and first.actions.dtype == np.float32
+    assert float(first.actions[0, 0]) == 0.0 and float(second.actions[0, 0]) == 1.0
+    assert status == "reset successful" and not connected
+
+
+def test_reset_sends_endpoint_and_session_id():
+    seen = []
+
+    def reply(frame, n):
+        seen.append(unpackb(frame))
+        return {"status": "reset successful"}
+
+    with ServerThread(replying(reply)) as server, SessionPool(server.url, 1, FAST) as pool:
+        pool.connect()
+        assert pool.reset(0, "episode-7") == "reset successful"
+        assert pool.reset(0) == "reset successful"
+    assert seen == [{"endpoint": "reset", "session_id": "episode-7"}, {"endpoint": "reset"}]
+
+
+def test_concurrent_calls_on_one_session_are_serialized():
+    """Two requests submitted at once on one session both get their own reply, in order."""
+    with ServerThread(good(delay_s=0.05)) as server, SessionPool(server.url, 1, FAST) as pool:
+        pool.connect()
+        futures = [pool.submit(0, request(k)) for k in range(3)]
+        values = [float(f.result(10).reply.actions[0, 0]) for f in futures]
+    assert values == [0.0, 1.0, 2.0]
+
+
+def test_connect_twice_replaces_the_connection():
+    with ServerThread(good()) as server, SessionPool(server.url, 1, FAST) as pool:
+        pool.connect()
+        pool.reconnect(0)
+        assert pool.is_connected(0)
+        assert pool.infer(0, request()).actions.shape == (24, 8)
+        deadline = time.monotonic() + 5
+        while server.connections < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert server.connections == 2
+
+
+# ------------------------------------------------------------------------------------------------ pool
+def test_pool_assigns_sessions_round_robin_and_infers_many():
+    with ServerThread(good()) as a, ServerThread(good()) as b:
+        with SessionPool([a.url, b.url], 5, FAST) as pool:
+            assert [pool.url(i) for i in range(5)] == [a.url, b.url, a.url, b.url, a.url]
+            metas = pool.connect()
+            assert len(metas) == 5 and all(m.needs_session_id for m in metas)
+            assert pool.metadata(3) is metas[3]
+            outcomes = pool.infer_many({i: request(i) for i in (0, 2, 3)})
+        assert (a.connections, b.connections) == (3, 2)
+    assert sorted(outcomes) == [0, 2, 3]
+    for i, outcome in outcomes.items():
+        assert isinstance(outcome, Outcome) and outcome.ok and outcome.index == i
+        assert outcome.reply.actions.shape == (24, 8)
+        assert outcome.sent_at <= outcome.received_at and outcome.latency_s >= 0
+        assert outcome.request_bytes == len(packb(request(i)))
+
+
+def test_connect_subset_and_partial_failure_keeps_the_others():
+    dead = f"ws://127.0.0.1:{free_port()}"
+    with ServerThread(good()) as server, SessionPool([server.url, dead], 4, FAST) as pool:
+        assert len(pool.connect([0])) == 1
+        assert pool.is_connected(0) and not pool.is_connected(1)
+        with pytest.raises(PartialConnectError) as info:
+            pool.connect()
+        err = info.value
+        assert sorted(err.connected) == [0, 2] and sorted(err.errors) == [1, 3]
+        assert all(isinstance(e, ConnectionLost) for e in err.errors.values())
+        assert pool.is_connected(2)
+        outcomes = pool.infer_many({0: request(), 1: request(), 2: request()})
+    assert outcomes[0].ok and outcomes[2].ok
+    assert isinstance(outcomes[1].error, ConnectionLost) and outcomes[1].reply is None
+
+
+def test_one_bad_session_never_affects_the_others():
+    bad = replying(lambda frame, n: b"\xc1\xc1 not msgpack")
+    with ServerThread(good(delay_s=0.05)) as ok_server, ServerThread(bad) as bad_server:
+        with SessionPool([ok_server.url, bad_server.url, ok_server.url], 3, FAST) as pool:
+            pool.connect()
+            outcomes = pool.infer_many({i: request(i) for i in range(3)})
+            assert outcomes[0].ok and outcomes[2].ok
+            assert outcomes[1].error is not None and not pool.is_connected(1)
+            assert pool.is_connected(0) and pool.is_connected(2)
+            again = pool.infer_many({0: request(), 2: request()})
+    assert again[0].ok and again[2].ok
+
+
+def test_pool_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="num_sessions"):
+        SessionPool("ws://127.0.0.1:1", 0)
+    with pytest.raises(ValueError, match="urls"):
+        SessionPool([], 1)
+    with pytest.raises(ValueError, match="url"):
+        SessionPool(["tcp://x"], 1)
+    with SessionPool("ws://127.0.0.1:1", 2, FAST) as pool:
+        with pytest.raises(ValueError, match="session index"):
+            pool.infer_many({2: request()})
+        with pytest.raises(ValueError, match="requests"):
+            pool.infer_many([request()])
+
+
+def test_unencodable_request_fails_only_its_session():
+    with ServerThread(good()) as server, SessionPool(server.url, 2, FAST) as pool:
+        pool.connect()
+        bad = {"x": np.array([1 + 2j])}  # complex dtypes never go on the wire
+        outcomes = pool.infer_many({0: bad, 1: request()})
+        assert isinstance(outcomes[0].error, DzGymError) and outcomes[1].ok
+        assert pool.is_connected(0)  # nothing was sent, the connection is still in sync
+
+
+def test_pool_close_is_idempotent_and_closes_connections():
+    with ServerThread(good()) as server:
+        pool = SessionPool(server.url, 3, FAST)
+        pool.connect()
+        loop = pool.loop
+        pool.close()
+        pool.close()
+        assert loop.closed
+        with pytest.raises(RuntimeError, match="closed"):
+            pool.infer_many({0: request()})
+
+
+def test_pool_on_a_shared_loop_leaves_the_loop_running():
+    loop = LoopThread()
+    try:
+        with ServerThread(good()) as server:
+            with SessionPool(server.url, 1, FAST, loop=loop) as pool:
+                pool.connect()
+            assert not loop.closed
+            with SessionPool(server.url, 1, FAST, loop=loop) as pool:
+                pool.connect()
+                assert pool.infer(0, request()).actions.shape == (24, 8)
+    finally:
+        loop.close()
+
+
+@pytest.mark.timeout(90)
+def test_sessions_overlap_on_a_concurrent_server_and_queue_on_a_serial_one():
+    """8 requests against a 200 ms server: about 200 ms when it overlaps them, about 8 x 200 ms when it
+    runs one at a time. Only the ratio is asserted, with a wide margin."""
+    delay = 0.2
+
+    def batch_seconds(handler) -> tuple[float, list[Outcome]]:
+        with ServerThread(handler) as server, SessionPool(server.url, 8, FAST) as pool:
+            pool.connect()
+            pool.infer_many({i: request(i) for i in range(8)})  # warm-up
+            start = time.perf_counter()
+            outcomes = pool.infer_many({i: request(i) for i in range(8)})
+            return time.perf_counter() - start, list(outcomes.values())
+
+    parallel, parallel_outcomes = batch_seconds(good(delay_s=delay))
+    serial, serial_outcomes = batch_seconds(serialized(lambda frame, n: chunk(), delay))
+    assert all(o.ok for o in parallel_outcomes + serial_outcomes)
+    assert serial >= 3 * parallel
+    # Queued on the server: the slowest reply waited behind the others, so latencies spread out.
+    latencies = sorted(o.latency_s for o in serial_outcomes)
+    assert latencies[-1] >= 3 * latencies[0]
+
+
+# ------------------------------------------------------------------------------------------------ loop thread
+def test_loop_thread_runs_and_submits_and_closes():
+    loop = LoopThread()
+
+    async def add(a, b):
+        await asyncio.sleep(0)
+        return a + b
+
+    assert loop.run(add(1, 2), 5) == 3
+    assert loop.submit(add(2, 3)).result(5) == 5
+    with pytest.raises(RequestTimeout):
+        loop.run(asyncio.sleep(10), 0.05)
+    loop.close()
+    loop.close()
+    assert loop.closed
+    with pytest.raises(RuntimeError, match="closed"):
+        loop.run(add(1, 1), 1)
+
+
+def test_pool_works_while_the_callers_thread_runs_an_event_loop():
+    """Isaac Lab/Kit and Jupyter call from inside a running loop: the pool must not touch that loop."""
+    with ServerThread(good()) as server:
+
+        async def main():
+            with SessionPool(server.url, 2, FAST) as pool:
+                pool.connect()
+                outcomes = pool.infer_many({0: request(), 1: request()})
+            return all(o.ok for o in outcomes.values())
+
+        assert asyncio.run(main())
+
+
+def test_run_from_the_loop_thread_is_refused():
+    loop = LoopThread()
+    try:
+
+        async def nested():
+            coro = asyncio.sleep(0)
+            with pytest.raises(RuntimeError, match="own loop thread"):
+                loop.run(coro, 1)
+            return True
+
+        assert loop.run(nested(), 5)
+    finally:
+        loop.close()
+
+
+def test_pool_is_usable_from_several_threads():
+    with ServerThread(good(delay_s=0.01)) as server, SessionPool(server.url, 4, FAST) as pool:
+        pool.connect()
+        results: dict[int, list[bool]] = {}
+
+        def worker(i):
+            results[i] = [pool.infer_many({i: request(i)})[i].ok for _ in range(5)]
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    assert results == {i: [True] * 5 for i in range(4)}
+
+
+# ------------------------------------------------------------------------------------------------ auth and TLS
+def _auth_server(seen: list):
+    def check(connection, req):
+        value = req.headers.get("Authorization")
+        seen.append(value)
+        if value != "Api-Key s3cret-token":
+            return connection.respond(http.HTTPStatus.UNAUTHORIZED, "no\n")
+        return None
+
+    return ServerThread(good(), process_request=check)
+
+
+def test_auth_token_is_sent_from_env_and_never_logged(monkeypatch, caplog):
+    monkeypatch.setenv("DZ_TEST_TOKEN", "s3cret-token")
+    caplog.set_level(logging.DEBUG)
+    seen: list = []
+    cfg = TransportConfig(open_timeout=3, request_timeout=5, close_timeout=1, auth_env="DZ_TEST_TOKEN")
+    with _auth_server(seen) as server, SessionPool(server.url, 1, cfg) as pool:
+        pool.connect()
+        assert pool.infer(0, request()).actions.shape == (24, 8)
+    assert seen == ["Api-Key s3cret-token"]
+    client_lines = [r.getMessage() for r in caplog.records if r.name.startswith("dz_gym")]
+    assert any(line.startswith("> Authorization") for line in client_lines)  # logged at DEBUG ...
+    assert not any("s3cret-token" in line for line in client_lines)  # ... with its value redacted
+
+
+def test_wrong_token_is_rejected_without_retries(monkeypatch):
+    monkeypatch.setenv("DZ_TEST_TOKEN", "wrong")
+    seen: list = []
+    cfg = TransportConfig(open_timeout=3, close_timeout=1, connect_retries=3, retry_backoff=0.01, auth_env="DZ_TEST_TOKEN")
+    with _auth_server(seen) as server, SessionPool(server.url, 1, cfg) as pool:
+        with pytest.raises(PartialConnectError) as info:
+            pool.connect()
+    error = info.value.errors[0]
+    assert isinstance(error, ConnectionLost) and "401" in str(error) and "wrong" not in str(error)
+    assert len(seen) == 1
+
+
+@pytest.fixture(scope="module")
+def tls_cert(tmp_path_factory):
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+         "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return cert, key
+
+
+def test_wss_with_a_trusted_certificate(tls_cert):
+    cert, key = tls_cert
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(cert, key)
+    client_ctx = ssl.create_default_context(cafile=str(cert))
+    cfg = TransportConfig(open_timeout=5, request_timeout=5, close_timeout=1, ssl_context=client_ctx)
+    with ServerThread(good(), ssl=server_ctx) as server, SessionPool(server.url, 2, cfg) as pool:
+        assert server.url.startswith("wss://")
+        pool.connect()
+        assert all(o.ok for o in pool.infer_many({0: request(), 1: request()}).values())
+
+
+def test_wss_with_an_untrusted_certificate_fails_at_once(tls_cert, monkeypatch):
+    cert, key = tls_cert
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(cert, key)
+    cfg = TransportConfig(open_timeout=5, close_timeout=1, connect_retries=3, retry_backoff=0.01)
+    with ServerThread(good(), ssl=server_ctx) as server:
+
+        async def attempt():
+            session = AsyncSession(server.url, cfg)
+            with pytest.raises(ConnectionLost, match="TLS"):
+                await session.connect()
+
+        asyncio.run(attempt())
+
+
+def test_metadata_for_servers_that_send_an_empty_map():
+    with ServerThread(replying(lambda f, n: {"actions": chunk()}, metadata={})) as server:
+        with SessionPool(server.url, 1, FAST) as pool:
+            (meta,) = pool.connect()
+            assert meta.image_resolution is None and meta.raw == {}
+            assert pool.infer(0, request()).actions.shape == (24, 8)
+
+
+def test_action_horizon_and_dim_come_from_the_config():
+    cfg = TransportConfig(open_timeout=3, request_timeout=5, close_timeout=1, action_dim=7, action_horizon=16)
+    with ServerThread(replying(lambda f, n: chunk(16, 7))) as server, SessionPool(server.url, 1, cfg) as pool:
+        pool.connect()
+        assert pool.infer(0, request()).actions.shape == (16, 7)
+
+
+def test_server_error_reply_keeps_the_session_when_not_fatal():
+    def reply(frame, n):
+        return {"type": "error", "message": "Internal inference error"} if n == 0 else chunk()
+
+    with ServerThread(replying(reply)) as server, SessionPool(server.url, 1, FAST) as pool:
+        pool.connect()
+        with pytest.raises(ServerError) as info:
+            pool.infer(0, request())
+        assert not info.value.fatal and "Internal inference error" in str(info.value)
+        assert pool.is_connected(0)
+        assert pool.infer(0, request()).actions.shape == (24, 8)
+
