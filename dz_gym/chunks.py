@@ -176,6 +176,25 @@ class ChunkSchedule:
             dtype=bool,
         )
 
+    def pending_token(self, env_id: int) -> int | None:
+        """Token of env ``env_id``'s request in flight, or None."""
+        pending = self._pending[env_id]
+        return None if pending is None else pending.token
+
+    def has_action(self) -> np.ndarray:
+        """``(N,)`` bool: envs that can execute a cached action this step."""
+        return np.array([self._usable_left(i) > 0 for i in range(self.num_envs)], dtype=bool)
+
+    def window_nearly_spent(self) -> np.ndarray:
+        """``(N,)`` bool: envs that will send a request at their next step unless one is in flight.
+
+        Used to decide whose images must be rendered for the next observation.
+        """
+        return np.array(
+            [self._chunks[i] is None or self._window_left(i) <= self.prefetch for i in range(self.num_envs)],
+            dtype=bool,
+        )
+
     def cursor(self, env_id: int) -> int:
         """Row of env ``env_id``'s next action in its current chunk."""
         return int(self._row[env_id])

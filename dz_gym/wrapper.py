@@ -32,10 +32,19 @@ server), ``chunk_latency_s`` (NaN when not called), ``session_id`` (of the episo
 ``"server_error"``, ``"connection_lost"``, ``"timeout"``, ``"protocol_error"``, or ``"reconnect_failed"``).
 An env whose server call failed holds its pose for that step and asks again at its next step (after a bounded
 reconnect when the connection broke); its episode is flagged, the other envs carry on.
+
+Latency hiding (opt-in, ``dz_gym.chunks`` has the exact rules): with ``prefetch=K`` an env sends its next
+request when K actions are left in its window and keeps executing; the reply's rows for the steps executed
+meanwhile are skipped. A late reply lets the env run on the previous chunk's remaining rows (at most
+``max_stale_steps``), then it waits. ``simulated_delay=D`` replaces wall-clock delay by exactly D steps, for
+reproducible comparisons under latency. ``info["policy_held"]`` marks envs that held their pose this step
+and, for envs whose episode ended, ``info["chunk_stats"]`` gives the per-chunk delays and the wait and stale
+step counts of that episode.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import warnings
 from collections.abc import Sequence
@@ -124,6 +133,9 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         transport: TransportConfig | None = None,
         image_resolution: tuple[int, int] | None | str = "server",
         session_id_factory=new_session_id,
+        prefetch: int = 0,
+        max_stale_steps: int | None = None,
+        simulated_delay: int | None = None,
     ):
         super().__init__(env)
         base = env.unwrapped
@@ -133,7 +145,15 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         if not self.servers or not all(isinstance(url, str) and url for url in self.servers):
             raise ValueError(f"server: expected a ws:// or wss:// URL or a list of them, got {server!r}")
         self.prompts = _resolve_prompts(prompt, env, self.num_envs)
-        self.schedule = ChunkSchedule(self.num_envs, open_loop_horizon, session_id_factory)
+        self.schedule = ChunkSchedule(
+            self.num_envs,
+            open_loop_horizon,
+            session_id_factory,
+            prefetch=prefetch,
+            max_stale_steps=max_stale_steps,
+            simulated_delay=simulated_delay,
+        )
+        self._in_flight: dict[int, tuple[int, concurrent.futures.Future]] = {}
         self.open_loop_horizon = self.schedule.open_loop_horizon
         self.metadata = dict(env.metadata)
         self.metadata["autoreset_mode"] = AutoresetMode.SAME_STEP
@@ -189,18 +209,17 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         if self._obs is None:
             raise RuntimeError("step: call reset() first")
         policy_obs = self._obs[droid.POLICY_GROUP]
-        called, latency, errors, events = self._query_policy(policy_obs)
-        failed = np.array([e is not None for e in errors], dtype=bool)
-        policy_action = self.schedule.pop_actions(active=~failed)
-        if failed.any():
-            policy_action[failed] = hold_actions(policy_obs)[failed]
+        called, delivered, latency, errors, events = self._advance_policy(policy_obs)
+        active = self.schedule.has_action()
+        policy_action = self.schedule.pop_actions(active=active)
+        if not active.all():
+            policy_action[~active] = hold_actions(policy_obs)[~active]
         executed = policy_action if action is None else self._validate_action(action)
         session_ids = np.array(self.schedule.session_ids, dtype=object)
 
         base = self.env.unwrapped
         if hasattr(base, "set_render_mask"):
-            need_next = self.schedule.needs_chunk()
-            base.set_render_mask(None if self.render_all else need_next)
+            base.set_render_mask(None if self.render_all else self.schedule.window_nearly_spent())
         obs, reward, terminated, truncated, info = self.env.step(self._to_env_action(executed, policy_obs))
 
         done = np.asarray(to_numpy(terminated), dtype=bool).reshape(-1) | np.asarray(
@@ -209,15 +228,18 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         info = dict(info)
         info.update(
             policy_called=called,
+            chunk_received=delivered,
             chunk_latency_s=latency,
             session_id=session_ids,
             policy_action=policy_action,
+            policy_held=~active,
             policy_error=np.array(errors, dtype=object),
             integrity_event=np.array(events, dtype=object),
             episode_flagged=self.episode_flagged.copy(),
         )
         done_ids = np.flatnonzero(done)
         if done_ids.size:
+            info["chunk_stats"] = {int(i): self.schedule.stats[i] for i in done_ids}
             self.schedule.end_episodes(done_ids)
             self.episode_flagged[done_ids] = False
         validate_policy_obs(obs[droid.POLICY_GROUP], self.num_envs)
@@ -232,40 +254,67 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
             super().close()
 
     # -- internals ------------------------------------------------------------------------------------
-    def _query_policy(self, policy_obs):
-        need = self.schedule.needs_chunk()
-        env_ids = np.flatnonzero(need).tolist()
-        called = need.copy()
-        latency = np.full(self.num_envs, np.nan)
-        errors: list[str | None] = [None] * self.num_envs
-        events: list[str | None] = [None] * self.num_envs
-        if not env_ids:
-            return called, latency, errors, events
-        requests = build_requests(
-            policy_obs,
-            env_ids,
-            prompts=self.prompts,
-            session_ids=self.schedule.session_ids,
-            image_resolution=self.image_resolution,
-        )
-        outcomes = self.pool.infer_many(requests)
+    def _advance_policy(self, policy_obs):
+        """Send due requests, take in replies, wait where an env cannot step without its reply."""
+        n = self.num_envs
+        called = np.zeros(n, dtype=bool)
+        delivered = np.zeros(n, dtype=bool)
+        latency = np.full(n, np.nan)
+        errors: list[str | None] = [None] * n
+        events: list[str | None] = [None] * n
+        self._take_replies(list(self._in_flight), False, delivered, latency, errors, events)
+
+        due = np.flatnonzero(self.schedule.requests_due()).tolist()
+        if due:
+            requests = build_requests(
+                policy_obs,
+                due,
+                prompts=self.prompts,
+                session_ids=self.schedule.session_ids,
+                image_resolution=self.image_resolution,
+            )
+            for env_id in due:
+                token = self.schedule.mark_sent(env_id)
+                self._in_flight[env_id] = (token, self.pool.submit(env_id, requests[env_id]))
+            called[due] = True
+
+        waiting = np.flatnonzero(self.schedule.must_wait()).tolist()
+        late = [i for i in waiting if not called[i]]
+        self.schedule.count_wait(late)
+        self._take_replies(waiting, True, delivered, latency, errors, events)
+        self.schedule.apply_arrivals()
+        return called, delivered, latency, errors, events
+
+    def _take_replies(self, env_ids, block, delivered, latency, errors, events) -> None:
+        """Deliver the finished replies of ``env_ids`` (waiting for them when ``block``)."""
+        futures = [self._in_flight[i][1] for i in env_ids if i in self._in_flight]
+        if block and futures:
+            concurrent.futures.wait(futures)  # each future is bounded by the transport's request timeout
         for env_id in env_ids:
-            outcome = outcomes[env_id]
-            latency[env_id] = outcome.latency_s
+            token, future = self._in_flight.get(env_id, (None, None))
+            if future is None or not future.done():
+                continue
+            del self._in_flight[env_id]
+            outcome = future.result()
             error = outcome.error
             if error is None:
                 try:
-                    self.schedule.accept_chunk(env_id, outcome.reply.actions)
+                    if self.schedule.deliver(env_id, token, outcome.reply.actions):
+                        delivered[env_id] = True
+                        latency[env_id] = outcome.latency_s
                     continue
                 except ValueError as exc:
                     error = ProtocolError(str(exc))
+            if self.schedule.pending_token(env_id) != token:
+                continue  # a failure of an ended episode's request does not concern the new episode
+            self.schedule.abandon(env_id)
+            latency[env_id] = outcome.latency_s
             errors[env_id] = str(error)
             events[env_id] = _event_of(error)
             self.episode_flagged[env_id] = True
             logger.warning("env %d: policy call failed (%s): %s", env_id, events[env_id], error)
             if not (isinstance(error, ServerError) and not error.fatal):
                 events[env_id] = self._reconnect(env_id) or events[env_id]
-        return called, latency, errors, events
 
     def _reconnect(self, env_id: int) -> str | None:
         """Bounded reconnect of env ``env_id``'s session; returns an event name when it failed."""
