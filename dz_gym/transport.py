@@ -290,6 +290,8 @@ class AsyncSession:
                 try:
                     ws = await self._open(headers)
                     break
+                except (asyncio.TimeoutError, TimeoutError):  # RequestTimeout; TimeoutError is an OSError too
+                    raise
                 except ssl.SSLError as exc:  # certificate or TLS failure: retrying cannot help
                     raise ConnectionLost(f"TLS handshake with {self._url} failed: {exc}") from exc
                 except (OSError, InvalidStatus) as exc:
@@ -514,11 +516,17 @@ class LoopThread:
         if self.in_loop_thread():
             coro.close()
             raise RuntimeError("LoopThread.run called from its own loop thread; await the coroutine instead")
-        future = self.submit(coro)
+        if self.closed:
+            coro.close()
+            raise RuntimeError("LoopThread is closed")
+        finished = threading.Event()
+        future = self.submit(_signal_when_done(coro, finished))
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:
             future.cancel()
+            # Let the cancellation run its cleanup (e.g. dropping a session) before the caller goes on.
+            finished.wait(_CANCEL_GRACE_S)
             raise RequestTimeout(f"operation on the transport loop did not finish within {timeout:g} s") from None
 
     def close(self) -> None:
@@ -526,6 +534,16 @@ class LoopThread:
         if self.in_loop_thread():
             raise RuntimeError("LoopThread.close called from its own loop thread")
         self._finalizer()
+
+
+_CANCEL_GRACE_S = 2.0
+
+
+async def _signal_when_done(coro: Coroutine[Any, Any, _T], finished: threading.Event) -> _T:
+    try:
+        return await coro
+    finally:
+        finished.set()
 
 
 def _stop_loop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:

@@ -1,0 +1,297 @@
+"""Misbehaving servers and networks: each fault must give its typed error within its bound, never a hang.
+
+Every case uses a tiny raw websockets server (or a real process that gets killed) on loopback, small
+explicit timeouts in the client config, and a pytest-timeout bound on the test itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from transport_servers import (
+    ServerThread,
+    chunk,
+    dies_mid_request,
+    free_port,
+    good,
+    idle_close,
+    replying,
+    silent_after_handshake,
+    silent_before_handshake,
+    text_error_at_handshake,
+)
+
+import dz_gym.transport as transport
+from dz_gym.errors import ConnectionLost, ProtocolError, RequestTimeout, ServerError
+from dz_gym.transport import AsyncSession, PartialConnectError, SessionPool, TransportConfig
+
+pytestmark = pytest.mark.timeout(30)
+
+CFG = TransportConfig(open_timeout=1.0, request_timeout=1.0, close_timeout=0.5, connect_retries=0)
+REQUEST = {"observation/joint_position": np.zeros(7), "prompt": "p", "endpoint": "infer"}
+
+
+def connected_pool(url: str, config: TransportConfig = CFG) -> SessionPool:
+    pool = SessionPool(url, 1, config)
+    pool.connect()
+    return pool
+
+
+def infer_error(handler, config: TransportConfig = CFG):
+    """Connect one session to a server running ``handler``, send one request, return (error, connected)."""
+    with ServerThread(handler) as server, connected_pool(server.url, config) as pool:
+        outcome = pool.infer_many({0: REQUEST})[0]
+        assert outcome.reply is None
+        return outcome.error, pool.is_connected(0)
+
+
+def connect_error(handler, config: TransportConfig = CFG, **serve_kwargs):
+    with ServerThread(handler, **serve_kwargs) as server, SessionPool(server.url, 1, config) as pool:
+        with pytest.raises(PartialConnectError) as info:
+            pool.connect()
+        assert not pool.is_connected(0)
+        return info.value.errors[0], server
+
+
+# ------------------------------------------------------------------------------------------------ replies
+def test_server_that_never_answers_gives_request_timeout():
+    error, connected = infer_error(silent_after_handshake)
+    assert isinstance(error, RequestTimeout) and "request_timeout" in str(error)
+    assert not connected  # the late reply would desynchronize the stream: the connection is dropped
+
+
+def test_server_dropping_the_connection_mid_request_gives_connection_lost():
+    error, connected = infer_error(dies_mid_request)
+    assert isinstance(error, ConnectionLost) and error.code == 1006
+    assert not connected
+
+
+def test_oversize_reply_frame_gives_protocol_error():
+    config = TransportConfig(open_timeout=1, request_timeout=2, close_timeout=0.5, max_frame_bytes=4096)
+    error, connected = infer_error(replying(lambda f, n: chunk(200, 8)), config)  # about 6.4 kB
+    assert isinstance(error, ProtocolError) and "too big" in str(error)
+    assert not connected
+
+
+def test_garbage_bytes_give_protocol_error():
+    error, connected = infer_error(replying(lambda f, n: b"\xc1\x00\xffgarbage"))
+    assert isinstance(error, ProtocolError)
+    assert not connected
+
+
+@pytest.mark.parametrize(
+    ("reply", "words"),
+    [
+        (chunk(24, 7), "last dim 8"),
+        (np.zeros(8, dtype=np.float32), "shape"),
+        ({"no_actions": 1}, "actions"),
+        (np.full((24, 8), np.nan, dtype=np.float32), "finite"),
+        (np.array([[0.0] * 7 + [np.inf]] * 24, dtype=np.float32), "finite"),
+        ("not an array", "str"),
+    ],
+)
+def test_malformed_action_chunks_give_protocol_error(reply, words):
+    error, connected = infer_error(replying(lambda f, n: packed(reply)))
+    assert isinstance(error, ProtocolError) and words in str(error)
+    assert not connected
+
+
+def packed(value):
+    from dz_gym.protocol import packb
+
+    return packb(value)
+
+
+def test_text_frame_instead_of_binary_reply_is_a_fatal_server_error_then_connection_lost():
+    """openpi/DreamZero send the traceback as text and close 1011; the session is gone afterwards."""
+
+    async def traceback_then_close(ws):
+        from dz_gym.protocol import packb
+
+        await ws.send(packb({}))
+        await ws.recv()
+        await ws.send("Traceback (most recent call last):\n  ...\nKeyError: 'endpoint'")
+        await ws.close(1011, "Internal server error. Traceback included in previous frame.")
+
+    with ServerThread(traceback_then_close) as server, connected_pool(server.url) as pool:
+        with pytest.raises(ServerError) as info:
+            pool.infer(0, REQUEST)
+        assert info.value.fatal and "KeyError" in str(info.value)
+        assert not pool.is_connected(0)
+        with pytest.raises(ConnectionLost, match="not connected"):
+            pool.infer(0, REQUEST)
+
+
+def test_binary_error_reply_keeps_the_connection():
+    reply = replying(lambda f, n: {"type": "error", "message": "Invalid request payload"} if n == 0 else chunk())
+    with ServerThread(reply) as server, connected_pool(server.url) as pool:
+        first = pool.infer_many({0: REQUEST})[0]
+        assert isinstance(first.error, ServerError) and not first.error.fatal
+        assert pool.is_connected(0)
+        assert pool.infer_many({0: REQUEST})[0].ok
+
+
+def test_idle_close_by_the_server_gives_connection_lost_with_code():
+    """vLLM-Omni closes idle connections normally (ConnectionClosedOK): still a ConnectionLost."""
+    with ServerThread(idle_close) as server, connected_pool(server.url) as pool:
+        error = pool.infer_many({0: REQUEST})[0].error
+        assert isinstance(error, ConnectionLost) and error.code == 1000 and error.reason == "idle timeout"
+        assert not pool.is_connected(0)
+        again = pool.infer_many({0: REQUEST})[0].error  # later calls say why the session is gone
+        assert isinstance(again, ConnectionLost) and again.code == 1000
+        pool.reconnect(0)
+        assert pool.is_connected(0)
+
+
+def test_cancelled_wait_drops_the_session():
+    """A caller-side bound shorter than request_timeout cancels the request; the stream is out of sync."""
+    config = TransportConfig(open_timeout=1, request_timeout=20, close_timeout=0.5)
+    with ServerThread(silent_after_handshake) as server, connected_pool(server.url, config) as pool:
+        session = pool.session(0)
+        with pytest.raises(RequestTimeout):
+            pool.loop.run(session.infer(REQUEST), 0.2)
+        assert not pool.is_connected(0)
+
+
+# ------------------------------------------------------------------------------------------------ handshake
+def test_server_that_never_sends_the_handshake_gives_request_timeout():
+    error, _ = connect_error(silent_before_handshake)
+    assert isinstance(error, RequestTimeout) and "metadata" in str(error)
+
+
+def test_text_json_error_at_handshake_gives_server_error():
+    frame = '{"type":"error","error":"Robot policy not available","code":"unsupported"}'
+    error, _ = connect_error(text_error_at_handshake(frame))
+    assert isinstance(error, ServerError) and error.code == "unsupported"
+    assert "Robot policy not available" in str(error)
+
+
+def test_garbage_handshake_gives_protocol_error():
+    error, _ = connect_error(replying(lambda f, n: chunk(), metadata=b"\xc1\xc1"))
+    assert isinstance(error, ProtocolError)
+
+
+def test_non_map_handshake_gives_protocol_error():
+    error, _ = connect_error(replying(lambda f, n: chunk(), metadata=[1, 2, 3]))
+    assert isinstance(error, ProtocolError) and "metadata" in str(error)
+
+
+def test_server_closing_before_the_handshake_gives_connection_lost():
+    async def close_at_once(ws):
+        await ws.close(1001, "going away")
+
+    error, _ = connect_error(close_at_once)
+    assert isinstance(error, ConnectionLost) and error.code == 1001
+
+
+# ------------------------------------------------------------------------------------------------ connecting
+class CountingConnect:
+    """Counts websocket open attempts; optionally refuses the first ``refuse`` of them."""
+
+    def __init__(self, refuse: int = 0):
+        self.calls = 0
+        self.refuse = refuse
+        self._real = transport.ws_connect
+
+    async def __call__(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls <= self.refuse:
+            raise ConnectionRefusedError(111, "Connection refused")
+        return await self._real(*args, **kwargs)
+
+
+def test_connection_refused_is_retried_then_connection_lost(monkeypatch):
+    counter = CountingConnect()
+    monkeypatch.setattr(transport, "ws_connect", counter)
+    config = TransportConfig(open_timeout=1, close_timeout=0.5, connect_retries=2, retry_backoff=0.01)
+
+    async def attempt():
+        with pytest.raises(ConnectionLost, match="after 3 attempt"):
+            await AsyncSession(f"ws://127.0.0.1:{free_port()}", config).connect()
+
+    asyncio.run(attempt())
+    assert counter.calls == 3
+
+
+def test_refused_then_accepted_connects_after_a_retry(monkeypatch):
+    counter = CountingConnect(refuse=2)
+    monkeypatch.setattr(transport, "ws_connect", counter)
+    config = TransportConfig(open_timeout=1, close_timeout=0.5, connect_retries=3, retry_backoff=0.01)
+    with ServerThread(good()) as server, SessionPool(server.url, 1, config) as pool:
+        pool.connect()
+        assert pool.is_connected(0) and counter.calls == 3
+
+
+@pytest.mark.parametrize(("status", "attempts"), [(503, 3), (404, 1)])
+def test_http_errors_on_upgrade_retry_only_5xx(status, attempts):
+    def refuse(connection, request):
+        return connection.respond(http.HTTPStatus(status), "nope\n")
+
+    config = TransportConfig(open_timeout=1, close_timeout=0.5, connect_retries=2, retry_backoff=0.01)
+    with ServerThread(good(), process_request=refuse) as server, SessionPool(server.url, 1, config) as pool:
+        with pytest.raises(PartialConnectError) as info:
+            pool.connect()
+    error = info.value.errors[0]
+    assert isinstance(error, ConnectionLost) and f"HTTP {status}" in str(error)
+    assert f"after {attempts} attempt" in str(error)
+
+
+def test_tcp_server_that_never_upgrades_gives_request_timeout():
+    """A plain TCP listener that never answers the HTTP upgrade: bounded by open_timeout."""
+
+    async def scenario():
+        server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            with pytest.raises(RequestTimeout, match="open_timeout"):
+                await AsyncSession(f"ws://127.0.0.1:{port}", CFG).connect()
+        finally:
+            server.close()
+
+    asyncio.run(scenario())
+
+
+# ------------------------------------------------------------------------------------------------ a real kill
+KILLABLE_SERVER = textwrap.dedent(
+    """
+    import asyncio, os, signal, sys
+    from websockets.asyncio.server import serve
+    from dz_gym.protocol import packb
+
+    async def handler(ws):
+        await ws.send(packb({}))
+        await ws.recv()
+        os.kill(os.getpid(), signal.SIGKILL)  # die with the request in flight
+
+    async def main():
+        async with serve(handler, "127.0.0.1", 0, compression=None) as server:
+            print(server.sockets[0].getsockname()[1], flush=True)
+            await asyncio.sleep(60)
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_server_process_killed_mid_request_gives_connection_lost():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.Popen([sys.executable, "-c", KILLABLE_SERVER], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        port = int(proc.stdout.readline())
+        config = TransportConfig(open_timeout=2, request_timeout=10, close_timeout=0.5)
+        with connected_pool(f"ws://127.0.0.1:{port}", config) as pool:
+            error = pool.infer_many({0: REQUEST})[0].error
+            assert isinstance(error, ConnectionLost)
+            assert not pool.is_connected(0)
+        assert proc.wait(10) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
