@@ -1,0 +1,364 @@
+"""The reference policy server: a websockets (asyncio) server that behaves like the real ones.
+
+Three flavors, each following its real counterpart (see ``docs/server.md`` and the protocol docs):
+
+``vllm-omni`` (vLLM-Omni 0.30)
+    Binary metadata. ``endpoint`` is popped, default ``"infer"``; ``"reset"`` answers binary
+    ``{"status": "reset successful"}`` and forgets every session seen on the connection. The first request of
+    a session id on a connection runs with ``new_session=True`` (a per-connection seen-set). Errors are binary
+    ``{"type": "error", "message": ...}`` and the connection stays open (an inference error also forgets that
+    session). Text and empty binary frames are ignored, never answered. Optional idle timeout (normal close).
+    ``GET /health``.
+``dreamzero`` (DreamZero's own server)
+    ``endpoint`` is required; reset answers the text ``"reset successful"``. One global session for the whole
+    server: a request whose ``session_id`` differs from the last one runs with ``new_session=True``. Any
+    exception sends the traceback as a text frame and closes with 1011.
+``openpi`` (openpi's ``WebsocketPolicyServer``)
+    No routing: the whole request goes to the policy. The reply is a dict with ``actions`` and
+    ``server_timing`` (``infer_ms``, ``prev_total_ms``). Errors as dreamzero. ``GET /healthz``.
+
+Every flavor serves the websocket on any path and runs inference through one FIFO
+:class:`~dz_gym.server.engine.InferenceEngine` shared by all connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import json
+import logging
+import time
+import traceback
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+from websockets.frames import CloseCode
+from websockets.http11 import Request, Response
+
+from dz_gym.errors import ProtocolError
+from dz_gym.protocol import (
+    RESET_SUCCESSFUL,
+    encode_error,
+    encode_metadata,
+    encode_reply,
+    encode_reset_reply,
+    parse_request,
+    unpackb,
+)
+from dz_gym.server.engine import EngineStats, InferenceEngine, JobResult
+from dz_gym.server.policies import policy_metadata
+
+__all__ = ["FLAVORS", "PolicyServer", "ServerConfig"]
+
+logger = logging.getLogger("dz_gym.server")
+
+FLAVORS = ("vllm-omni", "dreamzero", "openpi")
+MAX_TRACKED_SESSIONS = 1024  # vLLM-Omni's per-connection seen-set bound
+_MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """How the server behaves; the CLI flags map one to one onto these fields."""
+
+    flavor: str = "vllm-omni"
+    host: str = "127.0.0.1"
+    port: int = 0
+    workers: int = 1
+    latency_ms: float = 0.0
+    jitter_ms: float = 0.0
+    fail_every: int = 0
+    idle_timeout_s: float = 0.0  # vllm-omni only; 0 disables (the real server's default is 30 s)
+    max_payload_bytes: int = 64 * _MIB
+    robot_policy_available: bool = True  # vllm-omni only: False refuses every connection at handshake
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.flavor not in FLAVORS:
+            raise ValueError(f"flavor: expected one of {', '.join(FLAVORS)}, got {self.flavor!r}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port: expected 0..65535, got {self.port}")
+        if self.idle_timeout_s < 0:
+            raise ValueError(f"idle_timeout_s: expected >= 0 (0 disables), got {self.idle_timeout_s}")
+        if self.max_payload_bytes < 1024:
+            raise ValueError(f"max_payload_bytes: expected >= 1024, got {self.max_payload_bytes}")
+
+    @property
+    def max_frame_bytes(self) -> int:
+        """The websocket frame bound: vllm-omni answers payloads up to twice its limit with an error reply."""
+        return 2 * self.max_payload_bytes if self.flavor == "vllm-omni" else self.max_payload_bytes
+
+
+def _session_of(request: dict) -> str | None:
+    value = request.get("session_id")
+    if value is None or value == "":
+        return None
+    return str(value)
+
+
+def _check_result(result: Any) -> Any:
+    if isinstance(result, (np.ndarray, dict)):
+        return result
+    raise TypeError(f"policy infer: expected an ndarray or a dict, got {type(result).__name__}")
+
+
+class PolicyServer:
+    """One reference server: ``await start()``, then ``url``; ``await stop()`` closes everything."""
+
+    def __init__(self, policy: Any, config: ServerConfig | None = None, *, policy_name: str | None = None):
+        self.policy = policy
+        self.config = config or ServerConfig()
+        self.policy_name = policy_name or type(policy).__name__
+        self.metadata = policy_metadata(policy)
+        self._metadata_frame = encode_metadata(self.metadata)
+        self.engine = InferenceEngine(
+            workers=self.config.workers,
+            latency_s=self.config.latency_ms / 1000.0,
+            jitter_s=self.config.jitter_ms / 1000.0,
+            fail_every=self.config.fail_every,
+            seed=self.config.seed,
+        )
+        self._server: Server | None = None
+        self._connections = 0
+        self._stopping = False
+        # dreamzero: one global session for the whole server (None until the first request or after a reset).
+        self._dz_session: str | None = None
+        self._dz_started = False
+        self.port: int | None = None
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+    @property
+    def url(self) -> str:
+        if self.port is None:
+            raise RuntimeError("server not started")
+        host = self.config.host
+        return f"ws://{'[' + host + ']' if ':' in host else host}:{self.port}"
+
+    @property
+    def connections(self) -> int:
+        """Connections accepted so far."""
+        return self._connections
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()
+
+    def ready_line(self) -> str:
+        return (
+            f"dz-gym-serve ready on {self.url} (flavor={self.config.flavor}, policy={self.policy_name}, "
+            f"workers={self.config.workers})"
+        )
+
+    async def start(self) -> None:
+        self.engine.start()
+        pings = {"ping_interval": None} if self.config.flavor == "dreamzero" else {}
+        self._server = await serve(
+            self._handle,
+            self.config.host,
+            self.config.port,
+            compression=None,
+            max_size=self.config.max_frame_bytes,
+            process_request=self._process_request,
+            **pings,
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Stop accepting, close connections (1001), fail queued work, wait for handlers (bounded)."""
+        if self._stopping:
+            return
+        self._stopping = True
+        if self._server is not None:
+            self._server.close(close_connections=True)
+        await asyncio.get_running_loop().run_in_executor(None, self.engine.stop, timeout)
+        if self._server is not None:
+            try:
+                await asyncio.wait_for(self._server.wait_closed(), timeout)
+            except asyncio.TimeoutError:
+                logger.warning("handlers still running after %.1f s at shutdown", timeout)
+
+    async def serve_until(self, stop: asyncio.Event) -> None:
+        await stop.wait()
+        await self.stop()
+
+    # ------------------------------------------------------------------------------------------ HTTP
+    def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        path = urlsplit(request.path).path
+        if self.config.flavor == "vllm-omni":
+            if path == "/health":
+                ok = not self._stopping
+                status = http.HTTPStatus.OK if ok else http.HTTPStatus.SERVICE_UNAVAILABLE
+                body = {"status": "healthy"} if ok else {"status": "unhealthy"}
+                response = connection.respond(status, json.dumps(body))
+                response.headers["Content-Type"] = "application/json"
+                return response
+            if path == "/healthz":
+                return connection.respond(http.HTTPStatus.NOT_FOUND, '{"detail":"Not Found"}')
+            return None
+        if path == "/healthz":
+            return connection.respond(http.HTTPStatus.OK, "OK\n")
+        return None
+
+    # ------------------------------------------------------------------------------------------ websocket
+    async def _handle(self, ws: ServerConnection) -> None:
+        self._connections += 1
+        conn_id = self._connections
+        logger.info("connection %d opened from %s", conn_id, ws.remote_address)
+        try:
+            if self.config.flavor == "vllm-omni" and not self.config.robot_policy_available:
+                error = {"type": "error", "error": "Robot policy not available", "code": "unsupported"}
+                await ws.send(json.dumps(error))
+                await ws.close()
+                return
+            await ws.send(self._metadata_frame)
+            if self.config.flavor == "vllm-omni":
+                await self._serve_vllm(ws, conn_id)
+            elif self.config.flavor == "dreamzero":
+                await self._serve_dreamzero(ws, conn_id)
+            else:
+                await self._serve_openpi(ws, conn_id)
+        except ConnectionClosed:
+            pass
+        finally:
+            logger.info("connection %d closed", conn_id)
+
+    async def _infer(self, conn_id: int, request: dict, session_id: str, new_session: bool) -> JobResult:
+        def job() -> Any:
+            return _check_result(self.policy.infer(request, session_id=session_id, new_session=new_session))
+
+        try:
+            result = await self.engine.run(job)
+        except Exception as exc:
+            logger.info("infer conn=%d session=%s new=%s failed: %s", conn_id, session_id, new_session, exc)
+            raise
+        logger.info(
+            "infer conn=%d session=%s new=%s wait_ms=%.1f latency_ms=%.1f",
+            conn_id, session_id, new_session, result.wait_s * 1000, result.service_s * 1000,
+        )
+        return result
+
+    async def _reset_policy(self, conn_id: int, session_id: str | None) -> None:
+        reset = getattr(self.policy, "reset", None)
+        if callable(reset):
+            await self.engine.run(lambda: reset(session_id), inference=False)
+        logger.info("reset conn=%d session=%s", conn_id, session_id)
+
+    async def _serve_vllm(self, ws: ServerConnection, conn_id: int) -> None:
+        seen: OrderedDict[str, None] = OrderedDict()
+        current: str | None = None
+        idle = self.config.idle_timeout_s
+        while True:
+            try:
+                message = await (asyncio.wait_for(ws.recv(), idle) if idle > 0 else ws.recv())
+            except asyncio.TimeoutError:
+                logger.info("connection %d idle for %.1f s: closing", conn_id, idle)
+                await ws.close()
+                return
+            if isinstance(message, str) or not message:
+                continue  # vLLM-Omni ignores text and empty binary frames without a reply
+            if len(message) > self.config.max_payload_bytes:
+                await ws.send(encode_error("Invalid request payload"))
+                continue
+            try:
+                request = parse_request(message)
+            except ProtocolError as exc:
+                logger.info("connection %d: invalid payload (%s)", conn_id, exc)
+                await ws.send(encode_error("Invalid request payload"))
+                continue
+            endpoint = request.pop("endpoint", "infer")
+            if endpoint == "reset":
+                try:
+                    await self._reset_policy(conn_id, _session_of(request))
+                except Exception:
+                    logger.exception("connection %d: reset failed", conn_id)
+                    await ws.send(encode_error("Internal inference error"))
+                    continue
+                seen.clear()
+                current = None
+                await ws.send(encode_reset_reply())
+                continue
+            session_id = _session_of(request) or current or "default"
+            current = session_id
+            new_session = session_id not in seen
+            if new_session:
+                seen[session_id] = None
+                while len(seen) > MAX_TRACKED_SESSIONS:
+                    seen.popitem(last=False)
+            try:
+                result = await self._infer(conn_id, request, session_id, new_session)
+                frame = encode_reply(result.value)
+            except Exception:
+                seen.pop(session_id, None)  # the session's state is released: its next request starts over
+                await ws.send(encode_error("Internal inference error"))
+                continue
+            await ws.send(frame)
+
+    async def _fatal(self, ws: ServerConnection, conn_id: int) -> None:
+        text = traceback.format_exc()
+        logger.info("connection %d: error, closing with 1011: %s", conn_id, text.strip().splitlines()[-1])
+        await ws.send(text)
+        await ws.close(CloseCode.INTERNAL_ERROR, "Internal server error. Traceback included in previous frame.")
+
+    async def _serve_dreamzero(self, ws: ServerConnection, conn_id: int) -> None:
+        while True:
+            message = await ws.recv()
+            try:
+                if isinstance(message, str):
+                    raise TypeError("a bytes-like object is required, not 'str'")
+                request = unpackb(message, max_bytes=self.config.max_payload_bytes)
+                if not isinstance(request, dict):
+                    raise TypeError(f"request must be a map, got {type(request).__name__}")
+                endpoint = request.pop("endpoint")  # KeyError without it, as DreamZero's server
+                if endpoint == "reset":
+                    await self._reset_policy(conn_id, self._dz_session)
+                    self._dz_session = None
+                    self._dz_started = False
+                    await ws.send(RESET_SUCCESSFUL)
+                    continue
+                if endpoint != "infer":
+                    raise ValueError(f"unknown endpoint {endpoint!r}")
+                session_id = _session_of(request)
+                new_session = not self._dz_started or session_id != self._dz_session
+                self._dz_session = session_id
+                self._dz_started = True
+                result = await self._infer(conn_id, request, session_id or "default", new_session)
+                await ws.send(encode_reply(result.value))
+            except ConnectionClosed:
+                raise
+            except Exception:
+                await self._fatal(ws, conn_id)
+                return
+
+    async def _serve_openpi(self, ws: ServerConnection, conn_id: int) -> None:
+        previous_total: float | None = None
+        current: str | None = None
+        while True:
+            message = await ws.recv()
+            started = time.monotonic()
+            try:
+                if isinstance(message, str):
+                    raise TypeError("a bytes-like object is required, not 'str'")
+                request = unpackb(message, max_bytes=self.config.max_payload_bytes)
+                if not isinstance(request, dict):
+                    raise TypeError(f"request must be a map, got {type(request).__name__}")
+                session_id = _session_of(request) or "default"
+                new_session = session_id != current
+                current = session_id
+                result = await self._infer(conn_id, request, session_id, new_session)
+                value = result.value
+                reply = {"actions": value} if isinstance(value, np.ndarray) else dict(value)
+                timing = {"infer_ms": result.service_s * 1000.0}
+                if previous_total is not None:
+                    timing["prev_total_ms"] = previous_total * 1000.0
+                reply["server_timing"] = timing
+                await ws.send(encode_reply(reply))
+                previous_total = time.monotonic() - started
+            except ConnectionClosed:
+                raise
+            except Exception:
+                await self._fatal(ws, conn_id)
+                return

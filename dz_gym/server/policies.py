@@ -1,0 +1,163 @@
+"""Policies the reference server can serve, and how to plug in your own.
+
+A policy is any object with
+
+- ``metadata: dict`` (optional): the handshake fields; DreamZero's ``PolicyServerConfig`` when absent;
+- ``infer(request: dict, *, session_id: str, new_session: bool) -> np.ndarray | dict``: one action chunk,
+  normally a ``(24, 8)`` float32 array (7 absolute joint targets + gripper). ``request`` is the decoded
+  observation (``endpoint`` already removed for the vllm-omni and dreamzero flavors); ``new_session`` is true
+  when the server would reset the model's memory for this session (first request of a session id on a
+  vLLM-Omni connection, a session switch on DreamZero's single global session);
+- ``reset(session_id: str | None)`` (optional): called on a ``reset`` request.
+
+With ``--workers K > 1`` these methods are called from K threads at once.
+
+``--policy`` takes a built-in name (see :data:`BUILTIN_POLICIES`; adding one is one line there) or
+``package.module:factory``; ``--policy-arg key=value`` arguments are passed to the factory as keyword
+arguments, values parsed as JSON when they parse (numbers, ``true``, lists) and kept as strings otherwise.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from dz_gym.envs.droid import ACTION_DIM, ACTION_HORIZON, ARM_DOF
+from dz_gym.protocol import DREAMZERO_METADATA, JOINT_KEY
+
+__all__ = [
+    "BUILTIN_POLICIES",
+    "HoldPolicy",
+    "Policy",
+    "ProbePolicy",
+    "load_policy",
+    "parse_policy_args",
+    "policy_metadata",
+]
+
+# Built-in policies by name -> "module:factory" (imported only when chosen).
+BUILTIN_POLICIES: dict[str, str] = {
+    "hold": "dz_gym.server.policies:HoldPolicy",
+    "probe": "dz_gym.server.policies:ProbePolicy",
+}
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """What the server calls; ``metadata`` and ``reset`` are optional (see the module docstring)."""
+
+    def infer(self, request: dict, *, session_id: str, new_session: bool) -> np.ndarray | dict: ...
+
+
+def policy_metadata(policy: Any) -> dict:
+    """The handshake fields of ``policy``: its ``metadata`` dict, else DreamZero's defaults."""
+    metadata = getattr(policy, "metadata", None)
+    if metadata is None:
+        return dict(DREAMZERO_METADATA)
+    if not isinstance(metadata, Mapping):
+        raise TypeError(f"policy metadata: expected a dict, got {type(metadata).__name__}")
+    return dict(metadata)
+
+
+def _joints(request: Mapping[str, Any]) -> np.ndarray:
+    if JOINT_KEY not in request:
+        raise KeyError(f"request has no {JOINT_KEY!r}")
+    joints = np.asarray(request[JOINT_KEY], dtype=np.float32).reshape(-1)
+    if joints.size != ARM_DOF:
+        raise ValueError(f"{JOINT_KEY}: expected {ARM_DOF} values, got shape {np.shape(request[JOINT_KEY])}")
+    return joints
+
+
+class HoldPolicy:
+    """Hold the received joint positions with the gripper open: a chunk of identical rows."""
+
+    def __init__(self, horizon: int = ACTION_HORIZON, gripper: float = 0.0, metadata: dict | None = None):
+        if int(horizon) < 1:
+            raise ValueError(f"horizon: expected >= 1, got {horizon}")
+        self.horizon = int(horizon)
+        self.gripper = float(gripper)
+        self.metadata = dict(DREAMZERO_METADATA if metadata is None else metadata)
+
+    def infer(self, request: dict, *, session_id: str, new_session: bool) -> np.ndarray:
+        row = np.empty(ACTION_DIM, dtype=np.float32)
+        row[:ARM_DOF] = _joints(request)
+        row[ARM_DOF] = self.gripper
+        return np.tile(row, (self.horizon, 1))
+
+
+class ProbePolicy:
+    """Actions that report what the server did, for tests of session and ordering semantics.
+
+    Column 0: number of inferences in this session since it (re)started (1 on a new session);
+    column 1: 1.0 if the server flagged the request ``new_session``; column 2: the global inference number in
+    execution order (1-based); column 3: the number of resets seen; the other columns are 0.
+    """
+
+    def __init__(self, horizon: int = ACTION_HORIZON, metadata: dict | None = None):
+        self.horizon = int(horizon)
+        self.metadata = dict(DREAMZERO_METADATA if metadata is None else metadata)
+        self._lock = threading.Lock()
+        self._calls: dict[str, int] = {}
+        self._global = 0
+        self.resets: list[str | None] = []
+        self.log: list[tuple[str, bool]] = []
+
+    def infer(self, request: dict, *, session_id: str, new_session: bool) -> np.ndarray:
+        with self._lock:
+            self._global += 1
+            calls = 1 if new_session else self._calls.get(session_id, 0) + 1
+            self._calls[session_id] = calls
+            self.log.append((session_id, new_session))
+            out = np.zeros((self.horizon, ACTION_DIM), dtype=np.float32)
+            out[:, 0] = calls
+            out[:, 1] = float(new_session)
+            out[:, 2] = self._global
+            out[:, 3] = len(self.resets)
+        return out
+
+    def reset(self, session_id: str | None) -> None:
+        with self._lock:
+            self.resets.append(session_id)
+
+
+def parse_policy_args(items: Iterable[str]) -> dict[str, Any]:
+    """``["k=v", ...]`` -> kwargs; values are JSON when they parse, strings otherwise."""
+    kwargs: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--policy-arg: expected key=value, got {item!r}")
+        try:
+            value: Any = json.loads(text)
+        except ValueError:
+            value = text
+        kwargs[key.strip()] = value
+    return kwargs
+
+
+def load_policy(spec: str, kwargs: Mapping[str, Any] | None = None) -> Any:
+    """Build the policy named ``spec`` (a built-in name or ``module:factory``) with ``kwargs``."""
+    target = BUILTIN_POLICIES.get(spec, spec)
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        known = ", ".join(sorted(BUILTIN_POLICIES))
+        raise ValueError(f"--policy: expected one of {known} or module:factory, got {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"--policy: cannot import {module_name!r} ({exc})") from None
+    factory = getattr(module, attr, None)
+    if factory is None or not callable(factory):
+        raise ValueError(f"--policy: {module_name!r} has no callable {attr!r}")
+    try:
+        policy = factory(**dict(kwargs or {}))
+    except TypeError as exc:
+        raise ValueError(f"--policy-arg: {spec} rejected the arguments ({exc})") from None
+    if not callable(getattr(policy, "infer", None)):
+        raise ValueError(f"--policy: {spec} built a {type(policy).__name__} without an infer method")
+    return policy
