@@ -160,6 +160,8 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         self.single_observation_space = getattr(base, "single_observation_space", None)
         self.single_action_space = getattr(base, "single_action_space", None)
         self.render_all = False  # set by recorders that read every env's images every step
+        # Envs that hold their pose and never query the server (an evaluator's slots whose quota is done).
+        self.idle_envs = np.zeros(self.num_envs, dtype=bool)
         self._obs: dict | None = None
         self.episode_flagged = np.zeros(self.num_envs, dtype=bool)
 
@@ -210,7 +212,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
             raise RuntimeError("step: call reset() first")
         policy_obs = self._obs[droid.POLICY_GROUP]
         called, delivered, latency, errors, events = self._advance_policy(policy_obs)
-        active = self.schedule.has_action()
+        active = self.schedule.has_action() & ~self.idle_envs
         policy_action = self.schedule.pop_actions(active=active)
         if not active.all():
             policy_action[~active] = hold_actions(policy_obs)[~active]
@@ -219,7 +221,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
 
         base = self.env.unwrapped
         if hasattr(base, "set_render_mask"):
-            base.set_render_mask(None if self.render_all else self.schedule.window_nearly_spent())
+            base.set_render_mask(None if self.render_all else self.schedule.window_nearly_spent() & ~self.idle_envs)
         obs, reward, terminated, truncated, info = self.env.step(self._to_env_action(executed, policy_obs))
 
         done = np.asarray(to_numpy(terminated), dtype=bool).reshape(-1) | np.asarray(
@@ -264,7 +266,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         events: list[str | None] = [None] * n
         self._take_replies(list(self._in_flight), False, delivered, latency, errors, events)
 
-        due = np.flatnonzero(self.schedule.requests_due()).tolist()
+        due = np.flatnonzero(self.schedule.requests_due() & ~self.idle_envs).tolist()
         if due:
             requests = build_requests(
                 policy_obs,

@@ -1,0 +1,210 @@
+"""Evaluation results: episode rows, summaries, Wilson intervals and the printed table (pure, no I/O).
+
+An *episode row* is one JSON object of ``episodes.jsonl`` (see ``docs/eval.md`` for the schema). The summary
+is computed from the rows alone, so anyone can recompute ``summary.json`` from ``episodes.jsonl``; the only
+inputs that rows cannot carry (wall time of the stepping loop, server metadata, versions, the command) are
+passed in by the caller.
+
+Errored episodes (a server error, a lost connection or a timeout during the episode) count in ``errored`` and
+are excluded from the success denominators: their success fields are ``null`` in the rows. A success rate is
+reported as ``{"k", "n", "rate", "ci95": [lo, hi]}`` with the Wilson score interval (z = 1.96), which stays
+inside [0, 1] and is sensible at k = 0 and k = n.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+Z95 = 1.959963984540054  # two-sided 95 % normal quantile
+ERRORED_NOTE = "errored episodes are excluded from the success denominators (n) and counted in 'errored'"
+LATENCY_KEYS = ("mean", "p50", "p90", "p99", "max")
+REQUIRED_ROW_KEYS = (
+    "scene",
+    "episode",
+    "seed",
+    "env",
+    "session_id",
+    "steps",
+    "server_calls",
+    "success_at_end",
+    "success_any_step",
+    "error",
+)
+
+
+def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float] | None:
+    """Wilson score interval of ``k`` successes in ``n`` trials (``None`` when ``n == 0``)."""
+    k, n = int(k), int(n)
+    if n < 0 or not 0 <= k <= n:
+        raise ValueError(f"wilson_interval: expected 0 <= k <= n, got k={k}, n={n}")
+    if n == 0:
+        return None
+    p = k / n
+    z2 = z * z
+    denom = 1.0 + z2 / n
+    centre = (p + z2 / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / denom
+    # At k = 0 and k = n the bounds are exactly 0 and 1; computed, they carry rounding noise.
+    lo = 0.0 if k == 0 else max(0.0, centre - half)
+    hi = 1.0 if k == n else min(1.0, centre + half)
+    return lo, hi
+
+
+def rate(k: int, n: int) -> dict[str, Any]:
+    """``{"k", "n", "rate", "ci95"}`` for ``k`` of ``n`` (rate and interval are ``None`` when ``n == 0``)."""
+    interval = wilson_interval(k, n)
+    return {
+        "k": int(k),
+        "n": int(n),
+        "rate": (k / n) if n else None,
+        "ci95": None if interval is None else [interval[0], interval[1]],
+    }
+
+
+def latency_stats(latencies_ms: Iterable[float]) -> dict[str, float] | None:
+    """mean/p50/p90/p99/max of latencies in milliseconds (``None`` for no samples)."""
+    values = np.asarray([v for v in latencies_ms if v is not None and math.isfinite(v)], dtype=np.float64)
+    if values.size == 0:
+        return None
+    p50, p90, p99 = np.percentile(values, [50, 90, 99])
+    return {
+        "mean": float(values.mean()),
+        "p50": float(p50),
+        "p90": float(p90),
+        "p99": float(p99),
+        "max": float(values.max()),
+        "count": int(values.size),
+    }
+
+
+def check_row(row: Mapping[str, Any]) -> None:
+    """One-line ``ValueError`` when ``row`` lacks a required key or has a wrong-typed core field."""
+    for key in REQUIRED_ROW_KEYS:
+        if key not in row:
+            raise ValueError(f"episode row: missing key {key!r} (expected {', '.join(REQUIRED_ROW_KEYS)})")
+    for key in ("scene", "episode", "seed", "env", "steps", "server_calls"):
+        if not isinstance(row[key], int) or isinstance(row[key], bool):
+            raise ValueError(f"episode row: {key!r} expected an int, got {row[key]!r}")
+    errored = row["error"] is not None
+    for key in ("success_at_end", "success_any_step"):
+        value = row[key]
+        if errored and value is not None:
+            raise ValueError(f"episode row: {key!r} expected null for an errored episode, got {value!r}")
+        if not errored and not isinstance(value, bool):
+            raise ValueError(f"episode row: {key!r} expected true/false, got {value!r}")
+
+
+def _group(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    ok = [r for r in rows if r["error"] is None]
+    latencies = [v for r in rows for v in r.get("latencies_ms") or ()]
+    return {
+        "episodes": len(rows),
+        "completed": len(ok),
+        "errored": len(rows) - len(ok),
+        "success_at_end": rate(sum(bool(r["success_at_end"]) for r in ok), len(ok)),
+        "success_any_step": rate(sum(bool(r["success_any_step"]) for r in ok), len(ok)),
+        "env_steps": int(sum(r["steps"] for r in rows)),
+        "server_calls": int(sum(r["server_calls"] for r in rows)),
+        "server_errors": int(sum(r.get("server_errors", 0) for r in rows)),
+        "latency_ms": latency_stats(latencies),
+    }
+
+
+def summarize(
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    planned: Mapping[int, int] | None = None,
+    prompts: Mapping[int, str] | None = None,
+    wall_s: float | None = None,
+    busy_s: Mapping[str, float] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The ``summary.json`` dict of ``rows``.
+
+    ``planned`` maps scene -> planned episode count (for ``complete``), ``prompts`` scene -> prompt,
+    ``wall_s`` the stepping loop's wall time (for ``env_steps_per_s``), ``busy_s`` server URL -> seconds its
+    requests were in flight (for ``server_utilization``); ``extra`` is merged in at the top level last.
+    """
+    for row in rows:
+        check_row(row)
+    rows = sorted(rows, key=lambda r: (r["scene"], r["episode"]))
+    scenes = sorted({r["scene"] for r in rows} | set(planned or {}))
+    summary: dict[str, Any] = {"scenes": scenes}
+    for scene in scenes:
+        entry = _group([r for r in rows if r["scene"] == scene])
+        if prompts and scene in prompts:
+            entry["prompt"] = prompts[scene]
+        if planned is not None:
+            entry["planned"] = int(planned.get(scene, 0))
+        summary[str(scene)] = entry
+    overall = _group(rows)
+    if planned is not None:
+        overall["planned"] = int(sum(planned.values()))
+    summary["overall"] = overall
+    summary["note"] = ERRORED_NOTE
+    summary["complete"] = planned is not None and all(
+        summary[str(s)]["episodes"] >= planned.get(s, 0) for s in scenes
+    )
+    summary["env_steps"] = overall["env_steps"]
+    summary["wall_s"] = wall_s
+    summary["env_steps_per_s"] = (overall["env_steps"] / wall_s) if wall_s else None
+    summary["server_calls"] = overall["server_calls"]
+    summary["server_errors"] = overall["server_errors"]
+    summary["latency_ms"] = overall["latency_ms"]
+    per_server = {url: (busy / wall_s if wall_s else None) for url, busy in (busy_s or {}).items()}
+    known = [v for v in per_server.values() if v is not None]
+    summary["server_utilization"] = (sum(known) / len(known)) if known else None
+    summary["server_utilization_per_server"] = per_server
+    summary.update(extra or {})
+    return summary
+
+
+def _fmt_rate(entry: Mapping[str, Any]) -> str:
+    if entry["n"] == 0:
+        return "-"
+    lo, hi = entry["ci95"]
+    return f"{entry['k']}/{entry['n']} {100 * entry['rate']:.0f}% [{100 * lo:.0f},{100 * hi:.0f}]"
+
+
+def format_table(summary: Mapping[str, Any]) -> str:
+    """A short fixed-width table of ``summary`` for the terminal."""
+    header = ("scene", "episodes", "errored", "success@end [95% CI]", "success@any [95% CI]", "calls", "p50 ms")
+    lines = []
+    for key in [str(s) for s in summary.get("scenes", [])] + ["overall"]:
+        entry = summary[key]
+        latency = entry.get("latency_ms")
+        lines.append(
+            (
+                key,
+                str(entry["episodes"]),
+                str(entry["errored"]),
+                _fmt_rate(entry["success_at_end"]),
+                _fmt_rate(entry["success_any_step"]),
+                str(entry["server_calls"]),
+                "-" if not latency else f"{latency['p50']:.0f}",
+            )
+        )
+    widths = [max(len(header[i]), *(len(line[i]) for line in lines)) for i in range(len(header))]
+    out = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
+    out.append("  ".join("-" * w for w in widths))
+    out.extend("  ".join(c.ljust(w) for c, w in zip(line, widths)) for line in lines)
+    speed = summary.get("env_steps_per_s")
+    util = summary.get("server_utilization")
+    tail = []
+    if speed:
+        tail.append(f"{speed:.1f} env-steps/s")
+    if util is not None:
+        tail.append(f"server utilization ~{100 * util:.0f}%")
+    if summary.get("interrupted"):
+        tail.append("INTERRUPTED (partial results)")
+    if summary.get("aborted"):
+        tail.append(f"ABORTED: {summary['aborted']}")
+    if tail:
+        out.append(", ".join(tail))
+    if summary["overall"]["errored"]:
+        out.append(f"note: {ERRORED_NOTE}")
+    return "\n".join(out)
