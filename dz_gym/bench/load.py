@@ -1,0 +1,364 @@
+"""Load generation: closed-loop concurrency and open-loop request rates over real policy sessions.
+
+Every simulated session is one :class:`~dz_gym.transport.AsyncSession` (one websocket, one request in flight),
+the same client code the evaluator uses, and owns an episode: its session id is rotated every
+``episode_length`` requests (and after a reconnect, which restarts the server-side context anyway), and the
+first request under a new id is marked so the first-chunk latency can be reported apart.
+
+- **Closed loop** (``--concurrency C``): C sessions each send, wait for the chunk, optionally "think" (the
+  simulator executing the chunk) and send again. Throughput then measures what C robots get from the server.
+- **Open loop** (``--request-rate R``): requests arrive on a schedule (Poisson or constant gaps, seeded) no
+  matter how fast replies come; each goes out on an idle session, at most ``max_outstanding`` at once. A
+  request that finds no idle session waits, and that wait is recorded as schedule lag (so a saturated server
+  shows up in the numbers instead of silently slowing the schedule).
+
+Bounds: the run stops after ``num_requests`` timed requests or ``duration_s`` seconds, whichever comes first;
+each request is bounded by the transport's ``request_timeout``; a session that lost its connection reconnects
+(bounded by the transport's retries) and a failed reconnect, or ``max_consecutive_errors`` failures in a row
+with no success in between, aborts the run with :class:`BenchAborted`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import math
+import time
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from dz_gym.bench.metrics import RequestRecord
+from dz_gym.bench.payloads import PayloadSet, new_session_id
+from dz_gym.errors import DzGymError
+from dz_gym.transport import AsyncSession, TransportConfig
+
+__all__ = ["ARRIVALS", "BenchAborted", "LoadResult", "LoadSpec", "SimSession", "arrival_offsets", "run_load"]
+
+ARRIVALS = ("poisson", "constant")
+
+
+class BenchAborted(DzGymError):
+    """The run cannot go on (server down, or nothing but errors); the message says why, in one line."""
+
+
+def arrival_offsets(rate: float, arrival: str = "poisson", seed: int = 0) -> Iterator[float]:
+    """Send times (seconds from the start) of an open-loop schedule of ``rate`` requests per second.
+
+    ``poisson``: exponential gaps with mean ``1/rate`` (seeded, so runs are repeatable); ``constant``: ``k/rate``.
+    The first request goes out at 0. Infinite: the caller stops it.
+    """
+    if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
+        raise ValueError(f"request rate: expected a finite number > 0, got {rate!r}")
+    if arrival not in ARRIVALS:
+        raise ValueError(f"arrival: expected one of {ARRIVALS}, got {arrival!r}")
+    if arrival == "constant":
+        return (k / rate for k in itertools.count())
+    rng = np.random.default_rng(seed)
+
+    def poisson() -> Iterator[float]:
+        t = 0.0
+        while True:
+            yield t
+            t += float(rng.exponential(1.0 / rate))
+
+    return poisson()
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadSpec:
+    """The shape and bounds of one run's load (see the module docstring)."""
+
+    sessions: int
+    request_rate: float | None = None
+    arrival: str = "poisson"
+    num_requests: int | None = None
+    duration_s: float | None = None
+    warmup: int = 0
+    episode_length: int = 50
+    think_s: float = 0.0
+    seed: int = 0
+    max_consecutive_errors: int = 20
+
+    def __post_init__(self) -> None:
+        if self.sessions < 1:
+            raise ValueError(f"sessions: expected >= 1, got {self.sessions}")
+        if self.num_requests is None and self.duration_s is None:
+            raise ValueError("load: expected num_requests or duration_s (or both) to bound the run")
+        if self.num_requests is not None and self.num_requests < 1:
+            raise ValueError(f"num_requests: expected >= 1, got {self.num_requests}")
+        if self.duration_s is not None and not (math.isfinite(self.duration_s) and self.duration_s > 0):
+            raise ValueError(f"duration_s: expected a finite number > 0, got {self.duration_s}")
+        if self.request_rate is not None:
+            arrival_offsets(self.request_rate, self.arrival)  # validates both
+        if self.warmup < 0 or self.episode_length < 1 or self.think_s < 0 or self.max_consecutive_errors < 1:
+            raise ValueError("load: warmup >= 0, episode_length >= 1, think_s >= 0, max_consecutive_errors >= 1")
+
+    @property
+    def open_loop(self) -> bool:
+        return self.request_rate is not None
+
+
+class SimSession:
+    """One simulated robot: a connection, the payloads for its server, and its episode bookkeeping."""
+
+    def __init__(self, index: int, server: int, url: str, payloads: PayloadSet, config: TransportConfig,
+                 episode_length: int):
+        self.index = index
+        self.server = server
+        self.url = url
+        self.payloads = payloads
+        self.session = AsyncSession(url, config)
+        self.episode_length = episode_length
+        self.session_id = new_session_id()
+        self.in_episode = 0
+        self.sent = 0
+        self.reconnects = 0
+
+    def new_episode(self) -> None:
+        self.session_id = new_session_id()
+        self.in_episode = 0
+
+    def next_payload(self) -> tuple[bytes, bool]:
+        """The next request's bytes and whether it is the first of an episode (rotating the id when due)."""
+        if self.in_episode >= self.episode_length:
+            self.new_episode()
+        first = self.in_episode == 0
+        # Walk the templates in order from a per-session offset, like frames of a video.
+        payload = self.payloads.payload(self.index * 7 + self.sent, self.session_id)
+        self.in_episode += 1
+        self.sent += 1
+        return payload, first
+
+
+@dataclasses.dataclass
+class LoadResult:
+    """What one run of the load produced: the timed records and the window they were measured in."""
+
+    records: list[RequestRecord]
+    started_at: float
+    ended_at: float
+    client_cpu_s: float
+    warmup_completed: int = 0
+    warmup_errors: int = 0
+    reconnects: int = 0
+
+    @property
+    def duration_s(self) -> float:
+        return max(self.ended_at - self.started_at, 0.0)
+
+
+class _Run:
+    """State of one run of :func:`run_load` (lives in one event loop)."""
+
+    def __init__(self, sims: Sequence[SimSession], spec: LoadSpec):
+        self.sims = list(sims)
+        self.spec = spec
+        self.records: list[RequestRecord] = []
+        self.issued = 0
+        self.deadline = math.inf
+        self.consecutive_errors = 0
+        self.last_error: str = ""
+
+    def may_issue(self) -> bool:
+        spec = self.spec
+        if spec.num_requests is not None and self.issued >= spec.num_requests:
+            return False
+        return time.perf_counter() < self.deadline
+
+    async def ensure_connected(self, sim: SimSession) -> None:
+        if sim.session.connected:
+            return
+        try:
+            await sim.session.connect()
+        except DzGymError as exc:
+            raise BenchAborted(f"session {sim.index}: server {sim.url} unreachable: {exc}") from None
+        sim.reconnects += 1
+        sim.new_episode()  # a new connection restarts the server-side context: a new episode
+
+    async def request(self, sim: SimSession, *, record: bool = True, scheduled_at: float | None = None) -> bool:
+        """Send one request on ``sim``; returns whether it succeeded; raises BenchAborted when the run must stop."""
+        await self.ensure_connected(sim)
+        payload, first = sim.next_payload()
+        sent_at = time.perf_counter()
+        error: DzGymError | None = None
+        infer_ms = None
+        try:
+            reply = await sim.session.infer(payload)
+        except DzGymError as exc:
+            error = exc
+        received_at = time.perf_counter()
+        if error is None:
+            timing = reply.server_timing or {}
+            value = timing.get("infer_ms")
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                infer_ms = float(value)
+            self.consecutive_errors = 0
+        else:
+            self.consecutive_errors += 1
+            self.last_error = f"{type(error).__name__}: {error}"
+        if record:
+            self.records.append(
+                RequestRecord(
+                    session=sim.index,
+                    server=sim.server,
+                    sent_at=sent_at,
+                    received_at=received_at,
+                    request_bytes=len(payload),
+                    error_kind=None if error is None else type(error).__name__,
+                    error_message=None if error is None else str(error),
+                    first_of_episode=first,
+                    infer_ms=infer_ms,
+                    scheduled_at=scheduled_at,
+                )
+            )
+        if self.consecutive_errors >= self.spec.max_consecutive_errors:
+            raise BenchAborted(
+                f"{self.consecutive_errors} requests failed in a row; last: {self.last_error}"
+            )
+        return error is None
+
+    # -- phases -----------------------------------------------------------------------------------------
+    async def warmup(self) -> tuple[int, int]:
+        """``spec.warmup`` untimed requests spread over the sessions; every session then starts an episode."""
+        remaining = self.spec.warmup
+        ok = failed = 0
+
+        async def worker(sim: SimSession, count: int) -> None:
+            nonlocal ok, failed
+            for _ in range(count):
+                if await self.request(sim, record=False):
+                    ok += 1
+                else:
+                    failed += 1
+
+        if remaining:
+            share = [remaining // len(self.sims) + (1 if i < remaining % len(self.sims) else 0)
+                     for i in range(len(self.sims))]
+            await _all_or_abort([worker(sim, n) for sim, n in zip(self.sims, share) if n])
+            if ok == 0:
+                raise BenchAborted(f"all {failed} warmup requests failed; last: {self.last_error}")
+        for sim in self.sims:
+            sim.new_episode()
+        self.consecutive_errors = 0
+        return ok, failed
+
+    async def closed_loop(self) -> None:
+        async def worker(sim: SimSession) -> None:
+            while self.may_issue():
+                self.issued += 1
+                await self.request(sim)
+                if self.spec.think_s > 0 and self.may_issue():
+                    await asyncio.sleep(self.spec.think_s)
+
+        await _all_or_abort([worker(sim) for sim in self.sims])
+
+    async def open_loop(self) -> None:
+        assert self.spec.request_rate is not None
+        idle: asyncio.Queue[SimSession] = asyncio.Queue()
+        for sim in self.sims:
+            idle.put_nowait(sim)
+        tasks: set[asyncio.Task[bool]] = set()
+        start = time.perf_counter()
+        failure: list[BaseException] = []
+
+        async def one(sim: SimSession, scheduled_at: float) -> bool:
+            try:
+                return await self.request(sim, scheduled_at=scheduled_at)
+            finally:
+                idle.put_nowait(sim)
+
+        def done(task: asyncio.Task[bool]) -> None:
+            tasks.discard(task)
+            if not task.cancelled() and task.exception() is not None:
+                failure.append(task.exception())
+
+        try:
+            for offset in arrival_offsets(self.spec.request_rate, self.spec.arrival, self.spec.seed):
+                if failure or not self.may_issue():
+                    break
+                scheduled_at = start + offset
+                delay = scheduled_at - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(min(delay, max(self.deadline - time.perf_counter(), 0.0)))
+                if failure or not self.may_issue():
+                    break
+                try:
+                    sim = await asyncio.wait_for(idle.get(), max(self.deadline - time.perf_counter(), 0.0)
+                                                 if math.isfinite(self.deadline) else None)
+                except asyncio.TimeoutError:
+                    break
+                if failure:
+                    idle.put_nowait(sim)
+                    break
+                self.issued += 1
+                task = asyncio.ensure_future(one(sim, scheduled_at))
+                tasks.add(task)
+                task.add_done_callback(done)
+            if tasks:
+                await asyncio.wait(list(tasks))
+        finally:
+            for task in list(tasks):
+                task.cancel()
+        if failure:
+            raise failure[0]
+
+
+async def _all_or_abort(coros: list) -> None:
+    """Run coroutines concurrently; the first exception cancels the rest and is raised."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            if task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+    finally:
+        for task in tasks:
+            if not task.done():
+                task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def run_load(sims: Sequence[SimSession], spec: LoadSpec, *, connect_concurrency: int = 16) -> LoadResult:
+    """Connect ``sims``, run the warmup and the timed phase of ``spec``, close, and return the records.
+
+    Raises :class:`BenchAborted` when a session cannot connect or the run turns into nothing but errors.
+    """
+    if len(sims) != spec.sessions:
+        raise ValueError(f"sims: expected {spec.sessions} sessions, got {len(sims)}")
+    run = _Run(sims, spec)
+    gate = asyncio.Semaphore(connect_concurrency)
+
+    async def connect(sim: SimSession) -> None:
+        async with gate:
+            try:
+                await sim.session.connect()
+            except DzGymError as exc:
+                raise BenchAborted(f"session {sim.index}: cannot connect to {sim.url}: {exc}") from None
+
+    try:
+        await _all_or_abort([connect(sim) for sim in sims])
+        warm_ok, warm_failed = await run.warmup()
+        reconnects_before = sum(sim.reconnects for sim in sims)
+        cpu_start = time.thread_time()
+        started_at = time.perf_counter()
+        if spec.duration_s is not None:
+            run.deadline = started_at + spec.duration_s
+        if spec.open_loop:
+            await run.open_loop()
+        else:
+            await run.closed_loop()
+        ended_at = max((r.received_at for r in run.records), default=time.perf_counter())
+        cpu = time.thread_time() - cpu_start
+    finally:
+        await asyncio.gather(*(sim.session.close() for sim in sims), return_exceptions=True)
+    return LoadResult(
+        records=run.records,
+        started_at=started_at,
+        ended_at=ended_at,
+        client_cpu_s=cpu,
+        warmup_completed=warm_ok,
+        warmup_errors=warm_failed,
+        reconnects=sum(sim.reconnects for sim in sims) - reconnects_before,
+    )

@@ -1,0 +1,188 @@
+"""One benchmark end to end: readiness, payloads, the load (one run or a concurrency sweep), the metrics.
+
+:func:`run_benchmark` is what ``dz-gym-bench`` calls; it is usable from Python too::
+
+    import asyncio
+    from dz_gym.bench.runner import BenchConfig, run_benchmark
+
+    result = asyncio.run(run_benchmark(BenchConfig(servers=["ws://127.0.0.1:8000"], concurrency=4, num_requests=100)))
+    print(result["runs"][0]["requests_per_s"])
+
+The result is a plain dict: ``servers`` (URL, metadata, health, readiness time), ``payload`` (resolution,
+bytes, image source) and ``runs``, one metrics dict per concurrency (see :func:`dz_gym.bench.metrics.summarize`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from dz_gym.bench.load import LoadSpec, SimSession, run_load
+from dz_gym.bench.metrics import LATENCY_KEYS, latency_stats, summarize
+from dz_gym.bench.payloads import DEFAULT_RESOLUTION, PayloadSet, load_views, synthetic_views
+from dz_gym.bench.readiness import ServerInfo, wait_ready
+from dz_gym.envs import droid
+from dz_gym.transport import TransportConfig
+
+__all__ = ["BenchConfig", "run_benchmark"]
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+    """Everything one benchmark needs (the CLI flags, validated there; times in seconds).
+
+    ``concurrencies`` lists the closed-loop session counts to run one after the other (one entry without a
+    sweep); with ``request_rate`` the run is open loop over ``max_outstanding`` sessions instead.
+    ``warmup=None`` means one untimed request per session.
+    """
+
+    servers: Sequence[str]
+    concurrencies: Sequence[int] = (1,)
+    request_rate: float | None = None
+    arrival: str = "poisson"
+    max_outstanding: int = 16
+    num_requests: int | None = None
+    duration_s: float | None = None
+    warmup: int | None = None
+    episode_length: int = 50
+    open_loop_horizon: int = droid.DEFAULT_OPEN_LOOP_HORIZON
+    think_s: float = 0.0
+    slo_s: float | None = None
+    images_dir: str | None = None
+    image_layout: str = "auto"
+    max_frames: int = 16
+    prompt: str = droid.SCENES[1].prompt
+    seed: int = 0
+    ready_timeout: float = 60.0
+    open_timeout: float = 10.0
+    request_timeout: float = 120.0
+    connect_retries: int = 2
+    max_consecutive_errors: int = 20
+    auth_env: str | None = None
+
+
+def _transport_config(cfg: BenchConfig) -> TransportConfig:
+    return TransportConfig(
+        open_timeout=cfg.open_timeout,
+        connect_retries=cfg.connect_retries,
+        retry_backoff=0.25,
+        retry_backoff_max=2.0,
+        request_timeout=cfg.request_timeout,
+        close_timeout=2.0,
+        auth_env=cfg.auth_env,
+        connect_concurrency=16,
+    )
+
+
+def _payload_sets(cfg: BenchConfig, infos: Sequence[ServerInfo]) -> dict[tuple[int, int], PayloadSet]:
+    sets: dict[tuple[int, int], PayloadSet] = {}
+    for info in infos:
+        resolution = tuple(info.metadata.image_resolution or DEFAULT_RESOLUTION)
+        if resolution in sets:
+            continue
+        if cfg.images_dir is not None:
+            views = load_views(cfg.images_dir, resolution, max_frames=cfg.max_frames, layout=cfg.image_layout)
+        else:
+            views = synthetic_views(cfg.max_frames, resolution, seed=cfg.seed)
+        sets[resolution] = PayloadSet(views, prompt=cfg.prompt, seed=cfg.seed)
+    return sets
+
+
+def _per_server(records, urls: Sequence[str]) -> list[dict]:
+    rows = []
+    for k, url in enumerate(urls):
+        mine = [r for r in records if r.server == k]
+        good = [r.latency_s * 1e3 for r in mine if r.ok]
+        rows.append({
+            "url": url,
+            "completed": len(good),
+            "failed": len(mine) - len(good),
+            "latency_ms": latency_stats(good),
+        })
+    return rows
+
+
+async def _one_run(cfg: BenchConfig, infos: Sequence[ServerInfo], sets, sessions: int, transport: TransportConfig) -> dict:
+    urls = [info.url for info in infos]
+    sims = []
+    for i in range(sessions):
+        k = i % len(infos)
+        resolution = tuple(infos[k].metadata.image_resolution or DEFAULT_RESOLUTION)
+        sims.append(SimSession(i, k, urls[k], sets[resolution], transport, cfg.episode_length))
+    spec = LoadSpec(
+        sessions=sessions,
+        request_rate=cfg.request_rate,
+        arrival=cfg.arrival,
+        num_requests=cfg.num_requests,
+        duration_s=cfg.duration_s,
+        warmup=sessions if cfg.warmup is None else cfg.warmup,
+        episode_length=cfg.episode_length,
+        think_s=cfg.think_s,
+        seed=cfg.seed,
+        max_consecutive_errors=cfg.max_consecutive_errors,
+    )
+    load = await run_load(sims, spec, connect_concurrency=transport.connect_concurrency)
+    metrics = summarize(
+        load.records,
+        duration_s=load.duration_s,
+        open_loop_horizon=cfg.open_loop_horizon,
+        sessions=sessions,
+        client_cpu_s=load.client_cpu_s,
+        budget_s=cfg.slo_s,
+    )
+    if metrics["latency_ms"] is None:
+        metrics["latency_ms"] = dict.fromkeys(LATENCY_KEYS)
+    open_loop = cfg.request_rate is not None
+    metrics.update({
+        "mode": "request-rate" if open_loop else "concurrency",
+        "concurrency": sessions,
+        "request_rate": cfg.request_rate,
+        "arrival": cfg.arrival if open_loop else None,
+        "warmup_completed": load.warmup_completed,
+        "warmup_errors": load.warmup_errors,
+        "reconnects": load.reconnects,
+        "per_server": _per_server(load.records, urls),
+    })
+    return metrics
+
+
+async def run_benchmark(cfg: BenchConfig, *, on_run=None) -> dict:
+    """Check every server is ready, build the payloads, run each concurrency; ``on_run(metrics)`` after each.
+
+    Raises the typed errors of :mod:`dz_gym.errors` (a server never ready, a refused handshake) and
+    :class:`~dz_gym.bench.load.BenchAborted` (a run that cannot go on).
+    """
+    if not cfg.servers:
+        raise ValueError("servers: expected at least one ws:// URL")
+    transport = _transport_config(cfg)
+    infos = [await wait_ready(url, cfg.ready_timeout, transport) for url in cfg.servers]
+    sets = _payload_sets(cfg, infos)
+    counts = [cfg.max_outstanding] if cfg.request_rate is not None else list(cfg.concurrencies)
+    runs = []
+    for sessions in counts:
+        metrics = await _one_run(cfg, infos, sets, sessions, transport)
+        runs.append(metrics)
+        if on_run is not None:
+            on_run(metrics)
+    first = next(iter(sets.values()))
+    return {
+        "servers": [
+            {
+                "url": info.url,
+                "metadata": info.metadata.raw,
+                "image_resolution": list(info.metadata.image_resolution or DEFAULT_RESOLUTION),
+                "health": info.health,
+                "ready_s": info.ready_s,
+            }
+            for info in infos
+        ],
+        "payload": {
+            "source": cfg.images_dir or "synthetic",
+            "templates": len(first),
+            "resolutions": [list(r) for r in sets],
+            "request_bytes": first.size(0),
+            "prompt": cfg.prompt,
+            "episode_length": cfg.episode_length,
+        },
+        "runs": runs,
+    }
