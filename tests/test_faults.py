@@ -9,9 +9,8 @@ from __future__ import annotations
 import asyncio
 import http
 import os
-import subprocess
-import sys
-import textwrap
+import signal
+import time
 
 import numpy as np
 import pytest
@@ -30,6 +29,7 @@ from transport_servers import (
 
 import dz_gym.transport as transport
 from dz_gym.errors import ConnectionLost, ProtocolError, RequestTimeout, ServerError
+from dz_gym.server.launch import start_server_process
 from dz_gym.transport import AsyncSession, PartialConnectError, SessionPool, TransportConfig
 
 pytestmark = pytest.mark.timeout(30)
@@ -259,39 +259,20 @@ def test_tcp_server_that_never_upgrades_gives_request_timeout():
 
 
 # ------------------------------------------------------------------------------------------------ a real kill
-KILLABLE_SERVER = textwrap.dedent(
-    """
-    import asyncio, os, signal, sys
-    from websockets.asyncio.server import serve
-    from dz_gym.protocol import packb
-
-    async def handler(ws):
-        await ws.send(packb({}))
-        await ws.recv()
-        os.kill(os.getpid(), signal.SIGKILL)  # die with the request in flight
-
-    async def main():
-        async with serve(handler, "127.0.0.1", 0, compression=None) as server:
-            print(server.sockets[0].getsockname()[1], flush=True)
-            await asyncio.sleep(60)
-
-    asyncio.run(main())
-    """
-)
-
-
-def test_server_process_killed_mid_request_gives_connection_lost():
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    proc = subprocess.Popen([sys.executable, "-c", KILLABLE_SERVER], stdout=subprocess.PIPE, text=True, env=env)
+@pytest.mark.parametrize("flavor", ["vllm-omni", "dreamzero"])
+def test_server_process_killed_mid_request_gives_connection_lost(flavor):
+    """A reference server process is killed (SIGKILL) while it computes a 3 s request."""
+    server = start_server_process(["--flavor", flavor, "--latency-ms", "3000", "--quiet"], timeout=30)
     try:
-        port = int(proc.stdout.readline())
-        config = TransportConfig(open_timeout=2, request_timeout=10, close_timeout=0.5)
-        with connected_pool(f"ws://127.0.0.1:{port}", config) as pool:
-            error = pool.infer_many({0: REQUEST})[0].error
-            assert isinstance(error, ConnectionLost)
+        config = TransportConfig(open_timeout=2, request_timeout=20, close_timeout=0.5, retry_backoff=0.05)
+        with connected_pool(server.url, config) as pool:
+            future = pool.submit(0, REQUEST)
+            time.sleep(0.3)  # the request is on the server now
+            os.kill(server.pid, signal.SIGKILL)
+            outcome = future.result(10)
+            assert isinstance(outcome.error, ConnectionLost) and outcome.error.code == 1006
             assert not pool.is_connected(0)
-        assert proc.wait(10) != 0
+            with pytest.raises(ConnectionLost):
+                pool.reconnect(0)  # nothing listens any more: retries, then gives up
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
+        server.stop(5)

@@ -16,7 +16,8 @@ import pytest
 from transport_servers import ServerThread, chunk, free_port, good, replying, serialized
 
 from dz_gym.errors import ConnectionLost, DzGymError, RequestTimeout, ServerError
-from dz_gym.protocol import packb, unpackb
+from dz_gym.protocol import build_infer_request, packb, unpackb
+from dz_gym.server.launch import start_server_thread
 from dz_gym.transport import (
     AsyncSession,
     LoopThread,
@@ -264,9 +265,9 @@ def test_pool_on_a_shared_loop_leaves_the_loop_running():
 
 @pytest.mark.timeout(90)
 def test_sessions_overlap_on_a_concurrent_server_and_queue_on_a_serial_one():
-    """8 requests against a 200 ms server: about 200 ms when it overlaps them, about 8 x 200 ms when it
+    """8 requests against a 100 ms server: about 100 ms when it overlaps them, about 8 x 100 ms when it
     runs one at a time. Only the ratio is asserted, with a wide margin."""
-    delay = 0.2
+    delay = 0.1
 
     def batch_seconds(handler) -> tuple[float, list[Outcome]]:
         with ServerThread(handler) as server, SessionPool(server.url, 8, FAST) as pool:
@@ -454,3 +455,86 @@ def test_server_error_reply_keeps_the_session_when_not_fatal():
         assert pool.is_connected(0)
         assert pool.infer(0, request()).actions.shape == (24, 8)
 
+
+
+# ------------------------------------------------------------------------------------------------ reference server
+def dz_request(k: int = 0, session_id: str | None = None) -> dict:
+    image = np.zeros((180, 320, 3), dtype=np.uint8)
+    return build_infer_request(
+        images={key: image for key in ("observation/exterior_image_0_left", "observation/wrist_image_left")},
+        joint_position=np.full(7, 0.01 * k),
+        gripper_position=[0.0],
+        prompt="put the cube in the bowl",
+        session_id=session_id or f"episode-{k}",
+    )
+
+
+@pytest.mark.parametrize("flavor", ["vllm-omni", "dreamzero", "openpi"])
+def test_reference_server_handshake_infer_and_reset(flavor):
+    with start_server_thread("hold", flavor=flavor) as server, SessionPool(server.url, 2, FAST) as pool:
+        metas = pool.connect()
+        assert all(m.image_resolution == (180, 320) and m.needs_session_id for m in metas)
+        outcomes = pool.infer_many({0: dz_request(1), 1: dz_request(2)})
+        for k, outcome in ((1, outcomes[0]), (2, outcomes[1])):
+            assert outcome.ok, outcome.error
+            np.testing.assert_allclose(outcome.reply.actions[:, :7], 0.01 * k, rtol=1e-6)
+            assert (outcome.reply.server_timing is not None) == (flavor == "openpi")
+        if flavor == "openpi":  # openpi does not route "reset": its policy gets the request and fails on it
+            with pytest.raises(ServerError) as info:
+                pool.reset(0)
+            assert info.value.fatal and not pool.is_connected(0)
+        else:  # text (dreamzero) or binary (vllm-omni) reply, same result
+            assert pool.reset(0, "episode-1") == "reset successful"
+            assert pool.infer(0, dz_request(3)).actions.shape == (24, 8)
+
+
+@pytest.mark.parametrize(("flavor", "fatal"), [("vllm-omni", False), ("dreamzero", True), ("openpi", True)])
+def test_reference_server_error_replies(flavor, fatal):
+    with start_server_thread("hold", flavor=flavor, fail_every=2) as server, SessionPool(server.url, 1, FAST) as pool:
+        pool.connect()
+        assert pool.infer(0, dz_request(1)).actions.shape == (24, 8)
+        with pytest.raises(ServerError) as info:
+            pool.infer(0, dz_request(2))  # the 2nd inference fails on the server
+        assert info.value.fatal is fatal
+        assert pool.is_connected(0) is not fatal
+        if fatal:
+            assert "Traceback" in info.value.message
+            with pytest.raises(ConnectionLost):
+                pool.infer(0, dz_request(3))
+            pool.reconnect(0)
+        assert pool.infer(0, dz_request(3)).actions.shape == (24, 8)
+
+
+def test_reference_vllm_idle_timeout_and_missing_policy():
+    with start_server_thread("hold", flavor="vllm-omni", idle_timeout_s=0.2) as server:
+        with SessionPool(server.url, 1, FAST) as pool:
+            pool.connect()
+            time.sleep(0.6)  # longer than the server's idle timeout
+            error = pool.infer_many({0: dz_request()})[0].error
+            assert isinstance(error, ConnectionLost) and error.code == 1000
+            pool.reconnect(0)
+            assert pool.infer(0, dz_request()).actions.shape == (24, 8)
+    with start_server_thread("hold", flavor="vllm-omni", robot_policy_available=False) as server:
+        with SessionPool(server.url, 1, FAST) as pool, pytest.raises(PartialConnectError) as info:
+            pool.connect()
+        error = info.value.errors[0]
+        assert isinstance(error, ServerError) and error.code == "unsupported"
+
+
+@pytest.mark.timeout(90)
+def test_reference_server_workers_overlap_concurrent_sessions():
+    """8 sessions at once against a 200 ms server: about 8 x 200 ms with one worker and about 200 ms with
+    eight. Only the ratio is asserted, with a wide margin."""
+
+    def batch_seconds(workers: int) -> float:
+        with start_server_thread("hold", flavor="vllm-omni", latency_ms=200, workers=workers) as server:
+            with SessionPool(server.url, 8, FAST) as pool:
+                pool.connect()
+                start = time.perf_counter()
+                outcomes = pool.infer_many({i: dz_request(i) for i in range(8)})
+                elapsed = time.perf_counter() - start
+        assert all(o.ok for o in outcomes.values())
+        return elapsed
+
+    one_worker, eight_workers = batch_seconds(1), batch_seconds(8)
+    assert one_worker >= 3 * eight_workers
