@@ -194,6 +194,7 @@ class PolicyServer:
                 status = http.HTTPStatus.OK if ok else http.HTTPStatus.SERVICE_UNAVAILABLE
                 body = {"status": "healthy"} if ok else {"status": "unhealthy"}
                 response = connection.respond(status, json.dumps(body))
+                del response.headers["Content-Type"]
                 response.headers["Content-Type"] = "application/json"
                 return response
             if path == "/healthz":

@@ -155,6 +155,10 @@ class InferenceEngine:
         self._queue.put(_Job(fn, loop, future, inference, time.monotonic(), sequence))
         return await future
 
+    def queue_depth(self) -> int:
+        """Jobs waiting for a worker (not counting the ones running)."""
+        return self._queue.qsize()
+
     def stats(self) -> EngineStats:
         with self._lock:
             end = self._stopped_at if self._stopped_at is not None else time.monotonic()
