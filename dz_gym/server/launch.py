@@ -182,12 +182,14 @@ def start_server_process(
     env: Mapping[str, str] | None = None,
     stderr: Any = "capture",
     python: str | None = None,
+    new_session: bool = False,
 ) -> ServerProcess:
     """Run ``python -m dz_gym.server *args`` (``--port 0`` unless given) and wait for its ready line.
 
     ``stderr`` (the per-request log) goes to a temporary file by default (``log_text()`` reads it); pass a
     file, ``subprocess.DEVNULL`` or ``None`` (inherit) instead. Raises RuntimeError with the process's last
-    output if it exits or stays silent for ``timeout`` seconds.
+    output if it exits or stays silent for ``timeout`` seconds. ``new_session`` starts the server in a session
+    of its own, so a Ctrl-C in the caller's terminal reaches only the caller (which then stops the server).
     """
     argv = list(args)
     if "--port" not in argv and not any(a.startswith("--port=") for a in argv):
@@ -205,6 +207,7 @@ def start_server_process(
         stderr=log if log is not None else stderr,
         text=True,
         env=full_env,
+        start_new_session=new_session,
     )
     lines: queue.Queue = queue.Queue()
     reader = threading.Thread(target=_read_lines, args=(proc.stdout, lines), name="dz-gym-serve-stdout", daemon=True)
