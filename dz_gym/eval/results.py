@@ -120,13 +120,16 @@ def summarize(
     planned: Mapping[int, int] | None = None,
     prompts: Mapping[int, str] | None = None,
     wall_s: float | None = None,
+    stepped: int | None = None,
     busy_s: Mapping[str, float] | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ``summary.json`` dict of ``rows``.
 
     ``planned`` maps scene -> planned episode count (for ``complete``), ``prompts`` scene -> prompt,
-    ``wall_s`` the stepping loop's wall time (for ``env_steps_per_s``), ``busy_s`` server URL -> seconds its
+    ``wall_s`` the stepping loop's wall time and ``stepped`` the env steps taken in it, including those of
+    episodes cut short by an interruption (default: the rows' steps), for ``env_steps_per_s``; ``busy_s``
+    server URL -> seconds its
     requests were in flight (for ``server_utilization``); ``extra`` is merged in at the top level last.
     """
     for row in rows:
@@ -151,7 +154,8 @@ def summarize(
     )
     summary["env_steps"] = overall["env_steps"]
     summary["wall_s"] = wall_s
-    summary["env_steps_per_s"] = (overall["env_steps"] / wall_s) if wall_s else None
+    steps = overall["env_steps"] if stepped is None else int(stepped)
+    summary["env_steps_per_s"] = (steps / wall_s) if wall_s else None
     summary["server_calls"] = overall["server_calls"]
     summary["server_errors"] = overall["server_errors"]
     summary["latency_ms"] = overall["latency_ms"]

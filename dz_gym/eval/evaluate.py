@@ -1,0 +1,219 @@
+"""One evaluation run (or the rest of one, on resume): scenes in turn, then ``summary.json``.
+
+:func:`evaluate` is the programmatic entry point behind ``dz-gym-eval``: it takes an :class:`EvalConfig`, a run
+directory and the policy servers' URLs, creates one env per scene (in turn), wraps it in
+:class:`~dz_gym.wrapper.DreamZeroPolicyWrapper`, lets :class:`~dz_gym.eval.runner.SceneRunner` run the episodes
+that have no row yet, and always (also on Ctrl-C, an exhausted error budget or a crash) rewrites
+``summary.json`` from every row of ``episodes.jsonl``.
+
+Example::
+
+    from dz_gym.eval.config import EvalConfig
+    from dz_gym.eval.evaluate import evaluate
+    from dz_gym.eval.rundir import RunDir
+
+    config = EvalConfig(scenes=[1], episodes=4, num_envs=2, max_steps=48, video=False)
+    summary = evaluate(config, RunDir.create("runs", config), servers=["ws://127.0.0.1:8000/v1/realtime/robot/openpi"])
+    print(summary["overall"]["success_at_end"])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import platform
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from importlib import metadata as importlib_metadata
+from typing import Any
+
+from dz_gym.envs import droid
+from dz_gym.eval.config import EvalConfig
+from dz_gym.eval.progress import Progress
+from dz_gym.eval.results import summarize
+from dz_gym.eval.rundir import RunDir
+from dz_gym.eval.runner import RunControl, SceneRunner
+from dz_gym.eval.video import VideoRecorder
+
+logger = logging.getLogger(__name__)
+
+EnvFactory = Callable[..., Any]  # (scene, config, **env_kwargs) -> batched env
+
+
+def default_env_factory(scene: int, config: EvalConfig, **backend_kwargs: Any):
+    """``make_droid_env`` for ``config.backend``; the embedded simulator gets the episode length directly."""
+    from dz_gym.envs import make_droid_env
+
+    kwargs = dict(backend_kwargs)
+    if config.backend == "mujoco":
+        kwargs.setdefault("seed", config.seed)
+        kwargs.setdefault("max_episode_length", config.max_steps)
+    return make_droid_env(backend=config.backend, scene=scene, num_envs=config.num_envs, **kwargs)
+
+
+def remaining_episodes(config: EvalConfig, rows: Sequence[Mapping[str, Any]]) -> dict[int, list[int]]:
+    """Per scene, the planned episodes without a row (rows of errored episodes count as done)."""
+    done = {(int(r["scene"]), int(r["episode"])) for r in rows}
+    return {s: [k for k in range(config.episodes) if (s, k) not in done] for s in config.scenes}
+
+
+def versions() -> dict[str, str]:
+    """Versions of Python, the platform and the packages that shape results."""
+    out = {"python": platform.python_version(), "platform": platform.platform()}
+    for name in ("dz-gym", "numpy", "gymnasium", "websockets", "msgpack", "mujoco", "torch", "isaaclab", "imageio"):
+        try:
+            out[name] = importlib_metadata.version(name)
+        except importlib_metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def _metadata_dict(meta: Any) -> dict[str, Any]:
+    if dataclasses.is_dataclass(meta):
+        return dataclasses.asdict(meta)
+    return dict(meta) if isinstance(meta, Mapping) else {"value": repr(meta)}
+
+
+def build_summary(
+    config: EvalConfig,
+    run_dir: RunDir,
+    *,
+    segments: list[dict[str, Any]],
+    extra: Mapping[str, Any],
+) -> dict[str, Any]:
+    """``summary.json`` of the whole run directory: every row, every run segment's timing."""
+    rows = run_dir.read_rows()
+    wall = sum(seg["wall_s"] for seg in segments)
+    stepped = sum(seg["env_steps"] for seg in segments)
+    busy: dict[str, float] = {}
+    for seg in segments:
+        for url, seconds in seg.get("busy_s", {}).items():
+            busy[url] = busy.get(url, 0.0) + seconds
+    prompts = {s: droid.scene_spec(s).prompt for s in config.scenes}
+    planned = {s: config.episodes for s in config.scenes}
+    fields = dict(extra)
+    fields["segments"] = segments
+    fields["config"] = config.to_dict()
+    return summarize(rows, planned=planned, prompts=prompts, wall_s=wall or None, stepped=stepped, busy_s=busy, extra=fields)
+
+
+def evaluate(
+    config: EvalConfig,
+    run_dir: RunDir,
+    servers: Sequence[str],
+    *,
+    env_factory: EnvFactory | None = None,
+    control: RunControl | None = None,
+    progress: bool | None = None,
+    command: str = "",
+    server_info: Mapping[str, Any] | None = None,
+    only_scenes: Sequence[int] | None = None,
+    env_kwargs: Mapping[str, Any] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run every episode of ``config`` that has no row in ``run_dir`` yet; returns the summary written.
+
+    ``env_factory(scene, config, **env_kwargs)`` builds the batched env (default:
+    :func:`default_env_factory`; ``env_kwargs`` go to the backend, e.g. Isaac Lab's ``app_args``);
+    ``control`` carries the stop request and the error budget (a fresh one when None); ``progress`` turns
+    the bars on/off (None: only on a TTY); ``only_scenes`` restricts this call to some scenes (a process per
+    scene); ``command`` and ``server_info`` are recorded in the summary.
+    """
+    from dz_gym.transport import TransportConfig
+    from dz_gym.wrapper import DreamZeroPolicyWrapper
+
+    factory = env_factory or default_env_factory
+    run_dir.repair_rows()
+    rows = run_dir.read_rows()
+    previous = run_dir.read_summary() or {}
+    segments = list(previous.get("segments", []))
+    if control is None:
+        control = RunControl(config.error_budget)
+    control.errored = sum(1 for r in rows if r.get("error") is not None)
+    todo = remaining_episodes(config, rows)
+    scenes = [s for s in config.scenes if only_scenes is None or s in only_scenes]
+    total = sum(len(todo[s]) for s in scenes)
+    bars = Progress(total, total * config.max_steps, enabled=progress)
+    say = log or bars.write
+    recorder = VideoRecorder() if config.video else None
+    segment = {"started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "wall_s": 0.0, "env_steps": 0, "busy_s": {}}
+    server_metadata: dict[str, Any] = {}
+    aborted: str | None = None
+    error: BaseException | None = None
+    try:
+        for scene in scenes:
+            if not todo[scene]:
+                continue
+            if control.stop.is_set():
+                break
+            say(f"scene {scene}: {len(todo[scene])} episode(s) on {config.num_envs} env(s)")
+            env = factory(scene, config, **dict(env_kwargs or {}))
+            wrapper = None
+            try:
+                wrapper = DreamZeroPolicyWrapper(
+                    env,
+                    server=list(servers),
+                    open_loop_horizon=config.open_loop_horizon,
+                    transport=TransportConfig(request_timeout=config.request_timeout),
+                )
+                for i in range(len(servers)):
+                    server_metadata.setdefault(wrapper.pool.url(i), _metadata_dict(wrapper.server_metadata[i]))
+                runner = SceneRunner(
+                    wrapper,
+                    scene=scene,
+                    episodes=todo[scene],
+                    seed=config.seed,
+                    max_steps=config.max_steps,
+                    run_dir=run_dir,
+                    control=control,
+                    recorder=recorder,
+                    progress=bars,
+                )
+                result = runner.run()
+            finally:
+                if wrapper is not None:
+                    wrapper.close()
+                else:
+                    env.close()
+            segment["wall_s"] += result.wall_s
+            segment["env_steps"] += result.env_steps
+            for url, seconds in result.busy_s.items():
+                segment["busy_s"][url] = segment["busy_s"].get(url, 0.0) + seconds
+    except BaseException as exc:  # noqa: BLE001 - record what happened, write the summary, then re-raise
+        error = exc
+        if isinstance(exc, KeyboardInterrupt):
+            control.stop.set()
+        else:
+            aborted = f"{type(exc).__name__}: {exc}"
+    finally:
+        bars.close()
+        if recorder is not None:
+            recorder.close()
+        if segment["env_steps"] or segment["wall_s"]:
+            segments.append(segment)
+        aborted = aborted or control.aborted
+        extra = {
+            "interrupted": control.interrupted,
+            "aborted": aborted,
+            "command": command,
+            "backend": config.backend,
+            "servers": list(servers),
+            "server": dict(server_info or {}),
+            "server_metadata": server_metadata or previous.get("server_metadata", {}),
+            "video_errors": dict(recorder.failed) if recorder is not None else {},
+            "versions": versions(),
+        }
+        summary = build_summary(config, run_dir, segments=segments, extra=extra)
+        run_dir.write_summary(summary)
+    if error is not None:
+        raise error
+    return summary
+
+
+def python_command(argv: Sequence[str] | None = None) -> str:
+    """The command line of this process, quoted for a shell."""
+    import shlex
+
+    args = list(sys.argv if argv is None else argv)
+    return shlex.join(args)

@@ -1,0 +1,184 @@
+"""The run directory: where an evaluation's files live, and the only module of the evaluator that writes them.
+
+Layout (paths inside rows and the summary are relative to the run directory)::
+
+    RUN_DIR/
+      config.json                      the EvalConfig (what --resume reloads)
+      episodes.jsonl                   one row per finished episode, appended and flushed per episode
+      trajectories/scene1_ep0003.npz   per-episode arrays (actions, joints, gripper, server calls, latencies)
+      videos/scene1_ep0003.mp4         per-episode video strip (right | wrist | left), 15 fps
+      summary.json                     per scene and overall results, rewritten at the end of every run segment
+
+``episodes.jsonl`` is the source of truth: the summary is recomputed from it. Every other file is written to a
+temporary name and renamed, so a crash never leaves a half-written trajectory or summary behind; a crash while
+appending a row can leave a truncated last line, which :meth:`RunDir.read_rows` skips with a warning (that
+episode is simply run again on resume).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dz_gym.eval.config import EvalConfig
+
+logger = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.json"
+ROWS_FILE = "episodes.jsonl"
+SUMMARY_FILE = "summary.json"
+
+
+def episode_name(scene: int, episode: int) -> str:
+    """The stem shared by an episode's trajectory and video: ``scene1_ep0003``."""
+    return f"scene{int(scene)}_ep{int(episode):04d}"
+
+
+def _to_json(value: Any) -> Any:
+    """Plain JSON types for numpy scalars/arrays, tuples and paths (NaN becomes null)."""
+    if isinstance(value, Mapping):
+        return {str(k): _to_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_json(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return _to_json(value.tolist())
+    if isinstance(value, np.generic):
+        return _to_json(value.item())
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class RunDir:
+    """Files of one run directory (see the module docstring)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+
+    # -- creation -----------------------------------------------------------------------------------
+    @classmethod
+    def create(cls, output_root: str | os.PathLike, config: EvalConfig) -> RunDir:
+        """A new, uniquely named run directory under ``output_root`` holding ``config.json``."""
+        root = Path(output_root)
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        scenes = "-".join(str(s) for s in config.scenes)
+        for attempt in range(1000):
+            name = f"{stamp}_scene{scenes}" + (f"_{attempt}" if attempt else "")
+            path = root / name
+            try:
+                path.mkdir(parents=True, exist_ok=False)
+                break
+            except FileExistsError:
+                continue
+        else:
+            raise RuntimeError(f"output_root: cannot create a new run directory under {root}")
+        run = cls(path)
+        run.save_config(config)
+        return run
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> RunDir:
+        """An existing run directory (for ``--resume``); one-line error when it is not one."""
+        run = cls(path)
+        if not (run.path / CONFIG_FILE).is_file():
+            raise ValueError(f"resume: {path} is not a dz-gym-eval run directory (no {CONFIG_FILE})")
+        return run
+
+    # -- config -------------------------------------------------------------------------------------
+    def save_config(self, config: EvalConfig) -> None:
+        _write_atomic(self.path / CONFIG_FILE, (json.dumps(config.to_dict(), indent=2) + "\n").encode())
+
+    def load_config(self) -> EvalConfig:
+        try:
+            data = json.loads((self.path / CONFIG_FILE).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"resume: cannot read {self.path / CONFIG_FILE}: {exc}") from None
+        return EvalConfig.from_dict(data)
+
+    # -- rows ---------------------------------------------------------------------------------------
+    def append_row(self, row: Mapping[str, Any]) -> None:
+        """Append one episode row and flush it to disk before returning."""
+        line = json.dumps(_to_json(row), allow_nan=False, separators=(",", ":")) + "\n"
+        with open(self.path / ROWS_FILE, "a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def read_rows(self) -> list[dict[str, Any]]:
+        """Every complete row of ``episodes.jsonl`` (a truncated last line is skipped)."""
+        path = self.path / ROWS_FILE
+        if not path.exists():
+            return []
+        rows = []
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                if number == len(lines):
+                    logger.warning("%s: skipping a truncated last line (that episode will run again)", path)
+                    continue
+                raise ValueError(f"{path}:{number}: not a JSON row") from None
+        return rows
+
+    def repair_rows(self) -> None:
+        """Drop a truncated last line of ``episodes.jsonl`` so appends start on a fresh line."""
+        path = self.path / ROWS_FILE
+        if not path.exists():
+            return
+        data = path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            keep = data[: data.rfind(b"\n") + 1]
+            _write_atomic(path, keep)
+
+    # -- per-episode files --------------------------------------------------------------------------
+    def trajectory_relpath(self, scene: int, episode: int) -> str:
+        return f"trajectories/{episode_name(scene, episode)}.npz"
+
+    def video_relpath(self, scene: int, episode: int) -> str:
+        return f"videos/{episode_name(scene, episode)}.mp4"
+
+    def save_trajectory(self, scene: int, episode: int, arrays: Mapping[str, np.ndarray]) -> str:
+        """Write one episode's arrays (compressed npz, atomically); returns the relative path."""
+        rel = self.trajectory_relpath(scene, episode)
+        path = self.path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.stem}.tmp.npz")
+        np.savez_compressed(tmp, **{k: np.asarray(v) for k, v in arrays.items()})
+        os.replace(tmp, path)
+        return rel
+
+    # -- summary ------------------------------------------------------------------------------------
+    def write_summary(self, summary: Mapping[str, Any]) -> None:
+        data = json.dumps(_to_json(summary), indent=2, allow_nan=False) + "\n"
+        _write_atomic(self.path / SUMMARY_FILE, data.encode())
+
+    def read_summary(self) -> dict[str, Any] | None:
+        path = self.path / SUMMARY_FILE
+        if not path.exists():
+            return None
+        try:
+            return json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            logger.warning("%s: unreadable; previous run segments' timing is lost", path)
+            return None

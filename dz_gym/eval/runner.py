@@ -1,0 +1,383 @@
+"""Runs one scene's episodes on a wrapped batched env: fixed per-slot quotas, per-episode seeds, rows.
+
+Unbiased accounting: episode ``k`` of a scene has seed ``seed + k`` and is run by env slot ``k % num_envs``;
+each slot runs its episodes in order, and a slot whose quota is done idles (holds its pose, sends no
+requests, its results are ignored) until the others finish. Nothing depends on which episodes finish first,
+so for a deterministic policy the rows do not depend on ``num_envs`` (only the ``env`` and timing fields do).
+The seed of a slot's next episode is queued with the env's ``set_episode_seeds`` as soon as its current
+episode starts, so it applies whether that episode ends by the env's own time-out (same-step autoreset) or
+by an explicit partial reset.
+
+An episode ends when the env reports ``terminated``/``truncated``, after ``max_steps`` steps (partial reset
+of that env), or at the first failed server call of that env (server error, lost connection, timeout,
+protocol error): it is then recorded as errored, the env is partially reset (a fresh session; the wrapper
+has already done its bounded reconnect) and the slot moves on to its next episode. Errored episodes are
+not re-run, so seeds stay fixed.
+
+Per finished episode the runner writes, in order: the trajectory file, the video (closed in the background)
+and its row in ``episodes.jsonl``. A stop request (Ctrl-C) or an exhausted error budget ends the scene at the
+next step boundary; episodes in progress are dropped (no row; their partial videos are deleted) and run again
+on ``--resume``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from dz_gym.envs import droid
+from dz_gym.eval.progress import Progress
+from dz_gym.eval.results import latency_stats
+from dz_gym.eval.rundir import RunDir, episode_name
+from dz_gym.eval.video import VideoRecorder, strip_frames
+from dz_gym.requests import proprio, to_numpy
+
+logger = logging.getLogger(__name__)
+
+
+def slot_queues(episodes: Iterable[int], num_envs: int) -> list[deque[int]]:
+    """Episodes of each env slot, in order: episode ``k`` goes to slot ``k % num_envs``."""
+    queues: list[deque[int]] = [deque() for _ in range(int(num_envs))]
+    for k in sorted(set(int(e) for e in episodes)):
+        queues[k % num_envs].append(k)
+    return queues
+
+
+class RunControl:
+    """What the command line and the runner share: the stop request and the error budget.
+
+    ``stop`` is set by Ctrl-C (or a test); ``record`` counts errored episodes and sets ``aborted`` (and
+    ``stop``) once more than ``error_budget`` have errored.
+    """
+
+    def __init__(self, error_budget: int | None = None, errored: int = 0):
+        self.stop = threading.Event()
+        self.error_budget = error_budget
+        self.errored = int(errored)
+        self.aborted: str | None = None
+        self.rows_written = 0
+        self.on_row: Callable[[dict], None] | None = None  # hook called after each row is written
+
+    def record(self, row: Mapping[str, Any]) -> None:
+        self.rows_written += 1
+        if row["error"] is not None:
+            self.errored += 1
+            if self.error_budget is not None and self.errored > self.error_budget and self.aborted is None:
+                self.aborted = f"more than --max-errors={self.error_budget} errored episodes"
+                self.stop.set()
+        if self.on_row is not None:
+            self.on_row(dict(row))
+
+    @property
+    def interrupted(self) -> bool:
+        return self.stop.is_set() and self.aborted is None
+
+
+@dataclasses.dataclass
+class SceneResult:
+    """Timing of one scene's stepping loop (what rows cannot carry)."""
+
+    scene: int
+    env_steps: int = 0  # steps of the episodes that ran (finished or not)
+    wall_s: float = 0.0  # from the first reset to the end of the loop
+    busy_s: dict[str, float] = dataclasses.field(default_factory=dict)  # per server URL
+    stopped: bool = False  # ended by a stop request or the error budget
+
+
+@dataclasses.dataclass
+class _Episode:
+    """An episode in progress on one slot: identity and the per-step record."""
+
+    scene: int
+    episode: int
+    seed: int
+    env: int
+    server: str
+    prompt: str
+    session_id: str
+    started_at: float
+    t0: float
+    video_key: str | None
+    actions: list = dataclasses.field(default_factory=list)
+    joints: list = dataclasses.field(default_factory=list)
+    gripper: list = dataclasses.field(default_factory=list)
+    called: list = dataclasses.field(default_factory=list)
+    latency_ms: list = dataclasses.field(default_factory=list)
+    success: list = dataclasses.field(default_factory=list)
+    reward: list = dataclasses.field(default_factory=list)
+    object_pos: list = dataclasses.field(default_factory=list)
+    container_pos: list = dataclasses.field(default_factory=list)
+    env_seed: int | None = None
+    success_any: bool = False
+    server_errors: int = 0
+
+    @property
+    def steps(self) -> int:
+        return len(self.actions)
+
+
+def _iso(timestamp: float) -> str:
+    return _dt.datetime.fromtimestamp(timestamp, _dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _column(info: Mapping[str, Any], key: str) -> np.ndarray | None:
+    value = info.get(key)
+    return None if value is None else to_numpy(value)
+
+
+class SceneRunner:
+    """Run the given episodes of one scene on ``wrapper`` (a :class:`~dz_gym.wrapper.DreamZeroPolicyWrapper`).
+
+    ``episodes`` are the episode indices still to run (all of them for a fresh run, the missing ones on
+    resume); each runs on slot ``k % num_envs`` with seed ``seed + k``.
+    """
+
+    def __init__(
+        self,
+        wrapper,
+        *,
+        scene: int,
+        episodes: Sequence[int],
+        seed: int,
+        max_steps: int,
+        run_dir: RunDir,
+        control: RunControl,
+        recorder: VideoRecorder | None = None,
+        progress: Progress | None = None,
+    ):
+        self.wrapper = wrapper
+        self.base = wrapper.unwrapped
+        if not hasattr(self.base, "set_episode_seeds"):
+            raise TypeError("env: the evaluator needs set_episode_seeds() (see dz_gym.envs.base) for per-episode seeds")
+        self.num_envs = int(wrapper.num_envs)
+        self.scene = int(scene)
+        self.episodes = sorted(int(k) for k in episodes)
+        self.seed = int(seed)
+        self.max_steps = int(max_steps)
+        self.run_dir = run_dir
+        self.control = control
+        self.recorder = recorder
+        self.progress = progress
+        self._queues = slot_queues(self.episodes, self.num_envs)
+        self._current: list[_Episode | None] = [None] * self.num_envs
+        self._warned_seed = False
+
+    # -- the loop -------------------------------------------------------------------------------------
+    def run(self) -> SceneResult:
+        result = SceneResult(self.scene)
+        wrapper = self.wrapper
+        first = [i for i in range(self.num_envs) if self._queues[i]]
+        if not first:
+            return result
+        try:
+            self.base.set_episode_seeds(first, [self.seed + self._queues[i][0] for i in first])
+            wrapper.render_all = self.recorder is not None
+            self._set_idle()
+            t0 = time.perf_counter()
+            wrapper.reset()
+            for i in first:
+                self._start(i, self._queues[i].popleft())
+            self._set_idle()
+            while any(ep is not None for ep in self._current):
+                if self.control.stop.is_set():
+                    result.stopped = True
+                    break
+                self._step(result)
+            result.wall_s = time.perf_counter() - t0
+        finally:
+            for i, ep in enumerate(self._current):
+                if ep is not None:  # stopped mid-episode: no row; it runs again on resume
+                    if self.recorder is not None and ep.video_key is not None:
+                        self.recorder.abort(ep.video_key)
+                    self._current[i] = None
+            wrapper.idle_envs[:] = False
+        return result
+
+    def _set_idle(self) -> None:
+        self.wrapper.idle_envs[:] = np.array([ep is None for ep in self._current], dtype=bool)
+
+    def _step(self, result: SceneResult) -> None:
+        wrapper = self.wrapper
+        active = [i for i, ep in enumerate(self._current) if ep is not None]
+        policy_obs = wrapper.last_obs[droid.POLICY_GROUP]
+        joints, gripper = proprio(policy_obs)
+        if self.recorder is not None:
+            for i, frame in strip_frames(policy_obs, active).items():
+                self.recorder.add(self._current[i].video_key, frame)
+
+        _, reward, terminated, truncated, info = wrapper.step()
+
+        done = np.asarray(to_numpy(terminated), dtype=bool).reshape(-1) | np.asarray(
+            to_numpy(truncated), dtype=bool
+        ).reshape(-1)
+        reward = np.asarray(to_numpy(reward), dtype=np.float64).reshape(-1)
+        called = np.asarray(info["policy_called"], dtype=bool)
+        received = np.asarray(info.get("chunk_received", called), dtype=bool)
+        latency_s = np.asarray(info["chunk_latency_s"], dtype=np.float64)
+        errors = info["policy_error"]
+        events = info["integrity_event"]
+        success = _column(info, "success")
+        success_any = _column(info, "success_any_step")
+        env_seed = _column(info, "episode_seed")
+        object_pos = _column(info, "object_pos")
+        container_pos = _column(info, "container_pos")
+
+        self._account_busy(result, latency_s)
+        result.env_steps += len(active)
+        last_latency = None
+        finished: list[tuple[int, str | None, str | None, str]] = []
+        for i in active:
+            ep = self._current[i]
+            ep.actions.append(np.asarray(info["policy_action"][i], dtype=np.float32))
+            ep.joints.append(joints[i].astype(np.float32))
+            ep.gripper.append(gripper[i].astype(np.float32))
+            ep.called.append(bool(called[i]))
+            lat_ms = latency_s[i] * 1e3 if (received[i] or errors[i] is not None) else np.nan
+            ep.latency_ms.append(lat_ms)
+            if np.isfinite(lat_ms):
+                last_latency = lat_ms
+            ep.reward.append(float(reward[i]))
+            ok = bool(success[i]) if success is not None else False
+            ep.success.append(ok)
+            ep.success_any = ep.success_any or ok or (bool(success_any[i]) if success_any is not None else False)
+            if object_pos is not None:
+                ep.object_pos.append(object_pos[i].astype(np.float32))
+            if container_pos is not None:
+                ep.container_pos.append(container_pos[i].astype(np.float32))
+            if env_seed is not None and ep.env_seed is None:
+                ep.env_seed = int(env_seed[i])
+                if ep.env_seed != ep.seed and not self._warned_seed:
+                    self._warned_seed = True
+                    logger.warning(
+                        "scene %d episode %d: the env reports seed %d, the evaluator asked for %d",
+                        self.scene, ep.episode, ep.env_seed, ep.seed,
+                    )
+            if errors[i] is not None:
+                ep.server_errors += 1
+                finished.append((i, str(errors[i]), None if events[i] is None else str(events[i]), "error"))
+            elif done[i]:
+                finished.append((i, None, None, "terminated" if to_numpy(terminated).reshape(-1)[i] else "time_limit"))
+            elif ep.steps >= self.max_steps:
+                finished.append((i, None, None, "max_steps"))
+        if self.progress is not None:
+            self.progress.steps(len(active), last_latency)
+
+        to_reset = []
+        starts = []
+        for i, error, event, ended_by in finished:
+            self._finish(i, error, event, ended_by)
+            if self._queues[i]:
+                starts.append((i, self._queues[i].popleft()))
+                if not done[i]:
+                    to_reset.append(i)
+        if to_reset:
+            wrapper.reset(options={"env_ids": np.asarray(to_reset, dtype=np.int64)})
+        for i, k in starts:
+            self._start(i, k)
+        if finished:
+            self._set_idle()
+
+    def _account_busy(self, result: SceneResult, latency_s: np.ndarray) -> None:
+        """Per server, the longest request latency that ended this step (requests run concurrently)."""
+        per_url: dict[str, float] = {}
+        for i in np.flatnonzero(np.isfinite(latency_s)):
+            url = self.wrapper.pool.url(int(i))
+            per_url[url] = max(per_url.get(url, 0.0), float(latency_s[i]))
+        for url, seconds in per_url.items():
+            result.busy_s[url] = result.busy_s.get(url, 0.0) + seconds
+
+    # -- episode boundaries ---------------------------------------------------------------------------
+    def _start(self, slot: int, episode: int) -> None:
+        """Begin episode ``episode`` on ``slot`` (its env was just reset) and queue the slot's next seed."""
+        if self._queues[slot]:
+            self.base.set_episode_seeds([slot], [self.seed + self._queues[slot][0]])
+        key = None
+        if self.recorder is not None:
+            key = episode_name(self.scene, episode)
+            self.recorder.open(key, self.run_dir.path / self.run_dir.video_relpath(self.scene, episode))
+        self._current[slot] = _Episode(
+            scene=self.scene,
+            episode=episode,
+            seed=self.seed + episode,
+            env=slot,
+            server=self.wrapper.pool.url(slot),
+            prompt=self.wrapper.prompts[slot],
+            session_id=self.wrapper.session_ids[slot],
+            started_at=time.time(),
+            t0=time.perf_counter(),
+            video_key=key,
+        )
+
+    def _finish(self, slot: int, error: str | None, event: str | None, ended_by: str) -> None:
+        ep = self._current[slot]
+        self._current[slot] = None
+        trajectory = self.run_dir.save_trajectory(self.scene, ep.episode, self._arrays(ep))
+        video = None
+        if self.recorder is not None:
+            self.recorder.finish(ep.video_key)
+            video = self.run_dir.video_relpath(self.scene, ep.episode)
+        row = self._row(ep, error, event, ended_by, trajectory, video)
+        self.run_dir.append_row(row)
+        self.control.record(row)
+        if self.progress is not None:
+            self.progress.episode(row["success_at_end"], error is not None, unused_steps=self.max_steps - ep.steps)
+
+    @staticmethod
+    def _arrays(ep: _Episode) -> dict[str, np.ndarray]:
+        arrays = {
+            "actions": np.stack(ep.actions).astype(np.float32),
+            "joint_pos": np.stack(ep.joints).astype(np.float32),
+            "gripper_pos": np.stack(ep.gripper).astype(np.float32),
+            "policy_called": np.asarray(ep.called, dtype=bool),
+            "chunk_latency_ms": np.asarray(ep.latency_ms, dtype=np.float32),
+            "success": np.asarray(ep.success, dtype=bool),
+            "reward": np.asarray(ep.reward, dtype=np.float32),
+            "seed": np.int64(ep.seed),
+        }
+        if ep.object_pos:
+            arrays["object_pos"] = np.stack(ep.object_pos).astype(np.float32)
+        if ep.container_pos:
+            arrays["container_pos"] = np.stack(ep.container_pos).astype(np.float32)
+        return arrays
+
+    def _row(self, ep: _Episode, error, event, ended_by, trajectory, video) -> dict[str, Any]:
+        latencies = [round(float(v), 3) for v in ep.latency_ms if np.isfinite(v)]
+        errored = error is not None
+        first_success = next((t + 1 for t, ok in enumerate(ep.success) if ok), None)
+        return {
+            "scene": ep.scene,
+            "episode": ep.episode,
+            "seed": ep.seed,
+            "env": ep.env,
+            "prompt": ep.prompt,
+            "server": ep.server,
+            "session_id": ep.session_id,
+            "steps": ep.steps,
+            "max_steps": self.max_steps,
+            "ended_by": ended_by,
+            "success_at_end": None if errored else bool(ep.success[-1]),
+            "success_any_step": None if errored else bool(ep.success_any),
+            "first_success_step": None if errored else first_success,
+            "server_calls": int(sum(ep.called)),
+            "server_errors": ep.server_errors,
+            "latency_ms": latency_stats(latencies),
+            "latencies_ms": latencies,
+            "error": error,
+            "error_event": event,
+            "error_step": ep.steps if errored else None,
+            "env_seed": ep.env_seed,
+            "final_object_pos": ep.object_pos[-1].tolist() if ep.object_pos else None,
+            "final_container_pos": ep.container_pos[-1].tolist() if ep.container_pos else None,
+            "started_at": _iso(ep.started_at),
+            "wall_s": round(time.perf_counter() - ep.t0, 4),
+            "trajectory": trajectory,
+            "video": video,
+        }

@@ -1,0 +1,179 @@
+"""Per-episode mp4 videos written by a background thread, so encoding never stalls the simulator.
+
+Each frame is the reference client's strip, right external | wrist | left external, at 15 fps. The stepping
+loop only builds the strip (one ``np.concatenate`` per recorded env, which also copies the pixels out of the
+env's buffers) and hands it to a bounded queue; a single writer thread feeds one ffmpeg process per open
+video (imageio-ffmpeg), so the encoding itself runs in other processes. The queue is bounded: if the encoders
+fall far behind, the stepping loop waits instead of growing memory without limit.
+
+Example::
+
+    recorder = VideoRecorder(fps=15)
+    recorder.open("scene1_ep0000", "run/videos/scene1_ep0000.mp4")
+    for frame in frames:
+        recorder.add("scene1_ep0000", frame)       # (H, W, 3) uint8
+    recorder.finish("scene1_ep0000")               # returns at once; the file is closed in the background
+    recorder.close()                               # waits for every video
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dz_gym.envs import droid
+
+logger = logging.getLogger(__name__)
+
+VIDEO_VIEW_SHAPE = (180, 320)  # each view of the strip, (H, W)
+_STOP = object()
+
+
+def strip_frames(policy_obs: Mapping[str, Any], env_ids: Sequence[int]) -> dict[int, np.ndarray]:
+    """The video strip of each env in ``env_ids`` from ``obs["policy"]``: ``{env_id: (H, 3W, 3) uint8}``.
+
+    Views are resized with pad to 180x320 when they have another size (e.g. Isaac Lab's 720x1280), on the
+    tensors' device before the host copy.
+    """
+    if len(env_ids) == 0:
+        return {}
+    index = np.asarray(env_ids, dtype=np.int64)
+    native = all(
+        isinstance(policy_obs[camera], np.ndarray) and tuple(policy_obs[camera].shape[1:3]) == VIDEO_VIEW_SHAPE
+        for camera in droid.VIDEO_STRIP_KEYS
+    )
+    if native:
+        views = [policy_obs[camera][index] for camera in droid.VIDEO_STRIP_KEYS]
+    else:
+        from dz_gym.requests import resized_views
+
+        resized = resized_views(policy_obs, list(env_ids), VIDEO_VIEW_SHAPE)
+        views = [resized[camera] for camera in droid.VIDEO_STRIP_KEYS]
+    strips = np.concatenate(views, axis=2)  # (len(env_ids), H, 3W, 3), a fresh copy
+    return {int(env_id): strips[row] for row, env_id in enumerate(env_ids)}
+
+
+class VideoRecorder:
+    """Background mp4 writer for many concurrent videos, addressed by a key (e.g. ``"scene1_ep0003"``).
+
+    ``open``/``add``/``finish``/``abort`` only enqueue; the writer thread does the work. Errors of one video
+    (e.g. a full disk) are logged, that video is dropped, and its key lands in :attr:`failed`; the others
+    carry on. :meth:`close` waits for every queued frame and closes all files.
+    """
+
+    def __init__(self, fps: int = droid.CONTROL_HZ, max_queued_frames: int = 128):
+        self.fps = int(fps)
+        self._queue: queue.Queue = queue.Queue(maxsize=max_queued_frames)
+        self._writers: dict[str, Any] = {}
+        self._paths: dict[str, Path] = {}
+        self._frames: dict[str, int] = {}
+        self.failed: dict[str, str] = {}
+        self.finished: dict[str, int] = {}  # key -> frames written, for videos closed successfully
+        self._lock = threading.Lock()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="dz-gym-video", daemon=True)
+        self._thread.start()
+
+    # -- producer side (the stepping loop) --------------------------------------------------------------
+    def open(self, key: str, path: str | os.PathLike) -> None:
+        """Start a new video ``key`` written to ``path`` (its folder is created)."""
+        self._put(("open", key, Path(path)))
+
+    def add(self, key: str, frame: np.ndarray) -> None:
+        """Append one ``(H, W, 3)`` uint8 frame (the array must not be modified afterwards)."""
+        self._put(("frame", key, frame))
+
+    def finish(self, key: str) -> None:
+        """Close video ``key`` (in the background)."""
+        self._put(("finish", key, None))
+
+    def abort(self, key: str) -> None:
+        """Close video ``key`` and delete its file (an episode that did not complete)."""
+        self._put(("abort", key, None))
+
+    def close(self, timeout: float | None = 120.0) -> None:
+        """Finish every open video and stop the thread (waits up to ``timeout`` seconds)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(_STOP)
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            logger.warning("video writer did not finish within %s s; some videos may be incomplete", timeout)
+
+    def _put(self, item) -> None:
+        if self._closed:
+            raise RuntimeError("VideoRecorder is closed")
+        self._queue.put(item)
+
+    # -- consumer side (the writer thread) --------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                break
+            op, key, payload = item
+            try:
+                if op == "open":
+                    self._open(key, payload)
+                elif op == "frame":
+                    writer = self._writers.get(key)
+                    if writer is not None:
+                        writer.append_data(payload)
+                        self._frames[key] += 1
+                elif op == "finish":
+                    self._close_writer(key, delete=False)
+                elif op == "abort":
+                    self._close_writer(key, delete=True)
+            except Exception as exc:  # noqa: BLE001 - one broken video must not stop the others
+                logger.warning("video %s: %s: %s", key, type(exc).__name__, exc)
+                with self._lock:
+                    self.failed[key] = f"{type(exc).__name__}: {exc}"
+                self._close_writer(key, delete=True, quiet=True)
+        for key in list(self._writers):
+            self._close_writer(key, delete=False, quiet=True)
+
+    def _open(self, key: str, path: Path) -> None:
+        import imageio.v2 as imageio
+
+        if key in self._writers:
+            self._close_writer(key, delete=False)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._writers[key] = imageio.get_writer(
+            str(path),
+            fps=self.fps,
+            codec="libx264",
+            quality=7,
+            macro_block_size=2,
+            pixelformat="yuv420p",
+            ffmpeg_log_level="error",
+        )
+        self._paths[key] = path
+        self._frames[key] = 0
+
+    def _close_writer(self, key: str, *, delete: bool, quiet: bool = False) -> None:
+        writer = self._writers.pop(key, None)
+        path = self._paths.pop(key, None)
+        frames = self._frames.pop(key, 0)
+        if writer is None:
+            return
+        try:
+            writer.close()
+        except Exception as exc:  # noqa: BLE001
+            if not quiet:
+                raise
+            logger.debug("video %s: close failed: %s", key, exc)
+            delete = True
+        if delete:
+            if path is not None and path.exists():
+                path.unlink()
+        else:
+            with self._lock:
+                self.finished[key] = frames
