@@ -179,6 +179,30 @@ _marker_values = st.one_of(
 )
 
 
+def test_fuzz_mutated_valid_frames_only_raise_protocol_error():
+    frame = packb({"a": np.arange(10, dtype="<f4"), "b": np.float32(1), "s": "x", "l": [np.int8(3), {"k": None}]})
+    rng = np.random.default_rng(0)
+    for _ in range(3000):
+        mutated = bytearray(frame)
+        for _ in range(int(rng.integers(1, 4))):
+            mutated[int(rng.integers(len(mutated)))] = int(rng.integers(256))
+        cut = int(rng.integers(1, len(mutated) + 1))
+        for candidate in (bytes(mutated), bytes(mutated[:cut])):
+            try:
+                unpackb(candidate)
+            except ProtocolError:
+                pass
+
+
+def test_scalar_marker_out_of_range_is_refused():
+    frame = msgpack.packb({b"__npgeneric__": True, b"data": 1e300, b"dtype": "<f4"}, use_bin_type=True)
+    with pytest.raises(ProtocolError, match="not a valid '<f4' value"):
+        unpackb(frame)
+    frame = msgpack.packb({b"__npgeneric__": True, b"data": 300, b"dtype": "|i1"}, use_bin_type=True)
+    with pytest.raises(ProtocolError, match="not a valid"):
+        unpackb(frame)
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.dictionaries(st.sampled_from([b"__ndarray__", b"__npgeneric__", b"data", b"dtype", b"shape",
                                         "nd", "type", "kind", "shape", "data"]), _marker_values, max_size=6))
