@@ -743,26 +743,34 @@ class SessionPool:
     def infer_many(self, requests: Mapping[int, dict | bytes]) -> dict[int, Outcome]:
         """Issue every request concurrently (one per session) and return all outcomes.
 
-        Each request is encoded in the calling thread and handed to the loop at once, so the first one is
-        on the wire while the next is being encoded. A failing session gets an error outcome; the others
-        are unaffected.
+        Request dicts are encoded in the calling thread (about 40 us for a 0.5 MB request), then the whole
+        batch goes to the loop in one hand-off, so the loop thread only moves bytes. A failing session gets
+        an error outcome; the others are unaffected.
         """
         if not isinstance(requests, Mapping):
             raise ValueError(f"requests: expected a mapping of session index -> request, got {type(requests).__name__}")
         for i in requests:
             self._session(i)
-        futures = {i: self.submit(i, request) for i, request in requests.items()}
-        concurrent.futures.wait(futures.values(), timeout=self._request_bound())
         outcomes: dict[int, Outcome] = {}
-        for i, future in futures.items():
-            if future.done() and not future.cancelled():
-                outcomes[i] = future.result()
-            else:
+        jobs: list[tuple[AsyncSession, int, bytes | bytearray | memoryview]] = []
+        for i, request in requests.items():
+            try:
+                jobs.append((self._sessions[i], i, _encode(request)))
+            except DzGymError as exc:
+                now = time.perf_counter()
+                outcomes[i] = Outcome(i, None, exc, now, now)
+        if jobs:
+            bound = self._request_bound()
+            future = self._loop.submit(_run_batch(jobs, bound))
+            try:
+                outcomes.update(future.result(bound + 5.0))
+            except concurrent.futures.TimeoutError:  # the loop itself is stuck: report, never hang
                 future.cancel()
                 now = time.perf_counter()
-                error = RequestTimeout(f"session {i}: request did not finish within {self._request_bound():g} s")
-                outcomes[i] = Outcome(i, None, error, now, now)
-        return outcomes
+                for _, i, _ in jobs:
+                    error = RequestTimeout(f"session {i}: request did not finish within {bound:g} s")
+                    outcomes[i] = Outcome(i, None, error, now, now)
+        return {i: outcomes[i] for i in requests}
 
     def infer(self, i: int, request: dict | bytes) -> InferReply:
         """One blocking request on session ``i``; raises the typed error instead of returning an outcome."""
@@ -820,6 +828,22 @@ async def _run_outcome(session: AsyncSession, index: int, payload: bytes | bytea
     sent_at = stamps.sent_at if stamps.sent_at is not None else now
     received_at = stamps.received_at if stamps.received_at is not None else now
     return Outcome(index, reply, error, sent_at, received_at, len(payload))
+
+
+async def _run_batch(
+    jobs: list[tuple[AsyncSession, int, bytes | bytearray | memoryview]], bound: float
+) -> dict[int, Outcome]:
+    """Run one request per job concurrently; a job still running after ``bound`` is cancelled and reported
+    as a timeout (each request is already bounded by ``request_timeout``, this is a second fence)."""
+    tasks = {asyncio.ensure_future(_run_outcome(session, i, payload)): i for session, i, payload in jobs}
+    done, pending = await asyncio.wait(tasks, timeout=bound)
+    outcomes = {tasks[task]: task.result() for task in done}
+    now = time.perf_counter()
+    for task in pending:
+        task.cancel()
+        i = tasks[task]
+        outcomes[i] = Outcome(i, None, RequestTimeout(f"session {i}: request did not finish within {bound:g} s"), now, now)
+    return outcomes
 
 
 def _close_pool(loop: LoopThread, sessions: list[AsyncSession], owns_loop: bool, close_timeout: float) -> None:
