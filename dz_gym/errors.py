@@ -46,3 +46,10 @@ class RequestTimeout(DzGymError, TimeoutError):
 
 class HandshakeError(DzGymError):
     """The server's metadata does not fit what the client will send (views, resolution, sessions, actions)."""
+
+
+class BackendUnavailable(DzGymError, RuntimeError):
+    """A simulator backend cannot run here (a package, the scene assets or the right GPU is missing).
+
+    The message says what is missing and how to get it.
+    """

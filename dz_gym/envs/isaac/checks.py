@@ -1,0 +1,128 @@
+"""Pre-launch checks of the Isaac Lab backend: packages, scene assets, and an RTX-capable GPU.
+
+Starting Isaac Sim takes minutes, so everything that can be known before it starts is checked first,
+and each failure is a :class:`~dz_gym.errors.BackendUnavailable` that says what is missing and how to
+get it. Nothing here imports Isaac Lab or sim-evals (``importlib.util.find_spec`` only locates them).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from pathlib import Path
+
+from dz_gym.errors import BackendUnavailable
+
+SETUP_HINT = "see docs/isaac.md"
+ASSETS_HINT = (
+    "download them from the sim-evals checkout's root with "
+    "'hf download owhan/DROID-sim-environments --repo-type dataset --local-dir assets'"
+)
+ROBOT_USD = "franka_robotiq_2f_85_flattened.usd"
+SKIP_GPU_CHECK_ENV = "DZ_GYM_ISAAC_SKIP_GPU_CHECK"
+
+# Data-centre GPUs without RT cores. Isaac Sim's RTX cameras crash or degrade on them (IsaacLab#3421 on
+# A100, #4271 on H100, #1519 DLSS on A100); the H200 and the Blackwell data-centre parts are in the same
+# family. A heuristic on the CUDA device name, overridable (see check_rtx_gpu).
+NO_RT_CORE_GPUS = ("A100", "A800", "A30", "H100", "H800", "H200", "H20", "GH200", "B100", "B200", "GB200", "V100", "P100")
+_NO_RT_CORE_PATTERN = re.compile(r"(?<![A-Z0-9])(" + "|".join(NO_RT_CORE_GPUS) + r")(?![0-9])")
+
+
+def check_packages() -> None:
+    """Isaac Lab (``isaaclab``, ``isaaclab_tasks``) and sim-evals (``sim_evals``) are installed."""
+    missing = [name for name in ("isaaclab", "isaaclab_tasks", "sim_evals") if _find(name) is None]
+    if not missing:
+        return
+    if "sim_evals" in missing and len(missing) == 1:
+        raise BackendUnavailable(
+            "sim-evals is not installed (module sim_evals): clone arhanjain/sim-evals at 423e87c or later "
+            f"and 'pip install -e .' it in the Isaac Lab environment; {SETUP_HINT}"
+        )
+    raise BackendUnavailable(
+        f"Isaac Lab is not installed (missing modules: {', '.join(missing)}): the isaac backend needs "
+        f"Isaac Lab 2.2 (Isaac Sim 5.0) and sim-evals on an RTX GPU; {SETUP_HINT}"
+    )
+
+
+def sim_evals_root() -> Path:
+    """The sim-evals checkout that holds ``assets/`` (``src/sim_evals`` -> the repository root)."""
+    spec = _find("sim_evals")
+    if spec is None:
+        raise BackendUnavailable(f"sim-evals is not installed (module sim_evals); {SETUP_HINT}")
+    if spec.submodule_search_locations:
+        package_dir = Path(list(spec.submodule_search_locations)[0])
+    elif spec.origin:
+        package_dir = Path(spec.origin).parent
+    else:
+        raise BackendUnavailable(f"sim-evals: cannot locate the installed package; {SETUP_HINT}")
+    if not (package_dir / "environments").is_dir():
+        raise BackendUnavailable(
+            f"sim-evals at {package_dir} has no sim_evals.environments package: it is older than 423e87c "
+            f"(2026-02-01); update it; {SETUP_HINT}"
+        )
+    # sim-evals reads Path(environments/droid_environment.py).parent / "../../../assets", i.e. the
+    # repository root of a src-layout checkout installed in editable mode.
+    return package_dir.parent.parent
+
+
+def check_assets(scene: int, assets_dir: str | os.PathLike | None = None) -> Path:
+    """The scene and robot USDs sim-evals will load exist; returns the assets folder."""
+    candidates: list[Path] = []
+    if assets_dir is not None:
+        candidates.append(Path(assets_dir))
+    else:
+        if os.environ.get("SIM_EVALS_ASSET_ROOT"):
+            candidates.append(Path(os.environ["SIM_EVALS_ASSET_ROOT"]))
+        candidates.append(sim_evals_root() / "assets")
+    needed = (f"scene{int(scene)}.usd", ROBOT_USD)
+    for folder in candidates:
+        if all((folder / name).is_file() for name in needed):
+            return folder
+    folder = candidates[0]
+    absent = [name for name in needed if not (folder / name).is_file()]
+    raise BackendUnavailable(f"sim-evals assets missing in {folder}: {', '.join(absent)}; {ASSETS_HINT}")
+
+
+def gpu_lacks_rt_cores(name: str) -> bool:
+    """True when the CUDA device name is a known GPU without RT cores (A100, H100, H200 ...)."""
+    return _NO_RT_CORE_PATTERN.search(str(name).upper()) is not None
+
+
+def check_rtx_gpu(device: str, torch_module=None) -> str:
+    """The GPU that will render has RT cores (Isaac Sim's cameras need RTX); returns its name.
+
+    A heuristic on ``torch.cuda.get_device_name``: the known RT-core-less data-centre GPUs are refused.
+    Set ``DZ_GYM_ISAAC_SKIP_GPU_CHECK=1`` (or pass ``check_gpu=False`` to the env) to try anyway.
+    """
+    if os.environ.get(SKIP_GPU_CHECK_ENV, "").strip() not in ("", "0"):
+        return "(not checked)"
+    if torch_module is None:
+        try:
+            import torch as torch_module
+        except ImportError as exc:
+            raise BackendUnavailable(f"torch is not installed: Isaac Lab brings it; {SETUP_HINT}") from exc
+    if not torch_module.cuda.is_available():
+        raise BackendUnavailable(
+            f"no CUDA GPU visible: Isaac Sim's cameras need an NVIDIA RTX GPU; {SETUP_HINT} "
+            f"(or use --backend mujoco)"
+        )
+    index = 0
+    match = re.fullmatch(r"cuda:(\d+)", str(device))
+    if match:
+        index = int(match.group(1))
+    name = torch_module.cuda.get_device_name(index)
+    if gpu_lacks_rt_cores(name):
+        raise BackendUnavailable(
+            f"GPU {index} ({name}) has no RT cores: Isaac Sim's RTX cameras crash or render wrongly on it "
+            f"(IsaacLab#3421, #4271); use an RTX GPU (L40S, RTX 6000, RTX 4090 ...), or the mujoco backend; "
+            f"set {SKIP_GPU_CHECK_ENV}=1 to try anyway"
+        )
+    return name
+
+
+def _find(name: str):
+    try:
+        return importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None

@@ -1,0 +1,159 @@
+"""Patches to sim-evals' DROID env config that make it correct with ``num_envs > 1``, without forking it.
+
+Applied after ``parse_env_cfg("DROID", ...)`` and ``cfg.set_scene(k)``, before ``gym.make``:
+
+1. **Batched proprio terms.** Upstream ``arm_joint_pos``/``gripper_pos`` read ``joint_pos[0, ids]``: with
+   N envs they return env 0's values, shape ``(7,)``/``(1,)``. They are replaced by functions that index
+   ``joint_pos[:, ids]`` and return ``(N,7)``/``(N,1)``, with the same joint selection (articulation
+   order, as upstream) and the same gripper scaling (``finger_joint / (pi/4)``; the term's clip to
+   [0, 1] stays).
+2. **Per-env positional lights.** Upstream's sphere light is one global prim (``/World/spehre``) at
+   (0, -0.6, 0.7): only an env at the world origin is lit as in the single-env reference, and with N>1
+   no env is there. Every positional light of the scene config (sphere, disk, rect, cylinder) outside
+   ``{ENV_REGEX_NS}`` is moved to ``{ENV_REGEX_NS}/<name>``, so each env has its own light at the same
+   env-local pose. Dome and distant lights are infinite and stay global.
+3. **Rerender on reset** stays on (``rerender_on_reset`` / ``num_rerenders_on_reset``).
+4. **State probe.** A termination term that never terminates captures the task state after the physics
+   of each step, before the in-step reset (see :mod:`dz_gym.envs.isaac.state`).
+5. Options: ``env_spacing`` (upstream 7 m), ``image_shape`` (camera resolution; upstream 720x1280) and
+   ``tiled_cameras`` (2.2's ``TiledCameraCfg`` instead of one render product per camera and env).
+
+After ``gym.make``, :func:`keep_one_dome_light` fixes what the config cannot reach: a DomeLight inside the
+scene USD is cloned into every env, and infinite lights add up, so all but env 0's are switched off.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from typing import Any, Callable
+
+from dz_gym.envs import droid
+from dz_gym.envs.isaac.compat import IsaacLabApi
+
+ENV_NS = "{ENV_REGEX_NS}"
+ARM_JOINT_NAMES = tuple(f"panda_joint{i}" for i in range(1, 8))
+GRIPPER_JOINT_NAMES = ("finger_joint",)
+GRIPPER_CLOSED_RAD = math.pi / 4
+PROBE_TERM = "dz_gym_state_probe"
+_POSITIONAL_LIGHTS = ("SphereLightCfg", "DiskLightCfg", "RectLightCfg", "CylinderLightCfg")
+_INFINITE_LIGHT_TYPES = ("DomeLight",)
+
+
+def make_proprio_terms(api: IsaacLabApi) -> tuple[Callable, Callable]:
+    """The batched replacements of sim-evals' ``arm_joint_pos`` and ``gripper_pos`` observation terms."""
+
+    def arm_joint_pos(env):
+        """Arm joint positions of every env, ``(N,7)`` rad (upstream returned env 0's ``(7,)``)."""
+        robot = env.scene["robot"]
+        return api.joint_pos(robot)[:, _joint_ids(api, robot, ARM_JOINT_NAMES)]
+
+    def gripper_pos(env):
+        """Gripper closure of every env, ``(N,1)``: ``finger_joint / (pi/4)``, 0 open, 1 closed."""
+        robot = env.scene["robot"]
+        return api.joint_pos(robot)[:, _joint_ids(api, robot, GRIPPER_JOINT_NAMES)] / GRIPPER_CLOSED_RAD
+
+    return arm_joint_pos, gripper_pos
+
+
+def patch_env_cfg(
+    cfg: Any,
+    api: IsaacLabApi,
+    *,
+    probe_term: Callable | None = None,
+    env_spacing: float | None = None,
+    image_shape: tuple[int, int] | None = None,
+    tiled_cameras: bool = False,
+) -> list[str]:
+    """Apply the multi-env patches to a parsed sim-evals DROID config; returns what was changed, in words."""
+    changes: list[str] = []
+    policy = cfg.observations.policy
+    for term in (droid.JOINT_KEY, droid.GRIPPER_KEY, *droid.CAMERA_KEYS):
+        if getattr(policy, term, None) is None:
+            raise ValueError(
+                f"sim-evals config: observation term {term!r} missing (needs sim-evals 423e87c or later)"
+            )
+    arm, gripper = make_proprio_terms(api)
+    policy.arm_joint_pos.func = arm
+    policy.gripper_pos.func = gripper
+    changes.append("observations.policy.arm_joint_pos/gripper_pos: batched (N,7)/(N,1) instead of env 0's")
+
+    for name, light in _scene_entities(cfg.scene):
+        spawn = getattr(light, "spawn", None)
+        if type(spawn).__name__ in _POSITIONAL_LIGHTS and not str(light.prim_path).startswith(ENV_NS):
+            old = light.prim_path
+            light.prim_path = f"{ENV_NS}/{name}"
+            changes.append(f"scene.{name}: global light {old} -> per-env {light.prim_path}")
+
+    api.ensure_rerender_on_reset(cfg)
+
+    if probe_term is not None:
+        managers = importlib.import_module("isaaclab.managers")
+        setattr(cfg.terminations, PROBE_TERM, managers.TerminationTermCfg(func=probe_term, time_out=False))
+        changes.append(f"terminations.{PROBE_TERM}: task-state probe (never terminates)")
+
+    if env_spacing is not None:
+        if not float(env_spacing) > 0:
+            raise ValueError(f"env_spacing: expected a positive distance in metres, got {env_spacing!r}")
+        cfg.scene.env_spacing = float(env_spacing)
+        changes.append(f"scene.env_spacing: {cfg.scene.env_spacing} m")
+
+    cameras = [getattr(cfg.scene, key) for key in droid.CAMERA_KEYS]
+    if image_shape is not None:
+        height, width = (int(v) for v in image_shape)
+        if height < 1 or width < 1:
+            raise ValueError(f"image_shape: expected (height, width) >= 1, got {image_shape!r}")
+        for camera in cameras:
+            camera.height, camera.width = height, width
+        changes.append(f"cameras: {height}x{width} instead of {droid.ISAAC_IMAGE_SHAPE[0]}x{droid.ISAAC_IMAGE_SHAPE[1]}")
+    if tiled_cameras and not api.is_v3:
+        sensors = importlib.import_module("isaaclab.sensors")
+        for key, camera in zip(droid.CAMERA_KEYS, cameras):
+            fields = {name: value for name, value in vars(camera).items() if not name.startswith("_")}
+            fields.pop("class_type", None)
+            setattr(cfg.scene, key, sensors.TiledCameraCfg(**fields))
+        changes.append("cameras: TiledCameraCfg (batched render products; image parity unverified, IsaacLab#493)")
+    return changes
+
+
+def keep_one_dome_light(stage: Any, num_envs: int) -> list[str]:
+    """Switch off the DomeLights of envs 1..N-1 (env 0's lights every env, as in the single-env run).
+
+    Returns the prim paths switched off. Dome lights outside ``/World/envs`` are left alone.
+    """
+    switched_off = []
+    for prim in stage.Traverse():
+        if prim.GetTypeName() not in _INFINITE_LIGHT_TYPES:
+            continue
+        path = str(prim.GetPath())
+        env_index = _env_index(path)
+        if env_index is None or env_index == 0:
+            continue
+        for attr_name in ("inputs:intensity", "intensity"):
+            attr = prim.GetAttribute(attr_name)
+            if attr and attr.IsValid():
+                attr.Set(0.0)
+        switched_off.append(path)
+    return switched_off
+
+
+def _env_index(path: str) -> int | None:
+    prefix = "/World/envs/env_"
+    if not path.startswith(prefix):
+        return None
+    digits = path[len(prefix) :].split("/", 1)[0]
+    return int(digits) if digits.isdigit() else None
+
+
+def _joint_ids(api: IsaacLabApi, robot: Any, names: tuple[str, ...]) -> list[int]:
+    """Indices of ``names`` in articulation order, exactly as sim-evals' terms select them."""
+    ids = [i for i, name in enumerate(api.joint_names(robot)) if name in names]
+    if len(ids) != len(names):
+        raise KeyError(f"robot joints {list(names)}: expected all in the articulation, found {len(ids)}")
+    return ids
+
+
+def _scene_entities(scene_cfg: Any):
+    for name, value in vars(scene_cfg).items():
+        if not name.startswith("_") and hasattr(value, "prim_path"):
+            yield name, value

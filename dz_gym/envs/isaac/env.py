@@ -1,0 +1,271 @@
+"""The batched DROID env on Isaac Lab + sim-evals: :class:`IsaacDroidEnv`.
+
+Builds sim-evals' ``DROID`` env for one scene with N envs (patched for N > 1, see
+:mod:`dz_gym.envs.isaac.config`) and exposes it through the :class:`~dz_gym.envs.base.BatchedDroidEnv`
+contract:
+
+- observations are Isaac Lab's own (torch tensors on the sim device): three ``(N,720,1280,3)`` uint8
+  views, ``arm_joint_pos`` ``(N,7)`` and ``gripper_pos`` ``(N,1)`` float32;
+- ``step`` takes ``(N,8)`` actions (numpy or torch; a bool gripper column is turned into 0/1, since
+  sim-evals' gripper term inverts bools); ``reward`` is the placement check as float ``(N,)``, 
+  ``terminated``/``truncated`` are Isaac Lab's ``(N,)`` tensors (time-outs only, at 450 steps);
+- ``info`` holds the keys of the base contract, computed from the state *before* the in-step reset;
+- start-up quirks: the first ``reset`` resets twice (materials load on the second render cycle), and
+  after every reset of all envs one hold step (arm target = current joints, gripper unchanged) is taken
+  and the episode counters zeroed, because the first frame after a reset can show the previous episode
+  (IsaacLab#6394). A reset of only some envs cannot take that step without moving the others, so their
+  ``images_fresh`` is False on that observation.
+
+What upstream lacks and this cannot add: sim-evals has no randomization, so every episode starts from the
+same state whatever the seed; seeds are recorded (``episode_seed``) but change nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from typing import Any, Sequence
+
+import numpy as np
+
+from dz_gym.envs import droid
+from dz_gym.envs.base import BatchedDroidEnv
+from dz_gym.envs.isaac import checks, launch
+from dz_gym.envs.isaac.config import keep_one_dome_light, patch_env_cfg
+from dz_gym.envs.isaac.state import DEFAULT_TCP_BODIES, StateProbe, TaskState
+
+TASK_ID = "DROID"
+# Isaac Lab's non-tiled Camera fails at about 32 envs x 3 cameras ("Unable to allocate descriptor sets").
+CAMERA_ENV_WARNING = 32
+
+
+class IsaacDroidEnv(BatchedDroidEnv):
+    """sim-evals' DROID scene on Isaac Lab with ``num_envs`` envs, behind the batched DROID contract.
+
+    Example (on a machine with Isaac Lab 2.2, sim-evals and an RTX GPU)::
+
+        env = dz_gym.make_droid_env(backend="isaac", scene=1, num_envs=4)
+        obs, info = env.reset(seed=0)
+        obs, reward, terminated, truncated, info = env.step(hold_actions)
+    """
+
+    def __init__(
+        self,
+        scene: int = 1,
+        num_envs: int = 1,
+        *,
+        device: str | None = None,
+        headless: bool = True,
+        app_args: Any = None,
+        seed: int | None = None,
+        settle_steps: int = 1,
+        env_spacing: float | None = None,
+        image_shape: tuple[int, int] | None = None,
+        tiled_cameras: bool = False,
+        check_gpu: bool = True,
+        assets_dir: str | None = None,
+        tcp_bodies: Sequence[str] = DEFAULT_TCP_BODIES,
+        isaaclab_version: str | None = None,
+        close_app_on_close: bool = True,
+    ):
+        spec = droid.scene_spec(scene)
+        shape = tuple(int(v) for v in image_shape) if image_shape is not None else droid.ISAAC_IMAGE_SHAPE
+        device = device or getattr(app_args, "device", None) or "cuda:0"
+        super().__init__(num_envs, shape, spec.scene_id, device=str(device))
+        if not isinstance(settle_steps, (int, np.integer)) or settle_steps < 0:
+            raise ValueError(f"settle_steps: expected an integer >= 0, got {settle_steps!r}")
+        self.settle_steps = int(settle_steps)
+        self._close_app_on_close = close_app_on_close
+        self._closed = True  # until built
+
+        # Everything that can fail fast, before a minutes-long start of Isaac Sim.
+        checks.check_packages()
+        checks.check_assets(spec.scene_id, assets_dir)
+        if check_gpu:
+            checks.check_rtx_gpu(str(device))
+        if self.num_envs >= CAMERA_ENV_WARNING and not tiled_cameras:
+            warnings.warn(
+                f"isaac: {self.num_envs} envs x 3 cameras: Isaac Lab's Camera is known to fail around 32 envs; "
+                "consider tiled_cameras=True or fewer envs",
+                stacklevel=2,
+            )
+
+        launch.claim_scene(spec.scene_id)
+        try:
+            app = launch.launch_app(app_args, headless=headless, device=str(device), version=isaaclab_version)
+            self.api = app.api
+            importlib.import_module("sim_evals.environments")  # registers "DROID"; only after the app runs
+            cfg = self.api.parse_env_cfg(TASK_ID, device=str(device), num_envs=self.num_envs)
+            cfg.set_scene(spec.scene_id)
+            self._probe = StateProbe(self.api, spec, tcp_bodies)
+            self.patches = patch_env_cfg(
+                cfg,
+                self.api,
+                probe_term=self._probe.term,
+                env_spacing=env_spacing,
+                image_shape=image_shape,
+                tiled_cameras=tiled_cameras,
+            )
+            self.cfg = cfg
+            import gymnasium as gym
+
+            self._gym_env = gym.make(TASK_ID, cfg=cfg)
+            self.isaac_env = self._gym_env.unwrapped
+            for path in keep_one_dome_light(self.api.stage(self.isaac_env), self.num_envs):
+                self.patches.append(f"stage: dome light {path} off (one dome light lights every env)")
+            self._probe.validate(self.isaac_env)
+        except BaseException:
+            launch.release_scene()
+            raise
+        self._closed = False
+
+        import torch
+
+        self._torch = torch
+        self.device = str(self.isaac_env.device)
+        self.max_episode_length = int(self.isaac_env.max_episode_length)
+        self.step_dt = float(self.isaac_env.step_dt)
+        self._seed_base = None if seed is None else int(seed)
+        self._episode_seed = np.arange(self.num_envs, dtype=np.int64) + (self._seed_base or 0)
+        self._episode_step = np.zeros(self.num_envs, dtype=np.int64)
+        self._success_any = np.zeros(self.num_envs, dtype=bool)
+        self._started = False
+
+    # -- Gymnasium API --------------------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        """Reset every env, or ``options["env_ids"]``; see the module docstring for the hold step."""
+        self._check_open()
+        env_ids = self._env_ids(None if not options else options.get("env_ids"))
+        full = env_ids.size == self.num_envs
+        if seed is None and not self._started and self._seed_base is not None:
+            seed = self._seed_base
+        for i in env_ids.tolist():
+            fallback = (int(seed) + i) if seed is not None else int(self._episode_seed[i]) + (self.num_envs if self._started else 0)
+            self._episode_seed[i] = self._take_seed(i, fallback)
+
+        env = self.isaac_env
+        if not self._started:
+            # sim-evals resets twice: the first render cycle runs before the materials have loaded.
+            self.api.reset(env, seed=seed)
+            self._started = True
+        if full:
+            obs, _ = self.api.reset(env, seed=seed)
+        else:
+            ids = self._torch.as_tensor(env_ids, dtype=self._torch.int64, device=self.device)
+            obs, _ = self.api.reset(env, env_ids=ids)
+        fresh = np.ones(self.num_envs, dtype=bool)
+        if full:
+            obs = self._settle(obs)
+        elif self.settle_steps:
+            fresh[env_ids] = False
+        self._episode_step[env_ids] = 0
+        self._success_any[env_ids] = False
+        state = self._probe.read(env)
+        success = state.success(self.scene.success)
+        self._success_any[env_ids] |= success[env_ids]
+        info = self._info(state, success, np.zeros(self.num_envs, dtype=bool), self._episode_seed.copy(), fresh)
+        return obs, info
+
+    def step(self, action):
+        """Step every env once with ``(N,8)`` actions; done envs are reset inside (same-step autoreset)."""
+        self._check_open()
+        obs, _, terminated, truncated, _ = self.isaac_env.step(self._action_tensor(action))
+        state = self._probe.latest
+        if state is None:  # an Isaac Lab without the termination manager would land here
+            raise RuntimeError("isaac: the task-state probe did not run during step()")
+        self._probe.latest = None
+        success = state.success(self.scene.success)
+        self._episode_step += 1
+        self._success_any |= success
+        time_outs = _to_numpy(truncated).astype(bool).reshape(-1)
+        done = _to_numpy(terminated).astype(bool).reshape(-1) | time_outs
+        fresh = np.ones(self.num_envs, dtype=bool)
+        info = self._info(state, success, time_outs, self._episode_seed.copy(), fresh)
+
+        done_ids = np.flatnonzero(done)
+        if done_ids.size:
+            for i in done_ids.tolist():
+                self._episode_seed[i] = self._take_seed(i, int(self._episode_seed[i]) + self.num_envs)
+            self._episode_step[done_ids] = 0
+            self._success_any[done_ids] = False
+            if done_ids.size == self.num_envs:
+                obs = self._settle(obs)
+            elif self.settle_steps:
+                fresh[done_ids] = False
+        reward = self._torch.as_tensor(success, dtype=self._torch.float32, device=self.device)
+        return obs, reward, terminated, truncated, info
+
+    def close(self):
+        """Close the Isaac env and, unless ``close_app_on_close=False``, the simulator app."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._gym_env.close()
+        finally:
+            launch.release_scene()
+            if self._close_app_on_close:
+                launch.close_app()
+
+    # -- internals ------------------------------------------------------------------------------------
+    def _settle(self, obs):
+        """Hold steps after a reset of every env, then zero Isaac Lab's episode counters."""
+        if not self.settle_steps:
+            return obs
+        for _ in range(self.settle_steps):
+            obs, *_ = self.isaac_env.step(self._hold_action(obs))
+        self.isaac_env.episode_length_buf[:] = 0
+        self._probe.latest = None
+        return obs
+
+    def _hold_action(self, obs):
+        policy = obs[droid.POLICY_GROUP]
+        arm = policy[droid.JOINT_KEY].to(self._torch.float32)
+        gripper = (policy[droid.GRIPPER_KEY] > droid.GRIPPER_CLOSE_THRESHOLD).to(self._torch.float32)
+        return self._torch.cat([arm, gripper.reshape(-1, 1)], dim=1)
+
+    def _action_tensor(self, action):
+        torch = self._torch
+        if isinstance(action, torch.Tensor):
+            tensor = action.detach()
+        else:
+            array = np.asarray(action)
+            if array.dtype == object:
+                raise ValueError(f"action: expected a numeric (N, {droid.ACTION_DIM}) array, got dtype object")
+            tensor = torch.as_tensor(array)
+        if tuple(tensor.shape) != (self.num_envs, droid.ACTION_DIM):
+            raise ValueError(f"action: expected shape ({self.num_envs}, {droid.ACTION_DIM}), got {tuple(tensor.shape)}")
+        tensor = tensor.to(device=self.device, dtype=torch.float32)
+        if not bool(torch.isfinite(tensor).all()):
+            raise ValueError("action: expected finite values, got NaN or inf")
+        return tensor
+
+    def _env_ids(self, env_ids) -> np.ndarray:
+        if env_ids is None:
+            return np.arange(self.num_envs)
+        ids = np.atleast_1d(_to_numpy(env_ids)).astype(np.int64).reshape(-1)
+        if ids.size == 0 or ids.min() < 0 or ids.max() >= self.num_envs or np.unique(ids).size != ids.size:
+            raise ValueError(f"options['env_ids']: expected distinct ids in [0, {self.num_envs}), got {ids.tolist()}")
+        return np.sort(ids)
+
+    def _info(self, state: TaskState, success, time_outs, seeds, fresh) -> dict[str, np.ndarray]:
+        return {
+            "success": success.astype(bool),
+            "success_any_step": self._success_any.copy(),
+            "time_outs": time_outs,
+            "episode_seed": seeds,
+            "episode_step": self._episode_step.copy(),
+            "object_pos": state.object_pos,
+            "container_pos": state.container_pos,
+            "images_fresh": fresh,
+        }
+
+    def _check_open(self):
+        if self._closed:
+            raise RuntimeError("isaac: the env is closed")
+
+
+def _to_numpy(value) -> np.ndarray:
+    if hasattr(value, "detach"):
+        return value.detach().cpu().numpy()
+    return np.asarray(value)

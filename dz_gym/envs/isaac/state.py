@@ -1,0 +1,104 @@
+"""Reading the task state of every env (object, container, gripper) for the DROID success check.
+
+Isaac Lab resets a finished env inside ``step()`` before it returns, so the state an episode ended in is
+gone by the time the caller sees the step's result. :class:`StateProbe` is therefore installed as a
+termination term that never terminates: the termination manager calls it after the physics of every
+step and before the in-step reset, on 2.2 and 3.0 alike, and it keeps a host copy of what the success
+check needs. Positions are made env-local by subtracting ``scene.env_origins``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from dz_gym.envs import droid
+from dz_gym.envs.isaac.compat import IsaacLabApi
+
+# The Robotiq 2F-85 inner finger links of sim-evals' robot USD; their midpoint stands for the tool
+# centre point (the links' origins, a few centimetres above the pads: good enough for the 6 cm
+# release distance of the check).
+DEFAULT_TCP_BODIES = ("left_inner_finger", "right_inner_finger")
+
+
+@dataclass(frozen=True)
+class TaskState:
+    """Env-local positions ``(N,3)`` and the object's speed ``(N,)``, on the host, float64."""
+
+    object_pos: np.ndarray
+    container_pos: np.ndarray
+    tcp_pos: np.ndarray
+    object_speed: np.ndarray
+
+    def success(self, criteria: droid.SuccessCriteria) -> np.ndarray:
+        """The shared DROID placement check, ``(N,)`` bool."""
+        return droid.placement_success(criteria, self.object_pos, self.container_pos, self.object_speed, self.tcp_pos)
+
+
+class StateProbe:
+    """Reads :class:`TaskState` from an Isaac env; ``term`` is its never-terminating termination term."""
+
+    def __init__(self, api: IsaacLabApi, scene: droid.SceneSpec, tcp_bodies: Sequence[str] = DEFAULT_TCP_BODIES):
+        self.api = api
+        self.scene = scene
+        self.tcp_bodies = tuple(tcp_bodies)
+        self.latest: TaskState | None = None
+        self.calls = 0
+        self._tcp_ids: list[int] | None = None
+
+        def term(env):
+            # A plain closure (configclass never deep-copies callables), called by the termination manager.
+            self.latest = self.read(env)
+            self.calls += 1
+            import torch
+
+            return torch.zeros(env.num_envs, dtype=torch.bool, device=env.device)
+
+        self.term = term
+
+    def validate(self, env: Any) -> None:
+        """The scene has the task's entities and the gripper bodies; a clear error names what is missing."""
+        for name in (self.scene.isaac_object, self.scene.isaac_container):
+            self._entity(env, name)
+        self._tcp_body_ids(env)
+
+    def read(self, env: Any) -> TaskState:
+        """The current state of every env, env-local, copied to the host."""
+        origins = self.api.env_origins(env)
+        obj = self._entity(env, self.scene.isaac_object)
+        container = self._entity(env, self.scene.isaac_container)
+        robot = env.scene["robot"]
+        tcp = self.api.body_pos_w(robot)[:, self._tcp_body_ids(env), :].mean(dim=1)
+        speed = self.api.root_lin_vel_w(obj).norm(dim=-1)
+        return TaskState(
+            object_pos=_host(self.api.root_pos_w(obj) - origins),
+            container_pos=_host(self.api.root_pos_w(container) - origins),
+            tcp_pos=_host(tcp - origins),
+            object_speed=_host(speed),
+        )
+
+    def _entity(self, env: Any, name: str):
+        try:
+            return env.scene[name]
+        except KeyError:
+            raise KeyError(
+                f"scene entity {name!r} (scene {self.scene.scene_id}) not found: this sim-evals version does not "
+                f"register the scene's rigid bodies as entities (423e87c..3a6b0e8 do, in set_scene)"
+            ) from None
+
+    def _tcp_body_ids(self, env: Any) -> list[int]:
+        if self._tcp_ids is None:
+            robot = env.scene["robot"]
+            ids, names = robot.find_bodies(list(self.tcp_bodies), preserve_order=True)
+            if len(ids) != len(self.tcp_bodies):
+                raise KeyError(
+                    f"robot bodies {list(self.tcp_bodies)}: expected all in the articulation, found {list(names)}"
+                )
+            self._tcp_ids = list(ids)
+        return self._tcp_ids
+
+
+def _host(tensor) -> np.ndarray:
+    return tensor.detach().to("cpu").double().numpy()
