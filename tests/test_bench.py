@@ -1,0 +1,468 @@
+"""dz-gym-bench: pure parts (metrics, arrivals, payloads, report) and runs against loopback servers.
+
+The load tests assert the *shape* of the numbers with generous margins (ratios, never absolute times):
+with one FIFO worker of 100 ms the throughput stays ~10 req/s at any concurrency while latency grows with
+it; with 8 workers throughput scales with concurrency at flat latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import imageio.v3 as iio
+import numpy as np
+import pytest
+from websockets.asyncio.server import serve
+
+from dz_gym.bench import cli
+from dz_gym.bench.load import LoadSpec, arrival_offsets
+from dz_gym.bench.metrics import RequestRecord, control_budget_s, latency_stats, summarize
+from dz_gym.bench.payloads import PayloadSet, load_views, split_views, synthetic_views
+from dz_gym.bench.report import build_document, format_run, format_sweep
+from dz_gym.envs import droid
+from dz_gym.protocol import packb, unpackb
+from dz_gym.server.launch import start_server_thread
+
+pytestmark = pytest.mark.timeout(120)
+
+RUN_KEYS = ("requests_per_s", "actions_per_s", "latency_ms", "goodput", "errors", "completed", "concurrency")
+LATENCY_KEYS = ("mean", "p50", "p90", "p95", "p99", "max")
+
+
+def bench(*args: str) -> int:
+    return cli.main([str(a) for a in args])
+
+
+def load_json(path) -> dict:
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+# ---------------------------------------------------------------------------------------------- metrics
+def record(latency_ms: float, *, t0: float = 0.0, kind: str | None = None, infer_ms: float | None = None,
+           first: bool = False, session: int = 0) -> RequestRecord:
+    return RequestRecord(
+        session=session, server=0, sent_at=t0, received_at=t0 + latency_ms / 1e3, request_bytes=1000,
+        error_kind=kind, error_message=None if kind is None else f"{kind} happened", first_of_episode=first,
+        infer_ms=infer_ms,
+    )
+
+
+def test_summarize_throughput_latency_goodput_and_errors():
+    records = [record(100.0 * (k + 1), first=(k == 0)) for k in range(8)]  # 100..800 ms
+    records += [record(50.0, kind="ServerError"), record(50.0, kind="ServerError"), record(9.0, kind="RequestTimeout")]
+    metrics = summarize(records, duration_s=2.0, open_loop_horizon=8, sessions=2, client_cpu_s=0.011)
+    assert metrics["completed"] == 8 and metrics["failed"] == 3
+    assert metrics["requests_per_s"] == pytest.approx(4.0)
+    assert metrics["actions_per_s"] == pytest.approx(32.0)
+    assert metrics["control_hz_per_session"] == pytest.approx(16.0)
+    assert metrics["realtime_factor"] == pytest.approx(16.0 / 15.0)
+    assert metrics["latency_ms"]["p50"] == pytest.approx(450.0)
+    assert metrics["latency_ms"]["max"] == pytest.approx(800.0)
+    assert metrics["first_chunk_ms"]["mean"] == pytest.approx(100.0)
+    # 100..500 ms are within 533 ms: 5 of the 11 requests (failed ones are never good).
+    assert metrics["goodput"] == pytest.approx(5 / 11)
+    assert metrics["goodput_budget_ms"] == pytest.approx(8 / 15 * 1e3)
+    assert metrics["errors"] == {"RequestTimeout": 1, "ServerError": 2}
+    assert metrics["error_examples"]["ServerError"] == "ServerError happened"
+    assert metrics["mb_sent"] == pytest.approx(11 * 1000 / 1e6)
+    assert metrics["client_cpu_ms_per_request"] == pytest.approx(1.0)
+    assert metrics["server_infer_ms"] is None and metrics["queue_ms"] is None
+
+
+def test_summarize_queueing_from_server_timing_and_empty_runs():
+    records = [record(120.0, infer_ms=20.0), record(220.0, infer_ms=20.0)]
+    metrics = summarize(records, duration_s=1.0, open_loop_horizon=4, sessions=1)
+    assert metrics["server_infer_ms"]["mean"] == pytest.approx(20.0)
+    assert metrics["queue_ms"]["p50"] == pytest.approx(150.0)
+    assert metrics["goodput_budget_ms"] == pytest.approx(control_budget_s(4) * 1e3)
+    empty = summarize([], duration_s=0.0, open_loop_horizon=8, sessions=1)
+    assert empty["requests_per_s"] == 0.0 and empty["latency_ms"] is None and empty["goodput"] == 0.0
+    assert latency_stats([]) is None
+    with pytest.raises(ValueError, match="open_loop_horizon"):
+        summarize(records, duration_s=1.0, open_loop_horizon=0, sessions=1)
+
+
+# ---------------------------------------------------------------------------------------------- arrivals
+def test_arrival_offsets_constant_and_poisson():
+    constant = arrival_offsets(4.0, "constant")
+    assert [next(constant) for _ in range(4)] == [0.0, 0.25, 0.5, 0.75]
+    gaps = np.diff([t for t, _ in zip(arrival_offsets(10.0, "poisson", seed=3), range(4001))])
+    assert gaps.min() > 0
+    assert gaps.mean() == pytest.approx(0.1, rel=0.1)
+    assert gaps.std() == pytest.approx(0.1, rel=0.15)  # exponential: std == mean
+    again = np.diff([t for t, _ in zip(arrival_offsets(10.0, "poisson", seed=3), range(4001))])
+    assert np.array_equal(gaps, again)
+    with pytest.raises(ValueError, match="request rate"):
+        arrival_offsets(0.0)
+    with pytest.raises(ValueError, match="arrival"):
+        arrival_offsets(1.0, "gamma")
+    with pytest.raises(ValueError, match="num_requests or duration_s"):
+        LoadSpec(sessions=1)
+
+
+# ---------------------------------------------------------------------------------------------- payloads
+def test_payload_set_splices_session_ids_into_a_full_dreamzero_request():
+    views = synthetic_views(3, (180, 320), seed=1)
+    payloads = PayloadSet(views, prompt="put the banana in the bin")
+    assert len(payloads) == 3
+    for k, sid in enumerate(["a", "3f1c2b9e-5f2d-4a7e-9c1e-2b3d4e5f6a7b", "x" * 300]):
+        data = payloads.payload(k, sid)
+        assert len(data) == payloads.size(k, sid)
+        request = unpackb(data)
+        assert request["session_id"] == sid
+        assert request["prompt"] == "put the banana in the bin"
+        assert request["endpoint"] == "infer"
+        for view, camera in zip(views[k], droid.CAMERA_KEYS):
+            image = request[droid.REQUEST_IMAGE_KEYS[camera]]
+            assert image.dtype == np.uint8 and image.shape == (180, 320, 3)
+            assert np.array_equal(image, view)
+        assert request[droid.REQUEST_JOINT_KEY].dtype == np.float64 and request[droid.REQUEST_JOINT_KEY].shape == (7,)
+        assert request[droid.REQUEST_GRIPPER_KEY].shape == (1,)
+        assert np.array_equal(request[droid.REQUEST_CARTESIAN_KEY], np.zeros(6))
+    # About the 519 KB the protocol notes give for one DreamZero request.
+    assert 500_000 < payloads.size(0) < 540_000
+    # Spliced bytes equal a fresh encode of the same request.
+    request = unpackb(payloads.payload(1, "abc"))
+    assert packb(request) == payloads.payload(1, "abc")
+
+
+def test_split_views_strip_order_and_auto_layout():
+    height, third = 180, 320
+    strip = np.zeros((height, 3 * third, 3), dtype=np.uint8)
+    for k in range(3):
+        strip[:, k * third : (k + 1) * third] = 10 * (k + 1)
+    external, external_2, wrist = split_views(strip, (180, 320))
+    # The evaluator's strip is right external | wrist | left external.
+    assert external[0, 0, 0] == 10 and wrist[0, 0, 0] == 20 and external_2[0, 0, 0] == 30
+    single = np.full((720, 1280, 3), 7, dtype=np.uint8)
+    views = split_views(single, (180, 320))
+    assert all(view is single or np.shares_memory(view, single) for view in views)
+    assert len(split_views(strip, (180, 320), "single")) == 3 and split_views(strip, (180, 320), "single")[0].shape == strip.shape
+    with pytest.raises(ValueError, match="uint8"):
+        split_views(strip.astype(np.float32), (180, 320))
+    with pytest.raises(ValueError, match="layout"):
+        split_views(strip, (180, 320), "grid")
+
+
+def write_image_dir(path):
+    """A directory with two png strips (360x1920: three 360x640 views) and a short mp4 of 180x960 strips."""
+    path.mkdir()
+    for k in range(2):
+        strip = np.zeros((360, 1920, 3), dtype=np.uint8)
+        strip[:, :640] = (200, 10 * k, 0)
+        strip[:, 640:1280] = (0, 200, 10 * k)
+        strip[:, 1280:] = (10 * k, 0, 200)
+        iio.imwrite(path / f"frame_{k}.png", strip)
+    frames = np.zeros((6, 176, 960, 3), dtype=np.uint8)
+    frames[:, :, :320] = (250, 0, 0)
+    frames[:, :, 320:640] = (0, 250, 0)
+    frames[:, :, 640:] = (0, 0, 250)
+    iio.imwrite(path / "video.mp4", frames, fps=15)
+    return path
+
+
+def test_load_views_splits_strips_from_frames_and_videos(tmp_path):
+    directory = write_image_dir(tmp_path / "frames")
+    triples = load_views(directory, (180, 320), max_frames=8)
+    assert len(triples) == 8
+    for external, external_2, wrist in triples:
+        for view in (external, external_2, wrist):
+            assert view.shape == (180, 320, 3) and view.dtype == np.uint8
+        # Colours survive resizing and video compression: right view red, wrist green, left view blue.
+        centre = (slice(80, 100), slice(150, 170))
+        assert external[centre].mean(axis=(0, 1)).argmax() == 0
+        assert wrist[centre].mean(axis=(0, 1)).argmax() == 1
+        assert external_2[centre].mean(axis=(0, 1)).argmax() == 2
+    with pytest.raises(ValueError, match="no .png"):
+        (tmp_path / "empty").mkdir()
+        load_views(tmp_path / "empty", (180, 320))
+    with pytest.raises(ValueError, match="expected a directory"):
+        load_views(tmp_path / "missing", (180, 320))
+
+
+# ---------------------------------------------------------------------------------------------- report
+def fake_run(concurrency: int, rate: float) -> dict:
+    records = [record(100.0 * concurrency, t0=k / rate) for k in range(10)]
+    run = summarize(records, duration_s=10 / rate, open_loop_horizon=8, sessions=concurrency)
+    run.update(mode="concurrency", concurrency=concurrency, request_rate=None, arrival=None, reconnects=0,
+               warmup_completed=concurrency, warmup_errors=0, per_server=[])
+    return run
+
+
+def test_sweep_table_is_fixed_width_and_document_has_stable_keys():
+    runs = [fake_run(1, 10.0), fake_run(2, 19.0), fake_run(16, 150.0)]
+    table = format_sweep(runs).splitlines()
+    assert len({len(line) for line in table}) == 1
+    assert table[0].split()[:3] == ["C", "req/s", "actions/s"]
+    assert table[-1].split()[0] == "16" and table[-1].split()[4] == "15.00"  # speedup vs the first run
+    result = {"servers": [{"url": "ws://127.0.0.1:1", "metadata": {"image_resolution": np.array([180, 320])}}],
+              "payload": {}, "runs": runs}
+    single = build_document(result, argv=["--server", "ws://127.0.0.1:1"], sweep=False)
+    for key in RUN_KEYS + ("command", "servers", "versions"):
+        assert key in single
+    assert single["servers"][0]["metadata"]["image_resolution"] == [180, 320]
+    json.dumps(single, allow_nan=False)
+    sweep = build_document(result, argv=[], sweep=True)
+    assert [run["concurrency"] for run in sweep["runs"]] == [1, 2, 16]
+    assert "requests_per_s" not in sweep and "versions" in sweep
+    assert "closed loop, concurrency 1" in format_run(runs[0])
+
+
+# ---------------------------------------------------------------------------------------------- flags
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],
+        ["--server", "http://127.0.0.1:1"],
+        ["--server", "ws://127.0.0.1:1", "--concurrency", "0"],
+        ["--server", "ws://127.0.0.1:1", "--sweep", "1,two"],
+        ["--server", "ws://127.0.0.1:1", "--sweep", "1,2", "--concurrency", "2"],
+        ["--server", "ws://127.0.0.1:1", "--request-rate", "-1"],
+        ["--server", "ws://127.0.0.1:1", "--concurrency", "2", "--request-rate", "3"],
+        ["--server", "ws://127.0.0.1:1", "--plot", "x.png"],
+        ["--server", "ws://127.0.0.1:1", "--arrival", "constant"],
+        ["--server", "ws://127.0.0.1:1", "--duration", "nan"],
+        ["--server", "ws://127.0.0.1:1", "--arrival", "bursty", "--request-rate", "1"],
+    ],
+)
+def test_bad_flags_exit_2(args, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(args)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("dz-gym-bench: error:")
+
+
+def test_console_script_bad_flag_exit_code():
+    proc = subprocess.run(
+        [sys.executable, "-m", "dz_gym.bench", "--server", "ws://127.0.0.1:1", "--num-requests", "0"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 2 and "--num-requests" in proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------- shapes
+def test_single_fifo_worker_throughput_is_flat_and_latency_grows(tmp_path):
+    out, plot = tmp_path / "sweep.json", tmp_path / "sweep.png"
+    with start_server_thread("hold", latency_ms=100, workers=1) as server:
+        rc = bench("--server", server.url, "--sweep", "1,2,4", "--num-requests", 12, "--json", out, "--plot", plot)
+    assert rc == 0
+    doc = load_json(out)
+    runs = {run["concurrency"]: run for run in doc["runs"]}
+    assert sorted(runs) == [1, 2, 4]
+    for run in runs.values():
+        assert run["completed"] == 12 and run["failed"] == 0 and run["errors"] == {}
+        for key in RUN_KEYS:
+            assert key in run
+        assert set(LATENCY_KEYS) <= set(run["latency_ms"])
+    rate = {c: runs[c]["requests_per_s"] for c in runs}
+    p50 = {c: runs[c]["latency_ms"]["p50"] for c in runs}
+    # One worker at 100 ms: ~10 req/s whatever the concurrency ...
+    assert 0.75 < rate[4] / rate[1] < 1.35 and 0.75 < rate[2] / rate[1] < 1.35
+    # ... so requests queue: latency ~ concurrency x 100 ms (FIFO).
+    assert p50[2] / p50[1] > 1.6 and p50[4] / p50[1] > 3.0
+    # At C=4 every chunk waits ~400 ms, inside the 533 ms budget; at C=1 the session far outruns 15 Hz.
+    assert runs[1]["realtime_factor"] > 2 * runs[4]["realtime_factor"]
+    assert doc["servers"][0]["health"]["path"] == "/health"
+    assert doc["payload"]["request_bytes"] > 500_000
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_eight_workers_scale_throughput_with_concurrency(tmp_path):
+    out = tmp_path / "sweep.json"
+    with start_server_thread("hold", latency_ms=100, workers=8) as server:
+        rc = bench("--server", server.url, "--sweep", "1,8", "--duration", 1.5, "--json", out, "--quiet")
+    assert rc == 0
+    runs = {run["concurrency"]: run for run in load_json(out)["runs"]}
+    assert runs[8]["requests_per_s"] / runs[1]["requests_per_s"] > 4.5
+    assert runs[8]["latency_ms"]["p50"] / runs[1]["latency_ms"]["p50"] < 2.0
+    assert runs[8]["failed"] == 0
+
+
+def test_open_loop_rate_and_saturation(tmp_path):
+    out = tmp_path / "open.json"
+    with start_server_thread("hold", latency_ms=50, workers=1) as server:
+        rc = bench("--server", server.url, "--request-rate", 40, "--arrival", "constant", "--max-outstanding", 2,
+                   "--num-requests", 16, "--json", out, "--quiet")
+    assert rc == 0
+    run = load_json(out)
+    assert run["mode"] == "request-rate" and run["concurrency"] == 2 and run["completed"] == 16
+    # The server serves ~20 req/s: the 40 req/s schedule falls behind and the lag shows it.
+    assert run["requests_per_s"] < 0.75 * 40
+    assert run["schedule_lag_ms"]["max"] > 100
+
+
+# ---------------------------------------------------------------------------------------------- servers
+@pytest.mark.parametrize("flavor", ["vllm-omni", "dreamzero", "openpi"])
+def test_every_reference_flavor(flavor, tmp_path):
+    out = tmp_path / "run.json"
+    with start_server_thread("hold", flavor=flavor, latency_ms=5) as server:
+        rc = bench("--server", server.url, "--concurrency", 2, "--num-requests", 10, "--episode-length", 3,
+                   "--json", out)
+    assert rc == 0
+    run = load_json(out)
+    assert run["completed"] == 10 and run["failed"] == 0 and run["concurrency"] == 2
+    # Episodes of 3 requests over 2 sessions: each session's first request and every third after it.
+    assert run["first_chunk_ms"] is not None
+    if flavor == "openpi":
+        assert run["server_infer_ms"]["mean"] >= 4.0
+        assert run["queue_ms"] is not None
+        assert run["servers"][0]["health"]["path"] == "/healthz"
+    else:
+        assert run["server_infer_ms"] is None
+
+
+class DictPolicy:
+    """A small openpi policy: a dict with ``actions`` and an extra field, as openpi policies return."""
+
+    def infer(self, obs: dict) -> dict:
+        joints = np.asarray(obs["observation/joint_position"], dtype=np.float32)
+        actions = np.zeros((24, 8), dtype=np.float32)
+        actions[:, :7] = joints
+        return {"actions": actions, "policy_timing": {"infer_ms": 0.1}}
+
+    def reset(self) -> None:
+        pass
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_in_thread(coro_factory):
+    """Run ``coro_factory()`` on a fresh loop in a daemon thread; returns (loop, task, thread)."""
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(coro_factory())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    return loop, task, thread
+
+
+def stop_thread(loop, task, thread):
+    async def cancel():
+        task.cancel()
+        await asyncio.wait([task], timeout=5)
+
+    asyncio.run_coroutine_threadsafe(cancel(), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+
+
+def test_pypi_openpi_server(tmp_path):
+    openpi_server = pytest.importorskip("openpi_server")
+    port = free_port()
+    server = openpi_server.WebsocketPolicyServer(DictPolicy(), host="127.0.0.1", port=port, metadata={})
+    handles = run_in_thread(server.run)
+    out = tmp_path / "openpi.json"
+    try:
+        rc = bench("--server", f"ws://127.0.0.1:{port}", "--concurrency", 2, "--num-requests", 8,
+                   "--ready-timeout", 20, "--json", out)
+    finally:
+        stop_thread(*handles)
+    assert rc == 0
+    run = load_json(out)
+    assert run["completed"] == 8 and run["failed"] == 0
+    assert run["server_infer_ms"] is not None and run["queue_ms"] is not None
+    assert run["servers"][0]["health"] == {"path": "/healthz", "status": 200, "body": "OK"}
+    # Empty metadata: the payloads use DreamZero's default 180x320.
+    assert run["servers"][0]["image_resolution"] == [180, 320]
+
+
+def test_image_directory_input(tmp_path):
+    directory = write_image_dir(tmp_path / "frames")
+    out = tmp_path / "images.json"
+    with start_server_thread("hold", latency_ms=1) as server:
+        rc = bench("--server", server.url, "--concurrency", 2, "--num-requests", 6, "--images", directory,
+                   "--max-frames", 4, "--json", out)
+    assert rc == 0
+    run = load_json(out)
+    assert run["completed"] == 6 and run["payload"]["templates"] == 4 and run["payload"]["source"] == str(directory)
+    assert bench("--server", "ws://127.0.0.1:1", "--images", tmp_path / "nowhere", "--ready-timeout", 0.2) == 1
+
+
+@pytest.mark.parametrize("flavor,closes", [("vllm-omni", False), ("dreamzero", True)])
+def test_errors_by_kind_with_fail_every(flavor, closes, tmp_path):
+    out = tmp_path / "faults.json"
+    with start_server_thread("hold", flavor=flavor, fail_every=4) as server:
+        rc = bench("--server", server.url, "--concurrency", 1, "--num-requests", 12, "--warmup", 0, "--json", out)
+    assert rc == 0
+    run = load_json(out)
+    assert run["errors"] == {"ServerError": 3}
+    assert run["completed"] == 9 and run["failed"] == 3
+    # vLLM-Omni hides the cause ("Internal inference error"); DreamZero sends its traceback.
+    assert ("internal inference error" if flavor == "vllm-omni" else "injected") in run["error_examples"]["ServerError"].lower()
+    assert run["goodput"] == pytest.approx(9 / 12)
+    # DreamZero-style servers close the connection after an error: the bench reconnects (a new episode)
+    # before the next request, i.e. after the 4th and the 8th (the 12th is the last request).
+    assert run["reconnects"] == (2 if closes else 0)
+
+
+# ---------------------------------------------------------------------------------------------- bounds
+def test_dead_server_is_a_clear_bounded_error(capsys):
+    start = time.perf_counter()
+    rc = bench("--server", f"ws://127.0.0.1:{free_port()}", "--ready-timeout", 1, "--num-requests", 5)
+    assert rc == 1
+    assert time.perf_counter() - start < 15
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("dz-gym-bench: error: server at ws://127.0.0.1:")
+    assert "not ready within 1 s" in err[0]
+
+
+def test_server_that_dies_mid_run_ends_the_run(capsys):
+    server = start_server_thread("hold", latency_ms=20)
+    timer = threading.Timer(0.8, server.stop)
+    timer.start()
+    start = time.perf_counter()
+    try:
+        rc = bench("--server", server.url, "--concurrency", 2, "--duration", 30)
+    finally:
+        timer.join()
+        server.stop()
+    assert rc == 1
+    assert time.perf_counter() - start < 20
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unreachable" in err[0]
+
+
+def test_server_that_never_replies_is_bounded(capsys):
+    metadata = packb({"image_resolution": [180, 320]})
+
+    async def silent(ws):
+        await ws.send(metadata)
+        async for _ in ws:  # swallow requests, never answer
+            pass
+
+    async def main_server(port):
+        async with serve(silent, "127.0.0.1", port, max_size=None, compression=None) as srv:
+            await srv.serve_forever()
+
+    port = free_port()
+    handles = run_in_thread(lambda: main_server(port))
+    start = time.perf_counter()
+    try:
+        rc = bench("--server", f"ws://127.0.0.1:{port}", "--concurrency", 2, "--num-requests", 50,
+                   "--ready-timeout", 10, "--request-timeout", 0.5, "--max-consecutive-errors", 2)
+    finally:
+        stop_thread(*handles)
+    assert rc == 1
+    assert time.perf_counter() - start < 20
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "failed in a row" in err[0] and "RequestTimeout" in err[0]
+
+
+def test_overall_timeout_ends_a_long_run(capsys):
+    with start_server_thread("hold", latency_ms=50) as server:
+        start = time.perf_counter()
+        rc = bench("--server", server.url, "--duration", 60, "--timeout", 1.0)
+        elapsed = time.perf_counter() - start
+    assert rc == 1 and elapsed < 15
+    assert "--timeout 1 s" in capsys.readouterr().err
