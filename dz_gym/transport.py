@@ -838,9 +838,12 @@ async def _run_batch(
     tasks = {asyncio.ensure_future(_run_outcome(session, i, payload)): i for session, i, payload in jobs}
     done, pending = await asyncio.wait(tasks, timeout=bound)
     outcomes = {tasks[task]: task.result() for task in done}
-    now = time.perf_counter()
     for task in pending:
         task.cancel()
+    if pending:  # let the cancelled requests drop their connections before the caller looks
+        await asyncio.wait(pending, timeout=_CANCEL_GRACE_S)
+    now = time.perf_counter()
+    for task in pending:
         i = tasks[task]
         outcomes[i] = Outcome(i, None, RequestTimeout(f"session {i}: request did not finish within {bound:g} s"), now, now)
     return outcomes

@@ -276,3 +276,16 @@ def test_server_process_killed_mid_request_gives_connection_lost(flavor):
                 pool.reconnect(0)  # nothing listens any more: retries, then gives up
     finally:
         server.stop(5)
+
+
+def test_batch_fence_reports_a_stuck_request_as_timeout_and_keeps_the_others():
+    """infer_many's second fence (past request_timeout) turns a stuck session into a timeout outcome."""
+    config = TransportConfig(open_timeout=1, request_timeout=30, close_timeout=0.5)
+    with ServerThread(silent_after_handshake) as silent, ServerThread(good()) as ok:
+        with SessionPool([ok.url, silent.url], 2, config) as pool:
+            pool.connect()
+            jobs = [(pool.session(i), i, packed(REQUEST)) for i in range(2)]
+            outcomes = pool.loop.run(transport._run_batch(jobs, 0.3), 10)
+            assert outcomes[0].ok
+            assert isinstance(outcomes[1].error, RequestTimeout) and outcomes[1].reply is None
+            assert not pool.is_connected(1)  # the cancelled request dropped its connection

@@ -538,3 +538,15 @@ def test_reference_server_workers_overlap_concurrent_sessions():
 
     one_worker, eight_workers = batch_seconds(1), batch_seconds(8)
     assert one_worker >= 3 * eight_workers
+
+
+def test_forgotten_pool_is_closed_when_collected():
+    import gc
+
+    with ServerThread(good()) as server:
+        pool = SessionPool(server.url, 2, FAST)
+        pool.connect()
+        loop = pool.loop
+        del pool
+        gc.collect()
+        assert loop.closed
