@@ -265,8 +265,8 @@ class SceneRunner:
                 finished.append((i, str(errors[i]), None if events[i] is None else str(events[i]), "error"))
             elif done[i]:
                 finished.append((i, None, None, "terminated" if to_numpy(terminated).reshape(-1)[i] else "time_limit"))
-            elif ep.steps >= self.max_steps:
-                finished.append((i, None, None, "max_steps"))
+            elif ep.steps >= self.max_steps:  # the env's own limit is longer: end it here
+                finished.append((i, None, None, "time_limit"))
         if self.progress is not None:
             self.progress.steps(len(active), last_latency)
 

@@ -1,0 +1,186 @@
+"""Fast tests of the evaluator's episode accounting, faults, stop and resume (deterministic fake env, real
+reference server over loopback)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dz_gym.envs import droid
+from dz_gym.eval import results
+from dz_gym.eval.config import EvalConfig
+from dz_gym.eval.evaluate import evaluate
+from dz_gym.eval.rundir import RunDir
+from dz_gym.eval.runner import RunControl, slot_queues
+from dz_gym.server.launch import start_server_thread
+from dz_gym.server.policies import HoldPolicy
+from eval_fakes import FakeDroidEnv, expected_success
+
+PATH = "/v1/realtime/robot/openpi"
+VOLATILE = {"env", "session_id", "server", "started_at", "wall_s", "latency_ms", "latencies_ms"}
+
+
+def stable(rows):
+    """Rows without the fields that legitimately differ between runs (slot, session, timing)."""
+    return sorted(({k: v for k, v in r.items() if k not in VOLATILE} for r in rows), key=lambda r: (r["scene"], r["episode"]))
+
+
+class FailOnSeedPolicy(HoldPolicy):
+    """Hold, but raise on requests of the episode whose first joint equals ``joint0`` (one seed of the fake)."""
+
+    def __init__(self, joint0: float):
+        super().__init__()
+        self.joint0 = joint0
+        self.calls = 0
+
+    def infer(self, request, *, session_id, new_session):
+        self.calls += 1
+        if abs(float(request["observation/joint_position"][0]) - self.joint0) < 1e-6:
+            raise RuntimeError("injected failure for this episode")
+        return super().infer(request, session_id=session_id, new_session=new_session)
+
+
+def fake_joint0(seed: int) -> float:
+    env = FakeDroidEnv(1)
+    env._reset_one(0, seed)
+    return float(env.joints[0, 0])
+
+
+@pytest.fixture(scope="module")
+def hold_server():
+    with start_server_thread("hold") as server:
+        yield server.url + PATH
+
+
+def run(tmp_path, servers, *, num_envs, episodes, max_steps=10, env_length=None, seed=0, control=None, video=False, scenes=(1,), run_dir=None):
+    config = EvalConfig(scenes=list(scenes), episodes=episodes, num_envs=num_envs, seed=seed, max_steps=max_steps, video=video)
+    run_dir = run_dir or RunDir.create(tmp_path, config)
+    made = []
+
+    def factory(scene, cfg):
+        env = FakeDroidEnv(cfg.num_envs, scene=scene, max_episode_length=env_length or cfg.max_steps)
+        made.append(env)
+        return env
+
+    summary = evaluate(config, run_dir, servers, env_factory=factory, control=control, progress=False)
+    return summary, run_dir, made
+
+
+def test_slot_queues_are_fixed_quotas():
+    queues = slot_queues(range(7), 3)
+    assert [list(q) for q in queues] == [[0, 3, 6], [1, 4], [2, 5]]
+    assert [list(q) for q in slot_queues([4, 1, 6], 4)] == [[4], [1], [6], []]
+
+
+def test_rows_do_not_depend_on_num_envs(tmp_path, hold_server):
+    runs = {}
+    for n in (1, 2, 3):
+        summary, run_dir, _ = run(tmp_path / str(n), [hold_server], num_envs=n, episodes=5, max_steps=6)
+        rows = run_dir.read_rows()
+        assert len(rows) == 5 and summary["complete"]
+        assert {r["env"] for r in rows} == set(range(min(n, 5)))
+        assert all(r["env"] == r["episode"] % n for r in rows)
+        runs[n] = stable(rows)
+    assert runs[1] == runs[2] == runs[3]
+    for row in runs[1]:
+        assert row["seed"] == row["episode"] == row["env_seed"]
+        assert (row["success_at_end"], row["success_any_step"]) == expected_success(row["seed"], 6)
+        assert row["server_calls"] == 1  # steps 0..5 use one chunk (open-loop horizon 8)
+
+
+def test_sessions_seeds_and_steps(tmp_path, hold_server):
+    summary, run_dir, _ = run(tmp_path, [hold_server], num_envs=2, episodes=5, max_steps=17, seed=100)
+    rows = sorted(run_dir.read_rows(), key=lambda r: r["episode"])
+    assert [r["seed"] for r in rows] == list(range(100, 105))
+    assert len({r["session_id"] for r in rows}) == 5
+    assert all(r["steps"] == 17 and r["server_calls"] == 3 and r["error"] is None for r in rows)
+    # The summary is recomputable from the rows.
+    again = results.summarize(rows, planned={1: 5})
+    for key in ("1", "overall"):
+        for field in ("episodes", "errored", "success_at_end", "success_any_step", "server_calls", "env_steps"):
+            assert summary[key][field] == again[key][field]
+    data = np.load(run_dir.path / rows[0]["trajectory"])
+    assert data["actions"].shape == (17, droid.ACTION_DIM)
+    assert data["joint_pos"].shape == (17, droid.ARM_DOF)
+    assert data["policy_called"].nonzero()[0].tolist() == [0, 8, 16]
+    assert np.isfinite(data["chunk_latency_ms"][[0, 8, 16]]).all()
+
+
+def test_idle_slots_send_no_requests(tmp_path):
+    with start_server_thread("hold") as server:
+        summary, run_dir, _ = run(tmp_path, [server.url + PATH], num_envs=4, episodes=5, max_steps=9)
+        requests = server.stats().inferences
+    rows = run_dir.read_rows()
+    # 5 episodes x 2 chunks; the three slots idle during the second round send nothing.
+    assert sum(r["server_calls"] for r in rows) == 10 == requests
+
+
+def test_max_steps_shorter_than_the_env_uses_partial_resets(tmp_path, hold_server):
+    summary, run_dir, made = run(tmp_path, [hold_server], num_envs=2, episodes=4, max_steps=5, env_length=50)
+    rows = run_dir.read_rows()
+    assert [r["steps"] for r in rows] == [5] * 4
+    assert all(r["ended_by"] == "time_limit" for r in rows)
+    assert made[0].partial_resets == [[0, 1]]  # both slots moved on to their second episode together
+    assert stable(rows) == stable(run(tmp_path / "b", [hold_server], num_envs=1, episodes=4, max_steps=5)[1].read_rows())
+
+
+@pytest.mark.parametrize("flavor", ["vllm-omni", "dreamzero"])
+def test_server_error_ends_only_that_episode(tmp_path, flavor):
+    policy = FailOnSeedPolicy(fake_joint0(3))
+    with start_server_thread(policy, flavor=flavor) as server:
+        summary, run_dir, _ = run(tmp_path, [server.url + PATH], num_envs=2, episodes=6, max_steps=12)
+    rows = sorted(run_dir.read_rows(), key=lambda r: r["episode"])
+    assert [r["episode"] for r in rows] == list(range(6))
+    bad = [r for r in rows if r["error"] is not None]
+    assert [r["seed"] for r in bad] == [3]
+    assert bad[0]["error_step"] == 1 and bad[0]["steps"] == 1
+    assert bad[0]["error_event"] == "server_error"
+    assert bad[0]["success_at_end"] is None and bad[0]["success_any_step"] is None
+    assert "injected failure" in bad[0]["error"] or "Internal inference error" in bad[0]["error"]
+    good = [r for r in rows if r["error"] is None]
+    assert all(r["steps"] == 12 for r in good)
+    assert len({r["session_id"] for r in rows}) == 6
+    assert summary["overall"]["errored"] == 1 and summary["overall"]["success_at_end"]["n"] == 5
+
+
+def test_max_errors_aborts_cleanly(tmp_path):
+    policy = FailOnSeedPolicy(fake_joint0(0))
+    control = RunControl(error_budget=0)
+    with start_server_thread(policy) as server:
+        summary, run_dir, _ = run(tmp_path, [server.url + PATH], num_envs=2, episodes=6, max_steps=4, control=control)
+    rows = run_dir.read_rows()
+    assert summary["aborted"] and "max-errors" in summary["aborted"]
+    assert summary["interrupted"] is False and summary["complete"] is False
+    assert [r["seed"] for r in rows if r["error"]] == [0]
+    assert len(rows) < 6
+
+
+def test_injected_stop_then_resume_equals_an_uninterrupted_run(tmp_path, hold_server):
+    full = stable(run(tmp_path / "full", [hold_server], num_envs=3, episodes=7, max_steps=9, seed=5)[1].read_rows())
+
+    control = RunControl()
+    control.on_row = lambda row: control.stop.set() if control.rows_written >= 2 else None
+    summary, run_dir, _ = run(tmp_path / "cut", [hold_server], num_envs=3, episodes=7, max_steps=9, seed=5, control=control)
+    assert summary["interrupted"] is True and summary["complete"] is False
+    partial = run_dir.read_rows()
+    assert 2 <= len(partial) < 7
+    # Resume with another num_envs: only the missing episodes run, with the same seeds.
+    summary, _, _ = run(tmp_path, [hold_server], num_envs=2, episodes=7, max_steps=9, seed=5, run_dir=run_dir)
+    rows = run_dir.read_rows()
+    assert summary["complete"] and not summary["interrupted"]
+    assert len(rows) == 7 and len({(r["scene"], r["episode"]) for r in rows}) == 7
+    assert stable(rows) == full
+    assert len(summary["segments"]) == 2
+
+
+def test_videos_have_one_frame_per_step(tmp_path, hold_server):
+    import imageio.v2 as imageio
+
+    summary, run_dir, _ = run(tmp_path, [hold_server], num_envs=2, episodes=3, max_steps=7, video=True)
+    for row in run_dir.read_rows():
+        reader = imageio.get_reader(run_dir.path / row["video"])
+        frames = [frame for frame in reader]
+        reader.close()
+        assert len(frames) == row["steps"] == 7
+        assert frames[0].shape == (180, 960, 3)
+    assert summary["video_errors"] == {}
