@@ -20,6 +20,7 @@ Decoded arrays are read-only views of the message buffer; copy before writing in
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -144,7 +145,9 @@ def _text(value: Any, field: str) -> str:
 def _parse_dtype(value: Any, field: str = "dtype") -> np.dtype:
     text = _text(value, field)
     try:
-        dtype = np.dtype(text)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # deprecated aliases ('a') are refused, not warned about
+            dtype = np.dtype(text)
     except Exception:
         raise ProtocolError(f"array marker {field}: {text!r} is not a numpy dtype") from None
     if dtype.kind not in SUPPORTED_DTYPE_KINDS or dtype.fields is not None or dtype.subdtype is not None:
@@ -274,12 +277,16 @@ def _make_object_hook(max_array_bytes: int | None):
                         pass  # the general path words the error
                 return _array_from(data, layout[0], layout[1], max_array_bytes)
             return _decode_marker(obj, max_array_bytes)
-        for key in _MARKER_KEYS:
-            if key in obj:
-                return _decode_marker(obj, max_array_bytes)
+        if len(obj) <= 8:  # markers have at most 5 fields; big maps (requests) are not markers
+            for key in _MARKER_KEYS:
+                if key in obj:
+                    return _decode_marker(obj, max_array_bytes)
         return obj
 
     return hook
+
+
+_DEFAULT_HOOK = _make_object_hook(None)
 
 
 def _refuse_ext(code: int, data: bytes) -> Any:
@@ -287,6 +294,12 @@ def _refuse_ext(code: int, data: bytes) -> Any:
 
 
 def _check_depth(obj: Any, max_depth: int) -> None:
+    if type(obj) is dict and max_depth >= 2:  # fast path: a flat request map
+        for value in obj.values():
+            if type(value) is dict or type(value) is list:
+                break
+        else:
+            return
     stack = [(obj, 1)]
     while stack:
         node, depth = stack.pop()
@@ -318,7 +331,7 @@ def unpackb(
     """
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise ProtocolError(f"message: expected a binary frame (bytes), got {type(data).__name__}")
-    size = memoryview(data).nbytes
+    size = len(data) if type(data) is bytes else memoryview(data).nbytes
     if size == 0:
         raise ProtocolError("message: empty frame")
     if max_bytes is not None and size > max_bytes:
@@ -326,7 +339,7 @@ def unpackb(
     try:
         obj = msgpack.unpackb(
             data,
-            object_hook=_make_object_hook(max_array_bytes),
+            object_hook=_DEFAULT_HOOK if max_array_bytes is None else _make_object_hook(max_array_bytes),
             raw=False,
             strict_map_key=True,
             use_list=True,

@@ -138,6 +138,8 @@ class ServerProcess:
                 self.proc.wait(5)
         self._reader.join(5)
         self._drain()
+        if self.proc.stdout is not None and not self._reader.is_alive():
+            self.proc.stdout.close()
         if self._log is not None:
             self._final_log = self.log_text()
             self._log.close()
@@ -216,6 +218,9 @@ def start_server_process(
     deadline = time.monotonic() + timeout
 
     def failure(why: str) -> RuntimeError:
+        reader.join(5)
+        if proc.stdout is not None and not reader.is_alive():
+            proc.stdout.close()
         err = ""
         if log is not None:
             log.seek(0)
