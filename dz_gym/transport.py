@@ -482,15 +482,11 @@ class LoopThread:
     def __init__(self, name: str = "dz-gym-transport"):
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        # The thread must not reference ``self``, so a forgotten LoopThread can be collected (and stopped).
+        self._thread = threading.Thread(target=_run_loop, args=(self._loop, self._ready), name=name, daemon=True)
         self._thread.start()
         self._ready.wait()
         self._finalizer = weakref.finalize(self, _stop_loop, self._loop, self._thread)
-
-    def _main(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._loop.call_soon(self._ready.set)
-        self._loop.run_forever()
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -537,6 +533,12 @@ class LoopThread:
 
 
 _CANCEL_GRACE_S = 2.0
+
+
+def _run_loop(loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
+    asyncio.set_event_loop(loop)
+    loop.call_soon(ready.set)
+    loop.run_forever()
 
 
 async def _signal_when_done(coro: Coroutine[Any, Any, _T], finished: threading.Event) -> _T:

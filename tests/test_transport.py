@@ -550,3 +550,14 @@ def test_forgotten_pool_is_closed_when_collected():
         del pool
         gc.collect()
         assert loop.closed
+
+
+def test_forgotten_loop_thread_stops_when_collected():
+    import gc
+
+    loop = LoopThread()
+    thread = loop._thread
+    del loop
+    gc.collect()
+    thread.join(10)
+    assert not thread.is_alive()
