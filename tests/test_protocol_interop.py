@@ -77,3 +77,64 @@ def test_both_refuse_complex():
         msgpack_numpy.packb(np.zeros(2, complex))
     with pytest.raises(ProtocolError):
         packb(np.zeros(2, complex))
+
+
+# ------------------------------------------------------------------------------------------- openpi-server
+class _DummyPolicy:
+    """An openpi-style policy: dict in, dict out; raises when asked to."""
+
+    def infer(self, obs):
+        if obs.get("boom"):
+            raise ValueError("dummy policy failure")
+        return {"actions": np.full((10, 8), 0.5, np.float32)}
+
+    def reset(self):
+        pass
+
+
+def test_our_parsers_read_the_real_openpi_server():
+    """openpi-server's own handler (served on a free loopback port): metadata, dict replies, fatal errors."""
+    import asyncio
+    import threading
+
+    server_mod = pytest.importorskip("openpi_server.websocket_policy_server")
+    from websockets.asyncio.server import serve
+    from websockets.exceptions import ConnectionClosedError
+    from websockets.sync.client import connect
+
+    from dz_gym.errors import ServerError
+    from dz_gym.protocol import parse_metadata
+
+    policy_server = server_mod.WebsocketPolicyServer(_DummyPolicy(), host="127.0.0.1", port=0, metadata={"m": 1})
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    async def start():
+        return await serve(policy_server._handler, "127.0.0.1", 0, compression=None, max_size=None,
+                           process_request=server_mod._health_check)
+
+    server = asyncio.run_coroutine_threadsafe(start(), loop).result(10)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        with connect(f"ws://127.0.0.1:{port}", max_size=None, open_timeout=10) as ws:
+            assert parse_metadata(ws.recv(10)).raw == {"m": 1}
+            ws.send(packb(_request()))
+            reply = parse_infer_response(ws.recv(10), horizon=10)
+            assert np.all(reply.actions == 0.5) and "infer_ms" in reply.server_timing
+            ws.send(packb({**_request(), "boom": True}))
+            with pytest.raises(ServerError) as info:
+                parse_infer_response(ws.recv(10))
+            assert info.value.fatal and "dummy policy failure" in str(info.value)
+            with pytest.raises(ConnectionClosedError) as closed:
+                ws.recv(10)
+            assert closed.value.rcvd.code == 1011
+    finally:
+        async def stop():
+            server.close()
+            await server.wait_closed()
+
+        asyncio.run_coroutine_threadsafe(stop(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()

@@ -380,3 +380,26 @@ def test_sigint_also_stops_the_subprocess():
     assert server.proc.wait(20) == 0
     server.stop()
     assert server.summary()["requests"] == "0"
+
+
+# ------------------------------------------------------------------------------------------- openpi-client
+@pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning")
+@pytest.mark.parametrize("flavor", ["vllm-omni", "openpi", "dreamzero"])
+def test_the_pypi_openpi_client_talks_to_every_flavor(flavor):
+    client_mod = pytest.importorskip("openpi_client.websocket_client_policy")
+    with start_server_thread("hold", flavor=flavor) as server:
+        policy = client_mod.WebsocketClientPolicy(server.url + "/v1/realtime/robot/openpi")
+        try:
+            assert policy.get_server_metadata() == DREAMZERO_METADATA
+            obs = _request(session_id="s", endpoint=None)  # openpi-client never sends an endpoint
+            if flavor == "dreamzero":
+                with pytest.raises(RuntimeError, match="KeyError: 'endpoint'"):
+                    policy.infer(obs)  # DreamZero requires it: traceback text, then 1011
+                return
+            result = policy.infer(obs)
+            actions = result["actions"] if flavor == "openpi" else result
+            assert actions.shape == (24, 8) and np.all(actions[:, :7] == np.arange(7))
+            if flavor == "openpi":
+                assert "infer_ms" in result["server_timing"]
+        finally:
+            policy._ws.close()

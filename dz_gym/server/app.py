@@ -173,7 +173,7 @@ class PolicyServer:
             return
         self._stopping = True
         if self._server is not None:
-            self._server.close(close_connections=True)
+            self._server.close()  # closes open connections too (1001)
         await asyncio.get_running_loop().run_in_executor(None, self.engine.stop, timeout)
         if self._server is not None:
             try:
