@@ -218,7 +218,10 @@ def _closed_error(exc: ConnectionClosed, url: str, during: str) -> DzGymError:
     close = exc.rcvd if exc.rcvd is not None else exc.sent
     code = close.code if close is not None else 1006
     reason = close.reason if close is not None else ""
-    side = "server" if exc.rcvd is not None else "client" if exc.sent is not None else "network"
+    if exc.rcvd is not None and (exc.sent is None or exc.rcvd_then_sent):
+        side = "server"
+    else:
+        side = "client" if exc.sent is not None else "network"
     text = f"connection to {url} closed during {during} (code {code}, by {side}"
     text += f": {reason})" if reason else ")"
     return ConnectionLost(text, code=code, reason=reason)
@@ -359,9 +362,11 @@ class AsyncSession:
         return ConnectionLost(f"cannot connect to {self._url} after {attempts} attempt(s): {exc}")
 
     async def close(self) -> None:
-        """Close the connection (bounded by ``close_timeout``); idempotent."""
-        async with self._lock:
-            await self._close_now()
+        """Close the connection (bounded by ``close_timeout``); idempotent.
+
+        It does not wait for a request in flight: that request ends at once with :class:`ConnectionLost`.
+        """
+        await self._close_now()
 
     async def _close_now(self) -> None:
         ws, self._ws = self._ws, None

@@ -289,3 +289,14 @@ def test_batch_fence_reports_a_stuck_request_as_timeout_and_keeps_the_others():
             assert outcomes[0].ok
             assert isinstance(outcomes[1].error, RequestTimeout) and outcomes[1].reply is None
             assert not pool.is_connected(1)  # the cancelled request dropped its connection
+
+
+def test_closing_the_pool_ends_a_request_in_flight():
+    config = TransportConfig(open_timeout=1, request_timeout=30, close_timeout=0.5)
+    with ServerThread(silent_after_handshake) as server:
+        pool = connected_pool(server.url, config)
+        future = pool.submit(0, REQUEST)
+        time.sleep(0.1)  # the request is on the wire, waiting for a reply that never comes
+        pool.close()
+        outcome = future.result(5)
+        assert isinstance(outcome.error, ConnectionLost) and outcome.error.code == 1000
