@@ -1,0 +1,477 @@
+"""Stand-in ``ManagerBasedRLEnv``: a tiny kinematic world with Isaac Lab's step/reset/manager semantics.
+
+What it reproduces (from Isaac Lab's ``manager_based_rl_env.py`` and sim_evals.md):
+
+- ``step``: actions -> ``decimation`` physics substeps (render every ``render_interval``) ->
+  ``episode_length_buf += 1`` -> termination terms (after the physics, before any reset) -> rewards
+  (none) -> in-step reset of done envs -> re-render if ``rerender_on_reset`` -> observation terms;
+- ``reset`` with 2.2's ``(seed=None, env_ids=None, options=None)`` or 3.0's
+  ``(env_ids=slice(None), *, seed=None, options=None)`` (``env_ids`` an int tensor or a slice);
+- the env-origin grid of ``InteractiveScene`` (N=8 at x in {+-3.5, +-10.5}, y in {+-3.5} for 7 m);
+- 3.0 asset data as ``ProxyArray`` (``.torch``; indexing warns, arithmetic fails);
+- sim-evals' gripper action (``> 0.5`` closes, bools inverted: ``== 0`` closes);
+- the stale first frame after a reset (IsaacLab#6394): the renderer sees poses as of the last physics
+  substep, so a render right after a reset shows the previous episode; and the first render cycle
+  returns black images (materials not loaded), which sim-evals' double reset works around;
+- lights as stage prims, with a simple irradiance model (sphere lights by inverse square distance,
+  dome lights everywhere) so per-env lighting can be compared with the single-env reference.
+
+Camera images encode state per env: R = irradiance relative to the N=1 reference (128 = equal),
+G = the arm's first joint, B = the episode counter the renderer saw.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import warnings
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from isaac_stubs.cfgs import ARM_JOINTS, HOME
+
+JOINT_NAMES = ARM_JOINTS + ["finger_joint", "right_outer_knuckle_joint", "left_inner_finger_joint", "right_inner_finger_joint"]
+BODY_NAMES = ["panda_link0"] + [f"panda_link{i}" for i in range(1, 8)] + ["base_link", "left_inner_finger", "right_inner_finger"]
+REFERENCE_IRRADIANCE = 5000.0 / (0.5**2 + 0.6**2 + 0.7**2)  # the sphere light seen from the table at N=1
+GRASP_RADIUS = 0.03
+
+
+class ProxyArray:
+    """3.0's asset-data wrapper: ``.torch`` is the tensor; indexing works but is deprecated."""
+
+    def __init__(self, tensor):
+        self._tensor = tensor
+
+    @property
+    def torch(self):
+        return self._tensor
+
+    def __getitem__(self, index):
+        warnings.warn("ProxyArray indexing is deprecated; use .torch", DeprecationWarning, stacklevel=2)
+        return self._tensor[index]
+
+
+def env_origins(num_envs: int, spacing: float) -> torch.Tensor:
+    """Isaac Lab's default grid of env origins."""
+    num_rows = math.ceil(num_envs / int(math.sqrt(num_envs)))
+    num_cols = math.ceil(num_envs / num_rows)
+    ii, jj = torch.meshgrid(torch.arange(num_rows), torch.arange(num_cols), indexing="ij")
+    origins = torch.zeros(num_envs, 3)
+    origins[:, 0] = -(ii.flatten()[:num_envs] - (num_rows - 1) / 2) * spacing
+    origins[:, 1] = (jj.flatten()[:num_envs] - (num_cols - 1) / 2) * spacing
+    return origins
+
+
+class Attr:
+    def __init__(self, value):
+        self.value = value
+
+    def __bool__(self):
+        return True
+
+    def IsValid(self):
+        return True
+
+    def Get(self):
+        return self.value
+
+    def Set(self, value):
+        self.value = value
+
+
+class Prim:
+    def __init__(self, path: str, type_name: str, position=(0.0, 0.0, 0.0), **attrs):
+        self.path, self.type_name, self.position = path, type_name, np.asarray(position, dtype=np.float64)
+        self.attrs = {name: Attr(value) for name, value in attrs.items()}
+
+    def GetPath(self):
+        return self.path
+
+    def GetTypeName(self):
+        return self.type_name
+
+    def GetAttribute(self, name):
+        return self.attrs.get(name)
+
+
+class Stage:
+    def __init__(self):
+        self.prims: list[Prim] = []
+
+    def Traverse(self):
+        return iter(list(self.prims))
+
+
+class SimContext:
+    def __init__(self, env):
+        self._env = env
+        self.stage = Stage()
+        self.device = env.device
+
+    def render(self):
+        self._env._render()
+
+    def has_rtx_sensors(self):
+        return True
+
+
+class Data:
+    pass
+
+
+class Articulation:
+    def __init__(self, env):
+        self.env = env
+        n = env.num_envs
+        self.joint_names = list(JOINT_NAMES)
+        self.home = torch.zeros(n, len(JOINT_NAMES))
+        self.home[:, :7] = torch.tensor(HOME)
+        self.q = self.home.clone()
+        self.target = self.home.clone()
+        self.data = Data()
+
+    def refresh(self):
+        wrap = self.env.wrap
+        data = self.data
+        data.joint_names = list(self.joint_names)
+        data.body_names = list(BODY_NAMES)
+        data.joint_pos = wrap(self.q.clone())
+        bodies = self.body_positions()
+        data.body_link_pos_w = wrap(bodies)
+        if not self.env.world.is_v3:
+            data.body_pos_w = bodies
+
+    def tcp_local(self, q=None):
+        q = self.q if q is None else q
+        return torch.stack(
+            [0.45 + 0.3 * (q[:, 1] - HOME[1]), 0.3 * (q[:, 0] - HOME[0]), 0.45 + 0.3 * (q[:, 3] - HOME[3])], dim=1
+        )
+
+    def body_positions(self):
+        n = self.env.num_envs
+        tcp = self.tcp_local() + self.env.origins
+        opening = 0.04 * (1.0 - self.q[:, 7:8] / (math.pi / 4))
+        bodies = tcp.unsqueeze(1).repeat(1, len(BODY_NAMES), 1)
+        bodies[:, BODY_NAMES.index("left_inner_finger"), 1] += opening[:, 0]
+        bodies[:, BODY_NAMES.index("right_inner_finger"), 1] -= opening[:, 0]
+        bodies[:, 0] = self.env.origins
+        return bodies.reshape(n, len(BODY_NAMES), 3)
+
+    def find_bodies(self, name_keys, preserve_order=False):
+        keys = [name_keys] if isinstance(name_keys, str) else list(name_keys)
+        found = []
+        for key in keys:
+            found += [(i, n) for i, n in enumerate(BODY_NAMES) if re.fullmatch(key, n)]
+        if not preserve_order:
+            found.sort()
+        return [i for i, _ in found], [n for _, n in found]
+
+    def reset(self, ids):
+        self.q[ids] = self.home[ids]
+        self.target[ids] = self.home[ids]
+
+
+class RigidObject:
+    def __init__(self, env, name, local_pos):
+        self.env, self.name = env, name
+        n = env.num_envs
+        self.default_local = torch.tensor(local_pos, dtype=torch.float32).repeat(n, 1)
+        self.pos = self.default_local + env.origins
+        self.vel = torch.zeros(n, 3)
+        self.attached = torch.zeros(n, dtype=torch.bool)
+        self.data = Data()
+
+    def refresh(self):
+        self.data.root_pos_w = self.env.wrap(self.pos.clone())
+        self.data.root_lin_vel_w = self.env.wrap(self.vel.clone())
+
+    def reset(self, ids):
+        self.pos[ids] = self.default_local[ids] + self.env.origins[ids]
+        self.vel[ids] = 0.0
+        self.attached[ids] = False
+
+
+class Camera:
+    def __init__(self, env, cfg):
+        self.env, self.cfg = env, cfg
+        self.data = Data()
+        self.data.output = {"rgb": torch.zeros(env.num_envs, cfg.height, cfg.width, 3, dtype=torch.uint8)}
+
+
+class Scene:
+    """``InteractiveScene``: entities by name, ``env_origins``, reset to defaults."""
+
+    def __init__(self, env, scene_cfg):
+        self.env = env
+        self.num_envs = env.num_envs
+        self.env_origins = env.origins.clone()
+        self.entities = {}
+        for name, value in vars(scene_cfg).items():
+            kind = type(value).__name__
+            if kind == "ArticulationCfg":
+                self.entities[name] = Articulation(env)
+            elif kind == "RigidObjectCfg":
+                self.entities[name] = RigidObject(env, name, value.init_state.pos)
+            elif kind in ("CameraCfg", "TiledCameraCfg"):
+                self.entities[name] = Camera(env, value)
+
+    def __getitem__(self, key):
+        if key not in self.entities:
+            raise KeyError(f"Scene entity with key '{key}' not found. Available Entities: '{sorted(self.entities)}'")
+        return self.entities[key]
+
+    def keys(self):
+        return list(self.entities)
+
+    def reset_to_default(self, ids):
+        for entity in self.entities.values():
+            if hasattr(entity, "reset"):
+                entity.reset(ids)
+
+
+class StandInRLEnv(gym.Env):
+    """The stand-in of ``isaaclab.envs.ManagerBasedRLEnv`` (see the module docstring)."""
+
+    metadata = {"render_modes": [None, "human", "rgb_array"]}
+    is_vector_env = True
+    world = None  # set by the stand-in installer
+
+    def __init__(self, cfg, render_mode=None, **kwargs):
+        world = self.world
+        world.log("env.__init__", cfg.scene.num_envs)
+        if not world.launched:
+            raise RuntimeError("stand-in: the simulation app is not running")
+        self.cfg = cfg
+        self.render_mode = render_mode
+        self.num_envs = int(cfg.scene.num_envs)
+        self.device = cfg.sim.device
+        self.physics_dt = cfg.sim.dt
+        self.step_dt = cfg.sim.dt * cfg.decimation
+        self.origins = env_origins(self.num_envs, float(cfg.scene.env_spacing))
+        self.episode_length_buf = torch.zeros(self.num_envs, dtype=torch.long)
+        self.episode_id = torch.zeros(self.num_envs, dtype=torch.long)
+        self.scene = Scene(self, cfg.scene)
+        self.sim = SimContext(self)
+        self._build_stage()
+        self._sim_step_counter = 0
+        self.render_cycles = 0
+        self._sync_renderer()
+        self._refresh()
+        self.metadata["render_fps"] = 1 / self.step_dt  # Isaac Lab mutates the class-level dict
+        self._obs_terms = {
+            name: term for name, term in vars(cfg.observations.policy).items() if type(term).__name__ == "ObservationTermCfg"
+        }
+        self._termination_terms = {
+            name: term for name, term in vars(cfg.terminations).items() if type(term).__name__ == "TerminationTermCfg"
+        }
+        self.observation_dims = {name: tuple(self._term(term).shape[1:]) for name, term in self._obs_terms.items()}
+        self.closed = False
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def wrap(self, tensor):
+        return ProxyArray(tensor) if self.world.is_v3 else tensor
+
+    @property
+    def max_episode_length(self):
+        return math.ceil(self.cfg.episode_length_s / self.step_dt)
+
+    @property
+    def robot(self):
+        return self.scene["robot"]
+
+    def rigid_objects(self):
+        return [e for e in self.scene.entities.values() if isinstance(e, RigidObject)]
+
+    def _refresh(self):
+        for entity in self.scene.entities.values():
+            if hasattr(entity, "refresh"):
+                entity.refresh()
+
+    def _build_stage(self):
+        prims = self.sim.stage.prims
+        for name, value in vars(self.cfg.scene).items():
+            spawn = getattr(value, "spawn", None)
+            kind = type(spawn).__name__
+            if kind not in ("SphereLightCfg", "DomeLightCfg"):
+                continue
+            type_name = kind.replace("Cfg", "")
+            local = np.asarray(value.init_state.pos, dtype=np.float64)
+            if str(value.prim_path).startswith("{ENV_REGEX_NS}"):
+                leaf = value.prim_path.split("/", 1)[1]
+                for i in range(self.num_envs):
+                    pos = self.origins[i].numpy() + local
+                    prims.append(Prim(f"/World/envs/env_{i}/{leaf}", type_name, pos, **{"inputs:intensity": spawn.intensity}))
+            else:
+                prims.append(Prim(value.prim_path, type_name, local, **{"inputs:intensity": spawn.intensity}))
+        if self.world.scene_dome_light:
+            for i in range(self.num_envs):
+                prims.append(Prim(f"/World/envs/env_{i}/scene/DomeLight", "DomeLight", **{"inputs:intensity": 300.0}))
+        for i in range(self.num_envs):
+            prims.append(Prim(f"/World/envs/env_{i}/scene/table", "Mesh"))
+
+    def irradiance(self) -> np.ndarray:
+        """Light reaching each env's table (sphere lights by 1/d^2, dome lights everywhere)."""
+        table = self.origins.numpy() + np.array([0.5, 0.0, 0.0])
+        total = np.zeros(self.num_envs)
+        for prim in self.sim.stage.prims:
+            intensity = float(prim.attrs["inputs:intensity"].Get()) if "inputs:intensity" in prim.attrs else 0.0
+            if prim.type_name == "SphereLight":
+                total += intensity / np.sum((table - prim.position) ** 2, axis=1)
+            elif prim.type_name == "DomeLight":
+                total += intensity
+        return total
+
+    # -- rendering: the renderer sees the poses of the last physics substep -------------------------
+    def _sync_renderer(self):
+        self._render_q = self.robot.q.clone()
+        self._render_episode = self.episode_id.clone()
+
+    def _render(self):
+        self.render_cycles += 1
+        n = self.num_envs
+        if self.render_cycles == 1:
+            values = torch.zeros(n, 3, dtype=torch.uint8)  # materials not loaded on the first cycle
+        else:
+            bright = np.clip(np.round(128 * self.irradiance() / self._reference_irradiance()), 0, 255)
+            joint = torch.remainder(torch.round((self._render_q[:, 0] + math.pi) * 40), 256)
+            values = torch.stack(
+                [torch.as_tensor(bright, dtype=torch.float32), joint, torch.remainder(self._render_episode, 256).float()],
+                dim=1,
+            ).to(torch.uint8)
+        for entity in self.scene.entities.values():
+            if isinstance(entity, Camera):
+                out = entity.data.output["rgb"]
+                out[:] = values[:, None, None, :]
+
+    def _reference_irradiance(self):
+        return REFERENCE_IRRADIANCE + (300.0 if self.world.scene_dome_light else 0.0)
+
+    # -- managers ---------------------------------------------------------------------------------
+    def _term(self, term):
+        value = term.func(self, **term.params)
+        if term.clip is not None:
+            value = value.clamp(*term.clip)
+        return value
+
+    def _compute_obs(self):
+        self._refresh()
+        return {"policy": {name: self._term(term) for name, term in self._obs_terms.items()}}
+
+    def _compute_terminations(self):
+        self._refresh()
+        terminated = torch.zeros(self.num_envs, dtype=torch.bool)
+        truncated = torch.zeros(self.num_envs, dtype=torch.bool)
+        for name, term in self._termination_terms.items():
+            value = term.func(self, **term.params)
+            if value.dtype != torch.bool or tuple(value.shape) != (self.num_envs,):
+                raise ValueError(f"termination term {name}: expected ({self.num_envs},) bool, got {value.dtype} {tuple(value.shape)}")
+            if term.time_out:
+                truncated |= value
+            else:
+                terminated |= value
+        return terminated, truncated
+
+    # -- actions and physics ----------------------------------------------------------------------
+    def _process_action(self, action):
+        if not isinstance(action, torch.Tensor):
+            raise TypeError(f"stand-in: action must be a torch tensor, got {type(action).__name__}")
+        self.world.log("env.action_dtype", str(action.dtype))
+        if tuple(action.shape) != (self.num_envs, 8):
+            raise ValueError(f"stand-in: action shape {tuple(action.shape)}")
+        robot = self.robot
+        arm_ids = [i for i, n in enumerate(robot.joint_names) if re.fullmatch("panda_joint.*", n)]
+        robot.target[:, arm_ids] = action[:, :7].float()
+        grip = action[:, 7]
+        close = (grip == 0) if grip.dtype == torch.bool else (grip > 0.5)
+        robot.target[:, 7] = torch.where(close, torch.tensor(math.pi / 4), torch.tensor(0.0))
+
+    def _physics_substep(self):
+        robot = self.robot
+        robot.q += 0.5 * (robot.target - robot.q)
+        tcp = robot.tcp_local() + self.origins
+        closing = robot.target[:, 7] > 0.1
+        for obj in self.rigid_objects():
+            old = obj.pos.clone()
+            near = torch.linalg.norm(obj.pos - tcp, dim=1) <= GRASP_RADIUS
+            attached = torch.where(closing, obj.attached | near, torch.zeros_like(obj.attached))
+            released = obj.attached & ~attached
+            obj.attached = attached
+            obj.pos[obj.attached] = tcp[obj.attached]
+            obj.pos[released, 2] = obj.default_local[released, 2]  # dropped: back to its resting height
+            obj.vel = (obj.pos - old) / self.physics_dt
+        self._sync_renderer()
+
+    def teleport(self, name, env_id, local_pos, speed=0.0):
+        """Test hook: place an object (env-local position) with a given speed along x."""
+        obj = self.scene[name]
+        obj.pos[env_id] = torch.tensor(local_pos, dtype=torch.float32) + self.origins[env_id]
+        obj.vel[env_id] = torch.tensor([speed, 0.0, 0.0])
+        obj.attached[env_id] = False
+        self._refresh()
+
+    # -- Gymnasium API ----------------------------------------------------------------------------
+    def step(self, action):
+        self._process_action(action)
+        for _ in range(self.cfg.decimation):
+            self._sim_step_counter += 1
+            self._physics_substep()
+            if self._sim_step_counter % self.cfg.sim.render_interval == 0:
+                self._render()
+        self.episode_length_buf += 1
+        terminated, truncated = self._compute_terminations()
+        reward = torch.zeros(self.num_envs)
+        done_ids = torch.nonzero(terminated | truncated).flatten()
+        if done_ids.numel():
+            self._reset_idx(done_ids)
+            self._rerender_after_reset()
+        self.world.log("env.step")
+        return self._compute_obs(), reward, terminated, truncated, {}
+
+    def _reset_idx(self, ids):
+        self.scene.reset_to_default(ids)
+        self.episode_length_buf[ids] = 0
+        self.episode_id[ids] += 1
+
+    def _rerender_after_reset(self):
+        count = getattr(self.cfg, "num_rerenders_on_reset", None) if self.world.is_v3 else int(bool(self.cfg.rerender_on_reset))
+        for _ in range(int(count or 0)):
+            self._render()
+
+    def _reset(self, env_ids, seed):
+        if seed is not None:
+            self.world.log("env.seed", seed)
+        ids = torch.arange(self.num_envs) if env_ids is None or isinstance(env_ids, slice) else env_ids
+        self._reset_idx(ids)
+        self._rerender_after_reset()
+        return self._compute_obs(), {}
+
+    def close(self):
+        self.world.log("env.close")
+        self.closed = True
+
+
+class StandInRLEnv22(StandInRLEnv):
+    def reset(self, seed=None, env_ids=None, options=None):
+        self.world.log("env.reset", {"seed": seed, "env_ids": _describe(env_ids), "options": options})
+        if env_ids is not None and not isinstance(env_ids, torch.Tensor):
+            env_ids = torch.as_tensor(list(env_ids), dtype=torch.long)
+        return self._reset(env_ids, seed)
+
+
+class StandInRLEnv30(StandInRLEnv):
+    def reset(self, env_ids=slice(None), *, seed=None, options=None):
+        self.world.log("env.reset", {"seed": seed, "env_ids": _describe(env_ids), "options": options})
+        if not isinstance(env_ids, slice):
+            if not isinstance(env_ids, torch.Tensor) or env_ids.dtype not in (torch.int32, torch.int64):
+                raise TypeError(f"env_ids must be an int tensor on the device or a slice, got {type(env_ids).__name__}")
+        return self._reset(env_ids, seed)
+
+
+def _describe(env_ids):
+    if env_ids is None or isinstance(env_ids, slice):
+        return env_ids
+    if isinstance(env_ids, torch.Tensor):
+        return ("tensor", str(env_ids.dtype), env_ids.tolist())
+    return (type(env_ids).__name__, list(env_ids))
