@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from dz_gym.envs import droid
+from dz_gym.errors import DzGymError
 from dz_gym.eval.progress import Progress
 from dz_gym.eval.results import latency_stats
 from dz_gym.eval.rundir import RunDir, episode_name
@@ -299,6 +300,7 @@ class SceneRunner:
         """Begin episode ``episode`` on ``slot`` (its env was just reset) and queue the slot's next seed."""
         if self._queues[slot]:
             self.base.set_episode_seeds([slot], [self.seed + self._queues[slot][0]])
+        self._ensure_connected(slot)
         key = None
         if self.recorder is not None:
             key = episode_name(self.scene, episode)
@@ -315,6 +317,20 @@ class SceneRunner:
             t0=time.perf_counter(),
             video_key=key,
         )
+
+    def _ensure_connected(self, slot: int) -> None:
+        """Reopen the slot's connection before a new episode if an earlier failure left it closed.
+
+        The wrapper reconnects right after a failed call, but that bounded attempt can fail while a server
+        restarts; a new episode should not be lost to a connection that could be opened now.
+        """
+        pool = self.wrapper.pool
+        if pool.is_connected(slot):
+            return
+        try:
+            pool.reconnect(slot)
+        except (DzGymError, OSError) as exc:
+            logger.warning("env %d: reconnect before episode failed: %s", slot, exc)
 
     def _finish(self, slot: int, error: str | None, event: str | None, ended_by: str) -> None:
         ep = self._current[slot]
