@@ -466,3 +466,23 @@ def test_overall_timeout_ends_a_long_run(capsys):
         elapsed = time.perf_counter() - start
     assert rc == 1 and elapsed < 15
     assert "--timeout 1 s" in capsys.readouterr().err
+
+
+def test_two_servers_share_sessions_round_robin_and_records_file(tmp_path):
+    out, rows = tmp_path / "two.json", tmp_path / "records.jsonl"
+    with start_server_thread("hold", latency_ms=5) as first, start_server_thread("hold", flavor="openpi", latency_ms=5) as second:
+        rc = bench("--server", first.url, "--server", second.url, "--concurrency", 4, "--num-requests", 20,
+                   "--json", out, "--records", rows, "--label", "two loopback servers")
+    assert rc == 0
+    run = load_json(out)
+    assert run["label"] == "two loopback servers"
+    assert [s["url"] for s in run["servers"]] == [first.url, second.url]
+    per_server = run["per_server"]
+    assert sum(s["completed"] for s in per_server) == 20 and all(s["completed"] >= 5 for s in per_server)
+    assert run["chunk_rows"] == {"min": 24, "max": 24}
+    lines = [json.loads(line) for line in rows.read_text().splitlines()]
+    assert len(lines) == 20 and all(line["ok"] for line in lines)
+    assert {line["server"] for line in lines} == {0, 1}
+    assert {line["session"] % 2 for line in lines if line["server"] == 1} == {1}
+    # Only the openpi server reports its model time.
+    assert all((line["infer_ms"] is not None) == (line["server"] == 1) for line in lines)

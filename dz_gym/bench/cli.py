@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 
 from dz_gym.bench.load import ARRIVALS
-from dz_gym.bench.report import build_document, format_run, format_sweep, plot_sweep, write_json
+from dz_gym.bench.report import build_document, format_run, format_sweep, plot_sweep, write_json, write_records
 from dz_gym.bench.runner import BenchConfig, run_benchmark
 from dz_gym.envs import droid
 from dz_gym.errors import DzGymError
@@ -151,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     out = parser.add_argument_group("output")
     out.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON ('-' for stdout)")
+    out.add_argument("--records", default=None, metavar="FILE",
+                     help="write one JSON line per timed request (latency, error, session, ...)")
+    out.add_argument("--label", default=None, help="a free-form label stored in the JSON (e.g. the GPU)")
     out.add_argument("--plot", default=None, metavar="FILE", help="with --sweep: write a PNG plot (needs matplotlib)")
     out.add_argument("--quiet", action="store_true", help="print only the final table or summary")
     return parser
@@ -228,7 +231,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
 
     async def bounded() -> dict:
-        return await asyncio.wait_for(run_benchmark(config, on_run=on_run), args.timeout)
+        return await asyncio.wait_for(
+            run_benchmark(config, on_run=on_run, keep_records=args.records is not None), args.timeout
+        )
 
     try:
         result = asyncio.run(bounded())
@@ -252,7 +257,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(format_run(result["runs"][0], result["servers"]), file=human)
     if args.json:
         config_dict = dataclasses.asdict(config)
-        write_json(args.json, build_document(result, argv=argv, sweep=sweep, config=config_dict))
+        write_json(args.json, build_document(result, argv=argv, sweep=sweep, config=config_dict, label=args.label))
+    if args.records:
+        write_records(args.records, result["records"])
     if args.plot:
         plot_sweep(result["runs"], args.plot)
     return 0

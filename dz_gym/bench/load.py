@@ -184,6 +184,7 @@ class _Run:
         sent_at = time.perf_counter()
         error: DzGymError | None = None
         infer_ms = None
+        rows = None
         try:
             reply = await sim.session.infer(payload)
         except DzGymError as exc:
@@ -194,6 +195,7 @@ class _Run:
             value = timing.get("infer_ms")
             if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
                 infer_ms = float(value)
+            rows = int(reply.actions.shape[0])
             self.consecutive_errors = 0
         else:
             self.consecutive_errors += 1
@@ -211,6 +213,7 @@ class _Run:
                     first_of_episode=first,
                     infer_ms=infer_ms,
                     scheduled_at=scheduled_at,
+                    chunk_rows=rows,
                 )
             )
         if self.consecutive_errors >= self.spec.max_consecutive_errors:

@@ -4,7 +4,8 @@ The load generators append one :class:`RequestRecord` per timed request; :func:`
 into the numbers a serving benchmark reports (vLLM's ``bench serve`` conventions plus the robot-specific ones):
 
 - throughput: requests/s and actions/s (= requests/s x open-loop horizon, the actions a client executes
-  from each chunk), and the effective control rate of one session compared with the 15 Hz robot rate;
+  from each chunk; ``chunk_rows`` shows whether the chunks are that long), and the effective control rate
+  of one session compared with the 15 Hz robot rate;
 - latency (end-to-end, send to reply) mean/std/min/p50/p90/p95/p99/max, the same for the first chunk of
   each episode (a new session id, where servers reset their per-session state), and, when the server
   reports its own ``server_timing.infer_ms`` (openpi), the model time and the queueing time (e2e - infer);
@@ -38,7 +39,7 @@ class RequestRecord:
     schedule wanted the request sent (``None`` in closed loop); ``sent_at`` - ``scheduled_at`` is the time it
     waited for a free connection. ``error_kind`` is ``None`` for a good reply, else the exception's class name.
     ``first_of_episode`` marks the first request under a new session id. ``infer_ms`` is the server's own
-    model time when it sends one.
+    model time when it sends one; ``chunk_rows`` the number of actions in the reply.
     """
 
     session: int
@@ -51,6 +52,7 @@ class RequestRecord:
     first_of_episode: bool = False
     infer_ms: float | None = None
     scheduled_at: float | None = None
+    chunk_rows: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -135,6 +137,7 @@ def summarize(
     queue_ms = [r.latency_s * 1e3 - float(r.infer_ms) for r in timed]  # type: ignore[arg-type]
     lags_ms = [(r.sent_at - r.scheduled_at) * 1e3 for r in records if r.scheduled_at is not None]
     sent_bytes = sum(r.request_bytes for r in records)
+    rows = [r.chunk_rows for r in good if r.chunk_rows is not None]
 
     requests_per_s = _rate(completed, duration_s)
     actions_per_s = requests_per_s * open_loop_horizon
@@ -147,6 +150,7 @@ def summarize(
         "requests_per_s": requests_per_s,
         "actions_per_s": actions_per_s,
         "open_loop_horizon": open_loop_horizon,
+        "chunk_rows": {"min": min(rows), "max": max(rows)} if rows else None,
         "control_hz_per_session": control_hz_per_session,
         "control_hz_target": float(control_hz),
         "realtime_factor": control_hz_per_session / control_hz,

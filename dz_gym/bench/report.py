@@ -16,7 +16,16 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["SCHEMA", "build_document", "format_run", "format_sweep", "plot_sweep", "versions", "write_json"]
+__all__ = [
+    "SCHEMA",
+    "build_document",
+    "format_run",
+    "format_sweep",
+    "plot_sweep",
+    "versions",
+    "write_json",
+    "write_records",
+]
 
 SCHEMA = "dz-gym-bench/1"
 
@@ -155,12 +164,15 @@ def _jsonable(value: Any) -> Any:
     return repr(value)
 
 
-def build_document(result: dict, *, argv: Sequence[str], sweep: bool, config: dict | None = None) -> dict:
+def build_document(
+    result: dict, *, argv: Sequence[str], sweep: bool, config: dict | None = None, label: str | None = None
+) -> dict:
     """The ``--json`` document: one run's keys at the top level, or ``runs`` for a sweep, plus common fields."""
     common = {
         "schema": SCHEMA,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": ["dz-gym-bench", *argv],
+        "label": label,
         "servers": result["servers"],
         "payload": result["payload"],
         "config": config or {},
@@ -181,6 +193,13 @@ def write_json(path: str, document: dict) -> None:
         return
     with open(path, "w", encoding="utf-8") as handle:
         handle.write(text)
+
+
+def write_records(path: str, rows: Sequence[dict]) -> None:
+    """Write per-request rows as JSON lines to ``path``."""
+    with open(path, "w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(_jsonable(row), allow_nan=False) + "\n")
 
 
 def plot_sweep(runs: Sequence[dict], path: str, title: str = "dz-gym-bench concurrency sweep") -> None:

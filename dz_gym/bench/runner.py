@@ -102,7 +102,30 @@ def _per_server(records, urls: Sequence[str]) -> list[dict]:
     return rows
 
 
-async def _one_run(cfg: BenchConfig, infos: Sequence[ServerInfo], sets, sessions: int, transport: TransportConfig) -> dict:
+def record_rows(load, run_index: int, concurrency: int) -> list[dict]:
+    """One JSON-ready row per timed request (times in seconds from the start of the timed phase)."""
+    rows = []
+    for r in load.records:
+        rows.append({
+            "run": run_index,
+            "concurrency": concurrency,
+            "session": r.session,
+            "server": r.server,
+            "scheduled_s": None if r.scheduled_at is None else r.scheduled_at - load.started_at,
+            "sent_s": r.sent_at - load.started_at,
+            "latency_ms": r.latency_s * 1e3,
+            "ok": r.ok,
+            "error_kind": r.error_kind,
+            "error": r.error_message,
+            "first_of_episode": r.first_of_episode,
+            "infer_ms": r.infer_ms,
+            "chunk_rows": r.chunk_rows,
+            "request_bytes": r.request_bytes,
+        })
+    return rows
+
+
+async def _one_run(cfg: BenchConfig, infos: Sequence[ServerInfo], sets, sessions: int, transport: TransportConfig):
     urls = [info.url for info in infos]
     sims = []
     for i in range(sessions):
@@ -143,11 +166,13 @@ async def _one_run(cfg: BenchConfig, infos: Sequence[ServerInfo], sets, sessions
         "reconnects": load.reconnects,
         "per_server": _per_server(load.records, urls),
     })
-    return metrics
+    return metrics, load
 
 
-async def run_benchmark(cfg: BenchConfig, *, on_run=None) -> dict:
+async def run_benchmark(cfg: BenchConfig, *, on_run=None, keep_records: bool = False) -> dict:
     """Check every server is ready, build the payloads, run each concurrency; ``on_run(metrics)`` after each.
+
+    With ``keep_records`` the result also has ``records``: one row per timed request (see :func:`record_rows`).
 
     Raises the typed errors of :mod:`dz_gym.errors` (a server never ready, a refused handshake) and
     :class:`~dz_gym.bench.load.BenchAborted` (a run that cannot go on).
@@ -159,13 +184,16 @@ async def run_benchmark(cfg: BenchConfig, *, on_run=None) -> dict:
     sets = _payload_sets(cfg, infos)
     counts = [cfg.max_outstanding] if cfg.request_rate is not None else list(cfg.concurrencies)
     runs = []
-    for sessions in counts:
-        metrics = await _one_run(cfg, infos, sets, sessions, transport)
+    records: list[dict] = []
+    for index, sessions in enumerate(counts):
+        metrics, load = await _one_run(cfg, infos, sets, sessions, transport)
         runs.append(metrics)
+        if keep_records:
+            records.extend(record_rows(load, index, sessions))
         if on_run is not None:
             on_run(metrics)
     first = next(iter(sets.values()))
-    return {
+    result = {
         "servers": [
             {
                 "url": info.url,
@@ -186,3 +214,6 @@ async def run_benchmark(cfg: BenchConfig, *, on_run=None) -> dict:
         },
         "runs": runs,
     }
+    if keep_records:
+        result["records"] = records
+    return result
