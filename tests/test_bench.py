@@ -486,3 +486,12 @@ def test_two_servers_share_sessions_round_robin_and_records_file(tmp_path):
     assert {line["session"] % 2 for line in lines if line["server"] == 1} == {1}
     # Only the openpi server reports its model time.
     assert all((line["infer_ms"] is not None) == (line["server"] == 1) for line in lines)
+
+
+def test_server_that_refuses_the_handshake_ends_the_run_at_once(capsys):
+    with start_server_thread("hold", flavor="vllm-omni", robot_policy_available=False) as server:
+        start = time.perf_counter()
+        rc = bench("--server", server.url, "--num-requests", 5, "--ready-timeout", 30)
+    assert rc == 1 and time.perf_counter() - start < 10  # not retried until the ready timeout
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Robot policy not available" in err[0]
