@@ -10,7 +10,8 @@ Speed knobs:
 - Lazy rendering: :meth:`set_render_mask` names the envs whose images will be read next (it stays in force
   until changed); the others skip rendering and keep their last frame, ``info["images_fresh"]`` says which
   were rendered. Envs reset during a step are always rendered.
-- Shadows and reflections are off; the robot's visual meshes are decimated.
+- Shadows and reflections are off, anti-aliasing too (``multisamples=0``; 4 is MuJoCo's usual, about
+  twice the rendering cost); the robot's visual meshes are decimated.
 
 Seeds: ``reset(seed=s)`` gives env ``i`` the episode seed ``s + i`` (unless one was queued with
 :meth:`set_episode_seeds`); an env's next episode, unless queued, uses its previous seed ``+ num_envs``, so
@@ -92,6 +93,7 @@ class MujocoDroidEnv(BatchedDroidEnv):
         max_episode_length: int | None = None,
         randomization: scene_module.Randomization | None = None,
         start_method: str | None = None,
+        multisamples: int = 0,
         device: str = "cpu",
     ):
         image_shape = _check_image_shape(image_shape)
@@ -113,6 +115,9 @@ class MujocoDroidEnv(BatchedDroidEnv):
         if not isinstance(num_workers, (int, np.integer)) or num_workers < 0:
             raise ValueError(f"num_workers: expected an integer >= 0 or None, got {num_workers!r}")
         self.num_workers = min(int(num_workers), self.num_envs)
+        if not isinstance(multisamples, (int, np.integer)) or not 0 <= multisamples <= 16:
+            raise ValueError(f"multisamples: expected an integer in [0, 16], got {multisamples!r}")
+        self.multisamples = int(multisamples)
         self.image_shape = image_shape
         self.randomization = randomization
         self.layout_spec = scene_module.LAYOUTS[self.scene.scene_id]
@@ -134,7 +139,7 @@ class MujocoDroidEnv(BatchedDroidEnv):
         try:
             if self.num_workers == 0:
                 self._buffers = Buffers(fields, shared=False)
-                config = GroupConfig(self.scene.scene_id, 0, n, image_shape, randomization)
+                config = GroupConfig(self.scene.scene_id, 0, n, image_shape, randomization, multisamples=self.multisamples)
                 self._group = EnvGroup(config, self._buffers.arrays)
             else:
                 self._buffers = Buffers(fields, shared=True)
@@ -148,7 +153,10 @@ class MujocoDroidEnv(BatchedDroidEnv):
         n, p = self.num_envs, self.num_workers
         bounds = [round(k * n / p) for k in range(p + 1)]
         self._worker_slices = list(zip(bounds[:-1], bounds[1:]))
-        configs = [GroupConfig(self.scene.scene_id, a, b, self.image_shape, self.randomization) for a, b in self._worker_slices]
+        configs = [
+            GroupConfig(self.scene.scene_id, a, b, self.image_shape, self.randomization, multisamples=self.multisamples)
+            for a, b in self._worker_slices
+        ]
         # spawn: a fresh interpreter that inherits MUJOCO_GL & co. as set below (a forkserver would keep
         # the environment, and possibly a mujoco import, from the time it started).
         method = start_method or "spawn"
@@ -354,5 +362,5 @@ def make_env(
     **kwargs: Any,
 ) -> MujocoDroidEnv:
     """Create a :class:`MujocoDroidEnv` (keyword options: ``max_episode_length``, ``randomization``,
-    ``start_method``, ``device``)."""
+    ``start_method``, ``multisamples``, ``device``)."""
     return MujocoDroidEnv(scene, num_envs, seed, image_shape, num_workers, **kwargs)

@@ -73,6 +73,7 @@ class GroupConfig:
     image_shape: tuple[int, int]
     randomization: scene.Randomization
     render: bool = True
+    multisamples: int = 0
 
 
 class EnvGroup:
@@ -83,7 +84,7 @@ class EnvGroup:
         self.arrays = arrays
         self.scene_id = droid.scene_spec(config.scene).scene_id
         self.layout_spec = scene.LAYOUTS[self.scene_id]
-        self.model = scene.build_model(self.scene_id, config.image_shape)
+        self.model = scene.build_model(self.scene_id, config.image_shape, config.multisamples)
         self.datas = [mujoco.MjData(self.model) for _ in range(config.stop - config.start)]
         self.index = robot.RobotIndex(self.model)
         model = self.model
