@@ -46,7 +46,7 @@ from urllib.parse import urlsplit
 
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidMessage, InvalidStatus, InvalidURI
 
 from dz_gym.errors import ConnectionLost, DzGymError, ProtocolError, RequestTimeout, ServerError
 from dz_gym.protocol import (
@@ -98,8 +98,8 @@ class TransportConfig:
 
     Attributes:
         open_timeout: bound on opening the websocket, and separately on the server's metadata frame.
-        connect_retries: extra attempts after a refused/unreachable connection (``OSError``) or an HTTP 5xx
-            answer to the upgrade; the wait between attempts doubles from ``retry_backoff`` up to
+        connect_retries: extra attempts after a refused/unreachable connection (``OSError``), a connection
+            dropped during the upgrade, or an HTTP 5xx answer to the upgrade; the wait between attempts doubles from ``retry_backoff`` up to
             ``retry_backoff_max``.
         ping_interval, ping_timeout: websocket keepalive; ``None`` disables it.
         request_timeout: bound on one request (send plus reply). Past it the connection is dropped and
@@ -227,6 +227,16 @@ def _closed_error(exc: ConnectionClosed, url: str, during: str) -> DzGymError:
     return ConnectionLost(text, code=code, reason=reason)
 
 
+def _transient(exc: BaseException) -> bool:
+    """Whether a failed websocket open is worth retrying: network errors, a connection closed during the
+    upgrade (a server restarting), HTTP 5xx. Not: HTTP 4xx, garbage answers."""
+    if isinstance(exc, InvalidStatus):
+        return exc.response.status_code >= 500
+    if isinstance(exc, InvalidMessage):
+        return isinstance(exc.__cause__, EOFError)
+    return isinstance(exc, (OSError, EOFError))
+
+
 class _Stamps:
     """perf_counter stamps of one exchange, filled as it goes (so failures keep them too)."""
 
@@ -279,8 +289,8 @@ class AsyncSession:
     async def connect(self) -> ServerMetadata:
         """Open the connection and read the metadata frame (closes a previous connection first).
 
-        Refused or unreachable connections (and HTTP 5xx answers) are retried with exponential backoff,
-        ``connect_retries`` times, then :class:`ConnectionLost`. A silent server gives
+        Refused or unreachable connections, connections dropped during the upgrade and HTTP 5xx answers
+        are retried with exponential backoff, ``connect_retries`` times, then :class:`ConnectionLost`. A silent server gives
         :class:`RequestTimeout`; a text error frame gives :class:`ServerError`; garbage gives
         :class:`ProtocolError`.
         """
@@ -297,9 +307,8 @@ class AsyncSession:
                     raise
                 except ssl.SSLError as exc:  # certificate or TLS failure: retrying cannot help
                     raise ConnectionLost(f"TLS handshake with {self._url} failed: {exc}") from exc
-                except (OSError, InvalidStatus) as exc:
-                    retryable = isinstance(exc, OSError) or exc.response.status_code >= 500
-                    if not retryable or attempt >= cfg.connect_retries:
+                except (OSError, EOFError, ValueError, LookupError, InvalidHandshake) as exc:
+                    if not _transient(exc) or attempt >= cfg.connect_retries:
                         raise self._open_error(exc, attempt + 1) from exc
                     delay = cfg._backoff(attempt)
                     logger.debug("connect to %s failed (%s); retry in %.2f s", self._url, type(exc).__name__, delay)
@@ -345,13 +354,15 @@ class AsyncSession:
                 f"opening the websocket to {self._url} took longer than open_timeout={cfg.open_timeout:g} s"
             ) from None
         except InvalidURI as exc:
-            raise ValueError(f"url: {exc}") from None
-        except InvalidStatus:
-            raise
-        except InvalidHandshake as exc:
-            raise ConnectionLost(f"websocket upgrade to {self._url} failed: {exc}") from None
+            raise ConnectionLost(f"url: {exc}") from None
 
     def _open_error(self, exc: BaseException, attempts: int) -> ConnectionLost:
+        """The ConnectionLost for a failed open. Older websockets versions raise EOFError/ValueError/
+        LookupError unwrapped where newer ones raise InvalidMessage; all mean a broken upgrade."""
+        if isinstance(exc, (EOFError, ValueError, LookupError, InvalidMessage)):
+            return ConnectionLost(
+                f"server at {self._url} closed or garbled the websocket upgrade after {attempts} attempt(s): {exc}"
+            )
         if isinstance(exc, InvalidStatus):
             status = exc.response.status_code
             return ConnectionLost(
@@ -359,6 +370,8 @@ class AsyncSession:
                 code=None,
                 reason=f"HTTP {status}",
             )
+        if isinstance(exc, InvalidHandshake):
+            return ConnectionLost(f"websocket upgrade to {self._url} failed after {attempts} attempt(s): {exc}")
         return ConnectionLost(f"cannot connect to {self._url} after {attempts} attempt(s): {exc}")
 
     async def close(self) -> None:

@@ -258,6 +258,32 @@ def test_tcp_server_that_never_upgrades_gives_request_timeout():
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize(("answer", "attempts"), [(b"", 3), (b"HELLO\r\n\r\n", 1)])
+def test_tcp_server_that_drops_or_garbles_the_upgrade(answer, attempts):
+    """Dropping the connection during the upgrade is retried (a restarting server); garbage is not."""
+    accepted = []
+
+    async def scenario():
+        async def handle(reader, writer):
+            accepted.append(1)
+            await reader.read(1)
+            writer.write(answer)
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        config = TransportConfig(open_timeout=1, close_timeout=0.5, connect_retries=2, retry_backoff=0.01)
+        try:
+            with pytest.raises(ConnectionLost, match=f"after {attempts} attempt"):
+                await AsyncSession(f"ws://127.0.0.1:{port}", config).connect()
+        finally:
+            server.close()
+
+    asyncio.run(scenario())
+    assert len(accepted) == attempts
+
+
 # ------------------------------------------------------------------------------------------------ a real kill
 @pytest.mark.parametrize("flavor", ["vllm-omni", "dreamzero"])
 def test_server_process_killed_mid_request_gives_connection_lost(flavor):
