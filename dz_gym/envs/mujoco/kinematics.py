@@ -9,8 +9,10 @@ IK solves for a TCP position and a "gripper pointing down" orientation with a ya
 yaw 0 is the DROID home orientation, whose fingers close along the world y axis; yaw ``a`` rotates the
 closing axis by ``a`` (so to grasp a long object across its long axis, pass the long axis's yaw). The error
 is the position error plus half the sum of the cross products of the current and target TCP frame axes;
-each iteration takes a damped-least-squares step on the 6x7 TCP Jacobian (lambda 1e-4) and clips to the
-joint limits; it stops at 0.1 mm / 1e-3 rad or after 60 iterations. Warm-start it from the last command.
+each iteration takes a damped-least-squares step on the 6x7 TCP Jacobian (lambda 1e-4), plus a small
+step toward the home posture in the Jacobian's null space (so repeated warm-started solves do not drift
+into joint limits), and clips to the joint limits; it stops at 0.1 mm / 1e-3 rad or after 60 iterations.
+Warm-start it from the last command; a warm start that fails to converge is retried from home.
 
 Not thread-safe: each instance owns one scratch ``MjData``; use one instance per thread.
 """
@@ -117,6 +119,7 @@ class Kinematics:
         damping: float = 1e-4,
         position_tolerance: float = 1e-4,
         rotation_tolerance: float = 1e-3,
+        posture_gain: float = 0.1,
     ) -> IKResult:
         """Joint positions putting the TCP at ``position`` with the down-pointing ``yaw`` (or ``rotation``).
 
@@ -124,37 +127,47 @@ class Kinematics:
         """
         target = np.asarray(position, dtype=np.float64).reshape(3)
         target_rot = self.target_rotation(yaw) if rotation is None else np.asarray(rotation, dtype=np.float64)
-        q = (self.home if q_init is None else np.asarray(q_init, dtype=np.float64).reshape(droid.ARM_DOF)).copy()
-        q = np.clip(q, self.lower, self.upper)
+        start = self.home if q_init is None else np.asarray(q_init, dtype=np.float64).reshape(droid.ARM_DOF)
+        args = (target, target_rot, max_iterations, damping, position_tolerance, rotation_tolerance, posture_gain)
+        result = self._solve(start, *args)
+        if not result.converged and q_init is not None:
+            retry = self._solve(self.home, *args)
+            if retry.position_error + 0.1 * retry.rotation_error < result.position_error + 0.1 * result.rotation_error:
+                return IKResult(retry.q, retry.position_error, retry.rotation_error, result.iterations + retry.iterations)
+        return result
+
+    def _errors(self, target: np.ndarray, target_rot: np.ndarray, error: np.ndarray) -> tuple[float, float]:
+        site = self.index.tcp_site
+        current = self.data.site_xmat[site].reshape(3, 3)
+        error[:3] = target - self.data.site_xpos[site]
+        error[3:] = 0.5 * (
+            np.cross(current[:, 0], target_rot[:, 0])
+            + np.cross(current[:, 1], target_rot[:, 1])
+            + np.cross(current[:, 2], target_rot[:, 2])
+        )
+        return float(np.linalg.norm(error[:3])), float(np.linalg.norm(error[3:]))
+
+    def _solve(self, q, target, target_rot, max_iterations, damping, position_tolerance, rotation_tolerance, posture_gain):
         model, data, site, dofs = self.model, self.data, self.index.tcp_site, self.index.arm_dof
+        q = np.clip(np.array(q, dtype=np.float64), self.lower, self.upper)
         error = np.zeros(6)
-        eye = damping * np.eye(6)
-        pos_err = rot_err = math.inf
+        eye6, eye7 = damping * np.eye(6), np.eye(droid.ARM_DOF)
         iterations = 0
         for iterations in range(1, max_iterations + 1):
             data.qpos[self.index.arm_qpos] = q
             mujoco.mj_kinematics(model, data)
-            current = data.site_xmat[site].reshape(3, 3)
-            error[:3] = target - data.site_xpos[site]
-            error[3:] = 0.5 * (
-                np.cross(current[:, 0], target_rot[:, 0])
-                + np.cross(current[:, 1], target_rot[:, 1])
-                + np.cross(current[:, 2], target_rot[:, 2])
-            )
-            pos_err, rot_err = float(np.linalg.norm(error[:3])), float(np.linalg.norm(error[3:]))
+            pos_err, rot_err = self._errors(target, target_rot, error)
             if pos_err < position_tolerance and rot_err < rotation_tolerance:
-                break
+                return IKResult(q, pos_err, rot_err, iterations)
             mujoco.mj_comPos(model, data)
             mujoco.mj_jacSite(model, data, self._jacp, self._jacr, site)
             jac = np.vstack((self._jacp[:, dofs], self._jacr[:, dofs]))
-            dq = jac.T @ np.linalg.solve(jac @ jac.T + eye, error)
+            pinv = jac.T @ np.linalg.inv(jac @ jac.T + eye6)
+            dq = pinv @ error
+            if posture_gain:
+                dq += (eye7 - pinv @ jac) @ (posture_gain * (self.home - q))
             q = np.clip(q + dq, self.lower, self.upper)
-        else:
-            data.qpos[self.index.arm_qpos] = q
-            mujoco.mj_kinematics(model, data)
-            current = data.site_xmat[site].reshape(3, 3)
-            pos_err = float(np.linalg.norm(target - data.site_xpos[site]))
-            rot_err = float(
-                np.linalg.norm(0.5 * sum(np.cross(current[:, i], target_rot[:, i]) for i in range(3)))
-            )
+        data.qpos[self.index.arm_qpos] = q
+        mujoco.mj_kinematics(model, data)
+        pos_err, rot_err = self._errors(target, target_rot, error)
         return IKResult(q, pos_err, rot_err, iterations)
