@@ -1,7 +1,15 @@
 #!/usr/bin/env bash
 # Run the whole test suite: install (scripts/setup.sh --test), then pytest.
+# Then the same tests again in the environment Isaac Lab 2.2 users have (scripts/setup.sh --test --isaac22:
+# Python 3.11, numpy 1.26, gymnasium 1.2.0, websockets 16), with the slow-marked tests left out to bound
+# CI time. DZ_GYM_SKIP_ISAAC22=1 skips that second run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --test
 export MUJOCO_GL=${MUJOCO_GL:-egl}
 .venv/bin/python -m pytest -q "$@"
+if [ "${DZ_GYM_SKIP_ISAAC22:-0}" = 0 ]; then
+  echo "== second environment: Isaac Lab 2.2's dependency set (.venv-isaac22) =="
+  bash scripts/setup.sh --test --isaac22
+  .venv-isaac22/bin/python -m pytest -q -m "not slow" "$@"
+fi

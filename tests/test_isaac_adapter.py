@@ -237,10 +237,10 @@ def test_partial_reset_ids_are_validated(world):
 
 
 # -- episodes, success ---------------------------------------------------------------------------------
-def run_episode(env, world, on_step=None):
+def run_episode(env, world, on_step=None, steps=None):
     obs, info = env.reset(seed=0)
     infos = []
-    for step in range(1, env.max_episode_length + 1):
+    for step in range(1, (steps or env.max_episode_length) + 1):
         if on_step is not None:
             on_step(step)
         obs, reward, terminated, truncated, info = env.step(hold(obs))
@@ -283,7 +283,7 @@ def test_success_any_step_keeps_a_placement_that_was_undone(world):
         if step == 20:
             world.env.teleport("rubiks_cube", 0, cube)
 
-    _, infos = run_episode(env, world, place)
+    _, infos = run_episode(env, world, place, steps=30)
     assert infos[9][3]["success"].tolist() == [True, False]
     final = infos[-1][3]
     assert final["success"].tolist() == [False, False]

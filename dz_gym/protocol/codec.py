@@ -228,7 +228,9 @@ def _decode_marker(obj: dict, max_array_bytes: int | None) -> Any:
         if isinstance(data, (dict, list)):
             raise ProtocolError(f"scalar marker data: expected a scalar, got {type(data).__name__}")
         try:
-            with np.errstate(all="raise"):  # 1e300 as float32 is refused, not silently made inf
+            # 1e300 as float32 is refused, not silently made inf; numpy < 2 only warns on an out-of-range int
+            with np.errstate(all="raise"), warnings.catch_warnings():
+                warnings.simplefilter("error", DeprecationWarning)
                 return dtype.type(data)
         except Exception:
             raise ProtocolError(f"scalar marker: {data!r} is not a valid {dtype.str!r} value") from None
