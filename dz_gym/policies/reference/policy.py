@@ -1,0 +1,187 @@
+"""``ReferencePolicy``: a classical pick-and-place policy for the embedded scenes, served by ``dz-gym-serve``.
+
+It is a reference for checking the evaluator end to end, not a learned model. It sees only what a
+DreamZero request carries: the two external views and the wrist view, the joint and gripper positions and
+the prompt (which selects the scene). It knows the fixed camera calibration and the robot model of the
+embedded simulator, never the object poses. Per call:
+
+1. the prompt selects the task (:mod:`tasks`); the session's state is looked up by session id;
+2. perception (:mod:`perception`) finds the object and the container in both external views and
+   triangulates them; the session's tracks fold the result in under their visibility/freeze rules;
+3. the planner (:mod:`planner`) advances its phase from the measured joints and gripper and the checks,
+   then rolls out 24 Cartesian rows from where the previous chunk's executed rows left the arm;
+4. the motion layer (:mod:`motion`) solves them into safe joint rows; the reply is a ``(24, 8)`` float32
+   chunk (7 absolute joint targets + gripper, 1 closes).
+
+Sessions are kept per session id (bounded, least recently used out) and dropped on a reset or when the
+server flags a new session; calls may come from several server threads at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from dz_gym.envs import droid
+from dz_gym.policies.reference.geometry import PinholeCamera
+from dz_gym.policies.reference.motion import MotionSolver
+from dz_gym.policies.reference.perception import Perception, Track
+from dz_gym.policies.reference.planner import Measurement, Planner, PlannerConfig, PlannerState
+from dz_gym.policies.reference.sessions import SessionStore
+from dz_gym.policies.reference.tasks import TaskSpec, task_for_prompt
+
+EXTERNAL_KEYS = (droid.REQUEST_IMAGE_KEYS["external_cam"], droid.REQUEST_IMAGE_KEYS["external_cam_2"])
+WRIST_KEY = droid.REQUEST_IMAGE_KEYS["wrist_cam"]
+
+METADATA: dict[str, Any] = {
+    "image_resolution": list(droid.DEFAULT_EMBEDDED_IMAGE_SHAPE),
+    "n_external_cameras": 2,
+    "needs_wrist_camera": True,
+    "needs_stereo_camera": False,
+    "needs_session_id": True,
+    "action_space": "joint_position",
+}
+
+
+@dataclass
+class Session:
+    """One episode's memory: its task, the plan's state and the two estimates."""
+
+    task: TaskSpec | None = None
+    plan: PlannerState = field(default_factory=PlannerState)
+    object: Track = field(default_factory=Track)
+    container: Track = field(default_factory=lambda: Track(min_visible=0.7))
+    calls: int = 0
+
+    def restart(self, task: TaskSpec) -> None:
+        self.task = task
+        self.plan = PlannerState()
+        self.object = Track()
+        self.container = Track(min_visible=0.7)
+        self.calls = 0
+
+
+def _last_frame(request: Mapping[str, Any], key: str) -> np.ndarray:
+    if key not in request:
+        raise ValueError(f"{key}: missing from the request (the reference policy needs all three views)")
+    image = np.asarray(request[key])
+    if image.ndim == 4:
+        image = image[-1]
+    if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
+        raise ValueError(f"{key}: expected uint8 (H, W, 3) or (T, H, W, 3), got {image.dtype} {np.shape(request[key])}")
+    return image
+
+
+def _vector(request: Mapping[str, Any], key: str, size: int) -> np.ndarray:
+    if key not in request:
+        raise ValueError(f"{key}: missing from the request")
+    try:
+        value = np.asarray(request[key], dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError):
+        raise ValueError(f"{key}: expected {size} numbers, got {type(request[key]).__name__}") from None
+    if value.size != size or not np.isfinite(value).all():
+        raise ValueError(f"{key}: expected {size} finite numbers, got shape {np.shape(request[key])}")
+    return value
+
+
+class ReferencePolicy:
+    """The ``reference`` policy of ``dz-gym-serve`` (see the module docstring).
+
+    ``open_loop_horizon``: rows the client executes from each chunk (the plan's state is kept as of
+    that row); ``max_sessions``: sessions remembered at once (least recently used out).
+    """
+
+    def __init__(self, open_loop_horizon: int = droid.DEFAULT_OPEN_LOOP_HORIZON, max_sessions: int = 64,
+                 horizon: int = droid.ACTION_HORIZON):  # fmt: skip
+        if not isinstance(horizon, int) or horizon < 1:
+            raise ValueError(f"horizon: expected an integer >= 1, got {horizon!r}")
+        if not isinstance(open_loop_horizon, int) or not 1 <= open_loop_horizon <= horizon:
+            raise ValueError(f"open_loop_horizon: expected an integer in [1, {horizon}], got {open_loop_horizon!r}")
+        self.metadata = dict(METADATA)
+        self.horizon = horizon
+        self.open_loop_horizon = open_loop_horizon
+        self.sessions: SessionStore[Session] = SessionStore(Session, max_sessions=max_sessions)
+        self.config = PlannerConfig()
+        self.motion = MotionSolver(min_tcp_z=self.config.min_tcp_z)
+        self._local = threading.local()
+        self._perception: dict[tuple[int, int], Perception] = {}
+        self._perception_lock = threading.Lock()
+        self._home_tcp: np.ndarray | None = None
+
+    # ------------------------------------------------------------------------------- resources
+    def _kinematics(self):
+        kin = getattr(self._local, "kinematics", None)
+        if kin is None:
+            from dz_gym.envs.mujoco.kinematics import Kinematics
+
+            kin = self._local.kinematics = Kinematics()
+        return kin
+
+    def perception(self, image_shape: tuple[int, int]) -> Perception:
+        """The perception for images of ``image_shape`` (calibration computed once per shape)."""
+        key = (int(image_shape[0]), int(image_shape[1]))
+        with self._perception_lock:
+            found = self._perception.get(key)
+            if found is None:
+                from dz_gym.envs.mujoco.cameras import camera_calibration
+
+                calib = camera_calibration(key)
+                cams = tuple(PinholeCamera(calib[n].K, calib[n].world_from_camera) for n in ("external_cam", "external_cam_2"))
+                found = self._perception[key] = Perception(cams, calib["wrist_cam"].K)
+            return found
+
+    # ------------------------------------------------------------------------------------- API
+    def reset(self, session_id: str | None = None) -> None:
+        """Forget ``session_id`` (every session when ``None``)."""
+        self.sessions.drop(session_id)
+
+    def infer(self, request: dict, *, session_id: str = "default", new_session: bool = False) -> np.ndarray:
+        """One ``(horizon, 8)`` float32 chunk for ``request`` (see the module docstring)."""
+        task = task_for_prompt(request.get("prompt"))
+        images = tuple(_last_frame(request, key) for key in EXTERNAL_KEYS)
+        if images[0].shape != images[1].shape:
+            raise ValueError(f"{EXTERNAL_KEYS[1]}: expected the same shape as {EXTERNAL_KEYS[0]}, got {images[1].shape} vs {images[0].shape}")
+        _last_frame(request, WRIST_KEY)
+        q = _vector(request, droid.REQUEST_JOINT_KEY, droid.ARM_DOF)
+        gripper = float(_vector(request, droid.REQUEST_GRIPPER_KEY, 1)[0])
+        perception = self.perception(images[0].shape[:2])
+        kin = self._kinematics()
+        with self.sessions.session(str(session_id), new=bool(new_session)) as session:
+            if session.task is None or session.task.scene_id != task.scene_id:
+                session.restart(task)
+            return self._step(session, perception, kin, images, q, gripper)
+
+    def _step(self, session: Session, perception: Perception, kin, images, q: np.ndarray, gripper: float) -> np.ndarray:
+        session.calls += 1
+        position, rotation = kin.fk(q)
+        meas = Measurement(q, gripper, position, MotionSolver.yaw_of(kin, rotation))
+        planner = Planner(session.task, self.config, kin.home, self._home_position(kin))
+        state = session.plan
+        planner.begin_call(state, meas, session.object, session.container)
+        observation = perception.observe(images, session.task)
+        session.object.update(observation.object)
+        session.container.update(observation.container)
+        planner.advance(state, meas, session.object, session.container)
+        rows, kept = planner.rollout(state, session.object, session.container, self.horizon, self.open_loop_horizon)
+        q_start = state.anchor_joints if state.anchor_joints is not None else q
+        actions, joints = self.motion.solve(kin, rows, q_start)
+        # The next call continues from the joints the executed rows ended on.
+        kept.anchor_joints = joints[self.open_loop_horizon - 1]
+        end_position, end_rotation = kin.fk(kept.anchor_joints)
+        kept.anchor_position, kept.anchor_yaw = end_position, MotionSolver.yaw_of(kin, end_rotation)
+        session.plan = kept
+        return actions
+
+    def _home_position(self, kin) -> np.ndarray:
+        if self._home_tcp is None:
+            self._home_tcp = kin.fk(kin.home)[0]
+        return self._home_tcp
+
+
+def make_reference_policy(**kwargs: Any) -> ReferencePolicy:
+    """Factory for ``dz-gym-serve --policy reference`` (keyword arguments as in :class:`ReferencePolicy`)."""
+    return ReferencePolicy(**kwargs)

@@ -1,0 +1,75 @@
+"""A bounded, thread-safe map from session id to per-session state, least recently used out first.
+
+A policy server may serve many sessions (one per env and episode) from several worker threads. Each
+session's state is created on first use, replaced when the server starts the session anew, dropped on a
+reset, and evicted (least recently used first) beyond ``max_sessions``. Each entry carries its own lock,
+so two calls for the same session never interleave while calls for different sessions run in parallel.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from contextlib import contextmanager
+from typing import Callable, Generic, Iterator, TypeVar
+
+T = TypeVar("T")
+
+
+class _Entry(Generic[T]):
+    __slots__ = ("lock", "state")
+
+    def __init__(self, state: T):
+        self.lock = threading.Lock()
+        self.state = state
+
+
+class SessionStore(Generic[T]):
+    """LRU store of per-session states (see the module docstring)."""
+
+    def __init__(self, factory: Callable[[], T], max_sessions: int = 64):
+        if not isinstance(max_sessions, int) or max_sessions < 1:
+            raise ValueError(f"max_sessions: expected an integer >= 1, got {max_sessions!r}")
+        self._factory = factory
+        self.max_sessions = max_sessions
+        self._entries: OrderedDict[str, _Entry[T]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.evictions = 0
+
+    @contextmanager
+    def session(self, session_id: str, *, new: bool = False) -> Iterator[T]:
+        """Hold session ``session_id``'s state (created, or recreated when ``new``) for the ``with`` body."""
+        with self._lock:
+            entry = None if new else self._entries.get(session_id)
+            if entry is None:
+                entry = _Entry(self._factory())
+                self._entries[session_id] = entry
+            self._entries.move_to_end(session_id)
+            while len(self._entries) > self.max_sessions:
+                self._entries.popitem(last=False)
+                self.evictions += 1
+        with entry.lock:
+            yield entry.state
+
+    def replace(self, session_id: str, state: T) -> None:
+        """Set session ``session_id``'s state (e.g. after the task changed)."""
+        with self._lock:
+            entry = self._entries.get(session_id)
+            if entry is not None:
+                entry.state = state
+
+    def drop(self, session_id: str | None = None) -> None:
+        """Forget one session, or every session when ``session_id`` is ``None``."""
+        with self._lock:
+            if session_id is None:
+                self._entries.clear()
+            else:
+                self._entries.pop(session_id, None)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def __contains__(self, session_id: object) -> bool:
+        with self._lock:
+            return session_id in self._entries
