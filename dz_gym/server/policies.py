@@ -44,6 +44,7 @@ __all__ = [
 BUILTIN_POLICIES: dict[str, str] = {
     "hold": "dz_gym.server.policies:HoldPolicy",
     "probe": "dz_gym.server.policies:ProbePolicy",
+    "reference": "dz_gym.policies.reference:make_reference_policy",
 }
 
 
