@@ -8,9 +8,11 @@ only a machine with Isaac Sim can verify.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -541,3 +543,45 @@ def test_rtx_gpu_check(monkeypatch):
         checks.check_rtx_gpu("cuda:0", type("T", (), {"cuda": FakeCuda([])}))
     monkeypatch.setenv(checks.SKIP_GPU_CHECK_ENV, "1")
     assert checks.check_rtx_gpu("cuda:1", torch_like) == "(not checked)"
+
+
+# -- examples/isaac_check_batched.py ---------------------------------------------------------------------
+def load_example():
+    path = Path(__file__).resolve().parents[1] / "examples" / "isaac_check_batched.py"
+    spec = importlib.util.spec_from_file_location("isaac_check_batched", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_check_batched_example_passes_on_the_batched_env(world, tmp_path, capsys):
+    example = load_example()
+    args = example.build_parser().parse_args(["--num-envs", "3", "--steps", "40", "--device", "cpu", "--skip-gpu-check"])
+    example.run_role(args, "reference", tmp_path / "reference.npz", image_shape=SMALL)
+    launch._forget_app_for_tests()
+    example.run_role(args, "batched", tmp_path / "batched.npz", image_shape=SMALL)
+    reference, batched = dict(np.load(tmp_path / "reference.npz")), dict(np.load(tmp_path / "batched.npz"))
+    assert batched["arm_joint_pos"].shape == (40, 3, 7) and reference["arm_joint_pos"].shape == (40, 1, 7)
+    assert np.ptp(reference["arm_joint_pos"][:, 0, 0]) > 0.2  # the arm really moved
+    assert example.report(example.compare(reference, batched), 3)
+    assert capsys.readouterr().out.strip().endswith("PASS")
+
+
+def test_check_batched_example_fails_when_an_env_differs(capsys):
+    example = load_example()
+    rng = np.random.default_rng(0)
+    reference = {
+        "arm_joint_pos": rng.normal(size=(5, 1, 7)),
+        "gripper_pos": rng.uniform(size=(5, 1, 1)),
+        "object_pos": rng.normal(size=(5, 1, 3)),
+        "container_pos": rng.normal(size=(5, 1, 3)),
+        "images": rng.integers(0, 255, size=(5, 1, 3, 4, 6, 3), dtype=np.uint8),
+    }
+    batched = {name: np.repeat(value, 2, axis=1) for name, value in reference.items()}
+    assert all(ok for *_, ok in example.compare(reference, batched))
+    batched["arm_joint_pos"][:, 1, 0] += 0.01  # env 1 sees env 0's joints, say
+    batched["images"][:, 1] = np.clip(batched["images"][:, 1].astype(int) + 20, 0, 255).astype(np.uint8)
+    results = {name: ok for name, _, _, ok in example.compare(reference, batched)}
+    assert results == {"arm_joint_pos": False, "gripper_pos": True, "object_pos": True, "container_pos": True, "images": False}
+    assert not example.report(example.compare(reference, batched), 2)
+    assert capsys.readouterr().out.strip().endswith("FAIL")
