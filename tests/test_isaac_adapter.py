@@ -211,8 +211,9 @@ def test_hold_step_after_reset_returns_fresh_images(world):
 def test_without_the_hold_step_the_first_frame_is_stale(world):
     env = make(num_envs=2, settle_steps=0)
     env.reset(seed=0)
-    obs, _ = env.reset()
+    obs, info = env.reset()
     assert (image_channel(obs, 2) != world.env.episode_id.numpy() % 256).all()  # IsaacLab#6394, reproduced
+    assert not info["images_fresh"].any()
 
 
 def test_partial_reset_resets_only_those_envs_with_a_tensor_of_ids(world):

@@ -14,7 +14,7 @@ contract:
   after every reset of all envs one hold step (arm target = current joints, gripper unchanged) is taken
   and the episode counters zeroed, because the first frame after a reset can show the previous episode
   (IsaacLab#6394). A reset of only some envs cannot take that step without moving the others, so their
-  ``images_fresh`` is False on that observation.
+  ``images_fresh`` is False on that observation (as for every reset with ``settle_steps=0``).
 
 What upstream lacks and this cannot add: sim-evals has no randomization, so every episode starts from the
 same state whatever the seed; seeds are recorded (``episode_seed``) but change nothing.
@@ -160,10 +160,10 @@ class IsaacDroidEnv(BatchedDroidEnv):
             ids = self._torch.as_tensor(env_ids, dtype=self._torch.int64, device=self.device)
             obs, _ = self.api.reset(env, env_ids=ids)
         fresh = np.ones(self.num_envs, dtype=bool)
-        if full:
+        if full and self.settle_steps:
             obs = self._settle(obs)
-        elif self.settle_steps:
-            fresh[env_ids] = False
+        else:
+            fresh[env_ids] = False  # no hold step since their reset: the frame may show the last episode
         self._episode_step[env_ids] = 0
         self._success_any[env_ids] = False
         state = self._probe.read(env)
@@ -194,9 +194,9 @@ class IsaacDroidEnv(BatchedDroidEnv):
                 self._episode_seed[i] = self._take_seed(i, int(self._episode_seed[i]) + self.num_envs)
             self._episode_step[done_ids] = 0
             self._success_any[done_ids] = False
-            if done_ids.size == self.num_envs:
+            if done_ids.size == self.num_envs and self.settle_steps:
                 obs = self._settle(obs)
-            elif self.settle_steps:
+            else:
                 fresh[done_ids] = False
         reward = self._torch.as_tensor(success, dtype=self._torch.float32, device=self.device)
         return obs, reward, terminated, truncated, info
@@ -216,8 +216,6 @@ class IsaacDroidEnv(BatchedDroidEnv):
     # -- internals ------------------------------------------------------------------------------------
     def _settle(self, obs):
         """Hold steps after a reset of every env, then zero Isaac Lab's episode counters."""
-        if not self.settle_steps:
-            return obs
         for _ in range(self.settle_steps):
             obs, *_ = self.isaac_env.step(self._hold_action(obs))
         self.isaac_env.episode_length_buf[:] = 0
