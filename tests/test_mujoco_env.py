@@ -245,3 +245,14 @@ def test_rendering_error_names_the_debian_packages():
     assert isinstance(error, RenderingUnavailable)
     text = str(error)
     assert "libegl1" in text and "libosmesa6" in text and "egl, osmesa" in text and "\n" not in text
+
+
+def test_isaac_sized_images():
+    env = make_env(scene=3, num_envs=1, seed=0, image_shape=(720, 1280), num_workers=0)
+    try:
+        obs, _ = env.reset()
+        for key in droid.CAMERA_KEYS:
+            assert obs["policy"][key].shape == (1, 720, 1280, 3) and obs["policy"][key].std() > 5
+        assert env.camera_calibration()["external_cam"].width == 1280
+    finally:
+        env.close()
