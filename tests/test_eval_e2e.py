@@ -171,3 +171,33 @@ def test_killed_and_restarted_server(tmp_path):
     assert all(r["error_event"] in ("connection_lost", "reconnect_failed") for r in errored)
     assert rows[-1]["error"] is None, "episodes after the restart run normally"
     assert summary["overall"]["errored"] == len(errored)
+
+
+def test_process_per_scene(tmp_path):
+    """Scenes in fresh processes (the Isaac Lab default) append to one run directory and one summary."""
+    argv = ["--scene", "1", "--scene", "3", "--process-per-scene", "--num-envs", "1", "--episodes", "1",
+            "--max-steps", "8", "--no-video", "--no-progress", "--output-root", str(tmp_path)]
+    assert cli.main(argv) == 0
+    run = run_dir_of(tmp_path)
+    rows = run.read_rows()
+    assert sorted((r["scene"], r["episode"]) for r in rows) == [(1, 0), (3, 0)]
+    summary = json.loads((run.path / "summary.json").read_text())
+    assert summary["complete"] and summary["1"]["episodes"] == 1 and summary["3"]["episodes"] == 1
+    assert summary["command"].startswith("dz-gym-eval --scene 1 --scene 3")
+    assert len(summary["segments"]) == 2
+
+
+@pytest.mark.slow
+def test_reference_policy_successes_are_counted(tmp_path):
+    """Long enough episodes for the vision reference policy to place the cube: successes show up."""
+    if cli.default_policy() != "reference":
+        pytest.skip("the reference policy is not registered")
+    argv = ["--num-envs", "2", "--episodes", "2", "--max-steps", "160", "--no-video", "--no-progress",
+            "--output-root", str(tmp_path)]
+    assert cli.main(argv) == 0
+    rows = run_dir_of(tmp_path).read_rows()
+    assert any(r["success_any_step"] for r in rows)
+    for row in rows:
+        assert row["success_any_step"] == (row["first_success_step"] is not None)
+        if row["success_at_end"]:
+            assert row["success_any_step"]

@@ -236,12 +236,16 @@ def resolve_config(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
 
 
 class _StopOnSignal:
-    """First SIGINT/SIGTERM: stop at the next step boundary; second: stop now (KeyboardInterrupt)."""
+    """First SIGINT/SIGTERM: stop at the next step boundary; second: stop now (KeyboardInterrupt).
 
-    def __init__(self, control: RunControl, say, child: list[subprocess.Popen] | None = None):
+    With ``children`` (per-scene processes, each in its own session) every signal is forwarded to the running
+    child instead, which then stops the same way; this process only stops starting new children.
+    """
+
+    def __init__(self, control: RunControl, say, children: list[subprocess.Popen] | None = None):
         self.control = control
         self.say = say
-        self.child = child if child is not None else []
+        self.children = children
         self._previous: dict[int, Any] = {}
 
     def __enter__(self):
@@ -253,9 +257,12 @@ class _StopOnSignal:
         return self
 
     def _handle(self, signum, frame) -> None:
-        for proc in self.child:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
+        if self.children is not None:
+            self.control.stop.set()
+            for proc in self.children:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGINT)
+            return
         if self.control.stop.is_set():
             raise KeyboardInterrupt
         self.control.stop.set()
@@ -312,20 +319,18 @@ def _run_scene_processes(args: argparse.Namespace, argv: list[str], config: Eval
                 break
             child_argv = [sys.executable, "-m", "dz_gym.eval.cli", *base, "--resume", str(run_dir.path), "--only-scene", str(scene)]
             _say(f"dz-gym-eval: scene {scene} in a new process")
-            proc = subprocess.Popen(child_argv, env=env)
+            # A session of its own: a Ctrl-C in the terminal reaches only this process, which forwards it once.
+            proc = subprocess.Popen(child_argv, env=env, start_new_session=True)
             children[:] = [proc]
-            while True:
-                try:
-                    code = proc.wait()
-                    break
-                except KeyboardInterrupt:
-                    proc.kill()
+            code = proc.wait()
             if code != EXIT_OK:
                 break
     summary = run_dir.read_summary()
     if summary is not None:
         print(format_table(summary))
-        print(f"results: {run_dir.path}")
+    print(f"results: {run_dir.path}")
+    if code == EXIT_OK and (summary is None or not summary.get("complete")):
+        code = EXIT_ABORTED
     return code if code in (EXIT_OK, EXIT_ABORTED, EXIT_INTERRUPTED) else EXIT_ABORTED
 
 
