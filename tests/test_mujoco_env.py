@@ -256,3 +256,37 @@ def test_isaac_sized_images():
         assert env.camera_calibration()["external_cam"].width == 1280
     finally:
         env.close()
+
+
+def test_broken_egl_falls_back_to_osmesa_in_workers_and_errors_clearly_in_process(tmp_path):
+    """With EGL unusable (no vendor library) and MUJOCO_GL unset, workers render with OSMesa; in-process
+    rendering, bound to EGL at import, raises the one clear error (or works where EGL is not glvnd's)."""
+    import ctypes.util
+    import os
+    import subprocess
+    import sys
+
+    if ctypes.util.find_library("OSMesa") is None:
+        pytest.skip("libosmesa6 not installed")
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import sys, warnings\n"
+        "from dz_gym.envs.mujoco import make_env, RenderingUnavailable\n"
+        "if __name__ == '__main__':\n"
+        "    try:\n"
+        "        env = make_env(scene=1, num_envs=1, num_workers=int(sys.argv[1]))\n"
+        "        obs, _ = env.reset(seed=0)\n"
+        "        print('OK', int(obs['policy']['external_cam'].std() > 5))\n"
+        "        env.close()\n"
+        "    except RenderingUnavailable as exc:\n"
+        "        print('ERROR', exc)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "PYOPENGL_PLATFORM")}
+    env["__EGL_VENDOR_LIBRARY_FILENAMES"] = str(tmp_path / "missing.json")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([repo, env.get("PYTHONPATH", "")])
+    workers = subprocess.run([sys.executable, str(script), "1"], env=env, capture_output=True, text=True, timeout=120)
+    assert workers.stdout.strip().splitlines()[-1] == "OK 1", workers.stdout + workers.stderr
+    inline = subprocess.run([sys.executable, str(script), "0"], env=env, capture_output=True, text=True, timeout=120)
+    last = inline.stdout.strip().splitlines()[-1]
+    assert last == "OK 1" or (last.startswith("ERROR rendering:") and "libegl1" in last and "libosmesa6" in last), last

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from typing import Any
 
 import numpy as np
@@ -170,9 +171,13 @@ class MujocoDroidEnv(BatchedDroidEnv):
         for backend in backends:
             env = dict(worker_env, MUJOCO_GL=backend, PYOPENGL_PLATFORM=backend)
             try:
-                return WorkerPool(configs, self._buffers, method, env)
+                pool = WorkerPool(configs, self._buffers, method, env)
             except gl.RenderingUnavailable as exc:
                 last_error = exc
+                continue
+            if last_error is not None:
+                warnings.warn(f"rendering with MUJOCO_GL={backend}: {backends[0]} failed ({last_error})", RuntimeWarning, stacklevel=3)
+            return pool
         raise gl.unavailable(str(last_error).split("; ", 1)[-1].split("); install")[0], tried=backends) from last_error
 
     # ----------------------------------------------------------------------------------- contract

@@ -118,8 +118,8 @@ class ScriptedExpert:
         plan.attempts = 1
         plan.start, plan.start_yaw = self.home_tcp.copy(), 0.0
         plan.target, plan.target_yaw = self.home_tcp.copy(), 0.0
-        plan.phase, plan.step, plan.duration = APPROACH, 0, 0
-        plan.phase = -1  # entered properly on the first _advance
+        plan.step, plan.duration = 0, 0
+        plan.phase = -1  # APPROACH is entered on the first _advance, from the state of that step
 
     def _grasp(self, env: int, state) -> tuple[np.ndarray, float]:
         """Grasp point (TCP target) and yaw for the object of ``env`` now."""
