@@ -304,3 +304,22 @@ def test_numpy_path_without_threadpoolctl_or_worker_threads(monkeypatch):
     monkeypatch.setattr(preprocess, "_workers", lambda: None)
     images = synthetic_images(3, 120, 200, seed=12)
     np.testing.assert_array_equal(resize_with_pad(images, 90, 160, method="exact"), reference(images, 90, 160))
+
+
+def test_cuda_paths():
+    """On a CUDA machine: the exact path is bit-identical, the float kernel within one level."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    images = np.concatenate([natural_images(2, 720, 1280, seed=720), synthetic_images(2, 720, 1280, seed=720)])
+    for in_size, out_size in [((720, 1280), (180, 320)), ((480, 640), (180, 320)), ((500, 100), (180, 320))]:
+        batch = images[:, : in_size[0], : in_size[1]]
+        ref = reference(batch, *out_size)
+        gpu = torch.from_numpy(np.ascontiguousarray(batch)).cuda()
+        exact = resize_with_pad(gpu, *out_size, method="exact")
+        assert exact.device == gpu.device and exact.dtype == torch.uint8
+        got = exact.cpu().numpy()
+        if bitwise_expected(*in_size, *out_size):
+            np.testing.assert_array_equal(got, ref)
+        assert max_diff(resize_with_pad_to_numpy(gpu, *out_size, method="torch"), ref) <= 1
+        assert max_diff(resize_with_pad_to_numpy(gpu, *out_size), ref) <= 1
