@@ -291,7 +291,7 @@ class StandInRLEnv(gym.Env):
 
     def _build_stage(self):
         prims = self.sim.stage.prims
-        for name, value in vars(self.cfg.scene).items():
+        for value in vars(self.cfg.scene).values():
             spawn = getattr(value, "spawn", None)
             kind = type(spawn).__name__
             if kind not in ("SphereLightCfg", "DomeLightCfg"):

@@ -108,7 +108,7 @@ def patch_env_cfg(
         changes.append(f"cameras: {height}x{width} instead of {droid.ISAAC_IMAGE_SHAPE[0]}x{droid.ISAAC_IMAGE_SHAPE[1]}")
     if tiled_cameras and not api.is_v3:
         sensors = importlib.import_module("isaaclab.sensors")
-        for key, camera in zip(droid.CAMERA_KEYS, cameras):
+        for key, camera in zip(droid.CAMERA_KEYS, cameras, strict=True):
             fields = {name: value for name, value in vars(camera).items() if not name.startswith("_")}
             fields.pop("class_type", None)
             setattr(cfg.scene, key, sensors.TiledCameraCfg(**fields))
