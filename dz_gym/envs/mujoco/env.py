@@ -167,18 +167,20 @@ class MujocoDroidEnv(BatchedDroidEnv):
         backends = [gl.configure()]
         if not gl.user_chose_backend() and backends[0] != gl.FALLBACK_BACKEND:
             backends.append(gl.FALLBACK_BACKEND)
-        last_error: gl.RenderingUnavailable | None = None
+        failures: list[str] = []
         for backend in backends:
-            env = dict(worker_env, MUJOCO_GL=backend, PYOPENGL_PLATFORM=backend)
+            env = dict(worker_env, MUJOCO_GL=backend)
+            if backend in ("egl", "osmesa"):  # PyOpenGL must load the same platform as MuJoCo's context
+                env["PYOPENGL_PLATFORM"] = backend
             try:
                 pool = WorkerPool(configs, self._buffers, method, env)
             except gl.RenderingUnavailable as exc:
-                last_error = exc
+                failures.append(f"{backend}: {exc.detail}")
                 continue
-            if last_error is not None:
-                warnings.warn(f"rendering with MUJOCO_GL={backend}: {backends[0]} failed ({last_error})", RuntimeWarning, stacklevel=3)
+            if failures:
+                warnings.warn(f"rendering with MUJOCO_GL={backend} ({'; '.join(failures)})", RuntimeWarning, stacklevel=3)
             return pool
-        raise gl.unavailable(str(last_error).split("; ", 1)[-1].split("); install")[0], tried=backends) from last_error
+        raise gl.unavailable("; ".join(failures), tried=backends)
 
     # ----------------------------------------------------------------------------------- contract
     def reset(self, *, seed: int | None = None, options: dict | None = None):

@@ -22,7 +22,11 @@ _user_choice: str | None = os.environ.get("MUJOCO_GL")
 
 
 class RenderingUnavailable(DzGymError, RuntimeError):
-    """No headless OpenGL backend could create a rendering context."""
+    """No headless OpenGL backend could create a rendering context (``detail``: the underlying failure)."""
+
+    def __init__(self, message: str, detail: str = ""):
+        super().__init__(message)
+        self.detail = detail or message
 
 
 def configure() -> str:
@@ -47,7 +51,8 @@ def unavailable(detail: str, tried: list[str] | tuple[str, ...] = ()) -> Renderi
     tried_text = ", ".join(tried) if tried else backend_in_process() or "(unset)"
     return RenderingUnavailable(
         f"rendering: no OpenGL context (MUJOCO_GL tried: {tried_text}; {detail}); install the Debian packages "
-        f"{DEBIAN_PACKAGES}, and set MUJOCO_GL=egl or MUJOCO_GL=osmesa before mujoco is imported"
+        f"{DEBIAN_PACKAGES}, and set MUJOCO_GL=egl or MUJOCO_GL=osmesa before mujoco is imported",
+        detail,
     )
 
 

@@ -83,7 +83,7 @@ def worker_main(conn: Connection, config, fields, shm_name: str) -> None:
     try:
         group = EnvGroup(config, buffers.arrays)
     except gl.RenderingUnavailable as exc:
-        conn.send_bytes(b"glerror " + str(exc).encode())
+        conn.send_bytes(b"glerror " + exc.detail.encode())
         buffers.close()
         return
     except Exception:  # noqa: BLE001
@@ -160,7 +160,8 @@ class WorkerPool:
         if gl_errors or errors:
             self.close()
             if gl_errors:
-                raise gl.RenderingUnavailable(gl_errors[0][len(b"glerror ") :].decode())
+                detail = gl_errors[0][len(b"glerror ") :].decode(errors="replace")
+                raise gl.unavailable(detail, tried=[worker_env.get("MUJOCO_GL", "")])
             raise WorkerError(f"mujoco worker failed to start: {_last_line(errors[0])}\n{errors[0].decode()}")
 
     def _gather(self, timeout: float | None = None, conns: list[Connection] | None = None) -> list[bytes]:
