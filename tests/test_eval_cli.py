@@ -73,3 +73,15 @@ def test_resume_may_change_how_but_not_what(tmp_path):
     resumed, run_dir, servers = cli.resolve_config(parser, args)
     assert run_dir.path == run.path and servers is None
     assert (resumed.num_envs, resumed.video, resumed.episodes, resumed.seed, resumed.policy) == (4, False, 6, 3, "hold")
+
+
+def test_resume_of_an_external_server_run(capsys, tmp_path):
+    config = EvalConfig(scenes=[2], episodes=2, num_envs=1, servers=["ws://127.0.0.1:9/x"], policy="external")
+    run = RunDir.create(tmp_path, config)
+    parser = cli.build_parser(isaac_args=False)
+    _, _, servers = cli.resolve_config(parser, parser.parse_args(["--resume", str(run.path)]))
+    assert servers == ["ws://127.0.0.1:9/x"]
+    args = ["--resume", str(run.path), "--server", "ws://127.0.0.1:10/x"]
+    resumed, _, servers = cli.resolve_config(parser, parser.parse_args(args))
+    assert servers == resumed.servers == ["ws://127.0.0.1:10/x"]
+    assert "--policy" in usage_error(capsys, ["--resume", str(run.path), "--policy", "hold"])

@@ -202,8 +202,9 @@ def resolve_config(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         except ValueError as exc:
             parser.error(f"--resume: {exc}")
         if servers is None and saved.servers:
+            if args.policy is not None:
+                parser.error("--policy: the run used external servers; --policy only selects the embedded server's policy")
             servers = list(saved.servers)  # resume against the servers the run used
-            wanted.pop("policy", None)
         if servers is None and "policy" not in wanted:
             wanted["policy"] = saved.policy
         conflicts = resume_conflicts(saved, wanted)

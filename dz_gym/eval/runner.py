@@ -216,9 +216,8 @@ class SceneRunner:
 
         _, reward, terminated, truncated, info = wrapper.step()
 
-        done = np.asarray(to_numpy(terminated), dtype=bool).reshape(-1) | np.asarray(
-            to_numpy(truncated), dtype=bool
-        ).reshape(-1)
+        terminated = np.asarray(to_numpy(terminated), dtype=bool).reshape(-1)
+        done = terminated | np.asarray(to_numpy(truncated), dtype=bool).reshape(-1)
         reward = np.asarray(to_numpy(reward), dtype=np.float64).reshape(-1)
         called = np.asarray(info["policy_called"], dtype=bool)
         received = np.asarray(info.get("chunk_received", called), dtype=bool)
@@ -265,7 +264,7 @@ class SceneRunner:
                 ep.server_errors += 1
                 finished.append((i, str(errors[i]), None if events[i] is None else str(events[i]), "error"))
             elif done[i]:
-                finished.append((i, None, None, "terminated" if to_numpy(terminated).reshape(-1)[i] else "time_limit"))
+                finished.append((i, None, None, "terminated" if terminated[i] else "time_limit"))
             elif ep.steps >= self.max_steps:  # the env's own limit is longer: end it here
                 finished.append((i, None, None, "time_limit"))
         if self.progress is not None:
