@@ -26,9 +26,11 @@ scripted expert) and :meth:`perturb` (robustness tests).
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
 import warnings
+import weakref
 from typing import Any
 
 import numpy as np
@@ -43,6 +45,19 @@ from dz_gym.envs.mujoco.worker import Buffers, WorkerPool
 
 MAX_IMAGE_SHAPE = (2160, 3840)
 PERTURB_KINDS = ("nudge", "drop")
+
+# Envs still open at interpreter exit are closed before module teardown (a renderer freed during teardown
+# makes OSMesa print errors; workers get a clean "close" instead of a termination signal).
+_OPEN_ENVS: "weakref.WeakSet[MujocoDroidEnv]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_envs() -> None:
+    for env in list(_OPEN_ENVS):
+        try:
+            env.close()
+        except Exception:  # noqa: BLE001 - best effort at exit
+            pass
 
 
 def _available_cores() -> int:
@@ -137,6 +152,7 @@ class MujocoDroidEnv(BatchedDroidEnv):
         self._has_reset = False
 
         fields = buffer_fields(n, image_shape)
+        _OPEN_ENVS.add(self)
         try:
             if self.num_workers == 0:
                 self._buffers = Buffers(fields, shared=False)
