@@ -2,10 +2,11 @@
 
 Two fixed external cameras sit on either side of the robot, 0.57 m to its left and right, 0.66 m above the
 table, looking down ~37 degrees at the workspace in front of the robot; the third camera rides on the
-gripper. Poses and fields of view are sim-evals' (Isaac Lab ``CameraCfg`` offsets, OpenGL convention,
-focal 2.1 / vertical aperture 3.024 -> 71.5 degrees vertical FOV; the wrist camera ~57 degrees), so
-images look like the Isaac scenes' framing. The horizontal FOV follows from the image aspect ratio
-(104 degrees at 16:9, e.g. the default 180x320).
+gripper. The external poses and FOV are sim-evals' (Isaac Lab ``CameraCfg`` offsets, OpenGL convention,
+focal 2.1 / vertical aperture 3.024 -> 71.5 degrees vertical FOV), so the external images have the Isaac
+scenes' framing. The wrist camera is the droid model's own (EgoGym's calibration, centred on the
+fingertips), whose 56.7 degree FOV matches sim-evals' wrist camera (~57 degrees). The horizontal FOV
+follows from the image aspect ratio (104 degrees for the external cameras at 16:9, e.g. 180x320).
 
 Calibration (:func:`camera_calibration`) uses the OpenCV convention: camera x right, y down, z forward
 (the viewing direction); pixel (u, v) = (column, row) with (0, 0) the centre of the top-left pixel, so
