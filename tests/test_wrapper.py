@@ -1,0 +1,366 @@
+"""DreamZeroPolicyWrapper against the reference server, on the Isaac stand-in (torch) and the embedded sim (numpy)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+import warnings
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from gymnasium.vector import AutoresetMode
+
+from dz_gym.envs import droid
+from dz_gym.envs.standin import IsaacDroidStandIn, decode_stamp
+from dz_gym.errors import HandshakeError
+from dz_gym.server.launch import start_server_thread
+from dz_gym.server.policies import DREAMZERO_METADATA
+from dz_gym.transport import TransportConfig
+from dz_gym.wrapper import DreamZeroPolicyWrapper
+
+PATH = "/v1/realtime/robot/openpi"
+FAST = TransportConfig(open_timeout=5.0, connect_retries=1, request_timeout=20.0)
+
+
+class RecordingPolicy:
+    """Records every request; answers a chunk that is a deterministic function of the request."""
+
+    def __init__(self, delay_s: float = 0.0, metadata: dict | None = None):
+        self.metadata = dict(DREAMZERO_METADATA if metadata is None else metadata)
+        self.delay_s = delay_s
+        self.fail_sessions: set[str] = set()
+        self.fatal = False
+        self.calls: list[dict] = []
+        self._lock = threading.Lock()
+
+    def infer(self, request: dict, *, session_id: str, new_session: bool) -> np.ndarray:
+        start = time.perf_counter()
+        record = {key: (np.array(value, copy=True) if isinstance(value, np.ndarray) else value) for key, value in request.items()}
+        call = {"request": record, "session_id": session_id, "start": start}
+        with self._lock:
+            self.calls.append(call)
+        if session_id in self.fail_sessions:
+            raise RuntimeError(f"injected failure for {session_id}")
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        joints = np.asarray(request["observation/joint_position"], dtype=np.float32)
+        chunk = np.zeros((droid.ACTION_HORIZON, droid.ACTION_DIM), dtype=np.float32)
+        chunk[:, :7] = joints + 0.01 * np.arange(1, droid.ACTION_HORIZON + 1)[:, None]
+        chunk[:, 7] = np.where(np.arange(droid.ACTION_HORIZON) % 3 == 0, 0.9, 0.2)  # binarized by clients
+        call["end"] = time.perf_counter()
+        return chunk
+
+
+@pytest.fixture
+def recording_server():
+    handles = []
+
+    def start(policy: RecordingPolicy, **fields):
+        handle = start_server_thread(policy, **fields)
+        handles.append(handle)
+        return handle
+
+    yield start
+    for handle in handles:
+        handle.stop()
+
+
+def make_wrapper(env, url, **kwargs):
+    kwargs.setdefault("transport", FAST)
+    return DreamZeroPolicyWrapper(env, server=url + PATH, **kwargs)
+
+
+def reference_single_env_rollout(url: str, env: IsaacDroidStandIn, steps: int, prompt: str) -> list[np.ndarray]:
+    """The reference single-env client's logic (openpi-client preprocessing and codec, sync websockets)."""
+    import websockets.sync.client
+    from openpi_client import image_tools, msgpack_numpy
+
+    with websockets.sync.client.connect(url + PATH, compression=None, max_size=None) as conn:
+        assert isinstance(msgpack_numpy.unpackb(conn.recv()), dict)
+        packer = msgpack_numpy.Packer()
+        session_id = str(uuid.uuid4())
+        completed, chunk, executed = 0, None, []
+        obs, _ = env.reset(seed=0)
+        for _ in range(steps):
+            policy = obs["policy"]
+            right = policy["external_cam"][0].clone().detach().cpu().numpy()
+            left = policy["external_cam_2"][0].clone().detach().cpu().numpy()
+            wrist = policy["wrist_cam"][0].clone().detach().cpu().numpy()
+            joints = policy["arm_joint_pos"][0].clone().detach().cpu().numpy()  # upstream's (7,) env-0 term
+            gripper = policy["gripper_pos"][0].clone().detach().cpu().numpy()
+            if completed == 0 or completed >= 8 or chunk is None:
+                completed = 0
+                request = {
+                    "observation/exterior_image_0_left": image_tools.resize_with_pad(right, 180, 320),
+                    "observation/exterior_image_1_left": image_tools.resize_with_pad(left, 180, 320),
+                    "observation/wrist_image_left": image_tools.resize_with_pad(wrist, 180, 320),
+                    "observation/joint_position": joints.astype(np.float64),
+                    "observation/cartesian_position": np.zeros((6,), dtype=np.float64),
+                    "observation/gripper_position": gripper.astype(np.float64),
+                    "prompt": prompt,
+                    "session_id": session_id,
+                    "endpoint": "infer",
+                }
+                conn.send(packer.pack(request))
+                chunk = np.asarray(msgpack_numpy.unpackb(conn.recv()), dtype=np.float32)
+            action = np.array(chunk[completed], copy=True)
+            completed += 1
+            action[-1] = 1.0 if action[-1].item() > 0.5 else 0.0
+            executed.append(action)
+            obs, *_ = env.step(torch.tensor(action, dtype=torch.float32)[None])
+        return executed
+
+
+def test_one_env_sends_the_reference_clients_requests_and_executes_its_actions(recording_server):
+    steps = 20
+    ours, theirs = RecordingPolicy(), RecordingPolicy()
+    ours_server, theirs_server = recording_server(ours), recording_server(theirs)
+    prompt = droid.SCENES[1].prompt
+
+    reference_actions = reference_single_env_rollout(theirs_server.url, IsaacDroidStandIn(scene=1, num_envs=1), steps, prompt)
+    env = make_wrapper(IsaacDroidStandIn(scene=1, num_envs=1), ours_server.url)
+    try:
+        env.reset(seed=0)
+        wrapper_actions = [env.step()[4]["policy_action"][0] for _ in range(steps)]
+    finally:
+        env.close()
+
+    np.testing.assert_array_equal(np.stack(wrapper_actions), np.stack(reference_actions))
+    assert len(ours.calls) == len(theirs.calls) == 3  # steps 0, 8, 16
+    for mine, ref in zip(ours.calls, theirs.calls):
+        a, b = mine["request"], ref["request"]
+        assert sorted(a) == sorted(b)
+        for key in a:
+            if key == "session_id":
+                assert uuid.UUID(a[key]).version == 4 and uuid.UUID(b[key]).version == 4
+            elif isinstance(b[key], np.ndarray):
+                assert a[key].dtype == b[key].dtype and a[key].shape == b[key].shape, key
+                diff = np.abs(a[key].astype(np.float64) - b[key].astype(np.float64)).max()
+                assert diff <= (1 if a[key].dtype == np.uint8 else 0), key
+            else:
+                assert a[key] == b[key], key
+    assert len({c["session_id"] for c in ours.calls}) == 1
+
+
+def test_eight_envs_use_distinct_sessions_per_episode_and_query_concurrently(recording_server):
+    policy = RecordingPolicy(delay_s=0.15)
+    server = recording_server(policy, workers=8)
+    env = make_wrapper(IsaacDroidStandIn(scene=2, num_envs=8, max_episode_length=12), server.url)
+    try:
+        _, info = env.reset(seed=0)
+        first_wave = set(info["session_id"])
+        assert len(first_wave) == 8
+        for _ in range(24):
+            _, _, _, truncated, info = env.step()
+        assert info["policy_called"].sum() == 0 or info["policy_called"].all()
+    finally:
+        env.close()
+    sessions = [c["session_id"] for c in policy.calls]
+    assert len(set(sessions)) == 16  # two episode waves of 8
+    assert set(sessions[:8]) == first_wave
+    assert all(sessions.count(s) == 2 for s in set(sessions))  # steps 0 and 8 of a 12-step episode
+    wave = sorted(policy.calls, key=lambda c: c["start"])[:8]
+    assert max(c["start"] for c in wave) < min(c["end"] for c in wave)  # all 8 were in service at once
+    assert all(c["request"]["prompt"] == droid.SCENES[2].prompt for c in policy.calls)
+
+
+def test_envs_finishing_at_different_steps_call_only_on_their_own_schedule(recording_server):
+    lengths = [5, 7, 9, 11, 13, 17, 19, 23]
+    server = recording_server(RecordingPolicy(), workers=2)
+    env = make_wrapper(IsaacDroidStandIn(scene=1, num_envs=8, episode_lengths=lengths), server.url)
+    try:
+        env.reset(seed=0)
+        episode_step = np.zeros(8, dtype=int)
+        calls_per_step = []
+        for _ in range(60):
+            _, _, terminated, truncated, info = env.step()
+            called = info["policy_called"]
+            assert (called == (episode_step % 8 == 0)).all(), (episode_step, called)
+            calls_per_step.append(int(called.sum()))
+            done = (terminated | truncated).numpy()
+            episode_step = np.where(done, 0, episode_step + 1)
+    finally:
+        env.close()
+    assert max(calls_per_step[20:]) < 8  # desynchronised envs never refill all at once
+
+
+def test_one_envs_server_error_flags_only_its_episode(recording_server):
+    policy = RecordingPolicy()
+    server = recording_server(policy)
+    env = make_wrapper(IsaacDroidStandIn(scene=1, num_envs=4, max_episode_length=10), server.url)
+    try:
+        obs, info = env.reset(seed=0)
+        failing = info["session_id"][2]
+        policy.fail_sessions.add(failing)
+        obs, _, _, _, info = env.step()
+        assert info["integrity_event"].tolist() == [None, None, "server_error", None]
+        assert "Internal inference error" in info["policy_error"][2] or "injected" in info["policy_error"][2]
+        assert info["episode_flagged"].tolist() == [False, False, True, False]
+        assert info["policy_held"].tolist() == [False, False, True, False]
+        np.testing.assert_allclose(info["policy_action"][2, :7], obs["policy"]["arm_joint_pos"][2].numpy(), atol=0.05)
+        for _ in range(9):  # env 2 keeps asking (and failing) while the others use their caches
+            _, _, _, truncated, info = env.step()
+        assert truncated.all()
+        assert info["session_id"][2] == failing
+        _, _, _, _, info = env.step()  # a new episode with a new session id succeeds
+        assert info["policy_error"].tolist() == [None] * 4 and info["policy_called"].all()
+    finally:
+        env.close()
+
+
+def test_fatal_error_closes_the_connection_and_the_env_reconnects(recording_server):
+    policy = RecordingPolicy()
+    server = recording_server(policy, flavor="openpi")
+    env = make_wrapper(IsaacDroidStandIn(scene=1, num_envs=2), server.url)
+    try:
+        _, info = env.reset(seed=0)
+        policy.fail_sessions.add(info["session_id"][1])
+        _, _, _, _, info = env.step()
+        assert info["integrity_event"][1] == "server_error" and info["integrity_event"][0] is None
+        policy.fail_sessions.clear()
+        _, _, _, _, info = env.step()  # env 1 asks again on its new connection
+        assert info["policy_called"].tolist() == [False, True]
+        assert info["policy_error"][1] is None and info["episode_flagged"][1]
+        assert env.pool.is_connected(1)
+    finally:
+        env.close()
+
+
+def test_callers_action_is_executed_while_the_policy_schedule_stays_in_sync(recording_server):
+    policy = RecordingPolicy()
+    server = recording_server(policy)
+    base = IsaacDroidStandIn(scene=1, num_envs=2, joint_tau=1e-3)
+    env = make_wrapper(base, server.url)
+    try:
+        env.reset(seed=0)
+        target = torch.full((2, 8), 0.3)
+        target[:, 7] = 0.0
+        for step in range(10):
+            obs, _, _, _, info = env.step(target)
+            assert info["policy_called"].all() == (step in (0, 8))
+            assert not np.allclose(info["policy_action"], target.numpy())
+        np.testing.assert_allclose(obs["policy"]["arm_joint_pos"].numpy(), 0.3, atol=1e-3)
+        with pytest.raises(ValueError, match=r"action: expected shape \(2, 8\)"):
+            env.step(np.zeros((3, 8)))
+    finally:
+        env.close()
+    assert len(policy.calls) == 4
+
+
+def test_gymnasium_surface(recording_server):
+    server = recording_server(RecordingPolicy())
+    env = make_wrapper(IsaacDroidStandIn(scene=3, num_envs=3, image_shape=(90, 160)), server.url)
+    try:
+        assert isinstance(env, gym.Wrapper)
+        assert env.num_envs == 3 and env.max_episode_length == 450
+        assert env.metadata["autoreset_mode"] is AutoresetMode.SAME_STEP
+        assert env.metadata is not env.unwrapped.metadata
+        assert env.single_action_space.shape == (8,) and env.action_space.shape == (3, 8)
+        assert env.observation_space["policy"]["wrist_cam"].shape == (3, 90, 160, 3)
+        assert env.prompts == [droid.SCENES[3].prompt] * 3
+        assert env.image_resolution == (180, 320)
+        with pytest.raises(RuntimeError, match="reset"):
+            env.step()
+        obs, _ = env.reset(seed=1)
+        assert decode_stamp(obs["policy"]["wrist_cam"][1]).env_id == 1
+    finally:
+        env.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        env.pool.is_connected(0)  # close() closed every connection
+
+
+def test_server_that_cannot_serve_droid_is_refused(recording_server):
+    metadata = dict(DREAMZERO_METADATA, action_space="cartesian_velocity")
+    server = recording_server(RecordingPolicy(metadata=metadata))
+    with pytest.raises(HandshakeError, match="action_space='cartesian_velocity'"):
+        make_wrapper(IsaacDroidStandIn(scene=1, num_envs=1), server.url)
+
+
+def test_dreamzero_style_server_with_many_envs_warns(recording_server):
+    server = recording_server(RecordingPolicy(), flavor="dreamzero")
+    with pytest.warns(UserWarning, match="ONE global"):
+        env = DreamZeroPolicyWrapper(IsaacDroidStandIn(scene=1, num_envs=2), server=server.url, transport=FAST)
+    env.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        DreamZeroPolicyWrapper(IsaacDroidStandIn(scene=1, num_envs=1), server=server.url, transport=FAST).close()
+
+
+def test_prompt_validation():
+    with pytest.raises(ValueError, match="prompt: expected a string or 2 strings"):
+        DreamZeroPolicyWrapper(IsaacDroidStandIn(scene=1, num_envs=2), server="ws://127.0.0.1:1", prompt=["a"])
+
+
+def test_simulated_delay_is_reproducible_whatever_the_server_latency(recording_server):
+    def run(delay_s: float) -> tuple[np.ndarray, list]:
+        server = recording_server(RecordingPolicy(delay_s=delay_s), workers=4)
+        env = make_wrapper(
+            IsaacDroidStandIn(scene=1, num_envs=4, max_episode_length=30), server.url, prefetch=3, simulated_delay=2
+        )
+        try:
+            env.reset(seed=0)
+            actions, stats = [], []
+            for _ in range(30):
+                _, _, _, truncated, info = env.step()
+                actions.append(info["policy_action"])
+            stats = info["chunk_stats"]
+            return np.stack(actions), stats
+        finally:
+            env.close()
+
+    fast_actions, fast_stats = run(0.0)
+    slow_actions, slow_stats = run(0.05)
+    np.testing.assert_array_equal(fast_actions, slow_actions)
+    assert all(s.delays == [2] * len(s.delays) and len(s.delays) >= 4 for s in fast_stats.values())
+    assert [s.delays for s in fast_stats.values()] == [s.delays for s in slow_stats.values()]
+
+
+def test_prefetch_keeps_executing_while_the_next_chunk_is_computed(recording_server):
+    policy = RecordingPolicy(delay_s=0.05)  # far slower than a stand-in step: replies come back late
+    server = recording_server(policy, workers=2)
+    env = make_wrapper(
+        IsaacDroidStandIn(scene=1, num_envs=2, max_episode_length=40), server.url, prefetch=4, max_stale_steps=2
+    )
+    try:
+        env.reset(seed=0)
+        for _ in range(40):
+            _, _, _, _, info = env.step()
+            assert not info["policy_held"].any()  # real-time prefetch waits, it never holds
+        stats = info["chunk_stats"]
+    finally:
+        env.close()
+    for record in stats.values():
+        assert record.delays[0] == 0 and all(d >= 1 for d in record.delays[1:])
+        chunks = len(record.delays)
+        assert record.stale_steps <= 2 * chunks  # stale rows stop at the bound, then the env waits
+        assert 0 < record.wait_steps <= chunks
+        # every chunk skips the rows of the steps executed while it was computed
+        assert sum(min(8, 24 - d) for d in record.delays) + record.stale_steps >= 40
+
+
+def test_numpy_env_renders_only_the_envs_that_replan_next():
+    from dz_gym.envs.mujoco import make_env
+
+    policy = RecordingPolicy()
+    with start_server_thread(policy) as server:
+        env = make_wrapper(make_env(scene=1, num_envs=2, seed=3, num_workers=0, max_episode_length=12), server.url)
+        try:
+            obs, _ = env.reset(seed=3)
+            assert isinstance(obs["policy"]["arm_joint_pos"], np.ndarray)
+            fresh = []
+            for _ in range(12):
+                _, _, _, truncated, info = env.step()
+                fresh.append(info["images_fresh"].copy())
+            called_next = [(step + 1) % 8 == 0 for step in range(12)]
+            for step in range(11):
+                assert fresh[step].all() == called_next[step], step
+            assert truncated.all() and fresh[11].all()  # reset envs are always rendered
+        finally:
+            env.close()
+    assert len(policy.calls) == 4
+    for call in policy.calls:
+        assert call["request"]["observation/wrist_image_left"].shape == (180, 320, 3)
+        assert call["request"]["observation/joint_position"].dtype == np.float64
