@@ -59,24 +59,37 @@ def proprio(policy: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     return joints, gripper
 
 
+def contiguous_runs(env_ids: Sequence[int]) -> list[tuple[int, int]]:
+    """Sorted ``env_ids`` as half-open ``(start, stop)`` runs of consecutive ids."""
+    runs: list[tuple[int, int]] = []
+    for env_id in sorted(int(i) for i in env_ids):
+        if runs and runs[-1][1] == env_id:
+            runs[-1] = (runs[-1][0], env_id + 1)
+        else:
+            runs.append((env_id, env_id + 1))
+    return runs
+
+
 def resized_views(
     policy: Mapping[str, Any], env_ids: Sequence[int], image_resolution: tuple[int, int] | None
 ) -> dict[str, np.ndarray]:
-    """The three views of ``env_ids``, resized with pad to ``image_resolution`` (None: as they are)."""
-    index = np.asarray(env_ids, dtype=np.int64)
+    """The three views of ``env_ids`` (in sorted order), resized with pad to ``image_resolution``.
+
+    Full-resolution images are never gathered: each run of consecutive env ids is resized through a slice
+    (a view of the batch, on its device), and only the small results are joined on the host.
+    """
+    runs = contiguous_runs(env_ids)
     views = {}
     for camera in droid.CAMERA_KEYS:
         batch = policy[camera]
-        if is_torch_tensor(batch):
-            import torch
-
-            batch = batch[torch.as_tensor(index, device=batch.device)]
-        else:
-            batch = np.asarray(batch)[index]
-        if image_resolution is None:
-            views[camera] = to_numpy(batch)
-        else:
-            views[camera] = resize_with_pad_to_numpy(batch, int(image_resolution[0]), int(image_resolution[1]))
+        parts = []
+        for start, stop in runs:
+            block = batch[start:stop]
+            if image_resolution is None:
+                parts.append(to_numpy(block))
+            else:
+                parts.append(resize_with_pad_to_numpy(block, int(image_resolution[0]), int(image_resolution[1])))
+        views[camera] = parts[0] if len(parts) == 1 else np.concatenate(parts)
     return views
 
 
@@ -94,7 +107,7 @@ def build_requests(
     views = resized_views(policy, env_ids, image_resolution)
     joints, gripper = proprio(policy)
     requests = {}
-    for row, env_id in enumerate(env_ids):
+    for row, env_id in enumerate(sorted(int(i) for i in env_ids)):
         images = {droid.REQUEST_IMAGE_KEYS[camera]: views[camera][row] for camera in droid.CAMERA_KEYS}
         requests[int(env_id)] = build_infer_request(
             images=images,
