@@ -35,27 +35,37 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
-from gymnasium.vector.utils import batch_space
 
 from dz_gym.envs import droid
 
 
-def droid_single_spaces(image_shape: tuple[int, int]) -> tuple[gym.spaces.Dict, gym.spaces.Box]:
-    """Single-env observation and action spaces of the DROID contract at ``image_shape`` (H, W)."""
+def droid_spaces(image_shape: tuple[int, int], num_envs: int | None = None) -> tuple[gym.spaces.Dict, gym.spaces.Box]:
+    """Observation and action spaces of the DROID contract at ``image_shape`` (H, W).
+
+    With ``num_envs`` the spaces are batched (a leading ``num_envs`` dimension), equal to
+    ``gymnasium.vector.utils.batch_space`` of the single spaces but built directly: ``batch_space`` takes
+    about a second for 8 envs of 720x1280 views.
+    """
     height, width = image_shape
-    image = gym.spaces.Box(0, 255, shape=(height, width, 3), dtype=np.uint8)
+    lead = () if num_envs is None else (int(num_envs),)
+    image = gym.spaces.Box(0, 255, shape=lead + (height, width, 3), dtype=np.uint8)
     policy = gym.spaces.Dict(
         {
             "external_cam": image,
             "external_cam_2": image,
             "wrist_cam": image,
-            droid.JOINT_KEY: gym.spaces.Box(-np.inf, np.inf, shape=(droid.ARM_DOF,), dtype=np.float32),
-            droid.GRIPPER_KEY: gym.spaces.Box(0.0, 1.0, shape=(1,), dtype=np.float32),
+            droid.JOINT_KEY: gym.spaces.Box(-np.inf, np.inf, shape=lead + (droid.ARM_DOF,), dtype=np.float32),
+            droid.GRIPPER_KEY: gym.spaces.Box(0.0, 1.0, shape=lead + (1,), dtype=np.float32),
         }
     )
     observation = gym.spaces.Dict({droid.POLICY_GROUP: policy})
-    action = gym.spaces.Box(-np.inf, np.inf, shape=(droid.ACTION_DIM,), dtype=np.float32)
+    action = gym.spaces.Box(-np.inf, np.inf, shape=lead + (droid.ACTION_DIM,), dtype=np.float32)
     return observation, action
+
+
+def droid_single_spaces(image_shape: tuple[int, int]) -> tuple[gym.spaces.Dict, gym.spaces.Box]:
+    """Single-env observation and action spaces of the DROID contract at ``image_shape`` (H, W)."""
+    return droid_spaces(image_shape)
 
 
 class BatchedDroidEnv(gym.Env):
@@ -74,8 +84,7 @@ class BatchedDroidEnv(gym.Env):
         self.step_dt = droid.STEP_DT
         self.max_episode_length = droid.MAX_EPISODE_LENGTH
         self.single_observation_space, self.single_action_space = droid_single_spaces(image_shape)
-        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
-        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self.observation_space, self.action_space = droid_spaces(image_shape, self.num_envs)
         self._render_mask: np.ndarray | None = None
         self._queued_seeds: dict[int, int] = {}
 
