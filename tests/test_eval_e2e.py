@@ -89,7 +89,7 @@ def test_sigint_then_resume_equals_an_uninterrupted_run(reference_run, tmp_path)
     env = dict(os.environ, MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"))
     proc = subprocess.Popen(
         [sys.executable, "-m", "dz_gym.eval.cli", *BASE, "--no-video", "--output-root", str(tmp_path)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 120
@@ -101,7 +101,7 @@ def test_sigint_then_resume_equals_an_uninterrupted_run(reference_run, tmp_path)
                 break
             time.sleep(0.05)
         assert rows_file is not None, "no episode finished in time"
-        proc.send_signal(signal.SIGINT)
+        os.killpg(proc.pid, signal.SIGINT)  # like Ctrl-C in a terminal: the whole process group gets it
         out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:

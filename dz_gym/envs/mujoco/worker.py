@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import traceback
 from multiprocessing import shared_memory
 from multiprocessing.connection import Connection, wait
@@ -76,6 +77,10 @@ def worker_main(conn: Connection, config, fields, shm_name: str) -> None:
     """Entry point of a worker process: build the group, then serve commands until ``b"close"``."""
     from dz_gym.envs.mujoco.sim import EnvGroup
 
+    # A Ctrl-C in the terminal reaches the whole process group; the main process decides what it means (an
+    # evaluator finishes the current step and closes the env), so a worker must not die under it. Workers
+    # still end on b"close" or when the main process goes away (EOF on the pipe).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Attaching registers the block with the resource tracker the worker shares with its parent (spawn
     # and forkserver pass it on), which already tracks it: the creator alone unlinks it.
     buffers = Buffers(fields, shared=True, name=shm_name)
