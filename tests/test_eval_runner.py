@@ -184,3 +184,46 @@ def test_videos_have_one_frame_per_step(tmp_path, hold_server):
         assert len(frames) == row["steps"] == 7
         assert frames[0].shape == (180, 960, 3)
     assert summary["video_errors"] == {}
+
+
+def test_strip_frames_order_and_isaac_sized_torch_views():
+    pytest.importorskip("torch")
+    from dz_gym.envs.standin import IsaacDroidStandIn, decode_stamp
+    from dz_gym.eval.video import strip_frames
+
+    env = IsaacDroidStandIn(scene=1, num_envs=3)
+    obs, _ = env.reset(seed=0)
+    for _ in range(2):
+        obs, *_ = env.step(np.zeros((3, droid.ACTION_DIM), dtype=np.float32))
+    frames = strip_frames(obs[droid.POLICY_GROUP], [0, 2])
+    assert sorted(frames) == [0, 2]
+    for env_id, frame in frames.items():
+        assert frame.shape == (180, 960, 3) and frame.dtype == np.uint8
+        views = [decode_stamp(frame[:, k * 320 : (k + 1) * 320], source_shape=droid.ISAAC_IMAGE_SHAPE) for k in range(3)]
+        assert [v.env_id for v in views] == [env_id] * 3 and [v.step for v in views] == [2] * 3
+        # right external | wrist | left external
+        assert [v.camera for v in views] == [droid.CAMERA_KEYS.index(c) for c in droid.VIDEO_STRIP_KEYS]
+
+
+def test_isaac_stand_in_end_to_end(tmp_path, hold_server):
+    """The Isaac code path: torch observations at 720x1280, torch rewards and dones, videos resized."""
+    pytest.importorskip("torch")
+    import imageio.v2 as imageio
+
+    from dz_gym.envs.standin import IsaacDroidStandIn
+
+    config = EvalConfig(scenes=[1], episodes=3, num_envs=2, max_steps=6, video=True)
+    run_dir = RunDir.create(tmp_path, config)
+
+    def factory(scene, cfg, **_):
+        return IsaacDroidStandIn(scene=scene, num_envs=cfg.num_envs, max_episode_length=50, success_steps=[3, None])
+
+    summary = evaluate(config, run_dir, [hold_server], env_factory=factory, progress=False)
+    rows = sorted(run_dir.read_rows(), key=lambda r: r["episode"])
+    assert [r["steps"] for r in rows] == [6, 6, 6] and summary["complete"]
+    # Slot 0 places the object from step 3 on; slot 1 never does.
+    assert [(r["env"], r["success_at_end"], r["first_success_step"]) for r in rows] == [(0, True, 3), (1, False, None), (0, True, 3)]
+    for row in rows:
+        reader = imageio.get_reader(run_dir.path / row["video"])
+        assert sum(1 for _ in reader) == 6
+        reader.close()
