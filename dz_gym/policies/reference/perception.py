@@ -5,7 +5,8 @@ each view gives one ray per camera, and the two rays are triangulated into a 3-D
 centroid triangulates close to the body's centre, and its height comes for free). The object's planar
 orientation comes from its pixels back-projected onto the horizontal plane at that height: a principal
 axis for long objects, the fourth angular harmonic for a box. The wrist camera, when the gripper hovers
-over the object, gives a closer top-down look used the same way (back-projection onto the plane).
+over the object, gives a closer top-down look used the same way (back-projection onto the plane); the
+external views see a box's sides as well as its top, so only the wrist view tells a box's yaw.
 
 :class:`Track` turns these per-call views into estimates a planner can follow: it updates only when both
 views see most of the blob (so a gripper occluding the object does not drag the estimate), and can be
@@ -31,6 +32,7 @@ from dz_gym.policies.reference.tasks import TaskSpec
 MAX_RAY_GAP = 0.03  # metres between the two rays; larger means the views saw different things
 MIN_AREA = 6  # pixels per view
 ELONGATED = 0.45  # elongation above which an object is treated as long (principal axis is meaningful)
+MOVED = 0.02  # metres: an estimate jumping this far means the object moved
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,7 @@ class Track:
     frozen: bool = False
     updates: int = 0
     last_view: EntityView | None = None
+    shape_from_wrist: bool = False  # yaw/elongation came from the wrist camera (better than the external views)
 
     def update(self, view: EntityView | None) -> bool:
         """Fold in this call's view; returns whether the estimate changed."""
@@ -149,9 +152,20 @@ class Track:
             return False
         if self.position is not None and np.any(areas < self.min_visible * self.reference_areas):
             return False
+        if self.position is not None and np.linalg.norm(view.position[:2] - self.position[:2]) > MOVED:
+            self.shape_from_wrist = False  # the object moved: its orientation must be looked at again
         self.position = np.array(view.position, dtype=np.float64)
-        self.yaw, self.elongation = view.yaw, view.elongation
+        if not self.shape_from_wrist:
+            self.yaw, self.elongation = view.yaw, view.elongation
         self.updates += 1
+        return True
+
+    def update_shape(self, wrist: WristView | None) -> bool:
+        """Take the object's orientation from a wrist view (unless frozen); returns whether it did."""
+        if wrist is None or self.frozen or wrist.touches_border:
+            return False
+        self.yaw, self.elongation = wrist.yaw, wrist.elongation
+        self.shape_from_wrist = True
         return True
 
     def reset(self) -> None:
@@ -161,3 +175,4 @@ class Track:
         self.frozen = False
         self.updates = 0
         self.last_view = None
+        self.shape_from_wrist = False

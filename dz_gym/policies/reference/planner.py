@@ -54,6 +54,7 @@ class Phase(enum.Enum):
 
 # Phases the rollout may leave by itself once the command reaches the target.
 PASS_THROUGH = {Phase.APPROACH: Phase.DESCEND, Phase.CARRY: Phase.LOWER}
+MAX_YAW = 2.0  # rad from the home orientation (joint 7 has about +/-3 rad)
 GRIPPER_CLOSED_PHASES = {Phase.CLOSE, Phase.LIFT, Phase.CARRY, Phase.LOWER}
 
 
@@ -73,8 +74,12 @@ class PlannerConfig:
     grasp_tolerance: float = 0.012
     place_tolerance: float = 0.015
     loose_tolerance: float = 0.03
-    freeze_distance: float = 0.05  # freeze the object estimate when the TCP is this close (xy) and descending
+    freeze_distance: float = 0.05  # freeze the object estimate when the TCP is this close (xy)...
+    freeze_height: float = 0.05  # ...and this close above the object's centre
+    wrist_view_distance: float = 0.04  # TCP this close (xy) to the object: look with the wrist camera
+    moved_distance: float = 0.025  # descending, an object estimate this far (xy) from the TCP: approach again
     stall_calls: int = 5  # calls a gated phase may wait for arrival before moving on anyway
+    blocked_height: float = 0.015  # descending, the arm held this far above a reached command is blocked
     empty_gripper: float = 0.85  # a closed gripper reading above this holds nothing
     lifted_margin: float = 0.05  # object centre this far above its resting height counts as lifted
     max_hand_offset: float = 0.04
@@ -119,12 +124,13 @@ class PlannerState:
     lift_xy: np.ndarray | None = None
     retreat_xy: np.ndarray | None = None
     retreat_z: float = 0.0
-    prev_gripper: float = 0.0
+    blocked_calls: int = 0  # consecutive calls the descending arm was held above its command
     events: list[str] = field(default_factory=list)
 
     def enter(self, phase: Phase, event: str | None = None) -> None:
         self.phase = phase
         self.phase_calls = 0
+        self.blocked_calls = 0
         if event:
             self.events.append(event)
 
@@ -157,12 +163,23 @@ class Planner:
 
     # ---------------------------------------------------------------------------------- targets
     def grasp_yaw(self, obj: Track, current: float) -> float:
-        """Gripper yaw for grasping the object as currently estimated (close to ``current``)."""
-        if obj.elongation >= ELONGATED and self.task.yaw_mode in ("axis", "round", "square"):
-            return float(np.clip(nearest_equivalent(obj.yaw, current, math.pi), -math.pi / 2, math.pi / 2))
-        if self.task.yaw_mode == "square":
-            return float(np.clip(nearest_equivalent(obj.yaw, current, math.pi / 2), -math.pi / 2, math.pi / 2))
-        return current
+        """Gripper yaw for grasping the object as currently estimated (the equivalent closest to ``current``).
+
+        A long object is grasped across its axis (period pi), a box across a pair of sides (period pi/2),
+        a round object at the current yaw. Yaws stay within +/- ``MAX_YAW`` of home.
+        """
+        if obj.elongation >= ELONGATED:
+            period = math.pi
+        elif self.task.yaw_mode == "square" and obj.shape_from_wrist:
+            period = math.pi / 2
+        else:
+            return current
+        yaw = nearest_equivalent(obj.yaw, current, period)
+        if yaw > MAX_YAW:
+            yaw -= period
+        elif yaw < -MAX_YAW:
+            yaw += period
+        return float(yaw)
 
     def grasp_height(self, obj: Track) -> float:
         z = float(obj.position[2])
@@ -211,6 +228,15 @@ class Planner:
     def gripper_command(phase: Phase) -> float:
         return 1.0 if phase in GRIPPER_CLOSED_PHASES else 0.0
 
+    def wants_wrist_view(self, state: PlannerState, meas: Measurement, obj: Track) -> bool:
+        """Whether this call's wrist image should refine the object's orientation: the gripper hovers
+        over the object (the wrist camera then looks down at it) and the grasp yaw is still open."""
+        if state.phase not in (Phase.APPROACH, Phase.DESCEND) or obj.position is None or obj.frozen:
+            return False
+        above = meas.tcp[2] - obj.position[2]
+        near = np.linalg.norm(meas.tcp[:2] - obj.position[:2]) < self.config.wrist_view_distance
+        return bool(near and self.config.freeze_height < above < 0.3)
+
     # ---------------------------------------------------------------------------------- advance
     def begin_call(self, state: PlannerState, meas: Measurement, obj: Track, con: Track) -> None:
         """Start-of-call bookkeeping: anchor sanity, estimate freezing, phase call count."""
@@ -223,10 +249,10 @@ class Planner:
             state.anchor_position = np.array(meas.tcp, dtype=np.float64)
             state.anchor_yaw = float(meas.yaw)
             state.anchor_joints = np.array(meas.q, dtype=np.float64)
-        # The object estimate follows the views until the gripper is about to grasp it.
+        # The object estimate follows the views until the fingers are about to reach it.
         if state.phase == Phase.DESCEND and obj.position is not None:
             near = np.linalg.norm(meas.tcp[:2] - obj.position[:2]) < cfg.freeze_distance
-            low = meas.tcp[2] < obj.position[2] + cfg.hover_height * 0.7
+            low = meas.tcp[2] < obj.position[2] + cfg.freeze_height
             if near and low:
                 obj.frozen = True
         if state.phase in (Phase.CLOSE, Phase.LIFT, Phase.CARRY, Phase.LOWER, Phase.RELEASE):
@@ -248,8 +274,19 @@ class Planner:
                 if obj.position is None:
                     state.enter(Phase.APPROACH)
                     return
+                if not obj.frozen and np.linalg.norm(target[:2] - state.anchor_position[:2]) > cfg.moved_distance:
+                    # The object moved under the descending gripper: hover over it again first.
+                    state.enter(Phase.APPROACH, "object_moved")
+                    return
                 error = target - meas.tcp
                 arrived = np.linalg.norm(error[:2]) < cfg.grasp_tolerance and abs(error[2]) < cfg.grasp_tolerance
+                commanded = np.linalg.norm(state.anchor_position - target) < 0.002
+                stuck_above = commanded and -error[2] > cfg.blocked_height
+                state.blocked_calls = state.blocked_calls + 1 if stuck_above else 0
+                if state.blocked_calls >= 2:
+                    # The fingers rest on something (the object moved under them): back off and re-locate.
+                    self._fail(state, obj, "blocked")
+                    continue
                 if arrived or state.phase_calls >= cfg.stall_calls:
                     state.enter(Phase.CLOSE)
                 return

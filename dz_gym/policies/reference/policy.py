@@ -145,7 +145,7 @@ class ReferencePolicy:
         images = tuple(_last_frame(request, key) for key in EXTERNAL_KEYS)
         if images[0].shape != images[1].shape:
             raise ValueError(f"{EXTERNAL_KEYS[1]}: expected the same shape as {EXTERNAL_KEYS[0]}, got {images[1].shape} vs {images[0].shape}")
-        _last_frame(request, WRIST_KEY)
+        wrist_image = _last_frame(request, WRIST_KEY)
         q = _vector(request, droid.REQUEST_JOINT_KEY, droid.ARM_DOF)
         gripper = float(_vector(request, droid.REQUEST_GRIPPER_KEY, 1)[0])
         perception = self.perception(images[0].shape[:2])
@@ -153,9 +153,9 @@ class ReferencePolicy:
         with self.sessions.session(str(session_id), new=bool(new_session)) as session:
             if session.task is None or session.task.scene_id != task.scene_id:
                 session.restart(task)
-            return self._step(session, perception, kin, images, q, gripper)
+            return self._step(session, perception, kin, images, wrist_image, q, gripper)
 
-    def _step(self, session: Session, perception: Perception, kin, images, q: np.ndarray, gripper: float) -> np.ndarray:
+    def _step(self, session: Session, perception: Perception, kin, images, wrist_image, q: np.ndarray, gripper: float) -> np.ndarray:
         session.calls += 1
         position, rotation = kin.fk(q)
         meas = Measurement(q, gripper, position, MotionSolver.yaw_of(kin, rotation))
@@ -165,6 +165,10 @@ class ReferencePolicy:
         observation = perception.observe(images, session.task)
         session.object.update(observation.object)
         session.container.update(observation.container)
+        if wrist_image is not None and planner.wants_wrist_view(state, meas, session.object):
+            top = float(session.object.position[2]) + session.task.top_above_centre
+            seen = perception.observe_wrist(wrist_image, kin.camera_pose(q), session.task.object_colour, top)
+            session.object.update_shape(seen)
         planner.advance(state, meas, session.object, session.container)
         rows, kept = planner.rollout(state, session.object, session.container, self.horizon, self.open_loop_horizon)
         q_start = state.anchor_joints if state.anchor_joints is not None else q

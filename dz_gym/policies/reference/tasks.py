@@ -24,6 +24,7 @@ class TaskSpec:
       ``"axis"`` (close across the object's long axis) or ``"round"`` (keep the current yaw unless the
       object looks elongated, e.g. a can lying on its side).
     - ``rest_height``: height of the object's centre when it rests upright on the table.
+    - ``top_above_centre``: its top face above its centre (the plane the wrist view is projected on).
     - ``held_below_tcp``: how far the object's lowest point hangs below the TCP once grasped.
     - ``rim_height``: height of the container's rim; the object is released ``release_clearance`` above it.
     - ``place_radius``: the object counts as placed when its centre is this close (xy) to the container's.
@@ -37,6 +38,7 @@ class TaskSpec:
     grasp_dz: float
     yaw_mode: str
     rest_height: float
+    top_above_centre: float
     held_below_tcp: float
     rim_height: float
     release_clearance: float
@@ -50,17 +52,20 @@ class TaskSpec:
 
 TASKS: dict[int, TaskSpec] = {
     1: TaskSpec(
-        1, droid.SCENES[1].prompt, "red", "green", 0, grasp_dz=0.0, yaw_mode="square", rest_height=0.025,
+        1, droid.SCENES[1].prompt, "red", "green", 0, grasp_dz=0.0, yaw_mode="square",
+        rest_height=0.025, top_above_centre=0.025,
         held_below_tcp=0.025, rim_height=0.055, release_clearance=0.03,
         place_radius=droid.SCENES[1].success.xy_radius * 0.8,
     ),  # fmt: skip
     2: TaskSpec(
-        2, droid.SCENES[2].prompt, "magenta", "cyan", 4, grasp_dz=0.012, yaw_mode="round", rest_height=0.04,
+        2, droid.SCENES[2].prompt, "magenta", "cyan", 4, grasp_dz=0.012, yaw_mode="round",
+        rest_height=0.04, top_above_centre=0.04,
         held_below_tcp=0.052, rim_height=0.095, release_clearance=0.015,
         place_radius=droid.SCENES[2].success.xy_radius * 0.8,
     ),  # fmt: skip
     3: TaskSpec(
-        3, droid.SCENES[3].prompt, "yellow", "blue", 0, grasp_dz=0.0, yaw_mode="axis", rest_height=0.018,
+        3, droid.SCENES[3].prompt, "yellow", "blue", 0, grasp_dz=0.0, yaw_mode="axis",
+        rest_height=0.018, top_above_centre=0.012,
         held_below_tcp=0.02, rim_height=0.08, release_clearance=0.04,
         place_radius=droid.SCENES[3].success.xy_radius * 0.8,
     ),  # fmt: skip
