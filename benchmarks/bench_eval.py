@@ -15,6 +15,10 @@ requests in ceil(N/W) rounds of L, and the simulator takes s_N per batch step (m
 evaluator's render pattern: every env's views rendered at the step before a request, none otherwise).
 Targets: evaluator >= 90 % of the bound; with 8 workers >= 3x the one-env loop.
 
+With a one-worker server it also runs the evaluator with ``--prefetch K`` (latency hiding) and prints its
+env-steps/s against the synchronous run and the server's utilization (the union of the intervals with a
+request outstanding, over the wall time). Targets: >= 1.3x synchronous, utilization >= 90 %.
+
 Usage::
 
     MUJOCO_GL=egl python benchmarks/bench_eval.py [--num-envs 8] [--latency-ms 200] [--max-steps 64]
@@ -112,7 +116,7 @@ def one_env_loop(url: str, episodes: int, max_steps: int, scene: int) -> tuple[f
     return steps / elapsed, float(np.mean(latencies))
 
 
-def evaluator(url: str, num_envs: int, episodes: int, max_steps: int, scene: int) -> tuple[dict, float]:
+def evaluator(url: str, num_envs: int, episodes: int, max_steps: int, scene: int, prefetch: int = 0) -> tuple[dict, float]:
     """The evaluator's summary, and s_N measured on its own env right before the run (same processes)."""
     from dz_gym.eval.config import EvalConfig
     from dz_gym.eval.evaluate import evaluate
@@ -127,9 +131,16 @@ def evaluator(url: str, num_envs: int, episodes: int, max_steps: int, scene: int
         env.max_episode_length = config.max_steps
         return env
 
-    config = EvalConfig(scenes=[scene], episodes=episodes, num_envs=num_envs, max_steps=max_steps, video=False)
+    config = EvalConfig(
+        scenes=[scene], episodes=episodes, num_envs=num_envs, max_steps=max_steps, video=False, prefetch=prefetch
+    )
     with tempfile.TemporaryDirectory() as root:
-        summary = evaluate(config, RunDir.create(root, config), [url], env_factory=factory, progress=False, log=lambda _: None)
+        run_dir = RunDir.create(root, config)
+        summary = evaluate(config, run_dir, [url], env_factory=factory, progress=False, log=lambda _: None)
+        rows = run_dir.read_rows()
+    steps = sum(r["steps"] for r in rows) or 1
+    summary["stale_share"] = sum(r.get("stale_steps", 0) for r in rows) / steps
+    summary["wait_share"] = sum(r.get("wait_steps", 0) for r in rows) / steps
     return summary, measured[0]
 
 
@@ -142,6 +153,7 @@ def main() -> int:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--policy", default="hold", help="the server's policy (hold keeps the server's CPU use tiny)")
     parser.add_argument("--scene", type=int, default=1)
+    parser.add_argument("--prefetch", type=int, default=4, help="K of the prefetch row (one-worker server); 0 skips it")
     args = parser.parse_args()
 
     from dz_gym.server.launch import start_server_process
@@ -155,10 +167,14 @@ def main() -> int:
             url = server.url + PATH
             base, base_latency = one_env_loop(url, args.baseline_episodes, args.max_steps, args.scene)
             summary, s_n = evaluator(url, n, n, args.max_steps, args.scene)
+            if workers == 1 and args.prefetch:
+                prefetched, _ = evaluator(url, n, n, args.max_steps, args.scene, prefetch=args.prefetch)
         print(f"workers={workers}: s_{n} = {1e3 * s_n:.1f} ms per batch step (measured on the evaluator's env)")
         ours = summary["env_steps_per_s"]
         bound = HORIZON * n / (math.ceil(n / workers) * latency + HORIZON * s_n)
         rows.append((workers, ours, base, bound, base_latency, summary["latency_ms"]["mean"] / 1e3))
+        if workers == 1 and args.prefetch:
+            sync_summary = summary
     print()
     print(f"N={n}, L={args.latency_ms:.0f} ms, {args.max_steps}-step episodes, policy {args.policy}")
     header = f"{'workers':>7}  {'evaluator':>10}  {'one-env':>8}  {'ratio':>6}  {'bound':>7}  {'of bound':>8}  {'L one-env':>9}  {'L eval':>7}"
@@ -173,6 +189,21 @@ def main() -> int:
         if workers >= 8:
             ok &= ours >= 3 * base
     print("(env-steps/s; bound = 8N / (ceil(N/W) * L + 8 * s_N); targets: >= 90% of bound, >= 3x one-env with 8 workers)")
+    if 1 in args.workers and args.prefetch:
+        sync_rate, pre_rate = sync_summary["env_steps_per_s"], prefetched["env_steps_per_s"]
+        sync_util, pre_util = sync_summary["server_utilization"], prefetched["server_utilization"]
+        print()
+        print(f"prefetch (one-worker server, N={n}, L={args.latency_ms:.0f} ms): env-steps/s and server utilization")
+        print(f"  synchronous        {sync_rate:7.1f}   utilization {100 * sync_util:5.1f}%")
+        print(
+            f"  --prefetch {args.prefetch:<7} {pre_rate:7.1f}   utilization {100 * pre_util:5.1f}%   "
+            f"{pre_rate / sync_rate:.2f}x synchronous (targets: >= 1.3x, utilization >= 90%)"
+        )
+        print(
+            f"  with prefetch, {100 * prefetched['stale_share']:.0f}% of steps ran on rows past their chunk's window "
+            f"(the server is the bottleneck) and {100 * prefetched['wait_share']:.0f}% waited"
+        )
+        ok &= pre_rate >= 1.3 * sync_rate and pre_util >= 0.9
     print(f"targets {'met' if ok else 'NOT met'}; total {time.perf_counter() - t0:.0f} s")
     return 0 if ok else 1
 

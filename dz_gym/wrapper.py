@@ -26,8 +26,10 @@ Like Isaac Lab, the env resets finished envs inside ``step`` (same-step autorese
 a finished env belongs to its next episode, and its chunk cache and session id are renewed; other envs are
 untouched. The wrapper never sends ``reset`` over the wire (a shared connection would lose every session).
 
-``info`` adds, per env (arrays with a leading ``num_envs``): ``policy_called`` (this step queried the
-server), ``chunk_latency_s`` (NaN when not called), ``session_id`` (of the episode the step belonged to),
+``info`` adds, per env (arrays with a leading ``num_envs``): ``policy_called`` (this step sent a request),
+``chunk_received`` and ``chunk_latency_s`` (a reply was taken in this step, and its round trip; NaN otherwise),
+``chunk_sent_at``/``chunk_received_at`` (its ``time.perf_counter()`` stamps), ``session_id`` (of the episode the
+step belonged to),
 ``policy_action``, ``policy_error`` (None or the error's one-line text) and ``integrity_event`` (None,
 ``"server_error"``, ``"connection_lost"``, ``"timeout"``, ``"protocol_error"``, or ``"reconnect_failed"``).
 An env whose server call failed holds its pose for that step and asks again at its next step (after a bounded
@@ -232,6 +234,8 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
             policy_called=called,
             chunk_received=delivered,
             chunk_latency_s=latency,
+            chunk_sent_at=self._stamps[:, 0].copy(),
+            chunk_received_at=self._stamps[:, 1].copy(),
             session_id=session_ids,
             policy_action=policy_action,
             policy_held=~active,
@@ -262,6 +266,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         called = np.zeros(n, dtype=bool)
         delivered = np.zeros(n, dtype=bool)
         latency = np.full(n, np.nan)
+        self._stamps = np.full((n, 2), np.nan)  # sent_at, received_at (perf_counter) of replies taken in
         errors: list[str | None] = [None] * n
         events: list[str | None] = [None] * n
         self._take_replies(list(self._in_flight), False, delivered, latency, errors, events)
@@ -281,8 +286,8 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
             called[due] = True
 
         waiting = np.flatnonzero(self.schedule.must_wait()).tolist()
-        late = [i for i in waiting if not called[i]]
-        self.schedule.count_wait(late)
+        if self.schedule.simulated_delay is None:  # in simulated time only held steps count as waiting
+            self.schedule.count_wait([i for i in waiting if not called[i]])
         self._take_replies(waiting, True, delivered, latency, errors, events)
         self.schedule.apply_arrivals()
         return called, delivered, latency, errors, events
@@ -298,6 +303,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
                 continue
             del self._in_flight[env_id]
             outcome = future.result()
+            self._stamps[env_id] = (outcome.sent_at, outcome.received_at)
             error = outcome.error
             if error is None:
                 try:

@@ -32,6 +32,9 @@ def usage_error(capsys, argv) -> str:
         (["--server", "ws://127.0.0.1:1", "--policy", "hold"], "--policy"),
         (["--port", "70000"], "--port"),
         (["--path", "no-slash"], "--path"),
+        (["--prefetch", "8"], "prefetch: expected an integer in [0, 8)"),
+        (["--prefetch", "-1"], "--prefetch"),
+        (["--simulated-delay", "x"], "--simulated-delay"),
     ],
 )
 def test_bad_flags_exit_2_with_one_line(capsys, argv, needle):

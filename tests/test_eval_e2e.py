@@ -85,6 +85,21 @@ def test_rows_do_not_depend_on_num_envs(reference_run, tmp_path):
     assert stable(run_dir_of(tmp_path).read_rows()) == stable(reference_run.read_rows())
 
 
+def test_simulated_delay_is_recorded_and_independent_of_num_envs(tmp_path):
+    flags = ["--prefetch", "4", "--simulated-delay", "3", "--no-video"]
+    runs = []
+    for n in ("1", "2"):
+        root = tmp_path / n
+        assert cli.main([*BASE, *flags, "--num-envs", n, "--output-root", str(root)]) == 0
+        runs.append(run_dir_of(root).read_rows())
+    assert stable(runs[0]) == stable(runs[1])
+    for row in runs[0]:
+        assert row["chunk_delays"] == [3] * len(row["chunk_delays"]) and len(row["chunk_delays"]) >= 2
+        assert row["wait_steps"] == 3  # the first chunk of an episode also takes 3 steps: the arm holds
+    config = json.loads((run_dir_of(tmp_path / "1").path / "config.json").read_text())
+    assert config["prefetch"] == 4 and config["simulated_delay"] == 3
+
+
 def test_sigint_then_resume_equals_an_uninterrupted_run(reference_run, tmp_path):
     env = dict(os.environ, MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"))
     proc = subprocess.Popen(

@@ -46,6 +46,9 @@ DEFAULTS: dict[str, Any] = {
     "seed": 0,
     "backend": "auto",
     "open_loop_horizon": droid.DEFAULT_OPEN_LOOP_HORIZON,
+    "prefetch": 0,
+    "simulated_delay": None,
+    "max_stale_steps": None,
     "max_steps": droid.MAX_EPISODE_LENGTH,
     "max_errors": None,
     "request_timeout": 600.0,
@@ -114,6 +117,19 @@ def build_parser(isaac_args: bool | None = None) -> argparse.ArgumentParser:
         "--open-loop-horizon", type=_positive_int,
         help=f"actions executed per chunk before replanning (default {droid.DEFAULT_OPEN_LOOP_HORIZON})",
     )
+    run.add_argument(
+        "--prefetch", type=_non_negative_int, metavar="K",
+        help="latency hiding: send an env's next request when K actions of its window are left and keep "
+        "executing; rows for the steps executed meanwhile are skipped (default 0: wait, like the reference client)",
+    )
+    run.add_argument(
+        "--simulated-delay", type=_non_negative_int, metavar="D",
+        help="apply every chunk exactly D steps after its request instead of when it arrives (reproducible latency)",
+    )
+    run.add_argument(
+        "--max-stale-steps", type=_non_negative_int, metavar="S",
+        help="with --prefetch: rows a late env may run past its window before it waits (default: the whole chunk)",
+    )
     run.add_argument("--backend", choices=("auto", "isaac", "mujoco"), help="simulator (default auto: isaac when importable)")
     run.add_argument(
         "--process-per-scene", action=argparse.BooleanOptionalAction, default=None,
@@ -177,7 +193,10 @@ def resolve_config(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     """Merge flags, the saved config (on resume) and defaults; bad combinations end in ``parser.error``."""
     servers = _servers_from_flags(parser, args)
     wanted: dict[str, Any] = {}
-    for key in ("scenes", "num_envs", "episodes", "seed", "max_steps", "open_loop_horizon", "max_errors", "request_timeout", "video"):
+    for key in (
+        "scenes", "num_envs", "episodes", "seed", "max_steps", "open_loop_horizon", "prefetch", "simulated_delay",
+        "max_stale_steps", "max_errors", "request_timeout", "video",
+    ):
         value = getattr(args, key)
         if value is not None:
             wanted[key] = value

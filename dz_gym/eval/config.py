@@ -18,7 +18,10 @@ from dz_gym.envs import droid
 CONFIG_VERSION = 1
 
 # Settings that change what an episode does, and so its row: refuse to resume with other values.
-RESULT_KEYS = ("backend", "scenes", "seed", "max_steps", "open_loop_horizon", "policy")
+RESULT_KEYS = (
+    "backend", "scenes", "seed", "max_steps", "open_loop_horizon", "policy",
+    "prefetch", "simulated_delay", "max_stale_steps",
+)
 
 
 @dataclasses.dataclass
@@ -38,6 +41,9 @@ class EvalConfig:
     servers: list[str] = dataclasses.field(default_factory=list)
     policy: str = "external"
     open_loop_horizon: int = droid.DEFAULT_OPEN_LOOP_HORIZON
+    prefetch: int = 0  # latency hiding (dz_gym.chunks): request when this many actions are left
+    simulated_delay: int | None = None  # a fixed delay in steps instead of wall-clock latency
+    max_stale_steps: int | None = None  # rows past a chunk's window while its successor is late
     max_steps: int = droid.MAX_EPISODE_LENGTH
     max_errors: int | None = None
     request_timeout: float = 600.0
@@ -55,6 +61,12 @@ class EvalConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
+        if not 0 <= self.prefetch < self.open_loop_horizon:
+            raise ValueError(f"prefetch: expected an integer in [0, {self.open_loop_horizon}), got {self.prefetch!r}")
+        for name in ("simulated_delay", "max_stale_steps"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise ValueError(f"{name}: expected an integer >= 0, got {value!r}")
         if self.max_errors is not None and self.max_errors < 0:
             raise ValueError(f"max_errors: expected an integer >= 0, got {self.max_errors!r}")
         if not self.request_timeout > 0:

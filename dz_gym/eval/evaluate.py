@@ -156,6 +156,9 @@ def evaluate(
                     server=list(servers),
                     open_loop_horizon=config.open_loop_horizon,
                     transport=TransportConfig(request_timeout=config.request_timeout),
+                    prefetch=config.prefetch,
+                    simulated_delay=config.simulated_delay,
+                    max_stale_steps=config.max_stale_steps,
                 )
                 for i in range(len(servers)):
                     server_metadata.setdefault(wrapper.pool.url(i), _metadata_dict(wrapper.server_metadata[i]))

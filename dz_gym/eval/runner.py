@@ -91,6 +91,18 @@ class SceneResult:
     wall_s: float = 0.0  # from the first reset to the end of the loop
     busy_s: dict[str, float] = dataclasses.field(default_factory=dict)  # per server URL
     stopped: bool = False  # ended by a stop request or the error budget
+    intervals: dict[str, list[tuple[float, float]]] = dataclasses.field(default_factory=dict)  # per URL
+
+
+def union_seconds(intervals: Iterable[tuple[float, float]]) -> float:
+    """Total length of the union of ``(start, end)`` intervals."""
+    total, end = 0.0, -np.inf
+    for start, stop in sorted(intervals):
+        if stop <= end:
+            continue
+        total += stop - max(start, end)
+        end = stop
+    return total
 
 
 @dataclasses.dataclass
@@ -193,6 +205,7 @@ class SceneRunner:
                     break
                 self._step(result)
             result.wall_s = time.perf_counter() - t0
+            result.busy_s = {url: union_seconds(spans) for url, spans in result.intervals.items()}
         finally:
             for i, ep in enumerate(self._current):
                 if ep is not None:  # stopped mid-episode: no row; it runs again on resume
@@ -230,7 +243,7 @@ class SceneRunner:
         object_pos = _column(info, "object_pos")
         container_pos = _column(info, "container_pos")
 
-        self._account_busy(result, latency_s)
+        self._account_busy(result, info)
         result.env_steps += len(active)
         last_latency = None
         finished: list[tuple[int, str | None, str | None, str]] = []
@@ -270,10 +283,13 @@ class SceneRunner:
         if self.progress is not None:
             self.progress.steps(len(active), last_latency)
 
+        chunk_stats = info.get("chunk_stats", {})
         to_reset = []
         starts = []
         for i, error, event, ended_by in finished:
-            self._finish(i, error, event, ended_by)
+            # a done env's record comes with the step; one ended here is still in the wrapper's schedule
+            stats = chunk_stats.get(i) if done[i] else wrapper.schedule.stats[i]
+            self._finish(i, error, event, ended_by, stats)
             if self._queues[i]:
                 starts.append((i, self._queues[i].popleft()))
                 if not done[i]:
@@ -285,14 +301,14 @@ class SceneRunner:
         if finished:
             self._set_idle()
 
-    def _account_busy(self, result: SceneResult, latency_s: np.ndarray) -> None:
-        """Per server, the longest request latency that ended this step (requests run concurrently)."""
-        per_url: dict[str, float] = {}
-        for i in np.flatnonzero(np.isfinite(latency_s)):
+    def _account_busy(self, result: SceneResult, info: Mapping[str, Any]) -> None:
+        """Record each reply's request interval per server; a server is counted busy while any request of
+        ours is outstanding there (exact for a server that serves one request at a time)."""
+        sent = np.asarray(info.get("chunk_sent_at", ()), dtype=np.float64)
+        received = np.asarray(info.get("chunk_received_at", ()), dtype=np.float64)
+        for i in np.flatnonzero(np.isfinite(sent) & np.isfinite(received)):
             url = self.wrapper.pool.url(int(i))
-            per_url[url] = max(per_url.get(url, 0.0), float(latency_s[i]))
-        for url, seconds in per_url.items():
-            result.busy_s[url] = result.busy_s.get(url, 0.0) + seconds
+            result.intervals.setdefault(url, []).append((float(sent[i]), float(received[i])))
 
     # -- episode boundaries ---------------------------------------------------------------------------
     def _start(self, slot: int, episode: int) -> None:
@@ -331,7 +347,7 @@ class SceneRunner:
         except (DzGymError, OSError) as exc:
             logger.warning("env %d: reconnect before episode failed: %s", slot, exc)
 
-    def _finish(self, slot: int, error: str | None, event: str | None, ended_by: str) -> None:
+    def _finish(self, slot: int, error: str | None, event: str | None, ended_by: str, stats=None) -> None:
         ep = self._current[slot]
         self._current[slot] = None
         trajectory = self.run_dir.save_trajectory(self.scene, ep.episode, self._arrays(ep))
@@ -340,6 +356,9 @@ class SceneRunner:
             self.recorder.finish(ep.video_key)
             video = self.run_dir.video_relpath(self.scene, ep.episode)
         row = self._row(ep, error, event, ended_by, trajectory, video)
+        row["chunk_delays"] = list(stats.delays) if stats is not None else []
+        row["wait_steps"] = int(stats.wait_steps) if stats is not None else 0
+        row["stale_steps"] = int(stats.stale_steps) if stats is not None else 0
         self.run_dir.append_row(row)
         self.control.record(row)
         if self.progress is not None:
