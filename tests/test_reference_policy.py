@@ -470,6 +470,39 @@ def test_chunks_are_safe_and_sessions_are_per_id_and_bounded():
     assert len(policy.sessions) == 0
 
 
+def test_concurrent_sessions_from_several_threads_match_sequential_calls():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dz_gym.policies.reference import ReferencePolicy
+
+    env = _env(2, 4)
+    try:
+        env.set_episode_seeds(range(4), [3, 5, 7, 9])
+        obs, _ = env.reset()
+    finally:
+        env.close()
+    requests = [_request(obs, i % 4, 2) for i in range(8)]
+
+    def run(policy, sid_prefix, executor=None):
+        out = {}
+        for call in range(3):
+            jobs = [(f"{sid_prefix}{i}", requests[i], call == 0) for i in range(8)]
+            if executor is None:
+                results = [policy.infer(r, session_id=s, new_session=n) for s, r, n in jobs]
+            else:
+                results = list(executor.map(lambda job: policy.infer(job[1], session_id=job[0], new_session=job[2]), jobs))
+            for (sid, _, _), chunk in zip(jobs, results):
+                out[(sid[len(sid_prefix):], call)] = chunk
+        return out
+
+    sequential = run(ReferencePolicy(), "seq")
+    with ThreadPoolExecutor(4) as executor:
+        threaded = run(ReferencePolicy(max_sessions=8), "thr", executor)
+    assert sequential.keys() == threaded.keys()
+    for key in sequential:
+        np.testing.assert_array_equal(sequential[key], threaded[key])
+
+
 def test_registered_in_the_server_as_reference():
     from dz_gym.policies.reference import ReferencePolicy
     from dz_gym.server.policies import load_policy

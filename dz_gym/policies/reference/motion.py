@@ -49,35 +49,54 @@ class MotionSolver:
         relative = rotation @ kinematics.home_rotation.T
         return math.atan2(relative[1, 0], relative[0, 0])
 
-    def solve(self, kinematics, rows: Sequence[Row], q_start: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
-        """``(len(rows), 8)`` float32 actions and the joint rows, starting from joints ``q_start``."""
+    def solve(
+        self, kinematics, rows: Sequence[Row], q_start: np.ndarray, exact_rows: int | None = None, stride: int = 4
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """``(len(rows), 8)`` float32 actions and the joint rows, starting from joints ``q_start``.
+
+        The first ``exact_rows`` rows (default: all) are solved one by one; beyond them only every
+        ``stride``-th row and the last are, the rows between interpolated in joint space (rows the client
+        will not execute before the next call need less precision than the ones it will).
+        """
         lower = kinematics.lower + self.limit_margin
         upper = kinematics.upper - self.limit_margin
-        q_prev = np.clip(np.asarray(q_start, dtype=np.float64), lower, upper)
-        out = np.empty((len(rows), droid.ACTION_DIM), dtype=np.float32)
-        joints: list[np.ndarray] = []
-        last_key = None
+        q0 = np.clip(np.asarray(q_start, dtype=np.float64), lower, upper)
+        n = len(rows)
+        exact = n if exact_rows is None else max(0, min(int(exact_rows), n))
+        raw: list[np.ndarray | None] = [None] * n
+        q_knot, last_key, last_knot = q0, None, -1
         for i, row in enumerate(rows):
+            is_knot = i < exact or (i - exact + 1) % stride == 0 or i == n - 1 or row.joints is not None
+            if not is_knot:
+                continue
             if row.joints is not None:
                 q = np.asarray(row.joints, dtype=np.float64)
+                last_key = None
             else:
                 key = (*np.round(row.position, 6), round(row.yaw, 6))
                 if key == last_key:
-                    q = joints[-1] if joints else q_prev
+                    q = q_knot
                 else:
                     target = np.array(row.position, dtype=np.float64)
                     target[2] = max(target[2], self.min_tcp_z)
-                    result = kinematics.ik(
+                    q = kinematics.ik(
                         target,
                         yaw=row.yaw,
-                        q_init=q_prev,
+                        q_init=q_knot,
                         max_iterations=self.max_iterations,
                         position_tolerance=self.position_tolerance,
                         rotation_tolerance=self.rotation_tolerance,
-                    )
-                    q = result.q
+                    ).q
                 last_key = key
-            q = self._safe(kinematics, q, q_prev, lower, upper)
+            start = q_knot if last_knot < 0 else raw[last_knot]
+            for j in range(last_knot + 1, i):  # rows between two knots: linear in joint space
+                raw[j] = start + (q - start) * ((j - last_knot) / (i - last_knot))
+            raw[i], q_knot, last_knot = q, q, i
+        out = np.empty((n, droid.ACTION_DIM), dtype=np.float32)
+        joints: list[np.ndarray] = []
+        q_prev = q0
+        for i, row in enumerate(rows):
+            q = self._safe(kinematics, raw[i], q_prev, lower, upper)
             out[i, : droid.ARM_DOF] = q
             out[i, droid.ARM_DOF] = row.gripper
             joints.append(q)

@@ -19,8 +19,9 @@ server flags a new session; calls may come from several server threads at once.
 
 from __future__ import annotations
 
+import queue
 import threading
-import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -107,19 +108,33 @@ class ReferencePolicy:
         self.sessions: SessionStore[Session] = SessionStore(Session, max_sessions=max_sessions)
         self.config = PlannerConfig()
         self.motion = MotionSolver(min_tcp_z=self.config.min_tcp_z)
-        self._local = threading.local()
+        # Kinematics instances are not thread-safe: each call borrows one (one per concurrent call).
+        self._kinematics_pool: queue.SimpleQueue = queue.SimpleQueue()
         self._perception: dict[tuple[int, int], Perception] = {}
         self._perception_lock = threading.Lock()
-        self._home_tcp: np.ndarray | None = None
+        # Warm up (robot model, calibration) here rather than in the first request.
+        kin = self._new_kinematics()
+        self._home_tcp = kin.fk(kin.home)[0]
+        self._kinematics_pool.put(kin)
+        self.perception(droid.DEFAULT_EMBEDDED_IMAGE_SHAPE)
 
     # ------------------------------------------------------------------------------- resources
-    def _kinematics(self):
-        kin = getattr(self._local, "kinematics", None)
-        if kin is None:
-            from dz_gym.envs.mujoco.kinematics import Kinematics
+    @staticmethod
+    def _new_kinematics():
+        from dz_gym.envs.mujoco.kinematics import Kinematics
 
-            kin = self._local.kinematics = Kinematics()
-        return kin
+        return Kinematics()
+
+    @contextmanager
+    def _kinematics(self):
+        try:
+            kin = self._kinematics_pool.get_nowait()
+        except queue.Empty:
+            kin = self._new_kinematics()
+        try:
+            yield kin
+        finally:
+            self._kinematics_pool.put(kin)
 
     def perception(self, image_shape: tuple[int, int]) -> Perception:
         """The perception for images of ``image_shape`` (calibration computed once per shape)."""
@@ -149,8 +164,7 @@ class ReferencePolicy:
         q = _vector(request, droid.REQUEST_JOINT_KEY, droid.ARM_DOF)
         gripper = float(_vector(request, droid.REQUEST_GRIPPER_KEY, 1)[0])
         perception = self.perception(images[0].shape[:2])
-        kin = self._kinematics()
-        with self.sessions.session(str(session_id), new=bool(new_session)) as session:
+        with self._kinematics() as kin, self.sessions.session(str(session_id), new=bool(new_session)) as session:
             if session.task is None or session.task.scene_id != task.scene_id:
                 session.restart(task)
             return self._step(session, perception, kin, images, wrist_image, q, gripper)
@@ -159,7 +173,7 @@ class ReferencePolicy:
         session.calls += 1
         position, rotation = kin.fk(q)
         meas = Measurement(q, gripper, position, MotionSolver.yaw_of(kin, rotation))
-        planner = Planner(session.task, self.config, kin.home, self._home_position(kin))
+        planner = Planner(session.task, self.config, kin.home, self._home_tcp)
         state = session.plan
         planner.begin_call(state, meas, session.object, session.container)
         observation = perception.observe(images, session.task)
@@ -172,18 +186,13 @@ class ReferencePolicy:
         planner.advance(state, meas, session.object, session.container)
         rows, kept = planner.rollout(state, session.object, session.container, self.horizon, self.open_loop_horizon)
         q_start = state.anchor_joints if state.anchor_joints is not None else q
-        actions, joints = self.motion.solve(kin, rows, q_start)
+        actions, joints = self.motion.solve(kin, rows, q_start, exact_rows=self.open_loop_horizon)
         # The next call continues from the joints the executed rows ended on.
         kept.anchor_joints = joints[self.open_loop_horizon - 1]
         end_position, end_rotation = kin.fk(kept.anchor_joints)
         kept.anchor_position, kept.anchor_yaw = end_position, MotionSolver.yaw_of(kin, end_rotation)
         session.plan = kept
         return actions
-
-    def _home_position(self, kin) -> np.ndarray:
-        if self._home_tcp is None:
-            self._home_tcp = kin.fk(kin.home)[0]
-        return self._home_tcp
 
 
 def make_reference_policy(**kwargs: Any) -> ReferencePolicy:

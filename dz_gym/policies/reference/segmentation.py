@@ -118,7 +118,16 @@ def _cell_counts(mask: np.ndarray, cell: int) -> np.ndarray:
     if ph or pw:
         mask = np.pad(mask, ((0, ph), (0, pw)))
     h, w = mask.shape
-    return mask.reshape(h // cell, cell, w // cell, cell).sum(axis=(1, 3), dtype=np.int32)
+    # Strided slices added one by one: far faster than a sum over non-contiguous axes.
+    cols = np.ascontiguousarray(mask).view(np.uint8).reshape(h, w // cell, cell)
+    rows = cols[:, :, 0].astype(np.int32)
+    for k in range(1, cell):
+        rows += cols[:, :, k]
+    rows = rows.reshape(h // cell, cell, w // cell)
+    counts = rows[:, 0, :].copy()
+    for k in range(1, cell):
+        counts += rows[:, k, :]
+    return counts
 
 
 def _groups(cells: np.ndarray, radius: int) -> list[list[tuple[int, int]]]:
