@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 
 import imageio.v3 as iio
 import numpy as np
