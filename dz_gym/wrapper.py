@@ -59,7 +59,7 @@ from gymnasium.vector import AutoresetMode
 
 from dz_gym.chunks import ChunkSchedule, new_session_id
 from dz_gym.envs import droid
-from dz_gym.errors import ConnectionLost, DzGymError, HandshakeError, ProtocolError, RequestTimeout, ServerError
+from dz_gym.errors import DzGymError, HandshakeError, ProtocolError, RequestTimeout, ServerError
 from dz_gym.protocol import ServerMetadata
 from dz_gym.requests import build_requests, hold_actions, is_torch_tensor, to_numpy, validate_policy_obs
 from dz_gym.transport import SessionPool, TransportConfig
