@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from dz_gym.envs import droid
+from dz_gym.cli_types import non_negative_int, positive_float, positive_int
 from dz_gym.eval.config import EvalConfig, resume_conflicts
 from dz_gym.eval.results import format_table
 from dz_gym.eval.rundir import RunDir
@@ -57,36 +58,6 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {value}")
-    return value
-
-
 def _scene(text: str) -> int:
     try:
         return droid.scene_spec(int(text)).scene_id
@@ -108,26 +79,26 @@ def build_parser(isaac_args: bool | None = None) -> argparse.ArgumentParser:
         description="Evaluate an OpenPI/DreamZero policy server on the DROID scenes with batched envs.",
     )
     run = p.add_argument_group("what to run")
-    run.add_argument("--num-envs", type=_positive_int, help="envs stepped together (default 8)")
+    run.add_argument("--num-envs", type=positive_int, help="envs stepped together (default 8)")
     run.add_argument("--scene", dest="scenes", type=_scene, action="append", help="DROID scene 1, 2 or 3 (repeatable; default 1)")
-    run.add_argument("--episodes", type=_positive_int, help="episodes per scene (default: one per env)")
+    run.add_argument("--episodes", type=positive_int, help="episodes per scene (default: one per env)")
     run.add_argument("--seed", type=int, help="episode k of a scene has seed SEED+k (default 0)")
-    run.add_argument("--max-steps", type=_positive_int, help=f"steps per episode (default {droid.MAX_EPISODE_LENGTH}, the env's)")
+    run.add_argument("--max-steps", type=positive_int, help=f"steps per episode (default {droid.MAX_EPISODE_LENGTH}, the env's)")
     run.add_argument(
-        "--open-loop-horizon", type=_positive_int,
+        "--open-loop-horizon", type=positive_int,
         help=f"actions executed per chunk before replanning (default {droid.DEFAULT_OPEN_LOOP_HORIZON})",
     )
     run.add_argument(
-        "--prefetch", type=_non_negative_int, metavar="K",
+        "--prefetch", type=non_negative_int, metavar="K",
         help="latency hiding: send an env's next request when K actions of its window are left and keep "
         "executing; rows for the steps executed meanwhile are skipped (default 0: wait, like the reference client)",
     )
     run.add_argument(
-        "--simulated-delay", type=_non_negative_int, metavar="D",
+        "--simulated-delay", type=non_negative_int, metavar="D",
         help="apply every chunk exactly D steps after its request instead of when it arrives (reproducible latency)",
     )
     run.add_argument(
-        "--max-stale-steps", type=_non_negative_int, metavar="S",
+        "--max-stale-steps", type=non_negative_int, metavar="S",
         help="with --prefetch: rows a late env may run past its window before it waits (default: the whole chunk)",
     )
     run.add_argument("--backend", choices=("auto", "isaac", "mujoco"), help="simulator (default auto: isaac when importable)")
@@ -140,7 +111,7 @@ def build_parser(isaac_args: bool | None = None) -> argparse.ArgumentParser:
     srv.add_argument("--host", help=f"server host, as the reference client (default {DEFAULT_HOST})")
     srv.add_argument("--port", type=int, help=f"server port, as the reference client (default {DEFAULT_PORT})")
     srv.add_argument("--path", help=f"websocket path, as the reference client (default {DEFAULT_PATH})")
-    srv.add_argument("--request-timeout", type=_positive_float, help="seconds to wait for one chunk (default 600)")
+    srv.add_argument("--request-timeout", type=positive_float, help="seconds to wait for one chunk (default 600)")
     srv.add_argument("--policy", help="embedded server: its policy (default reference when available, else hold)")
     srv.add_argument(
         "--serve-arg", action="append", default=[], metavar="ARG",
@@ -150,7 +121,7 @@ def build_parser(isaac_args: bool | None = None) -> argparse.ArgumentParser:
     out.add_argument("--output-root", type=Path, help=f"where run directories are created (default {DEFAULT_OUTPUT_ROOT})")
     out.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue RUN_DIR without redoing finished episodes")
     out.add_argument("--video", action=argparse.BooleanOptionalAction, default=None, help="write per-episode mp4 videos (default on)")
-    out.add_argument("--max-errors", type=_non_negative_int, help="abort after more errored episodes than this (default 10%% of the episodes, at least 5)")
+    out.add_argument("--max-errors", type=non_negative_int, help="abort after more errored episodes than this (default 10%% of the episodes, at least 5)")
     out.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bars (default: when stderr is a TTY)")
     p.add_argument("--only-scene", type=_scene, action="append", help=argparse.SUPPRESS)  # per-scene child process
     if isaac_args is None:
