@@ -288,6 +288,25 @@ def test_failed_grasps_retry_then_give_up_and_a_lost_object_is_noticed():
     assert state.phase == Phase.REOPEN and state.events == ["grasp_check_failed"]
 
 
+def test_a_moving_or_unreachable_object_is_bounded_by_the_retries():
+    planner = Planner(TASKS[1], PlannerConfig(max_moves=2))
+    con = _track([0.55, 0.15, 0.04])
+    state = PlannerState(phase=Phase.DESCEND, anchor_position=np.array([0.5, -0.1, 0.09]))
+    obj = _track([0.5, -0.1, 0.025])
+    events = []
+    for k in range(1, 4):  # the object keeps jumping away from under the gripper
+        obj.update(EntityView(np.array([0.5 + 0.04 * k, -0.1, 0.025]), 0.0, (100, 100)))
+        state.enter(Phase.DESCEND)
+        _call(planner, state, _meas(state.anchor_position), obj, con)
+        events.append(state.events[-1])
+    assert events == ["object_moved", "object_moved", "object_keeps_moving"] and state.retries == 1
+    state = PlannerState()
+    far = _track([0.1, 0.6, 0.025])
+    _call(planner, state, _meas([0.36, 0.0, 0.335]), far, con)
+    assert state.events == ["out_of_reach"] and state.retries == 1  # open and high: straight back to approach
+    assert state.phase == Phase.APPROACH
+
+
 def test_placement_check_after_release():
     planner = Planner(TASKS[1])
     con = _track([0.55, 0.15, 0.04])

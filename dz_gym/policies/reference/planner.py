@@ -78,6 +78,9 @@ class PlannerConfig:
     freeze_height: float = 0.05  # ...and this close above the object's centre
     wrist_view_distance: float = 0.04  # TCP this close (xy) to the object: look with the wrist camera
     moved_distance: float = 0.025  # descending, an object estimate this far (xy) from the TCP: approach again
+    max_moves: int = 3  # re-approaches per attempt before it counts as a failed attempt
+    workspace_x: tuple[float, float] = (0.25, 0.85)  # where objects can be grasped from above (m)
+    workspace_y: tuple[float, float] = (-0.55, 0.55)
     stall_calls: int = 5  # calls a gated phase may wait for arrival before moving on anyway
     blocked_height: float = 0.015  # descending, the arm held this far above a reached command is blocked
     empty_gripper: float = 0.85  # a closed gripper reading above this holds nothing
@@ -125,6 +128,7 @@ class PlannerState:
     retreat_xy: np.ndarray | None = None
     retreat_z: float = 0.0
     blocked_calls: int = 0  # consecutive calls the descending arm was held above its command
+    moves: int = 0  # re-approaches in this attempt (the object moved while descending)
     events: list[str] = field(default_factory=list)
 
     def enter(self, phase: Phase, event: str | None = None) -> None:
@@ -267,6 +271,9 @@ class Planner:
             phase = state.phase
             target, _ = self.target(state, obj, con) if phase not in (Phase.HOME, Phase.DONE) else (None, 0.0)
             if phase in (Phase.APPROACH, Phase.DESCEND) and obj.position is not None and not obj.frozen:
+                if not self.reachable(obj.position):
+                    self._fail(state, obj, "out_of_reach")
+                    continue
                 state.grasp_yaw = self.grasp_yaw(obj, state.grasp_yaw)
             if phase == Phase.APPROACH:
                 return
@@ -275,7 +282,11 @@ class Planner:
                     state.enter(Phase.APPROACH)
                     return
                 if not obj.frozen and np.linalg.norm(target[:2] - state.anchor_position[:2]) > cfg.moved_distance:
-                    # The object moved under the descending gripper: hover over it again first.
+                    # The object moved under the descending gripper (or the arm cannot follow it).
+                    state.moves += 1
+                    if state.moves > cfg.max_moves:
+                        self._fail(state, obj, "object_keeps_moving")
+                        continue
                     state.enter(Phase.APPROACH, "object_moved")
                     return
                 error = target - meas.tcp
@@ -343,8 +354,14 @@ class Planner:
                 return
             return
 
+    def reachable(self, position: np.ndarray) -> bool:
+        """Whether an object estimate lies on the part of the table the arm can grasp from above."""
+        (x0, x1), (y0, y1) = self.config.workspace_x, self.config.workspace_y
+        return bool(x0 <= position[0] <= x1 and y0 <= position[1] <= y1 and position[2] > -0.05)
+
     def _fail(self, state: PlannerState, obj: Track, event: str) -> None:
         state.retries += 1
+        state.moves = 0
         obj.reset()
         state.hand_offset = np.zeros(2)
         if state.retries > self.config.max_retries:
