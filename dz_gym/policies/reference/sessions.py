@@ -51,13 +51,6 @@ class SessionStore(Generic[T]):
         with entry.lock:
             yield entry.state
 
-    def replace(self, session_id: str, state: T) -> None:
-        """Set session ``session_id``'s state (e.g. after the task changed)."""
-        with self._lock:
-            entry = self._entries.get(session_id)
-            if entry is not None:
-                entry.state = state
-
     def drop(self, session_id: str | None = None) -> None:
         """Forget one session, or every session when ``session_id`` is ``None``."""
         with self._lock:
