@@ -34,18 +34,11 @@ from dz_gym.policies.reference.perception import Perception, Track
 from dz_gym.policies.reference.planner import Measurement, Planner, PlannerConfig, PlannerState
 from dz_gym.policies.reference.sessions import SessionStore
 from dz_gym.policies.reference.tasks import TaskSpec, task_for_prompt
+from dz_gym.protocol import DREAMZERO_METADATA
 
 EXTERNAL_KEYS = (droid.REQUEST_IMAGE_KEYS["external_cam"], droid.REQUEST_IMAGE_KEYS["external_cam_2"])
 WRIST_KEY = droid.REQUEST_IMAGE_KEYS["wrist_cam"]
 
-METADATA: dict[str, Any] = {
-    "image_resolution": list(droid.DEFAULT_EMBEDDED_IMAGE_SHAPE),
-    "n_external_cameras": 2,
-    "needs_wrist_camera": True,
-    "needs_stereo_camera": False,
-    "needs_session_id": True,
-    "action_space": "joint_position",
-}
 
 
 @dataclass
@@ -102,7 +95,8 @@ class ReferencePolicy:
             raise ValueError(f"horizon: expected an integer >= 1, got {horizon!r}")
         if not isinstance(open_loop_horizon, int) or not 1 <= open_loop_horizon <= horizon:
             raise ValueError(f"open_loop_horizon: expected an integer in [1, {horizon}], got {open_loop_horizon!r}")
-        self.metadata = dict(METADATA)
+        # DreamZero's handshake: 180x320 views, two external cameras + wrist, session ids, joint positions.
+        self.metadata = dict(DREAMZERO_METADATA)
         self.horizon = horizon
         self.open_loop_horizon = open_loop_horizon
         self.sessions: SessionStore[Session] = SessionStore(Session, max_sessions=max_sessions)
@@ -179,7 +173,7 @@ class ReferencePolicy:
         observation = perception.observe(images, session.task)
         session.object.update(observation.object)
         session.container.update(observation.container)
-        if wrist_image is not None and planner.wants_wrist_view(state, meas, session.object):
+        if planner.wants_wrist_view(state, meas, session.object):
             top = float(session.object.position[2]) + session.task.top_above_centre
             seen = perception.observe_wrist(wrist_image, kin.camera_pose(q), session.task.object_colour, top)
             session.object.update_shape(seen)
