@@ -61,7 +61,8 @@ def test_resolve_config_defaults_and_reference_client_flags():
     config, run_dir, servers = cli.resolve_config(parser, parser.parse_args(["--num-envs", "3"]))
     assert run_dir is None and servers is None
     assert config.episodes == 3 and config.scenes == [1] and config.max_steps == 450 and config.video
-    assert config.policy == cli.default_policy() and config.backend in ("mujoco", "isaac")
+    assert config.policy == cli.default_policy(config.backend) and config.backend in ("mujoco", "isaac")
+    assert cli.default_policy("mujoco") == "reference" and cli.default_policy("isaac") == "hold"
     args = parser.parse_args(["--host", "10.1.2.3", "--port", "9000", "--scene", "2", "--scene", "3", "--scene", "2"])
     config, _, servers = cli.resolve_config(parser, args)
     assert servers == ["ws://10.1.2.3:9000/v1/realtime/robot/openpi"]

@@ -65,11 +65,12 @@ def _scene(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected one of {sorted(droid.SCENES)}, got {text!r}") from None
 
 
-def default_policy() -> str:
-    """The embedded server's default policy: ``reference`` when it is registered, else ``hold``."""
+def default_policy(backend: str = "mujoco") -> str:
+    """The embedded server's default policy: ``reference`` on the embedded simulator (the only scenes it
+    knows: their colours and camera calibration), else ``hold``."""
     from dz_gym.server.policies import BUILTIN_POLICIES
 
-    return "reference" if "reference" in BUILTIN_POLICIES else "hold"
+    return "reference" if backend == "mujoco" and "reference" in BUILTIN_POLICIES else "hold"
 
 
 def build_parser(isaac_args: bool | None = None) -> argparse.ArgumentParser:
@@ -112,7 +113,7 @@ def build_parser(isaac_args: bool | None = None) -> argparse.ArgumentParser:
     srv.add_argument("--port", type=int, help=f"server port, as the reference client (default {DEFAULT_PORT})")
     srv.add_argument("--path", help=f"websocket path, as the reference client (default {DEFAULT_PATH})")
     srv.add_argument("--request-timeout", type=positive_float, help="seconds to wait for one chunk (default 600)")
-    srv.add_argument("--policy", help="embedded server: its policy (default reference when available, else hold)")
+    srv.add_argument("--policy", help="embedded server: its policy (default: reference on the embedded simulator, hold on Isaac Lab)")
     srv.add_argument(
         "--serve-arg", action="append", default=[], metavar="ARG",
         help="embedded server: extra dz-gym-serve argument, e.g. --serve-arg=--latency-ms=200 (repeatable)",
@@ -218,7 +219,7 @@ def resolve_config(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         values["servers"] = []
         values.setdefault("policy", None)
         if values["policy"] is None:
-            values["policy"] = default_policy()
+            values["policy"] = default_policy(values["backend"])
     try:
         config = EvalConfig(**{k: v for k, v in values.items() if k in EvalConfig.__dataclass_fields__})
     except ValueError as exc:
