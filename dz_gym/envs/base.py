@@ -109,6 +109,27 @@ class BatchedDroidEnv(gym.Env):
                 raise ValueError(f"env_ids: expected ids in [0, {self.num_envs}), got {env_id}")
             self._queued_seeds[env_id] = seed
 
+    def _torch_action(self, action):
+        """``action`` (numpy or torch, ``(N, 8)``) as a finite float32 tensor on ``self.device``; one-line
+        ``ValueError`` naming the problem otherwise. For the backends whose sim takes torch tensors."""
+        import torch
+
+        if isinstance(action, torch.Tensor):
+            tensor = action.detach()
+        else:
+            array = np.asarray(action)
+            if array.dtype == object:
+                raise ValueError(
+                    f"action: expected a numeric ({self.num_envs}, {droid.ACTION_DIM}) array, got dtype object"
+                )
+            tensor = torch.as_tensor(array)
+        if tuple(tensor.shape) != (self.num_envs, droid.ACTION_DIM):
+            raise ValueError(f"action: expected shape ({self.num_envs}, {droid.ACTION_DIM}), got {tuple(tensor.shape)}")
+        tensor = tensor.to(device=self.device, dtype=torch.float32)
+        if not bool(torch.isfinite(tensor).all()):
+            raise ValueError("action: expected finite values, got NaN or inf")
+        return tensor
+
     def _take_seed(self, env_id: int, fallback: int) -> int:
         """The queued seed of ``env_id`` (consumed), else ``fallback``."""
         return self._queued_seeds.pop(env_id, fallback)

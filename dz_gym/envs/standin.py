@@ -325,7 +325,7 @@ class IsaacDroidStandIn(BatchedDroidEnv):
         if not self._started:
             raise RuntimeError("standin: call reset() before step()")
         torch = self._torch
-        action = self._action_tensor(action)
+        action = self._torch_action(action)
         target_arm = action[:, : droid.ARM_DOF]
         target_gripper = (action[:, droid.ARM_DOF :] > droid.GRIPPER_CLOSE_THRESHOLD).to(torch.float32)
         self._joints += self.joint_alpha * (target_arm - self._joints)
@@ -474,25 +474,6 @@ class IsaacDroidStandIn(BatchedDroidEnv):
             "images_fresh": np.ones(self.num_envs, dtype=bool),
         }
 
-    def _action_tensor(self, action):
-        torch = self._torch
-        if isinstance(action, torch.Tensor):
-            tensor = action.detach()
-        else:
-            array = np.asarray(action)
-            if array.dtype == object:
-                raise ValueError(
-                    f"action: expected a numeric ({self.num_envs}, {droid.ACTION_DIM}) array, got dtype object"
-                )
-            tensor = torch.as_tensor(array)
-        if tuple(tensor.shape) != (self.num_envs, droid.ACTION_DIM):
-            raise ValueError(
-                f"action: expected shape ({self.num_envs}, {droid.ACTION_DIM}), got {tuple(tensor.shape)}"
-            )
-        tensor = tensor.to(device=self.device, dtype=torch.float32)
-        if not bool(torch.isfinite(tensor).all()):
-            raise ValueError("action: expected finite values, got NaN or inf")
-        return tensor
 
     def _env_ids(self, env_ids) -> np.ndarray:
         if env_ids is None or isinstance(env_ids, slice):

@@ -175,7 +175,7 @@ class IsaacDroidEnv(BatchedDroidEnv):
     def step(self, action):
         """Step every env once with ``(N,8)`` actions; done envs are reset inside (same-step autoreset)."""
         self._check_open()
-        obs, _, terminated, truncated, _ = self.isaac_env.step(self._action_tensor(action))
+        obs, _, terminated, truncated, _ = self.isaac_env.step(self._torch_action(action))
         state = self._probe.latest
         if state is None:  # an Isaac Lab without the termination manager would land here
             raise RuntimeError("isaac: the task-state probe did not run during step()")
@@ -228,21 +228,6 @@ class IsaacDroidEnv(BatchedDroidEnv):
         gripper = (policy[droid.GRIPPER_KEY] > droid.GRIPPER_CLOSE_THRESHOLD).to(self._torch.float32)
         return self._torch.cat([arm, gripper.reshape(-1, 1)], dim=1)
 
-    def _action_tensor(self, action):
-        torch = self._torch
-        if isinstance(action, torch.Tensor):
-            tensor = action.detach()
-        else:
-            array = np.asarray(action)
-            if array.dtype == object:
-                raise ValueError(f"action: expected a numeric (N, {droid.ACTION_DIM}) array, got dtype object")
-            tensor = torch.as_tensor(array)
-        if tuple(tensor.shape) != (self.num_envs, droid.ACTION_DIM):
-            raise ValueError(f"action: expected shape ({self.num_envs}, {droid.ACTION_DIM}), got {tuple(tensor.shape)}")
-        tensor = tensor.to(device=self.device, dtype=torch.float32)
-        if not bool(torch.isfinite(tensor).all()):
-            raise ValueError("action: expected finite values, got NaN or inf")
-        return tensor
 
     def _env_ids(self, env_ids) -> np.ndarray:
         if env_ids is None:
