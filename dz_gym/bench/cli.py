@@ -18,6 +18,7 @@ import asyncio
 import dataclasses
 import math
 import sys
+import time
 from collections.abc import Sequence
 
 from dz_gym.bench.load import ARRIVALS
@@ -31,6 +32,7 @@ from dz_gym.transport import validate_url
 __all__ = ["build_parser", "config_from_args", "main"]
 
 DEFAULT_DURATION_S = 30.0
+CANCEL_GRACE_S = 15.0  # after --timeout: time for the sessions to close (each close is itself bounded)
 
 
 def _sweep(text: str) -> list[int]:
@@ -192,9 +194,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
 
     async def bounded() -> dict:
-        return await asyncio.wait_for(
-            run_benchmark(config, on_run=on_run, keep_records=args.records is not None), args.timeout
-        )
+        task = asyncio.ensure_future(run_benchmark(config, on_run=on_run, keep_records=args.records is not None))
+        done, _ = await asyncio.wait({task}, timeout=args.timeout)
+        if task in done:
+            return task.result()
+        # Cancel until the run really ends: on Python < 3.12 a cancellation that races with an inner
+        # asyncio.wait_for finishing can be swallowed, and the run would go on to its --duration.
+        give_up = time.monotonic() + CANCEL_GRACE_S
+        while not task.done() and time.monotonic() < give_up:
+            task.cancel()
+            await asyncio.wait({task}, timeout=0.5)
+        raise TimeoutError(f"the benchmark did not finish within --timeout {args.timeout:g} s")
 
     try:
         result = asyncio.run(bounded())

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dz_gym.protocol import messages as protocol_messages
+
 CONTROL_HZ = 15
 STEP_DT = 1.0 / CONTROL_HZ
 EPISODE_SECONDS = 30.0
@@ -47,9 +49,9 @@ REQUEST_IMAGE_KEYS = {
     "external_cam_2": "observation/exterior_image_1_left",
     "wrist_cam": "observation/wrist_image_left",
 }
-REQUEST_JOINT_KEY = "observation/joint_position"
-REQUEST_CARTESIAN_KEY = "observation/cartesian_position"
-REQUEST_GRIPPER_KEY = "observation/gripper_position"
+REQUEST_JOINT_KEY = protocol_messages.JOINT_KEY
+REQUEST_CARTESIAN_KEY = protocol_messages.CARTESIAN_KEY
+REQUEST_GRIPPER_KEY = protocol_messages.GRIPPER_KEY
 
 # Video strip order, as in the reference client: right external | wrist | left external.
 VIDEO_STRIP_KEYS = ("external_cam", "wrist_cam", "external_cam_2")
