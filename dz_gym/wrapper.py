@@ -167,7 +167,9 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         self._obs: dict | None = None
         self.episode_flagged = np.zeros(self.num_envs, dtype=bool)
 
-        self.pool = SessionPool(self.servers, self.num_envs, transport or TransportConfig())
+        transport = transport or TransportConfig()
+        self._reply_bound = transport.request_timeout + transport.close_timeout + 10.0
+        self.pool = SessionPool(self.servers, self.num_envs, transport)
         try:
             self.server_metadata: list[ServerMetadata] = self.pool.connect()
             for env_id, meta in enumerate(self.server_metadata):
@@ -296,10 +298,19 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         """Deliver the finished replies of ``env_ids`` (waiting for them when ``block``)."""
         futures = [self._in_flight[i][1] for i in env_ids if i in self._in_flight]
         if block and futures:
-            concurrent.futures.wait(futures)  # each future is bounded by the transport's request timeout
+            # The transport bounds each request; this bound only guards against a reply that never resolves.
+            concurrent.futures.wait(futures, timeout=self._reply_bound)
         for env_id in env_ids:
             token, future = self._in_flight.get(env_id, (None, None))
-            if future is None or not future.done():
+            if future is None:
+                continue
+            if not future.done():
+                if not block:
+                    continue
+                future.cancel()
+                del self._in_flight[env_id]
+                error = RequestTimeout(f"env {env_id}: no reply within {self._reply_bound:g} s")
+                self._record_failure(env_id, token, error, np.nan, errors, events, latency)
                 continue
             del self._in_flight[env_id]
             outcome = future.result()
@@ -313,16 +324,20 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
                     continue
                 except ValueError as exc:
                     error = ProtocolError(str(exc))
-            if self.schedule.pending_token(env_id) != token:
-                continue  # a failure of an ended episode's request does not concern the new episode
-            self.schedule.abandon(env_id)
-            latency[env_id] = outcome.latency_s
-            errors[env_id] = str(error)
-            events[env_id] = _event_of(error)
-            self.episode_flagged[env_id] = True
-            logger.warning("env %d: policy call failed (%s): %s", env_id, events[env_id], error)
-            if not (isinstance(error, ServerError) and not error.fatal):
-                events[env_id] = self._reconnect(env_id) or events[env_id]
+            self._record_failure(env_id, token, error, outcome.latency_s, errors, events, latency)
+
+    def _record_failure(self, env_id, token, error, latency_s, errors, events, latency) -> None:
+        """Flag env ``env_id``'s episode for a failed request and reconnect when the connection broke."""
+        if self.schedule.pending_token(env_id) != token:
+            return  # a failure of an ended episode's request does not concern the new episode
+        self.schedule.abandon(env_id)
+        latency[env_id] = latency_s
+        errors[env_id] = str(error)
+        events[env_id] = _event_of(error)
+        self.episode_flagged[env_id] = True
+        logger.warning("env %d: policy call failed (%s): %s", env_id, events[env_id], error)
+        if not (isinstance(error, ServerError) and not error.fatal):
+            events[env_id] = self._reconnect(env_id) or events[env_id]
 
     def _reconnect(self, env_id: int) -> str | None:
         """Bounded reconnect of env ``env_id``'s session; returns an event name when it failed."""
