@@ -33,6 +33,7 @@ def usage_error(capsys, argv) -> str:
         (["--port", "70000"], "--port"),
         (["--path", "no-slash"], "--path"),
         (["--prefetch", "8"], "prefetch: expected an integer in [0, 8)"),
+        (["--auth-env", "MY-TOKEN=abc"], "auth_env"),
         (["--prefetch", "-1"], "--prefetch"),
         (["--simulated-delay", "x"], "--simulated-delay"),
     ],
@@ -63,6 +64,8 @@ def test_resolve_config_defaults_and_reference_client_flags():
     assert config.episodes == 3 and config.scenes == [1] and config.max_steps == 450 and config.video
     assert config.policy == cli.default_policy(config.backend) and config.backend in ("mujoco", "isaac")
     assert cli.default_policy("mujoco") == "reference" and cli.default_policy("isaac") == "hold"
+    config, _, _ = cli.resolve_config(parser, parser.parse_args(["--auth-env", "DZ_TOKEN", "--server", "ws://h:1/p"]))
+    assert config.auth_env == "DZ_TOKEN"  # the variable's name, never its value
     args = parser.parse_args(["--host", "10.1.2.3", "--port", "9000", "--scene", "2", "--scene", "3", "--scene", "2"])
     config, _, servers = cli.resolve_config(parser, args)
     assert servers == ["ws://10.1.2.3:9000/v1/realtime/robot/openpi"]

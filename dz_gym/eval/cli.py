@@ -53,6 +53,7 @@ DEFAULTS: dict[str, Any] = {
     "max_steps": droid.MAX_EPISODE_LENGTH,
     "max_errors": None,
     "request_timeout": 600.0,
+    "auth_env": None,
     "video": True,
     "num_envs": 8,
 }
@@ -113,6 +114,11 @@ def build_parser(isaac_args: bool | None = None) -> argparse.ArgumentParser:
     srv.add_argument("--port", type=int, help=f"server port, as the reference client (default {DEFAULT_PORT})")
     srv.add_argument("--path", help=f"websocket path, as the reference client (default {DEFAULT_PATH})")
     srv.add_argument("--request-timeout", type=positive_float, help="seconds to wait for one chunk (default 600)")
+    srv.add_argument(
+        "--auth-env", metavar="NAME",
+        help="name of the environment variable that holds the servers' API token (sent as 'Authorization: "
+        "Api-Key ...'); the token itself is never a flag and never logged",
+    )
     srv.add_argument("--policy", help="embedded server: its policy (default: reference on the embedded simulator, hold on Isaac Lab)")
     srv.add_argument(
         "--serve-arg", action="append", default=[], metavar="ARG",
@@ -167,7 +173,7 @@ def resolve_config(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     wanted: dict[str, Any] = {}
     for key in (
         "scenes", "num_envs", "episodes", "seed", "max_steps", "open_loop_horizon", "prefetch", "simulated_delay",
-        "max_stale_steps", "max_errors", "request_timeout", "video",
+        "max_stale_steps", "max_errors", "request_timeout", "auth_env", "video",
     ):
         value = getattr(args, key)
         if value is not None:

@@ -47,6 +47,7 @@ class EvalConfig:
     max_steps: int = droid.MAX_EPISODE_LENGTH
     max_errors: int | None = None
     request_timeout: float = 600.0
+    auth_env: str | None = None  # NAME of the environment variable holding the servers' API token
     video: bool = True
     version: int = CONFIG_VERSION
 
@@ -69,6 +70,10 @@ class EvalConfig:
                 raise ValueError(f"{name}: expected an integer >= 0, got {value!r}")
         if self.max_errors is not None and self.max_errors < 0:
             raise ValueError(f"max_errors: expected an integer >= 0, got {self.max_errors!r}")
+        if self.auth_env is not None:
+            from dz_gym.transport import TransportConfig
+
+            TransportConfig(auth_env=self.auth_env)  # validates the name
         if not self.request_timeout > 0:
             raise ValueError(f"request_timeout: expected seconds > 0, got {self.request_timeout!r}")
 

@@ -155,7 +155,7 @@ def evaluate(
                     env,
                     server=list(servers),
                     open_loop_horizon=config.open_loop_horizon,
-                    transport=TransportConfig(request_timeout=config.request_timeout),
+                    transport=TransportConfig(request_timeout=config.request_timeout, auth_env=config.auth_env),
                     prefetch=config.prefetch,
                     simulated_delay=config.simulated_delay,
                     max_stale_steps=config.max_stale_steps,
