@@ -9,7 +9,8 @@ building, encoding, the transport (both threads) and the chunk bookkeeping. Two 
 - per cached step: client CPU per env on steps that only use the cache (target < 50 us).
 
 Views of 720x1280 (Isaac Lab's cameras) include the resize to 180x320 on the CPU; views of 180x320 (the
-embedded simulator's default) need none, which isolates the rest of the client.
+embedded simulator's default) need none, which isolates the rest of the client. A last measurement times cached
+steps alone on an env that replays one step (no env cost, no stand-in tensors to validate afresh).
 
 Baseline, in the same process: the reference single-env client's per-step logic (openpi-client
 ``resize_with_pad`` and ``msgpack_numpy`` over a synchronous websocket) on the same stand-in and server.
@@ -69,6 +70,37 @@ def measure_wrapper(url: str, num_envs: int, steps: int, image_shape=(720, 1280)
             cached_steps += num_envs
     env.close()
     return replan_cpu / replan_envs, cached_cpu / max(cached_steps, 1)
+
+
+class ReplayEnv(gym.Wrapper):
+    """Steps the env once, then returns that step's result again: an env that costs nothing."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self.last = None
+
+    def step(self, action):
+        if self.last is None:
+            self.last = self.env.step(action)
+        return self.last
+
+
+def measure_cached_isolated(url: str, num_envs: int, steps: int = 5000) -> float:
+    """Client CPU per env-step on cached steps with a no-op env (nothing else runs in this process)."""
+    base = IsaacDroidStandIn(scene=1, num_envs=num_envs, max_episode_length=10_000, image_shape=(180, 320))
+    env = DreamZeroPolicyWrapper(ReplayEnv(base), server=url + PATH, open_loop_horizon=24)
+    env.reset(seed=0)
+    env.step()  # the one request of the chunk
+    cpu = 0.0
+    for _ in range(steps // 20):
+        for _ in range(20):  # rows 1..20 of the 24-row window: no request
+            start = time.process_time()
+            env.step()
+            cpu += time.process_time() - start
+        env.reset(seed=0)
+        env.step()
+    env.close()
+    return cpu / ((steps // 20) * 20 * num_envs)
 
 
 def measure_reference(url: str, steps: int) -> tuple[float, float]:
@@ -137,6 +169,9 @@ def main() -> None:
                 f"(target < 1 ms; {replan / ref_replan:.2f}x the reference), "
                 f"{cached * 1e6:7.1f} us per cached env-step (target < 50 us)"
             )
+        for n in (1, 8):
+            cached = measure_cached_isolated(server.url, n)
+            print(f"DreamZeroPolicyWrapper N={n} cached steps on a no-op env: {cached * 1e6:7.1f} us per env-step")
 
 
 if __name__ == "__main__":

@@ -271,7 +271,8 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         self._stamps = np.full((n, 2), np.nan)  # sent_at, received_at (perf_counter) of replies taken in
         errors: list[str | None] = [None] * n
         events: list[str | None] = [None] * n
-        self._take_replies(list(self._in_flight), False, delivered, latency, errors, events)
+        if self._in_flight:
+            self._take_replies(list(self._in_flight), False, delivered, latency, errors, events)
 
         due = np.flatnonzero(self.schedule.requests_due() & ~self.idle_envs).tolist()
         if due:
@@ -287,6 +288,8 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
                 self._in_flight[env_id] = (token, self.pool.submit(env_id, requests[env_id]))
             called[due] = True
 
+        if not self._in_flight and not self.schedule.in_flight().any():
+            return called, delivered, latency, errors, events  # every env runs on its cache this step
         waiting = np.flatnonzero(self.schedule.must_wait()).tolist()
         if self.schedule.simulated_delay is None:  # in simulated time only held steps count as waiting
             self.schedule.count_wait([i for i in waiting if not called[i]])
