@@ -40,7 +40,7 @@ import ssl
 import threading
 import time
 import weakref
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -423,15 +423,7 @@ class AsyncSession:
         cfg = self._config
         async with self._lock:
             frame = await self._exchange(payload, "infer", stamps)
-            try:
-                return parse_infer_response(frame, action_dim=cfg.action_dim, horizon=cfg.action_horizon)
-            except ServerError as exc:
-                if exc.fatal:
-                    self._drop(exc)
-                raise
-            except ProtocolError as exc:
-                self._drop(exc)
-                raise
+            return self._parse(parse_infer_response, frame, action_dim=cfg.action_dim, horizon=cfg.action_horizon)
 
     async def reset(self, session_id: str | None = None) -> str:
         """Send a reset request and return the server's status text.
@@ -442,15 +434,20 @@ class AsyncSession:
         payload = packb(build_reset_request(session_id))
         async with self._lock:
             frame = await self._exchange(payload, "reset", _Stamps())
-            try:
-                return parse_reset_response(frame)
-            except ServerError as exc:
-                if exc.fatal:
-                    self._drop(exc)
-                raise
-            except ProtocolError as exc:
+            return self._parse(parse_reset_response, frame)
+
+    def _parse(self, parser: Callable[..., _T], frame: bytes | str, **kwargs: Any) -> _T:
+        """``parser(frame)``; a reply that breaks the stream (protocol error, fatal server error) drops the
+        connection, since the next frame could no longer be matched to its request."""
+        try:
+            return parser(frame, **kwargs)
+        except ServerError as exc:
+            if exc.fatal:
                 self._drop(exc)
-                raise
+            raise
+        except ProtocolError as exc:
+            self._drop(exc)
+            raise
 
     async def _exchange(self, payload: bytes | bytearray | memoryview, what: str, stamps: _Stamps) -> bytes | str:
         """Send ``payload`` and return the next frame, within ``request_timeout`` (caller holds the lock)."""

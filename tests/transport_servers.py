@@ -17,15 +17,9 @@ import numpy as np
 from websockets.asyncio.server import Server, ServerConnection, serve
 
 from dz_gym.protocol import packb
+from dz_gym.protocol.messages import DREAMZERO_METADATA
 
-DZ_METADATA = {
-    "image_resolution": [180, 320],
-    "n_external_cameras": 2,
-    "needs_wrist_camera": True,
-    "needs_stereo_camera": False,
-    "needs_session_id": True,
-    "action_space": "joint_position",
-}
+DZ_METADATA = dict(DREAMZERO_METADATA)
 
 Handler = Callable[[ServerConnection], Awaitable[None]]
 
