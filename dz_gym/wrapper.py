@@ -19,8 +19,9 @@ single-env client's (``dz_gym.requests``).
 
 ``step(action=None)``: the policy's actions are executed. ``step(action)``: the caller's ``(N, 8)`` action is
 executed instead, while the policy is still queried on its usual schedule so that its bookkeeping (cursors,
-sessions) stays in sync; the policy's proposal for this step is in ``info["policy_action"]`` (useful for
-residual RL or DAgger-style relabelling).
+sessions) stays in sync; the policy's proposal for this step is in ``info["policy_action"]``. To see the
+proposal *before* acting (residual RL: your action = proposal + residual), call ``propose()`` first; the next
+``step`` uses that same proposal.
 
 Like Isaac Lab, the env resets finished envs inside ``step`` (same-step autoreset): the returned observation of
 a finished env belongs to its next episode, and its chunk cache and session id are renewed; other envs are
@@ -47,6 +48,7 @@ step counts of that episode.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import logging
 import warnings
 from collections.abc import Sequence
@@ -123,6 +125,15 @@ def _event_of(error: BaseException) -> str:
     return "connection_lost"
 
 
+@dataclasses.dataclass
+class _Proposal:
+    """The policy's actions for one step and what producing them took (see ``propose``)."""
+
+    actions: np.ndarray  # (N, 8) float32
+    active: np.ndarray  # (N,) bool: envs that execute a cached row (the others hold their pose)
+    flags: tuple  # called, delivered, latency, errors, events
+
+
 class DreamZeroPolicyWrapper(gym.Wrapper):
     """Query a remote DreamZero/OpenPI policy for a batched DROID env (see the module docstring)."""
 
@@ -165,6 +176,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         # Envs that hold their pose and never query the server (an evaluator's slots whose quota is done).
         self.idle_envs = np.zeros(self.num_envs, dtype=bool)
         self._obs: dict | None = None
+        self._proposal: _Proposal | None = None  # the next step's policy actions, once computed
         self.episode_flagged = np.zeros(self.num_envs, dtype=bool)
 
         transport = transport or TransportConfig()
@@ -200,6 +212,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         if hasattr(base, "set_render_mask"):
             base.set_render_mask(None)
         obs, info = self.env.reset(seed=seed, options=options)
+        self._proposal = None
         env_ids = None if not options else options.get("env_ids")
         ids = range(self.num_envs) if env_ids is None else [int(i) for i in np.atleast_1d(to_numpy(env_ids))]
         self.schedule.end_episodes(ids)
@@ -215,11 +228,10 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         if self._obs is None:
             raise RuntimeError("step: call reset() first")
         policy_obs = self._obs[droid.POLICY_GROUP]
-        called, delivered, latency, errors, events = self._advance_policy(policy_obs)
-        active = self.schedule.has_action() & ~self.idle_envs
-        policy_action = self.schedule.pop_actions(active=active)
-        if not active.all():
-            policy_action[~active] = hold_actions(policy_obs)[~active]
+        proposal = self._proposal or self._propose(policy_obs)
+        self._proposal = None
+        called, delivered, latency, errors, events = proposal.flags
+        active, policy_action = proposal.active, proposal.actions
         executed = policy_action if action is None else self._validate_action(action)
         session_ids = np.array(self.schedule.session_ids, dtype=object)
 
@@ -253,6 +265,27 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         validate_policy_obs(obs[droid.POLICY_GROUP], self.num_envs)
         self._obs = obs
         return obs, reward, terminated, truncated, info
+
+    def propose(self) -> np.ndarray:
+        """The policy's ``(N, 8)`` actions for the next step, before taking it.
+
+        Queries the server where a chunk is due, exactly as ``step()`` would; the following ``step()`` uses
+        this proposal (``step()`` executes it, ``step(action)`` executes yours, e.g. the proposal plus a
+        learned residual). Calling it again before stepping returns the same actions. ``reset()`` discards it.
+        """
+        if self._obs is None:
+            raise RuntimeError("propose: call reset() first")
+        if self._proposal is None:
+            self._proposal = self._propose(self._obs[droid.POLICY_GROUP])
+        return self._proposal.actions.copy()
+
+    def _propose(self, policy_obs) -> _Proposal:
+        flags = self._advance_policy(policy_obs)
+        active = self.schedule.has_action() & ~self.idle_envs
+        actions = self.schedule.pop_actions(active=active)
+        if not active.all():
+            actions[~active] = hold_actions(policy_obs)[~active]
+        return _Proposal(actions, active, flags)
 
     def close(self):
         """Close every connection, then the env."""

@@ -250,6 +250,28 @@ def test_callers_action_is_executed_while_the_policy_schedule_stays_in_sync(reco
     assert len(policy.calls) == 4
 
 
+def test_propose_shows_the_policy_action_before_the_step(recording_server):
+    policy = RecordingPolicy()
+    server = recording_server(policy)
+    env = make_wrapper(IsaacDroidStandIn(scene=1, num_envs=2, joint_tau=1e-3), server.url)
+    try:
+        with pytest.raises(RuntimeError, match="reset"):
+            env.propose()
+        env.reset(seed=0)
+        for step in range(10):
+            proposal = env.propose()
+            np.testing.assert_array_equal(env.propose(), proposal)  # asking twice changes nothing
+            residual = np.zeros_like(proposal)
+            residual[:, 0] = 0.05
+            obs, _, _, _, info = env.step(proposal + residual)
+            np.testing.assert_array_equal(info["policy_action"], proposal)
+            assert info["policy_called"].all() == (step in (0, 8))
+        np.testing.assert_allclose(obs["policy"]["arm_joint_pos"][:, 0].numpy(), proposal[:, 0] + 0.05, atol=1e-3)
+    finally:
+        env.close()
+    assert len(policy.calls) == 4  # the same schedule as without propose()
+
+
 def test_gymnasium_surface(recording_server):
     server = recording_server(RecordingPolicy())
     env = make_wrapper(IsaacDroidStandIn(scene=3, num_envs=3, image_shape=(90, 160)), server.url)
