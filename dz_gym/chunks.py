@@ -143,8 +143,6 @@ class ChunkSchedule:
             dtype=bool,
         )
 
-    needs_chunk = requests_due  # the synchronous reading: who must call the server this step
-
     def in_flight(self) -> np.ndarray:
         """``(N,)`` bool: envs with a request whose chunk has not been applied yet."""
         return np.array([p is not None for p in self._pending], dtype=bool)
@@ -305,7 +303,3 @@ class ChunkSchedule:
             self.server_calls[i] = 0
             self.stats[i] = EpisodeChunkStats()
         return ended
-
-    def reset_all(self) -> None:
-        """End every env's episode (an explicit batched ``reset()``)."""
-        self.end_episodes(range(self.num_envs))

@@ -22,7 +22,7 @@ def test_replans_at_steps_0_8_16_like_the_reference_client():
     schedule = ChunkSchedule(1, open_loop_horizon=8, session_id_factory=counter_ids())
     calls = []
     for step in range(30):
-        if schedule.needs_chunk()[0]:
+        if schedule.requests_due()[0]:
             calls.append(step)
             schedule.accept_chunk(0, chunk(100.0 * step))
         action = schedule.pop_actions()[0]
@@ -32,7 +32,7 @@ def test_replans_at_steps_0_8_16_like_the_reference_client():
 
 def test_only_envs_with_spent_caches_ask_and_episode_end_touches_one_env():
     schedule = ChunkSchedule(3, open_loop_horizon=4, session_id_factory=counter_ids())
-    assert schedule.needs_chunk().tolist() == [True, True, True]
+    assert schedule.requests_due().tolist() == [True, True, True]
     for i in range(3):
         schedule.accept_chunk(i, chunk(i))
     schedule.pop_actions()
@@ -42,7 +42,7 @@ def test_only_envs_with_spent_caches_ask_and_episode_end_touches_one_env():
     assert ended == [before[1]]
     assert schedule.session_ids[0] == before[0] and schedule.session_ids[2] == before[2]
     assert schedule.session_ids[1] != before[1]
-    assert schedule.needs_chunk().tolist() == [False, True, False]
+    assert schedule.requests_due().tolist() == [False, True, False]
     assert schedule.episode_step.tolist() == [2, 0, 2]
     assert schedule.episode_index.tolist() == [0, 1, 0]
 
@@ -62,7 +62,7 @@ def test_short_chunks_replan_when_exhausted():
     schedule.accept_chunk(0, chunk(0, horizon=3))
     for _ in range(3):
         schedule.pop_actions()
-    assert schedule.needs_chunk()[0]
+    assert schedule.requests_due()[0]
 
 
 def test_gripper_is_binarized_and_cached_chunk_is_a_copy():
