@@ -304,15 +304,21 @@ class PolicyServer:
         await ws.send(text)
         await ws.close(CloseCode.INTERNAL_ERROR, "Internal server error. Traceback included in previous frame.")
 
+    def _decode_strict(self, message: bytes | str) -> dict:
+        """A request as openpi's and DreamZero's servers read it: a text frame or a non-map raises (and the
+        caller answers with the traceback and closes)."""
+        if isinstance(message, str):
+            raise TypeError("a bytes-like object is required, not 'str'")
+        request = unpackb(message, max_bytes=self.config.max_payload_bytes)
+        if not isinstance(request, dict):
+            raise TypeError(f"request must be a map, got {type(request).__name__}")
+        return request
+
     async def _serve_dreamzero(self, ws: ServerConnection, conn_id: int) -> None:
         while True:
             message = await ws.recv()
             try:
-                if isinstance(message, str):
-                    raise TypeError("a bytes-like object is required, not 'str'")
-                request = unpackb(message, max_bytes=self.config.max_payload_bytes)
-                if not isinstance(request, dict):
-                    raise TypeError(f"request must be a map, got {type(request).__name__}")
+                request = self._decode_strict(message)
                 endpoint = request.pop("endpoint")  # KeyError without it, as DreamZero's server
                 if endpoint == "reset":
                     await self._reset_policy(conn_id, self._dz_session)
@@ -341,11 +347,7 @@ class PolicyServer:
             message = await ws.recv()
             started = time.monotonic()
             try:
-                if isinstance(message, str):
-                    raise TypeError("a bytes-like object is required, not 'str'")
-                request = unpackb(message, max_bytes=self.config.max_payload_bytes)
-                if not isinstance(request, dict):
-                    raise TypeError(f"request must be a map, got {type(request).__name__}")
+                request = self._decode_strict(message)
                 session_id = _session_of(request) or "default"
                 new_session = session_id != current
                 current = session_id
