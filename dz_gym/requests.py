@@ -15,13 +15,8 @@ from typing import Any
 import numpy as np
 
 from dz_gym.envs import droid
-from dz_gym.preprocess import resize_with_pad_to_numpy
+from dz_gym.preprocess import is_torch_tensor, resize_with_pad_to_numpy
 from dz_gym.protocol import build_infer_request
-
-
-def is_torch_tensor(value: Any) -> bool:
-    """True for a torch tensor, without importing torch."""
-    return type(value).__module__.startswith("torch") and hasattr(value, "detach")
 
 
 def to_numpy(value: Any) -> np.ndarray:
