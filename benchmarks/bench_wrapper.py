@@ -28,7 +28,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from dz_gym.envs.standin import IsaacDroidStandIn
+from dz_gym.testing.isaac_standin import IsaacDroidStandIn
 from dz_gym.server.launch import start_server_process
 from dz_gym.wrapper import DreamZeroPolicyWrapper
 

@@ -188,7 +188,7 @@ def test_videos_have_one_frame_per_step(tmp_path, hold_server):
 
 def test_strip_frames_order_and_isaac_sized_torch_views():
     pytest.importorskip("torch")
-    from dz_gym.envs.standin import IsaacDroidStandIn, decode_stamp
+    from dz_gym.testing.isaac_standin import IsaacDroidStandIn, decode_stamp
     from dz_gym.eval.video import strip_frames
 
     env = IsaacDroidStandIn(scene=1, num_envs=3)
@@ -210,7 +210,7 @@ def test_isaac_stand_in_end_to_end(tmp_path, hold_server):
     pytest.importorskip("torch")
     import imageio.v2 as imageio
 
-    from dz_gym.envs.standin import IsaacDroidStandIn
+    from dz_gym.testing.isaac_standin import IsaacDroidStandIn
 
     config = EvalConfig(scenes=[1], episodes=3, num_envs=2, max_steps=6, video=True)
     run_dir = RunDir.create(tmp_path, config)

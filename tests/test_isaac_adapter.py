@@ -1,6 +1,6 @@
 """The Isaac Lab backend against stand-in isaaclab / isaaclab_tasks / sim_evals modules (2.2 and 3.0).
 
-The stand-ins (tests/isaac_stubs) record every call and reproduce sim-evals' config objects, its env-0
+The stand-ins (dz_gym.testing.isaac_stubs) record every call and reproduce sim-evals' config objects, its env-0
 observation bug, Isaac Lab's step/reset order and the version differences; their docstring lists what
 only a machine with Isaac Sim can verify.
 """
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-import isaac_stubs
-from isaac_stubs import cfgs
+from dz_gym.testing import isaac_stubs
+from dz_gym.testing.isaac_stubs import cfgs
 
 import dz_gym
 from dz_gym.envs import droid

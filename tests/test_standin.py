@@ -1,4 +1,4 @@
-"""Tests of the Isaac Lab DROID env stand-in (dz_gym.envs.standin)."""
+"""Tests of the Isaac Lab DROID env stand-in (dz_gym.testing.isaac_standin)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from dz_gym.envs import droid  # noqa: E402
-from dz_gym.envs.standin import (  # noqa: E402
+from dz_gym.testing.isaac_standin import (  # noqa: E402
     IsaacDroidStandIn,
     decode_stamp,
     isaac_env_origins,

@@ -14,7 +14,7 @@ import torch
 from gymnasium.vector import AutoresetMode
 
 from dz_gym.envs import droid
-from dz_gym.envs.standin import IsaacDroidStandIn, decode_stamp
+from dz_gym.testing.isaac_standin import IsaacDroidStandIn, decode_stamp
 from dz_gym.errors import HandshakeError
 from dz_gym.server.launch import start_server_thread
 from dz_gym.server.policies import DREAMZERO_METADATA

@@ -8,7 +8,7 @@ Reproduced: the launchers (2.2 ``AppLauncher`` with ``add_app_launcher_args``; 3
 context and ``add_launcher_args``, ``AppLauncher`` deprecated), ``parse_env_cfg`` (both signatures),
 sim-evals' registration of the ``DROID`` gym id on import of ``sim_evals.environments`` (which fails
 unless the app runs, as importing ``pxr``/``omni`` does), its ``EnvCfg`` with ``set_scene`` and the
-env-0 observation bug, and an env with Isaac Lab's step/reset order (see :mod:`isaac_stubs.sim`).
+env-0 observation bug, and an env with Isaac Lab's step/reset order (see :mod:`dz_gym.testing.isaac_stubs.sim`).
 
 What it cannot verify (only a machine with Isaac Sim and an RTX GPU can):
 
@@ -118,7 +118,7 @@ def uninstall() -> None:
 
 
 def _builders(world: World):
-    from isaac_stubs import cfgs, mdp_functions, sim
+    from dz_gym.testing.isaac_stubs import cfgs, mdp_functions, sim
 
     env_class = sim.StandInRLEnv30 if world.is_v3 else sim.StandInRLEnv22
     env_class.world = world

@@ -168,7 +168,7 @@ def _raw(value):
 
 def make_env_cfg_class(world):
     """sim-evals' ``EnvCfg`` for the stand-in's Isaac Lab version."""
-    from isaac_stubs import mdp_functions
+    from dz_gym.testing.isaac_stubs import mdp_functions
 
     v3 = world.is_v3
 

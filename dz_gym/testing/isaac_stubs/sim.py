@@ -30,7 +30,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from isaac_stubs.cfgs import ARM_JOINTS, HOME
+from dz_gym.testing.isaac_stubs.cfgs import ARM_JOINTS, HOME
 
 JOINT_NAMES = ARM_JOINTS + ["finger_joint", "right_outer_knuckle_joint", "left_inner_finger_joint", "right_inner_finger_joint"]
 BODY_NAMES = ["panda_link0"] + [f"panda_link{i}" for i in range(1, 8)] + ["base_link", "left_inner_finger", "right_inner_finger"]
