@@ -8,11 +8,12 @@ client CPU (process time, all threads), minor page faults, and round-trip wall t
 Variants:
 - ``openpi-client``: ``openpi_client.WebsocketClientPolicy.infer`` (synchronous websockets, its own packer),
   the single-env client most evaluators use today: the baseline;
-- ``pool.infer(dict)``: the synchronous facade, encoding in the caller's thread;
-- ``pool.infer(bytes)``: the same with a pre-encoded payload (transport cost only);
+- ``pool.submit(dict)``: the synchronous facade (what the wrapper uses), encoding in the caller's thread, then
+  waiting on the future;
+- ``pool.submit(bytes)``: the same with a pre-encoded payload (transport cost only);
 - ``session.infer(dict) on loop``: encoding on the event loop thread instead;
-- ``infer_many x8 (caller encodes)`` (one hand-off to the loop for the batch), ``submit x8`` (one hand-off
-  per request) and ``gather x8 (loop encodes)``: a batch of 8 sessions, per request.
+- ``submit x8`` (one hand-off per request, the caller encodes) and ``gather x8 (loop encodes)``: a batch of
+  8 sessions, per request.
 
 Run: ``python benchmarks/transport_overhead.py [--requests 200]`` (Linux: it reads ``resource`` page faults). Numbers are noisy on a shared machine;
 compare the ratios, which are measured in the same process and the same minute.
@@ -109,17 +110,20 @@ def main() -> None:
 
         with SessionPool(server.url, 8, config) as pool:
             pool.connect()
-            rows.append(measure("pool.infer(dict)", once(lambda: pool.infer(0, request)), args.requests))
-            rows.append(measure("pool.infer(bytes)", once(lambda: pool.infer(0, payload)), args.requests))
+            def one(body: dict | bytes) -> Callable[[], int]:
+                def run() -> int:
+                    outcome = pool.submit(0, body).result(30)
+                    assert outcome.ok, outcome.error
+                    return 1
+
+                return run
+
+            rows.append(measure("pool.submit(dict)", one(request), args.requests))
+            rows.append(measure("pool.submit(bytes)", one(payload), args.requests))
             session = pool.session(0)
             rows.append(
                 measure("session.infer(dict) on loop", once(lambda: pool.loop.run(session.infer(request), 30)), args.requests)
             )
-
-            def many() -> int:
-                outcomes = pool.infer_many(batch)
-                assert all(o.ok for o in outcomes.values())
-                return len(outcomes)
 
             async def gather_on_loop() -> int:
                 replies = await asyncio.gather(*(pool.session(i).infer(r) for i, r in batch.items()))
@@ -130,7 +134,6 @@ def main() -> None:
                 assert all(f.result(30).ok for f in futures)
                 return len(futures)
 
-            rows.append(measure("infer_many x8 (caller encodes)", many, args.requests))
             rows.append(measure("submit x8 (one hand-off each)", submit_each, args.requests))
             rows.append(measure("gather x8 (loop encodes)", lambda: pool.loop.run(gather_on_loop(), 30), args.requests))
     finally:

@@ -10,15 +10,23 @@ import asyncio
 import http
 import os
 import signal
-import time
+import threading
 
 import numpy as np
 import pytest
-from transport_servers import (
+
+import dz_gym.transport.session as transport_session
+from dz_gym.errors import ConnectionLost, ProtocolError, RequestTimeout, ServerError
+from dz_gym.protocol import packb
+from dz_gym.server.launch import start_server_process
+from dz_gym.testing.servers import (
+    DZ_METADATA,
+    Fifo,
     ServerThread,
     chunk,
     dies_mid_request,
     free_port,
+    gather,
     good,
     idle_close,
     replying,
@@ -26,16 +34,20 @@ from transport_servers import (
     silent_before_handshake,
     text_error_at_handshake,
 )
-
-import dz_gym.transport as transport
-from dz_gym.errors import ConnectionLost, ProtocolError, RequestTimeout, ServerError
-from dz_gym.server.launch import start_server_process
 from dz_gym.transport import AsyncSession, PartialConnectError, SessionPool, TransportConfig
 
 pytestmark = pytest.mark.timeout(30)
 
 CFG = TransportConfig(open_timeout=1.0, request_timeout=1.0, close_timeout=0.5, connect_retries=0)
 REQUEST = {"observation/joint_position": np.zeros(7), "prompt": "p", "endpoint": "infer"}
+
+
+def infer(pool: SessionPool, i: int, payload) -> object:
+    """One request on session ``i``; the reply, or the typed error raised."""
+    outcome = gather(pool, {i: payload})[i]
+    if outcome.error is not None:
+        raise outcome.error
+    return outcome.reply
 
 
 def connected_pool(url: str, config: TransportConfig = CFG) -> SessionPool:
@@ -47,7 +59,7 @@ def connected_pool(url: str, config: TransportConfig = CFG) -> SessionPool:
 def infer_error(handler, config: TransportConfig = CFG):
     """Connect one session to a server running ``handler``, send one request, return (error, connected)."""
     with ServerThread(handler) as server, connected_pool(server.url, config) as pool:
-        outcome = pool.infer_many({0: REQUEST})[0]
+        outcome = gather(pool, {0: REQUEST})[0]
         assert outcome.reply is None
         return outcome.error, pool.is_connected(0)
 
@@ -122,32 +134,44 @@ def test_text_frame_instead_of_binary_reply_is_a_fatal_server_error_then_connect
 
     with ServerThread(traceback_then_close) as server, connected_pool(server.url) as pool:
         with pytest.raises(ServerError) as info:
-            pool.infer(0, REQUEST)
+            infer(pool, 0, REQUEST)
         assert info.value.fatal and "KeyError" in str(info.value)
         assert not pool.is_connected(0)
         with pytest.raises(ConnectionLost, match="not connected"):
-            pool.infer(0, REQUEST)
+            infer(pool, 0, REQUEST)
 
 
 def test_binary_error_reply_keeps_the_connection():
     reply = replying(lambda f, n: {"type": "error", "message": "Invalid request payload"} if n == 0 else chunk())
     with ServerThread(reply) as server, connected_pool(server.url) as pool:
-        first = pool.infer_many({0: REQUEST})[0]
+        first = gather(pool, {0: REQUEST})[0]
         assert isinstance(first.error, ServerError) and not first.error.fatal
         assert pool.is_connected(0)
-        assert pool.infer_many({0: REQUEST})[0].ok
+        assert gather(pool, {0: REQUEST})[0].ok
 
 
 def test_idle_close_by_the_server_gives_connection_lost_with_code():
-    """vLLM-Omni closes idle connections normally (ConnectionClosedOK): still a ConnectionLost."""
-    with ServerThread(idle_close) as server, connected_pool(server.url) as pool:
-        error = pool.infer_many({0: REQUEST})[0].error
+    """vLLM-Omni closes idle connections normally (ConnectionClosedOK): without re-sends, a ConnectionLost."""
+    config = TransportConfig(open_timeout=1.0, request_timeout=1.0, close_timeout=0.5, resend_unprocessed=0)
+    with ServerThread(idle_close) as server, connected_pool(server.url, config) as pool:
+        outcome = gather(pool, {0: REQUEST})[0]
+        error = outcome.error
         assert isinstance(error, ConnectionLost) and error.code == 1000 and error.reason == "idle timeout"
-        assert not pool.is_connected(0)
-        again = pool.infer_many({0: REQUEST})[0].error  # later calls say why the session is gone
+        assert outcome.reconnects == 0 and not pool.is_connected(0)
+        again = gather(pool, {0: REQUEST})[0].error  # later calls say why the session is gone
         assert isinstance(again, ConnectionLost) and again.code == 1000
         pool.reconnect(0)
         assert pool.is_connected(0)
+
+
+def test_resends_after_clean_closes_are_bounded():
+    """A server that closes every connection cleanly right after the handshake: the request is re-sent on
+    ``resend_unprocessed`` fresh connections, then the close is reported; it never reached a handler."""
+    with ServerThread(idle_close) as server, connected_pool(server.url) as pool:
+        outcome = gather(pool, {0: REQUEST})[0]
+        assert isinstance(outcome.error, ConnectionLost) and outcome.error.code == 1000
+        assert outcome.reconnects == CFG.resend_unprocessed == 2
+        assert server.connections == 3
 
 
 def test_cancelled_wait_drops_the_session():
@@ -198,7 +222,7 @@ class CountingConnect:
     def __init__(self, refuse: int = 0):
         self.calls = 0
         self.refuse = refuse
-        self._real = transport.ws_connect
+        self._real = transport_session.ws_connect
 
     async def __call__(self, *args, **kwargs):
         self.calls += 1
@@ -209,7 +233,7 @@ class CountingConnect:
 
 def test_connection_refused_is_retried_then_connection_lost(monkeypatch):
     counter = CountingConnect()
-    monkeypatch.setattr(transport, "ws_connect", counter)
+    monkeypatch.setattr(transport_session, "ws_connect", counter)
     config = TransportConfig(open_timeout=1, close_timeout=0.5, connect_retries=2, retry_backoff=0.01)
 
     async def attempt():
@@ -222,7 +246,7 @@ def test_connection_refused_is_retried_then_connection_lost(monkeypatch):
 
 def test_refused_then_accepted_connects_after_a_retry(monkeypatch):
     counter = CountingConnect(refuse=2)
-    monkeypatch.setattr(transport, "ws_connect", counter)
+    monkeypatch.setattr(transport_session, "ws_connect", counter)
     config = TransportConfig(open_timeout=1, close_timeout=0.5, connect_retries=3, retry_backoff=0.01)
     with ServerThread(good()) as server, SessionPool(server.url, 1, config) as pool:
         pool.connect()
@@ -286,43 +310,57 @@ def test_tcp_server_that_drops_or_garbles_the_upgrade(answer, attempts):
 
 # ------------------------------------------------------------------------------------------------ a real kill
 @pytest.mark.parametrize("flavor", ["vllm-omni", "dreamzero"])
-def test_server_process_killed_mid_request_gives_connection_lost(flavor):
-    """A reference server process is killed (SIGKILL) while it computes a 3 s request."""
-    server = start_server_process(["--flavor", flavor, "--latency-ms", "3000", "--quiet"], timeout=30)
-    try:
-        config = TransportConfig(open_timeout=2, request_timeout=20, close_timeout=0.5, retry_backoff=0.05)
-        with connected_pool(server.url, config) as pool:
-            future = pool.submit(0, REQUEST)
-            time.sleep(0.3)  # the request is on the server now
-            os.kill(server.pid, signal.SIGKILL)
-            outcome = future.result(10)
-            assert isinstance(outcome.error, ConnectionLost) and outcome.error.code == 1006
-            assert not pool.is_connected(0)
-            with pytest.raises(ConnectionLost):
-                pool.reconnect(0)  # nothing listens any more: retries, then gives up
-    finally:
-        server.stop(5)
+def test_server_process_killed_mid_request_gives_connection_lost(flavor, tmp_path):
+    """A reference server process is killed (SIGKILL) while its model computes a 3 s request; the policy
+    reports through a named pipe when it has the request."""
+    with Fifo(tmp_path / "started") as started:
+        server = start_server_process(
+            ["--flavor", flavor, "--latency-ms", "3000", "--quiet", "--policy", "dz_gym.testing.servers:StampPolicy",
+             "--policy-arg", f"started_fifo={started.path}"],
+            timeout=30,
+        )  # fmt: skip
+        try:
+            config = TransportConfig(open_timeout=2, request_timeout=20, close_timeout=0.5, retry_backoff=0.05)
+            with connected_pool(server.url, config) as pool:
+                future = pool.submit(0, {**REQUEST, "request_id": "r1"})
+                assert started.read_line(10) == "r1"  # the model holds the request now
+                os.kill(server.pid, signal.SIGKILL)
+                outcome = future.result(10)
+                assert isinstance(outcome.error, ConnectionLost) and outcome.error.code == 1006
+                assert outcome.reconnects == 0  # it may have been processed: never re-sent
+                assert not pool.is_connected(0)
+                with pytest.raises(ConnectionLost):
+                    pool.reconnect(0)  # nothing listens any more: retries, then gives up
+        finally:
+            server.stop(5)
 
 
-def test_batch_fence_reports_a_stuck_request_as_timeout_and_keeps_the_others():
-    """infer_many's second fence (past request_timeout) turns a stuck session into a timeout outcome."""
+def test_a_callers_bound_cancels_a_stuck_request_and_keeps_the_others():
+    """A caller that stops waiting (here gather's bound) cancels the stuck request; the other session's
+    request is untouched."""
     config = TransportConfig(open_timeout=1, request_timeout=30, close_timeout=0.5)
     with ServerThread(silent_after_handshake) as silent, ServerThread(good()) as ok:
         with SessionPool([ok.url, silent.url], 2, config) as pool:
             pool.connect()
-            jobs = [(pool.session(i), i, packed(REQUEST)) for i in range(2)]
-            outcomes = pool.loop.run(transport._run_batch(jobs, 0.3), 10)
+            outcomes = gather(pool, {0: REQUEST, 1: REQUEST}, timeout=0.5)
             assert outcomes[0].ok
             assert isinstance(outcomes[1].error, RequestTimeout) and outcomes[1].reply is None
-            assert not pool.is_connected(1)  # the cancelled request dropped its connection
 
 
 def test_closing_the_pool_ends_a_request_in_flight():
+    received = threading.Event()
+
+    async def note_requests(ws):
+        await ws.send(packb(DZ_METADATA))
+        async for _ in ws:
+            received.set()
+
     config = TransportConfig(open_timeout=1, request_timeout=30, close_timeout=0.5)
-    with ServerThread(silent_after_handshake) as server:
+    with ServerThread(note_requests) as server:
         pool = connected_pool(server.url, config)
         future = pool.submit(0, REQUEST)
-        time.sleep(0.1)  # the request is on the wire, waiting for a reply that never comes
+        assert received.wait(5)  # the server holds the request and will never answer it
         pool.close()
         outcome = future.result(5)
         assert isinstance(outcome.error, ConnectionLost) and outcome.error.code == 1000
+        assert outcome.reconnects == 0  # closed by the caller: not re-sent

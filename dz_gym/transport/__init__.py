@@ -1,0 +1,32 @@
+"""Client transport: one websocket per policy session, driven by a background asyncio loop.
+
+This is the I/O edge of dz-gym, in layers (each usable on its own, each importing only the ones above it):
+
+- :mod:`~dz_gym.transport.rules` -- pure rules, no I/O: the session state machine, what a close code
+  means, which failures are retried, the backoff schedule, when a request may be re-sent;
+- :mod:`~dz_gym.transport.config` -- :class:`TransportConfig` (every bound and default) and :func:`validate_url`;
+- :mod:`~dz_gym.transport.session` -- :class:`AsyncSession`, one connection for asyncio code, and :class:`Outcome`;
+- :mod:`~dz_gym.transport.loop` -- :class:`LoopThread`, a private event loop for synchronous callers;
+- :mod:`~dz_gym.transport.pool` -- :class:`SessionPool`, the synchronous facade the wrapper uses.
+
+What the bytes mean is left to :mod:`dz_gym.protocol`; this package only calls it.
+"""
+
+from __future__ import annotations
+
+from dz_gym.transport.config import TransportConfig, validate_url
+from dz_gym.transport.loop import LoopThread
+from dz_gym.transport.pool import PartialConnectError, SessionPool
+from dz_gym.transport.rules import SessionState
+from dz_gym.transport.session import AsyncSession, Outcome
+
+__all__ = [
+    "AsyncSession",
+    "LoopThread",
+    "Outcome",
+    "PartialConnectError",
+    "SessionPool",
+    "SessionState",
+    "TransportConfig",
+    "validate_url",
+]

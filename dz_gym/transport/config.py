@@ -1,0 +1,177 @@
+"""Bounds and options of the transport (:class:`TransportConfig`) and URL validation; no I/O.
+
+Every default of the transport is defined here once; the evaluator, the wrapper and the CLIs read them from
+:class:`TransportConfig` instead of repeating them.
+
+>>> cfg = TransportConfig(request_timeout=60, retry_server_errors=2)
+>>> cfg.request_timeout, cfg.retry_server_errors, cfg.resend_unprocessed
+(60, 2, 2)
+>>> validate_url("ws://127.0.0.1:8000/v1/realtime/robot/openpi")
+'ws://127.0.0.1:8000/v1/realtime/robot/openpi'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import ssl
+from typing import Any
+from urllib.parse import urlsplit
+
+from dz_gym.transport.rules import backoff_delay, backoff_schedule
+
+__all__ = ["TransportConfig", "validate_url"]
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SCHEME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+
+def _positive(name: str, value: Any, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    if not ok:
+        expected = "a finite number > 0" + (" or None" if allow_none else "")
+        raise ValueError(f"TransportConfig.{name}: expected {expected}, got {value!r}")
+
+
+def _int_at_least(name: str, value: Any, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(f"TransportConfig.{name}: expected an int >= {low}, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TransportConfig:
+    """Bounds and options of every connection of a session or pool (all times in seconds).
+
+    The defaults fit DreamZero servers that block for seconds per request and take minutes to warm up:
+    keepalive pings every 60 s that may go unanswered for 600 s (a busy server may not answer pings),
+    and a generous but finite wait for each reply.
+
+    Attributes:
+        open_timeout: bound on opening the websocket, and separately on the server's metadata frame.
+        connect_retries: extra attempts after a refused/unreachable connection (``OSError``), a connection
+            dropped during the upgrade, or an HTTP 5xx answer to the upgrade; the wait between attempts
+            doubles from ``retry_backoff`` up to ``retry_backoff_max``.
+        ping_interval, ping_timeout: websocket keepalive; ``None`` disables it.
+        request_timeout: bound on one attempt of a request (send plus reply). Past it the connection is
+            dropped and :class:`~dz_gym.errors.RequestTimeout` raised.
+        resend_unprocessed: how many times one request that the server cannot have processed (the
+            connection was found closed when sending, or the server closed it cleanly before any reply, as
+            vLLM-Omni does after its idle timeout) is re-sent on a fresh connection. ``0`` turns it off.
+        retry_server_errors: how many times a request that got a server error reply is sent again (after a
+            reconnect when the error closed the connection). ``0``, the default, reports the first error.
+        max_frame_bytes: largest reply frame accepted; a bigger one is a :class:`~dz_gym.errors.ProtocolError`.
+        close_timeout: bound on the closing handshake.
+        auth_env: NAME of an environment variable holding an API token, sent as
+            ``Authorization: <auth_scheme> <token>``. The token itself never appears in configs, argv or logs.
+        auth_scheme: the scheme word in front of the token (``Api-Key`` as openpi-client, or ``Bearer``).
+        compression: ``None`` (the servers' own setting) or ``"deflate"``.
+        action_dim, action_horizon: the reply shape the parser enforces (``action_horizon=None`` accepts
+            any number of rows).
+        connect_concurrency: how many sessions of a pool open at once.
+        ssl_context: TLS settings for ``wss://``; ``None`` uses Python's default (system CAs, hostname check).
+    """
+
+    open_timeout: float = 10.0
+    connect_retries: int = 3
+    retry_backoff: float = 0.5
+    retry_backoff_max: float = 8.0
+    ping_interval: float | None = 60.0
+    ping_timeout: float | None = 600.0
+    request_timeout: float = 600.0
+    resend_unprocessed: int = 2
+    retry_server_errors: int = 0
+    max_frame_bytes: int = 64 * 1024 * 1024
+    close_timeout: float = 10.0
+    auth_env: str | None = None
+    auth_scheme: str = "Api-Key"
+    compression: str | None = None
+    action_dim: int = 8
+    action_horizon: int | None = None
+    connect_concurrency: int = 16
+    ssl_context: ssl.SSLContext | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name in ("open_timeout", "retry_backoff", "retry_backoff_max", "request_timeout", "close_timeout"):
+            _positive(name, getattr(self, name))
+        _positive("ping_interval", self.ping_interval, allow_none=True)
+        _positive("ping_timeout", self.ping_timeout, allow_none=True)
+        for name, low in (
+            ("connect_retries", 0),
+            ("resend_unprocessed", 0),
+            ("retry_server_errors", 0),
+            ("max_frame_bytes", 1),
+            ("action_dim", 1),
+            ("connect_concurrency", 1),
+        ):
+            _int_at_least(name, getattr(self, name), low)
+        if self.action_horizon is not None:
+            _int_at_least("action_horizon", self.action_horizon, 1)
+        if self.auth_env is not None and (not isinstance(self.auth_env, str) or not _ENV_NAME.match(self.auth_env)):
+            raise ValueError(
+                f"TransportConfig.auth_env: expected the NAME of an environment variable (letters, digits, _), "
+                f"got {self.auth_env!r}"
+            )
+        if not isinstance(self.auth_scheme, str) or not _SCHEME.match(self.auth_scheme):
+            raise ValueError(
+                f"TransportConfig.auth_scheme: expected one word such as 'Api-Key' or 'Bearer', got {self.auth_scheme!r}"
+            )
+        if self.compression not in (None, "deflate"):
+            raise ValueError(f"TransportConfig.compression: expected None or 'deflate', got {self.compression!r}")
+        if self.ssl_context is not None and not isinstance(self.ssl_context, ssl.SSLContext):
+            raise ValueError(
+                f"TransportConfig.ssl_context: expected an ssl.SSLContext or None, got {type(self.ssl_context).__name__}"
+            )
+
+    def backoff(self, attempt: int) -> float:
+        """The wait before connect retry ``attempt + 1`` (0-based)."""
+        return backoff_delay(attempt, base=self.retry_backoff, cap=self.retry_backoff_max)
+
+    def connect_bound(self) -> float:
+        """Upper bound of one connect, retries and backoff included."""
+        attempts = self.connect_retries + 1
+        waits = backoff_schedule(self.connect_retries, base=self.retry_backoff, cap=self.retry_backoff_max)
+        return attempts * (2 * self.open_timeout + self.close_timeout) + sum(waits)
+
+    def request_bound(self) -> float:
+        """Upper bound of one submitted request: every attempt it may make (re-sends after a clean close,
+        retries after server errors), each with its reconnect, plus the closing of a dropped connection."""
+        attempts = 1 + self.resend_unprocessed + self.retry_server_errors
+        reconnects = self.resend_unprocessed + self.retry_server_errors
+        return attempts * self.request_timeout + reconnects * self.connect_bound() + self.close_timeout + 5.0
+
+    def auth_header(self) -> dict[str, str]:
+        """The ``Authorization`` header read from ``auth_env`` now (empty without ``auth_env``)."""
+        if self.auth_env is None:
+            return {}
+        token = os.environ.get(self.auth_env, "")
+        if not token.strip():
+            raise ValueError(f"TransportConfig.auth_env: environment variable {self.auth_env} is not set or is empty")
+        if any(c in token for c in "\r\n\0"):
+            raise ValueError(f"TransportConfig.auth_env: environment variable {self.auth_env} holds a line break or NUL")
+        return {"Authorization": f"{self.auth_scheme} {token.strip()}"}
+
+
+def validate_url(url: Any) -> str:
+    """Return ``url`` if it is a ``ws://``/``wss://`` URL with a host; one-line ``ValueError`` otherwise.
+
+    >>> validate_url("http://127.0.0.1:8000")
+    Traceback (most recent call last):
+    ...
+    ValueError: url: expected a ws:// or wss:// URL with a host, got 'http://127.0.0.1:8000'
+    """
+    if not isinstance(url, str):
+        raise ValueError(f"url: expected a ws:// or wss:// URL string, got {type(url).__name__}")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as exc:
+        raise ValueError(f"url: expected a ws:// or wss:// URL, got {url!r} ({exc})") from None
+    if parts.scheme not in ("ws", "wss") or not parts.hostname:
+        raise ValueError(f"url: expected a ws:// or wss:// URL with a host, got {url!r}")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError("url: credentials in the URL are not allowed; put the token in an env var named by auth_env")
+    return url

@@ -1,0 +1,216 @@
+"""The synchronous facade for batched evaluation: :class:`SessionPool`.
+
+Session ``i`` talks to ``urls[i % len(urls)]``; all sessions live on one :class:`~dz_gym.transport.loop.LoopThread`.
+:meth:`SessionPool.submit` issues one request and returns a future of its
+:class:`~dz_gym.transport.session.Outcome` at once, so a caller can keep every session's request in flight
+and one session's failure never touches the others' results.
+
+>>> from dz_gym.server.launch import start_server_thread
+>>> import numpy as np
+>>> def request_for(i):
+...     return {"observation/joint_position": np.full(7, 0.1 * i), "prompt": "pick", "session_id": f"episode-{i}"}
+>>> with start_server_thread("hold") as server, SessionPool([server.url], num_sessions=2) as pool:
+...     metadata = pool.connect()
+...     futures = {i: pool.submit(i, request_for(i)) for i in range(2)}
+...     outcomes = {i: f.result(pool.config.request_bound()) for i, f in futures.items()}
+>>> [(i, o.ok, o.reply.actions.shape) for i, o in outcomes.items()]
+[(0, True, (24, 8)), (1, True, (24, 8))]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import math
+import weakref
+from collections.abc import Iterable
+
+from dz_gym.errors import DzGymError, RequestTimeout
+from dz_gym.protocol import ServerMetadata
+from dz_gym.transport.config import TransportConfig, validate_url
+from dz_gym.transport.loop import LoopThread
+from dz_gym.transport.session import AsyncSession, Outcome, encode_request
+
+__all__ = ["PartialConnectError", "SessionPool"]
+
+logger = logging.getLogger("dz_gym.transport")
+
+
+class PartialConnectError(DzGymError):
+    """Some sessions of a pool failed to connect; the others are connected and usable.
+
+    ``connected`` maps session index -> metadata, ``errors`` maps session index -> the typed error.
+    """
+
+    def __init__(self, connected: dict[int, ServerMetadata], errors: dict[int, DzGymError]):
+        first = min(errors)
+        super().__init__(
+            f"{len(errors)} of {len(errors) + len(connected)} sessions failed to connect; "
+            f"first: session {first}: {errors[first]}"
+        )
+        self.connected = connected
+        self.errors = errors
+
+
+class SessionPool:
+    """Synchronous facade over ``num_sessions`` :class:`AsyncSession` objects on one :class:`LoopThread`.
+
+    Session ``i`` talks to ``urls[i % len(urls)]``. Every call is bounded by the config. Methods are
+    thread-safe; requests to different sessions run concurrently, requests to one session queue.
+    Request dicts are encoded in the calling thread, so the loop thread only moves bytes.
+    """
+
+    def __init__(
+        self,
+        urls: list[str] | str,
+        num_sessions: int,
+        config: TransportConfig | None = None,
+        *,
+        loop: LoopThread | None = None,
+    ):
+        if isinstance(urls, str):
+            urls = [urls]
+        urls = list(urls)
+        if not urls:
+            raise ValueError("urls: expected at least one ws:// or wss:// URL, got an empty list")
+        for url in urls:
+            validate_url(url)
+        if not isinstance(num_sessions, int) or isinstance(num_sessions, bool) or num_sessions < 1:
+            raise ValueError(f"num_sessions: expected an int >= 1, got {num_sessions!r}")
+        self._config = config if config is not None else TransportConfig()
+        if not isinstance(self._config, TransportConfig):
+            raise ValueError(f"config: expected a TransportConfig, got {type(self._config).__name__}")
+        self._owns_loop = loop is None
+        self._loop = loop if loop is not None else LoopThread()
+        self._sessions = [AsyncSession(urls[i % len(urls)], self._config) for i in range(num_sessions)]
+        self._semaphore: asyncio.Semaphore | None = None
+        self._finalizer = weakref.finalize(
+            self, _close_pool, self._loop, list(self._sessions), self._owns_loop, self._config.close_timeout
+        )
+
+    # -- introspection ------------------------------------------------------------------------------------
+    @property
+    def num_sessions(self) -> int:
+        return len(self._sessions)
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    @property
+    def config(self) -> TransportConfig:
+        return self._config
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def url(self, i: int) -> str:
+        return self._session(i).url
+
+    def metadata(self, i: int) -> ServerMetadata | None:
+        """Metadata of session ``i``'s last handshake (``None`` if it never connected)."""
+        return self._session(i).metadata
+
+    def is_connected(self, i: int) -> bool:
+        return self._session(i).connected
+
+    def session(self, i: int) -> AsyncSession:
+        """The underlying :class:`AsyncSession` (use it only from coroutines run on :attr:`loop`)."""
+        return self._session(i)
+
+    @property
+    def loop(self) -> LoopThread:
+        return self._loop
+
+    def _session(self, i: int) -> AsyncSession:
+        if self.closed:
+            raise RuntimeError("SessionPool is closed")
+        if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < len(self._sessions):
+            raise ValueError(f"session index: expected an int in [0, {len(self._sessions)}), got {i!r}")
+        return self._sessions[i]
+
+    # -- connecting -------------------------------------------------------------------------------------
+    def connect(self, indices: Iterable[int] | None = None) -> list[ServerMetadata]:
+        """Connect the given sessions (default: all) concurrently, at most ``connect_concurrency`` at once.
+
+        Returns their metadata in the order of ``indices``. If some fail, the rest stay connected and
+        :class:`PartialConnectError` is raised with both the metadata and the per-session errors.
+        """
+        order = list(range(len(self._sessions))) if indices is None else list(indices)
+        for i in order:
+            self._session(i)
+        futures = {i: self._loop.submit(self._bounded_connect(i)) for i in order}
+        bound = self._config.connect_bound() * math.ceil(len(order) / self._config.connect_concurrency) + 5.0
+        done, _ = concurrent.futures.wait(futures.values(), timeout=bound)
+        connected: dict[int, ServerMetadata] = {}
+        errors: dict[int, DzGymError] = {}
+        for i, future in futures.items():
+            if future not in done:
+                future.cancel()
+                errors[i] = RequestTimeout(f"session {i}: connect did not finish within {bound:g} s")
+                continue
+            exc = future.exception()
+            if exc is None:
+                connected[i] = future.result()
+            elif isinstance(exc, DzGymError):
+                errors[i] = exc
+            else:
+                raise exc
+        if errors:
+            raise PartialConnectError(connected, errors)
+        return [connected[i] for i in order]
+
+    async def _bounded_connect(self, i: int) -> ServerMetadata:
+        if self._semaphore is None:
+            self._semaphore = asyncio.Semaphore(self._config.connect_concurrency)
+        async with self._semaphore:
+            return await self._sessions[i].connect()
+
+    def reconnect(self, i: int) -> ServerMetadata:
+        """Close session ``i``'s connection and open a new one (bounded); returns the new metadata."""
+        self._session(i)
+        return self._loop.run(self._bounded_connect(i), self._config.connect_bound() + 5.0)
+
+    # -- requests ---------------------------------------------------------------------------------------
+    def submit(self, i: int, request: dict | bytes) -> concurrent.futures.Future[Outcome]:
+        """Issue one infer request for session ``i`` without waiting; the future never raises, its
+        :class:`Outcome` carries the reply or the error. A dict is encoded here, in the calling thread.
+
+        Wait on it at most ``config.request_bound()`` seconds: that covers every attempt the request may
+        make (see :meth:`AsyncSession.send`).
+        """
+        session = self._session(i)
+        try:
+            payload = encode_request(request)
+        except DzGymError as exc:
+            done: concurrent.futures.Future[Outcome] = concurrent.futures.Future()
+            done.set_result(Outcome.failed(i, exc))
+            return done
+        return self._loop.submit(session.send(payload, index=i))
+
+    # -- teardown ---------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close every connection (and the loop thread if the pool made it); idempotent."""
+        self._finalizer()
+
+    def __enter__(self) -> SessionPool:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _close_pool(loop: LoopThread, sessions: list[AsyncSession], owns_loop: bool, close_timeout: float) -> None:
+    """The pool's one close path (also run when a forgotten pool is collected or the interpreter exits)."""
+    if not loop.closed and not loop.in_loop_thread():
+
+        async def close_all() -> None:
+            await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)
+
+        try:
+            loop.run(close_all(), close_timeout + 2.0)
+        except BaseException:  # noqa: BLE001 - closing is best effort
+            logger.debug("closing sessions did not finish cleanly", exc_info=True)
+    if owns_loop and not loop.in_loop_thread():
+        loop.close()
