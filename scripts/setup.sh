@@ -38,6 +38,8 @@ ldconfig -p | grep -q 'libEGL.so.1' || need_apt+=(libegl1)
 ldconfig -p | grep -q 'libEGL_mesa.so.0' || need_apt+=(libegl-mesa0)
 [ -e /usr/lib/x86_64-linux-gnu/dri/swrast_dri.so ] || [ -e /usr/lib/aarch64-linux-gnu/dri/swrast_dri.so ] || need_apt+=(libgl1-mesa-dri)
 ldconfig -p | grep -q 'libOSMesa.so' || need_apt+=(libosmesa6)
+# The report's browser tests (--test) drive Debian's Chromium through Playwright (never a downloaded browser).
+if [ $want_test = 1 ] && ! command -v chromium >/dev/null; then need_apt+=(chromium); fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "setup: installing ${need_apt[*]}"

@@ -1,0 +1,51 @@
+"""``dz-gym-report``: one static HTML page to look at an evaluation run (or compare two).
+
+:func:`write_report` reads a run directory (``summary.json``, ``episodes.jsonl``, trajectories, videos) and
+writes ``report.html`` next to them: the run's header, success per scene with Wilson intervals, milestones,
+errored episodes, plots, a filterable grid of episodes with their videos and trajectories, and with a second
+run (or an A/B run) the paired comparison. The page needs no server and no network: open it from the file
+system. See ``docs/report.md``.
+
+Example::
+
+    from dz_gym.report import write_report
+    path = write_report("runs/dz_gym_eval/20261130-120000_scene1")       # -> .../report.html
+    write_report("runs/a", "runs/b", out_dir="runs/a_vs_b")             # paired comparison page
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from dz_gym.report.load import REPORT_FILE, RunView, load_run
+
+__all__ = ["write_report", "build_report", "load_run", "RunView", "REPORT_FILE"]
+
+
+def build_report(run_dir: str | os.PathLike, run_dir_b: str | os.PathLike | None = None, *, out_dir: str | os.PathLike | None = None) -> str:
+    """The HTML text of the report of ``run_dir`` (compared with ``run_dir_b`` when given), for ``out_dir``."""
+    from dz_gym.report.page import build_page
+
+    views = [load_run(run_dir, label="a" if run_dir_b is not None else "")]
+    if run_dir_b is not None:
+        views.append(load_run(run_dir_b, label="b"))
+    return build_page(views, Path(out_dir) if out_dir is not None else Path(run_dir))
+
+
+def write_report(
+    run_dir: str | os.PathLike,
+    run_dir_b: str | os.PathLike | None = None,
+    *,
+    out_dir: str | os.PathLike | None = None,
+    filename: str = REPORT_FILE,
+) -> Path:
+    """Write the report into ``out_dir`` (default: ``run_dir``) atomically; returns the page's path."""
+    target = Path(out_dir) if out_dir is not None else Path(run_dir)
+    target.mkdir(parents=True, exist_ok=True)
+    html = build_report(run_dir, run_dir_b, out_dir=target)
+    path = target / filename
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(html, encoding="utf-8")
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,146 @@
+/* dz-gym report: filters, lazily created video players and trajectory plots. Vanilla JS, no network. */
+(function () {
+  "use strict";
+  var SVGNS = "http://www.w3.org/2000/svg";
+  var trajectories = null;  // parsed on first use from <script id="dz-traj">
+
+  function traj(key) {
+    if (trajectories === null) {
+      var node = document.getElementById("dz-traj");
+      trajectories = node ? JSON.parse(node.textContent || "{}") : {};
+    }
+    return trajectories[key] || null;
+  }
+
+  function bytes(b64) {
+    var raw = atob(b64), out = new Uint8Array(raw.length);
+    for (var i = 0; i < raw.length; i++) out[i] = raw.charCodeAt(i);
+    return out;
+  }
+
+  function el(name, attrs, parent) {
+    var node = document.createElementNS(SVGNS, name);
+    for (var k in attrs) node.setAttribute(k, attrs[k]);
+    if (parent) parent.appendChild(node);
+    return node;
+  }
+
+  function text(parent, x, y, s, cls, anchor) {
+    var t = el("text", { x: x, y: y, "class": cls || "tick", "text-anchor": anchor || "start" }, parent);
+    t.textContent = s;
+    return t;
+  }
+
+  /* Joints (top) and gripper (bottom) over the episode's steps; server calls as ticks; success steps shaded. */
+  function trajectoryPlot(t) {
+    var W = 560, H = 300, L = 46, R = 10, top1 = 12, h1 = 150, top2 = 196, h2 = 56;
+    var svg = el("svg", { "class": "plot traj", viewBox: "0 0 " + W + " " + H, width: W, height: H, role: "img" });
+    el("title", {}, svg).textContent = "Trajectory: joints and gripper over time";
+    var T = t.T, m = t.m, dof = t.dof, J = bytes(t.j), G = bytes(t.g);
+    function sx(step) { return L + (T > 1 ? step / (T - 1) : 0) * (W - L - R); }
+    function stepAt(k) { return m > 1 ? Math.round(k * (T - 1) / (m - 1)) : 0; }
+    [[top1, h1], [top2, h2]].forEach(function (p) {
+      t.ok.forEach(function (run) {
+        el("rect", { "class": "okrun", x: sx(run[0]), y: p[0], width: Math.max(1, sx(Math.min(run[1], T - 1)) - sx(run[0])), height: p[1] }, svg);
+      });
+      el("line", { "class": "axis", x1: L, x2: W - R, y1: p[0] + p[1], y2: p[0] + p[1] }, svg);
+      el("line", { "class": "axis", x1: L, x2: L, y1: p[0], y2: p[0] + p[1] }, svg);
+    });
+    var jr = t.jr, gr = t.gr;
+    text(svg, L - 4, top1 + 8, jr[1].toFixed(2), "tick", "end");
+    text(svg, L - 4, top1 + h1, jr[0].toFixed(2), "tick", "end");
+    text(svg, L - 4, top2 + 8, gr[1].toFixed(2), "tick", "end");
+    text(svg, L - 4, top2 + h2, gr[0].toFixed(2), "tick", "end");
+    for (var d = 0; d < dof; d++) {
+      var pts = [];
+      for (var k = 0; k < m; k++) pts.push(sx(stepAt(k)).toFixed(1) + "," + (top1 + h1 - J[d * m + k] / 255 * h1).toFixed(1));
+      el("polyline", { "class": "s" + (d % 8), points: pts.join(" ") }, svg);
+    }
+    var gp = [];
+    for (var q = 0; q < m; q++) gp.push(sx(stepAt(q)).toFixed(1) + "," + (top2 + h2 - G[q] / 255 * h2).toFixed(1));
+    el("polyline", { "class": "s7", points: gp.join(" ") }, svg);
+    t.calls.forEach(function (s) { el("line", { "class": "call", x1: sx(s), x2: sx(s), y1: top2 + h2 + 4, y2: top2 + h2 + 12 }, svg); });
+    text(svg, L, top1 + h1 + 14, "joint positions (rad), " + dof + " joints", "label");
+    text(svg, L, top2 - 6, "gripper position", "label");
+    text(svg, L, H - 4, "steps 0-" + (T - 1) + "; orange ticks: " + t.calls.length + " server calls; green: success", "note");
+    return svg;
+  }
+
+  function videoOrNote(src, why, width) {
+    if (!src) {
+      var div = document.createElement("div");
+      div.className = "novideo";
+      div.textContent = why || "no video";
+      return div;
+    }
+    var v = document.createElement("video");
+    v.controls = true; v.muted = true; v.preload = "auto"; v.playsInline = true; v.loop = true;
+    v.width = width || 720;
+    v.src = src;
+    return v;
+  }
+
+  function openRow(tr) {
+    var next = tr.nextElementSibling;
+    if (next && next.classList.contains("detail")) { next.remove(); tr.querySelector("button.open").textContent = "open"; return; }
+    var d = document.createElement("tr"), td = document.createElement("td");
+    d.className = "detail"; d.dataset.for = tr.dataset.key;
+    td.colSpan = tr.children.length;
+    var wrap = document.createElement("div");
+    wrap.className = "detailwrap";
+    wrap.appendChild(videoOrNote(tr.dataset.video, tr.dataset.novideo, 720));
+    var t = traj(tr.dataset.key);
+    if (t) wrap.appendChild(trajectoryPlot(t));
+    else { var n = document.createElement("div"); n.className = "novideo"; n.textContent = "no trajectory file for this episode"; wrap.appendChild(n); }
+    var info = document.createElement("pre");
+    info.className = "episodeinfo";
+    info.textContent = JSON.stringify(JSON.parse(tr.dataset.info || "{}"), null, 1);
+    wrap.appendChild(info);
+    td.appendChild(wrap); d.appendChild(td);
+    tr.after(d);
+    tr.querySelector("button.open").textContent = "close";
+  }
+
+  function applyFilters() {
+    var o = valueOf("f-outcome"), s = valueOf("f-scene"), r = valueOf("f-run"), shown = 0, total = 0;
+    document.querySelectorAll("#episodes tr.ep").forEach(function (tr) {
+      var ok = (!o || tr.dataset.outcome === o) && (!s || tr.dataset.scene === s) && (!r || tr.dataset.run === r);
+      tr.hidden = !ok; total++; if (ok) shown++;
+      var next = tr.nextElementSibling;
+      if (next && next.classList.contains("detail")) next.hidden = !ok;
+    });
+    var c = document.getElementById("shown-count");
+    if (c) c.textContent = "showing " + shown + " of " + total + " episodes";
+  }
+
+  function valueOf(id) { var n = document.getElementById(id); return n ? n.value : ""; }
+
+  function init() {
+    ["f-outcome", "f-scene", "f-run"].forEach(function (id) {
+      var n = document.getElementById(id);
+      if (n) n.addEventListener("change", applyFilters);
+    });
+    var grid = document.getElementById("episodes");
+    if (grid) grid.addEventListener("click", function (ev) {
+      var b = ev.target.closest("button.open");
+      if (b) openRow(b.closest("tr"));
+    });
+    document.querySelectorAll("button.pairopen").forEach(function (b) {
+      b.addEventListener("click", function () {
+        var li = b.closest("li"), box = li.querySelector(".pairvids");
+        if (box.childElementCount) { box.textContent = ""; b.textContent = "show videos"; return; }
+        [["A", li.dataset.a, li.dataset.novideoA], ["B", li.dataset.b, li.dataset.novideoB]].forEach(function (x) {
+          var f = document.createElement("figure"), cap = document.createElement("figcaption");
+          cap.textContent = x[0];
+          f.appendChild(cap); f.appendChild(videoOrNote(x[1], x[2], 560)); box.appendChild(f);
+        });
+        b.textContent = "hide videos";
+      });
+    });
+    applyFilters();
+    window.dzReport = { ready: true, readyAt: performance.now() };
+    document.documentElement.dataset.ready = "1";
+  }
+
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", init); else init();
+})();

@@ -1,0 +1,50 @@
+"""``dz-gym-report RUN_DIR [RUN_DIR_B] [-o OUT_DIR]``: write the HTML report of a run, or of two runs compared.
+
+Examples::
+
+    dz-gym-report runs/dz_gym_eval/20261130-120000_scene1            # -> that run's report.html
+    dz-gym-report runs/a runs/b -o runs/a_vs_b                        # paired A/B page -> runs/a_vs_b/report.html
+
+With one run the page goes into the run directory unless ``-o`` names another folder; with two runs ``-o`` is
+required (the page belongs to neither run). Videos are linked relative to the page, so keep the run
+directories where they are (or move them together with the output folder). Exit status: 0 on success, 2 for
+bad arguments (not a run directory, a missing folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from dz_gym.report import REPORT_FILE, write_report
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dz-gym-report", description="Write a static HTML report of a dz-gym-eval run (or compare two runs).")
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a dz-gym-eval run directory (A in a comparison)")
+    p.add_argument("run_dir_b", type=Path, nargs="?", metavar="RUN_DIR_B", help="a second run to compare with, paired by scene and seed (B)")
+    p.add_argument("-o", "--out-dir", type=Path, metavar="OUT_DIR", help=f"folder for {REPORT_FILE} (default: RUN_DIR; required with two runs)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if args.run_dir_b is not None and args.out_dir is None:
+        parser.error("-o/--out-dir: required when comparing two runs (the page belongs to neither run directory)")
+    for name, path in (("RUN_DIR", args.run_dir), ("RUN_DIR_B", args.run_dir_b)):
+        if path is not None and not path.is_dir():
+            parser.error(f"{name}: expected a run directory, got {path} (not a directory)")
+    try:
+        path = write_report(args.run_dir, args.run_dir_b, out_dir=args.out_dir)
+    except ValueError as exc:
+        parser.error(str(exc))
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,337 @@
+"""The report page: one self-contained HTML file built from one or two :class:`~dz_gym.report.load.RunView`.
+
+The page has no external resources: CSS and the small vanilla script (``assets/report.css``, ``assets/report.js``)
+are inlined; plots are inline SVG; per-episode trajectories are inline JSON decoded only when an episode is
+opened; videos are referenced by relative ``file`` paths and a ``<video>`` element is created only when an
+episode (or a discordant pair) is opened, so a run of 500 episodes opens as fast as one of 24.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping, Sequence
+from html import escape
+from importlib import resources
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from dz_gym.eval import results
+from dz_gym.report import plots
+from dz_gym.report.load import RunView, episode_key, outcome
+from dz_gym.report.paired import compare, split_arms
+
+MILESTONES = ("reached", "lifted", "above_target", "placed")
+
+
+def _asset(name: str) -> str:
+    return resources.files("dz_gym.report").joinpath("assets", name).read_text(encoding="utf-8")
+
+
+def pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def rate_text(entry: Mapping[str, Any] | None) -> str:
+    """``k/n  r%  [lo, hi]`` as the page shows a success rate (one decimal, Wilson 95%)."""
+    if not entry or not entry.get("n"):
+        return "-"
+    lo, hi = entry["ci95"]
+    return f"{entry['k']}/{entry['n']} {pct(entry['rate'])} [{100 * lo:.1f}, {100 * hi:.1f}]"
+
+
+def _rate_cell(entry: Mapping[str, Any] | None, field: str) -> str:
+    if not entry or not entry.get("n"):
+        return f'<td class="rate" data-field="{field}">-</td>'
+    lo, hi = entry["ci95"]
+    bar = (
+        f'<span class="ci" title="Wilson 95% interval"><span class="cibar" style="left:{100 * lo:.1f}%;'
+        f'width:{100 * (hi - lo):.1f}%"></span><span class="cipt" style="left:{100 * entry["rate"]:.1f}%"></span></span>'
+    )
+    return (
+        f'<td class="rate" data-field="{field}"><span class="kn">{entry["k"]}/{entry["n"]}</span> '
+        f'<span class="pc">{pct(entry["rate"])}</span> <span class="iv">[{100 * lo:.1f}, {100 * hi:.1f}]</span>{bar}</td>'
+    )
+
+
+def _ms(stats: Mapping[str, Any] | None, key: str) -> str:
+    return "-" if not stats or stats.get(key) is None else f"{stats[key]:.0f}"
+
+
+def results_table(summary: Mapping[str, Any], table_id: str) -> str:
+    """Per scene and overall: episodes, errored, success at end / at any step, calls, latency percentiles."""
+    head = (
+        "<tr><th>scene</th><th>task</th><th>episodes</th><th>errored</th><th>success at end (k/n, %, 95% CI)</th>"
+        "<th>success at any step</th><th>server calls</th><th>latency p50 / p90 / p99 (ms)</th></tr>"
+    )
+    body = []
+    for key in [str(s) for s in summary.get("scenes", [])] + ["overall"]:
+        entry = summary.get(key)
+        if not isinstance(entry, Mapping):
+            continue
+        planned = entry.get("planned")
+        episodes = f"{entry['episodes']}" + (f" / {planned}" if planned is not None else "")
+        lat = entry.get("latency_ms")
+        body.append(
+            f'<tr data-scene="{escape(key)}"><th>{escape(key)}</th><td class="prompt">{escape(str(entry.get("prompt", "")))}</td>'
+            f'<td data-field="episodes">{episodes}</td><td data-field="errored">{entry["errored"]}</td>'
+            + _rate_cell(entry.get("success_at_end"), "success_at_end")
+            + _rate_cell(entry.get("success_any_step"), "success_any_step")
+            + f'<td data-field="server_calls">{entry.get("server_calls", "-")}</td>'
+            f'<td data-field="latency">{_ms(lat, "p50")} / {_ms(lat, "p90")} / {_ms(lat, "p99")}</td></tr>'
+        )
+    return f'<table class="results" id="{table_id}"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table>'
+
+
+def funnel_table(rows: Sequence[Mapping[str, Any]], scenes: Sequence[Any]) -> str:
+    """Milestones reached per scene (only when rows carry ``milestones``)."""
+    if not any(isinstance(r.get("milestones"), Mapping) for r in rows):
+        return '<p class="muted" data-empty="funnel">No milestones in these rows (the simulator did not report them).</p>'
+    head = "<tr><th>scene</th>" + "".join(f"<th>{m.replace('_', ' ')}</th>" for m in MILESTONES) + "</tr>"
+    body = []
+    for scene in [*scenes, "overall"]:
+        subset = rows if scene == "overall" else [r for r in rows if str(r["scene"]) == str(scene)]
+        cells = []
+        for name, k, n in plots.funnel_rows(subset, MILESTONES):
+            width = 100 * k / n if n else 0
+            cells.append(f'<td><span class="kn">{k}/{n}</span> {pct(k / n if n else None)}<span class="fbar" style="width:{width:.0f}%"></span></td>')
+        body.append(f"<tr><th>{escape(str(scene))}</th>{''.join(cells)}</tr>")
+    return f'<table class="funnel"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table>'
+
+
+def errored_list(rows: Sequence[Mapping[str, Any]], prefix: str = "") -> str:
+    bad = [r for r in rows if r.get("error") is not None]
+    if not bad:
+        return '<p class="muted" data-empty="errors">No errored episodes.</p>'
+    items = []
+    for r in bad:
+        where = f"step {r.get('error_step')}" if r.get("error_step") is not None else ""
+        items.append(
+            f'<li data-key="{escape(episode_key(r, prefix))}"><b>scene {r["scene"]}, episode {r["episode"]} (seed {r["seed"]})</b> '
+            f'<code>{escape(str(r.get("error_event") or "error"))}</code> {escape(where)}: {escape(str(r["error"]))}</li>'
+        )
+    return f'<ul class="errors">{"".join(items)}</ul>'
+
+
+def _details(title: str, data: Any) -> str:
+    if not data:
+        return ""
+    text = json.dumps(data, indent=1, sort_keys=True, default=str)
+    return f"<details><summary>{escape(title)}</summary><pre>{escape(text)}</pre></details>"
+
+
+def header_block(view: RunView, suffix: str = "") -> str:
+    s = view.summary
+    segments = s.get("segments") or []
+    started = segments[0].get("started_at") if segments else (view.rows[0].get("started_at") if view.rows else None)
+    server = s.get("server") or {}
+    policy = server.get("policy") or view.config.get("policy") or "-"
+    servers = s.get("servers") or view.config.get("servers") or []
+    where = "embedded reference server" if server.get("embedded") else ", ".join(servers) or "-"
+    versions = s.get("versions") or {}
+    short_versions = ", ".join(f"{k} {v}" for k, v in versions.items() if k != "platform")
+    label = f" ({escape(view.label.upper())})" if view.label else ""
+    facts = [
+        ("command", f"<code>{escape(str(s.get('command') or '-'))}</code>"),
+        ("started", escape(str(started or "-"))),
+        ("backend", escape(str(s.get("backend") or view.config.get("backend") or "-"))),
+        ("policy server", f"{escape(where)} (policy {escape(str(policy))})"),
+        ("episodes", f"{len(view.rows)} finished of {s.get('overall', {}).get('planned', '-')} planned"),
+        ("env-steps/s", "-" if not s.get("env_steps_per_s") else f"{s['env_steps_per_s']:.1f} ({s.get('env_steps', 0)} steps in {plots.format_duration(s.get('wall_s'))})"),
+        ("versions", escape(short_versions) or "-"),
+    ]
+    dl = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts)
+    recomputed = (
+        '<p class="warn" id="recomputed">Numbers recomputed from episodes.jsonl: the run is still going or stopped before '
+        "it wrote summary.json.</p>"
+        if view.summary_is_recomputed
+        else ""
+    )
+    return (
+        f'<div class="runhead" id="run{suffix}"><h2>Run{label}: <span class="runname">{escape(view.name)}</span> '
+        f'<span class="state state-{view.state.replace(" ", "-")}" id="run-state{suffix}">{escape(view.state)}</span></h2>'
+        f'<p class="muted">{escape(view.state_detail)}</p>{recomputed}<dl class="facts">{dl}</dl>'
+        + _details("server metadata", s.get("server_metadata"))
+        + _details("configuration", s.get("config") or view.config)
+        + _details("versions", versions)
+        + "</div>"
+    )
+
+
+def plots_block(view: RunView, suffix: str = "") -> str:
+    s = view.summary
+    figs = [
+        plots.success_curve(view.rows, plot_id=f"plot-success{suffix}"),
+        plots.latency_histogram(view.rows, s.get("latency_ms"), plot_id=f"plot-latency{suffix}"),
+        plots.steps_rate(view.rows, s.get("env_steps_per_s"), plot_id=f"plot-steps{suffix}"),
+        plots.server_load(view.rows, s.get("server_utilization"), plot_id=f"plot-server{suffix}"),
+    ]
+    per_server = s.get("server_utilization_per_server") or {}
+    util = "".join(f"<li><code>{escape(u)}</code>: {pct(v)}</li>" for u, v in per_server.items())
+    note = f'<ul class="util">{util}</ul>' if util else ""
+    return '<div class="plots">' + "".join(f"<figure>{f}</figure>" for f in figs) + f"</div>{note}"
+
+
+class _Videos:
+    """Relative video URLs from the page's folder, and why a video is absent."""
+
+    def __init__(self, out_dir: Path):
+        self.out_dir = out_dir
+
+    def src(self, view: RunView, row: Mapping[str, Any]) -> tuple[str, str]:
+        rel = row.get("video")
+        if not rel:
+            if view.config.get("video") is False:
+                return "", "no video: the run was made with --no-video"
+            return "", "no video recorded for this episode"
+        path = view.path / rel
+        if not path.is_file():
+            return "", f"video file missing: {rel}"
+        return quote(os.path.relpath(path, self.out_dir).replace(os.sep, "/")), ""
+
+
+def episode_grid(views: Sequence[RunView], videos: _Videos) -> str:
+    multi = len(views) > 1 or any(r.get("arm") for v in views for r in v.rows)
+    head = (
+        "<tr>" + ("<th>run</th>" if multi else "")
+        + "<th>scene</th><th>episode</th><th>seed</th><th>env</th><th>outcome</th><th>success any step</th>"
+        "<th>steps</th><th>server calls</th><th>latency p50 (ms)</th><th>ended by</th><th></th></tr>"
+    )
+    out = []
+    for view in views:
+        for r in view.rows:
+            key = episode_key(r, view.label)
+            run = (view.label or str(r.get("arm") or "")).upper()
+            state = outcome(r)
+            src, why = videos.src(view, r)
+            any_step = "-" if r.get("success_any_step") is None else ("yes" if r["success_any_step"] else "no")
+            extra = {k: r.get(k) for k in ("prompt", "session_id", "server", "first_success_step", "wait_steps", "stale_steps", "error", "error_event", "error_step", "milestones", "reconnects", "retries", "wall_s", "started_at") if r.get(k) is not None}
+            out.append(
+                f'<tr class="ep {state}" data-key="{escape(key)}" data-outcome="{state}" data-scene="{r["scene"]}" data-run="{escape(run)}" '
+                f'data-video="{escape(src)}" data-novideo="{escape(why)}" data-info="{escape(json.dumps(extra, separators=(",", ":")))}">'
+                + (f"<td>{escape(run)}</td>" if multi else "")
+                + f'<td>{r["scene"]}</td><td>{r["episode"]}</td><td>{r["seed"]}</td><td>{r["env"]}</td>'
+                f'<td class="outcome">{state}</td><td>{any_step}</td><td>{r["steps"]}</td><td>{r["server_calls"]}</td>'
+                f'<td>{_ms(r.get("latency_ms"), "p50")}</td><td>{escape(str(r.get("ended_by") or "-"))}</td>'
+                f'<td><button class="open" type="button">open</button></td></tr>'
+            )
+    scenes = sorted({int(r["scene"]) for v in views for r in v.rows})
+    runs = sorted({(v.label or str(r.get("arm") or "")).upper() for v in views for r in v.rows} - {""})
+    scene_opts = "".join(f'<option value="{s}">scene {s}</option>' for s in scenes)
+    run_filter = (
+        '<label>run <select id="f-run"><option value="">all</option>'
+        + "".join(f'<option value="{escape(x)}">{escape(x)}</option>' for x in runs)
+        + "</select></label>"
+        if runs
+        else ""
+    )
+    filters = (
+        '<div class="filters"><label>outcome <select id="f-outcome"><option value="">all</option>'
+        '<option value="success">success</option><option value="failure">failure</option><option value="errored">errored</option>'
+        f'</select></label><label>scene <select id="f-scene"><option value="">all</option>{scene_opts}</select></label>{run_filter}'
+        '<span id="shown-count" class="muted"></span></div>'
+    )
+    return filters + f'<table class="grid" id="episodes"><thead>{head}</thead><tbody>{"".join(out)}</tbody></table>'
+
+
+def comparison_block(rows_a: Sequence[Mapping[str, Any]], rows_b: Sequence[Mapping[str, Any]], view_a: RunView, view_b: RunView, videos: _Videos, names: tuple[str, str]) -> str:
+    """Paired 2x2 tables, difference with interval and p-value per scene, discordant pairs' videos."""
+    cmp = compare(rows_a, rows_b)
+    head = (
+        "<tr><th>scene</th><th>pairs</th><th>both</th><th>A only</th><th>B only</th><th>neither</th>"
+        "<th>A</th><th>B</th><th>B - A (Newcombe 95% CI)</th><th>p (exact McNemar)</th></tr>"
+    )
+    body = []
+    for scope, entry in [*cmp["scenes"].items(), ("overall", cmp["overall"])]:
+        n = entry["pairs"]
+        diff = "-" if entry["diff"] is None else f"{100 * entry['diff']:+.1f} pts [{100 * entry['ci95'][0]:+.1f}, {100 * entry['ci95'][1]:+.1f}]"
+        p = "-" if entry["p_value"] is None else f"{entry['p_value']:.3g}"
+        body.append(
+            f'<tr data-scope="{escape(scope)}"><th>{escape(scope)}</th><td>{n}</td><td>{entry["both"]}</td><td>{entry["a_only"]}</td>'
+            f'<td>{entry["b_only"]}</td><td>{entry["neither"]}</td><td>{entry["a"]}/{n}</td><td>{entry["b"]}/{n}</td>'
+            f'<td class="diff">{diff}</td><td class="p">{p}</td></tr>'
+        )
+    unpaired = cmp["unpaired"]
+    note = (
+        f'<p class="muted">A = {escape(names[0])}, B = {escape(names[1])}. Pairs: same scene and seed, neither errored '
+        f'({unpaired["errored"]} pair(s) with an errored episode left out; {unpaired["only_a"]} episode(s) only in A, '
+        f'{unpaired["only_b"]} only in B). Outcome: success at the end.</p>'
+    )
+    ia = {(int(r["scene"]), int(r["seed"])): r for r in rows_a}
+    ib = {(int(r["scene"]), int(r["seed"])): r for r in rows_b}
+    pairs = []
+    for d in cmp["overall"]["discordant"]:
+        ra, rb = ia[(d["scene"], d["seed"])], ib[(d["scene"], d["seed"])]
+        sa, wa = videos.src(view_a, ra)
+        sb, wb = videos.src(view_b, rb)
+        who = "A only" if d["which"] == "a_only" else "B only"
+        pairs.append(
+            f'<li class="pair" data-a="{escape(sa)}" data-b="{escape(sb)}" data-novideo-a="{escape(wa)}" data-novideo-b="{escape(wb)}">'
+            f'<b>scene {d["scene"]}, seed {d["seed"]}</b>: {who} succeeded '
+            f'<button class="pairopen" type="button">show videos</button><div class="pairvids"></div></li>'
+        )
+    discordant = f'<ul class="pairs" id="discordant">{"".join(pairs)}</ul>' if pairs else '<p class="muted">No discordant pairs.</p>'
+    return (
+        f'<table class="paired" id="paired"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table>{note}'
+        f"<h3>Discordant pairs ({len(pairs)})</h3>{discordant}"
+    )
+
+
+def build_page(views: Sequence[RunView], out_dir: str | os.PathLike) -> str:
+    """The whole HTML document for one run (or two, compared) written into ``out_dir``."""
+    out = Path(out_dir)
+    videos = _Videos(out)
+    title = " vs ".join(v.name for v in views)
+    parts = [f"<header><h1>dz-gym report</h1><p class=\"muted\">{escape(title)} · written {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}</p>"]
+    nav = ['<a href="#results">results</a>', '<a href="#plots">plots</a>', '<a href="#grid">episodes</a>']
+    pair = None
+    if len(views) == 2:
+        pair = (views[0].rows, views[1].rows, views[0], views[1], (views[0].name, views[1].name))
+    elif len(views) == 1 and split_arms(views[0].rows) is not None:
+        a, b = split_arms(views[0].rows)
+        pair = (a, b, views[0], views[0], ("arm a", "arm b"))
+    if pair is not None:
+        nav.insert(1, '<a href="#compare">A/B comparison</a>')
+    parts.append("<nav>" + " · ".join(nav) + "</nav></header><main>")
+    multi = len(views) > 1
+    sections = []
+    for view in views:
+        suffix = f"-{view.label}" if multi else ""
+        s = view.summary
+        block = [header_block(view, suffix)]
+        block.append(f'<h3>Success per scene</h3>{results_table(s, "results-table" + suffix)}')
+        arms = split_arms(view.rows)
+        if arms is not None:
+            planned = {int(sc): int(view.config.get("episodes", 0)) for sc in s.get("scenes", [])}
+            for arm, rows in zip(("a", "b"), arms):
+                per_arm = results.summarize(rows, planned=planned)
+                block.append(f'<h3>Arm {arm} (from episodes.jsonl)</h3>{results_table(per_arm, f"results-table{suffix}-arm-{arm}")}')
+        block.append(f"<h3>Milestones</h3>{funnel_table(view.rows, s.get('scenes', []))}")
+        block.append(f"<h3>Errored episodes</h3>{errored_list(view.rows, view.label)}")
+        note = s.get("note")
+        if note:
+            block.append(f'<p class="muted">Note: {escape(note)}.</p>')
+        sections.append("".join(block))
+    parts.append('<section id="results">' + "".join(sections) + "</section>")
+    if pair is not None:
+        parts.append('<section id="compare"><h2>A/B comparison (paired by scene and seed)</h2>' + comparison_block(*pair[:4], videos, pair[4]) + "</section>")
+    plot_html = "".join(
+        (f"<h3>{escape(v.label.upper())}: {escape(v.name)}</h3>" if multi else "") + plots_block(v, f"-{v.label}" if multi else "")
+        for v in views
+    )
+    parts.append(f'<section id="plots"><h2>Plots</h2>{plot_html}</section>')
+    no_video = all(v.config.get("video") is False for v in views)
+    video_note = '<p class="warn" id="no-videos">This run has no videos (it was made with --no-video).</p>' if no_video else ""
+    parts.append(f'<section id="grid"><h2>Episodes</h2>{video_note}{episode_grid(views, videos)}</section></main>')
+    trajectories: dict[str, Any] = {}
+    for view in views:
+        trajectories.update(view.trajectories)
+    data = json.dumps(trajectories, separators=(",", ":")).replace("</", "<\\/")
+    return (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>dz-gym report: {escape(title)}</title><style>{_asset('report.css')}</style></head><body>"
+        + "".join(parts)
+        + f'<script type="application/json" id="dz-traj">{data}</script><script>{_asset("report.js")}</script></body></html>'
+    )
