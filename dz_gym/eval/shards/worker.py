@@ -1,0 +1,335 @@
+"""One shard of a run, inside a Ray actor: its own simulator batch, its own server connections, rows out.
+
+:class:`ShardWorker` is the actor's class (the driver wraps it with ``ray.remote``). On the Isaac Lab backend
+it starts the Isaac app in ``__init__``, before anything imports torch-dependent modules; this module itself
+imports neither Ray, torch nor a simulator at import time. :meth:`ShardWorker.run_scene` runs the shard's
+episodes of one scene with the evaluator's own :class:`~dz_gym.eval.runner.SceneRunner` on the shard's slot
+range and returns when they are done or a stop was requested.
+
+Rows do not go to a file here: the runner writes into a :class:`ShardRunDir`, whose ``append_row`` puts the
+row into an :class:`Outbox`. A pusher thread sends ready rows (with their trajectory and video bytes when the
+driver's run directory is not visible from this node) to the driver's collector every ``push_interval``
+seconds, with a bound on every call, and learns from the reply whether the driver asked to stop. A row is
+ready once its video file is closed. Before ``run_scene`` returns, everything is flushed, so when its result
+arrives the driver has every row of the call. If the actor dies, rows not yet pushed are lost with it: their
+episodes have no row on the driver and run again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import socket
+import tempfile
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from dz_gym.eval.config import EvalConfig
+from dz_gym.eval.rundir import RunDir, episode_name
+
+logger = logging.getLogger(__name__)
+
+TOKEN_FILE = ".shards-token"  # written by the driver: a node that reads the same token shares the run directory
+PUSH_INTERVAL_S = 0.2
+PUSH_TIMEOUT_S = 30.0
+FINAL_PUSH_ATTEMPTS = 5
+
+
+class ShardRunDir(RunDir):
+    """The runner's run directory inside a shard: files under ``path``, rows into ``outbox``."""
+
+    def __init__(self, path: str | os.PathLike, outbox: Outbox):
+        super().__init__(path)
+        self.outbox = outbox
+
+    def append_row(self, row: dict[str, Any]) -> None:
+        self.outbox.put(dict(row))
+
+
+class Outbox:
+    """Finished episodes and step counts waiting to go to the driver (thread-safe).
+
+    ``meta`` (shard, node) is added to every row and the row's local env slot becomes the global one
+    (``slot_start + env``). With ``ship_files`` the row's trajectory and video are read from ``root`` and sent
+    as bytes (and deleted here once sent); otherwise they are already in the driver's run directory.
+    """
+
+    def __init__(self, root: Path, *, slot_start: int, meta: dict[str, Any], ship_files: bool, recorder=None):
+        self.root = Path(root)
+        self.slot_start = int(slot_start)
+        self.meta = dict(meta)
+        self.ship_files = bool(ship_files)
+        self.recorder = recorder
+        self._rows: deque[dict[str, Any]] = deque()
+        self._lock = threading.Lock()
+        self._steps = 0
+        self._latency_ms: float | None = None
+
+    def put(self, row: dict[str, Any]) -> None:
+        row["env"] = self.slot_start + int(row["env"])
+        row.update(self.meta)
+        with self._lock:
+            self._rows.append(row)
+
+    def steps(self, n: int, last_latency_ms: float | None = None) -> None:
+        with self._lock:
+            self._steps += int(n)
+            if last_latency_ms is not None:
+                self._latency_ms = float(last_latency_ms)
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._rows)
+
+    def _ready(self, row: dict[str, Any], final: bool) -> bool:
+        if final or self.recorder is None or row.get("video") is None:
+            return True
+        key = episode_name(row["scene"], row["episode"])
+        return key in self.recorder.finished or key in self.recorder.failed
+
+    def take(self, final: bool = False) -> tuple[list[dict[str, Any]], int, float | None]:
+        """The ready rows in order (as payloads ``{"row", "files"}``), the steps since the last take, the latency."""
+        with self._lock:
+            ready = []
+            while self._rows and self._ready(self._rows[0], final):
+                ready.append(self._rows.popleft())
+            steps, self._steps = self._steps, 0
+            latency = self._latency_ms
+        return [self._payload(row) for row in ready], steps, latency
+
+    def give_back(self, payloads: list[dict[str, Any]], steps: int) -> None:
+        """Undo a :meth:`take` whose push failed: the rows go first again, the steps are counted again."""
+        with self._lock:
+            for payload in reversed(payloads):
+                self._rows.appendleft(payload["row"])
+            self._steps += steps
+
+    def _payload(self, row: dict[str, Any]) -> dict[str, Any]:
+        files: dict[str, bytes] = {}
+        if self.recorder is not None and row.get("video") is not None:
+            key = episode_name(row["scene"], row["episode"])
+            if key in self.recorder.failed:
+                row["video"] = None
+        if self.ship_files:
+            for field in ("trajectory", "video"):
+                rel = row.get(field)
+                if rel is None:
+                    continue
+                try:
+                    files[rel] = (self.root / rel).read_bytes()
+                except OSError as exc:
+                    logger.warning("shard %s: %s of scene %s episode %s unreadable: %s",
+                                   self.meta.get("shard"), field, row["scene"], row["episode"], exc)
+                    row[field] = None
+        return {"row": row, "files": files}
+
+    def delete_files(self, payloads: list[dict[str, Any]]) -> None:
+        """Remove shipped files from the staging folder once the driver has them."""
+        if not self.ship_files:
+            return
+        for payload in payloads:
+            for rel in payload["files"]:
+                try:
+                    (self.root / rel).unlink()
+                except OSError:
+                    pass
+
+
+class _Tally:
+    """The runner's progress object inside a shard: counts steps into the outbox, draws nothing."""
+
+    enabled = False
+
+    def __init__(self, outbox: Outbox):
+        self.outbox = outbox
+
+    def steps(self, n: int, last_latency_ms: float | None = None) -> None:
+        self.outbox.steps(n, last_latency_ms)
+
+    def episode(self, success_at_end, errored, unused_steps: int = 0) -> None:
+        pass
+
+    def write(self, message: str) -> None:
+        logger.info("%s", message)
+
+    def close(self) -> None:
+        pass
+
+
+class Pusher:
+    """Sends the outbox to the driver's collector every ``interval`` s; sets ``stop`` when the driver asks."""
+
+    def __init__(self, collector, shard: int, attempt: int, outbox: Outbox, stop: threading.Event,
+                 interval: float = PUSH_INTERVAL_S, timeout: float = PUSH_TIMEOUT_S):
+        self.collector = collector
+        self.shard = shard
+        self.attempt = attempt
+        self.outbox = outbox
+        self.stop = stop
+        self.interval = interval
+        self.timeout = timeout
+        self.lost: str | None = None  # why the collector cannot be reached any more
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"dz-gym-shard{shard}-push", daemon=True)
+
+    def start(self) -> Pusher:
+        self._thread.start()
+        return self
+
+    def push_once(self, final: bool = False) -> bool:
+        """One bounded push; False when it failed (the rows stay in the outbox)."""
+        import ray
+
+        payloads, steps, latency = self.outbox.take(final)
+        try:
+            stop = ray.get(
+                self.collector.push.remote(self.shard, self.attempt, payloads, steps, latency), timeout=self.timeout
+            )
+        except ray.exceptions.RayActorError as exc:  # the driver is gone: nobody takes rows any more
+            self.outbox.give_back(payloads, steps)
+            self.lost = f"collector lost: {exc}".splitlines()[0]
+            self.stop.set()
+            return False
+        except (ray.exceptions.GetTimeoutError, ray.exceptions.RayError) as exc:
+            self.outbox.give_back(payloads, steps)
+            logger.warning("shard %d: push to the driver failed (%s); retrying", self.shard, type(exc).__name__)
+            return False
+        self.outbox.delete_files(payloads)
+        if stop:
+            self.stop.set()
+        return True
+
+    def _loop(self) -> None:
+        while not self._done.wait(self.interval):
+            if self.lost is None:
+                self.push_once()
+
+    def close(self) -> bool:
+        """Stop the thread, then push everything left (bounded attempts); True when all of it arrived."""
+        self._done.set()
+        self._thread.join(self.timeout + 5)
+        for _ in range(FINAL_PUSH_ATTEMPTS):
+            if self.lost is not None:
+                return False
+            if self.push_once(final=True) and not self.outbox.pending():
+                return True
+        return False
+
+
+def _shard_runner(base_cls):
+    """``SceneRunner`` taking the shard's explicit per-slot queues (global slot order kept on local slots)."""
+
+    class ShardSceneRunner(base_cls):
+        def __init__(self, *args, queues, **kwargs):
+            super().__init__(*args, **kwargs)
+            if not hasattr(self, "_queues"):
+                raise TypeError("SceneRunner: per-slot episode queues are not supported by this version")
+            self._queues = [deque(q) for q in queues]
+
+    return ShardSceneRunner
+
+
+class ShardWorker:
+    """A Ray actor running one shard (see the module docstring). ``app_args``: Isaac Lab's launcher flags."""
+
+    def __init__(self, backend: str, app_args=None):
+        self.backend = backend
+        if backend == "isaac":  # before any torch-dependent import in this process
+            from dz_gym.envs.isaac.launch import launch_app
+
+            launch_app(app_args)
+        self.app_args = app_args
+        import ray
+
+        self.node_id = ray.get_runtime_context().get_node_id()
+
+    def where(self) -> dict[str, Any]:
+        """Where this actor runs: the Ray node id, the host name and the process id."""
+        return {"node": self.node_id, "host": socket.gethostname(), "pid": os.getpid()}
+
+    def run_scene(self, spec: dict[str, Any], collector) -> dict[str, Any]:
+        """Run one scene's episodes of this shard (``spec`` from the driver); returns the timing of the loop."""
+        from dz_gym.eval.evaluate import default_env_factory
+        from dz_gym.eval.runner import RunControl, SceneRunner
+        from dz_gym.eval.video import VideoRecorder
+        from dz_gym.transport import TransportConfig
+        from dz_gym.wrapper import DreamZeroPolicyWrapper
+
+        config = EvalConfig.from_dict(spec["config"])
+        queues = [list(q) for q in spec["queues"]]
+        config = dataclasses.replace(config, num_envs=len(queues))
+        if config.auth_env and spec.get("auth_token") and not os.environ.get(config.auth_env):
+            os.environ[config.auth_env] = spec["auth_token"]
+        shared = _sees_run_dir(spec["run_dir"], spec["token"])
+        root = Path(spec["run_dir"]) if shared else Path(tempfile.mkdtemp(prefix=f"dz-gym-shard{spec['shard']}-"))
+        recorder = VideoRecorder() if config.video else None
+        meta = {"shard": int(spec["shard"]), "node": self.node_id}
+        outbox = Outbox(root, slot_start=spec["slot_start"], meta=meta, ship_files=not shared, recorder=recorder)
+        control = RunControl(None)
+        pusher = Pusher(collector, int(spec["shard"]), int(spec["attempt"]), outbox, control.stop).start()
+        env_kwargs = dict(spec.get("env_kwargs") or {})
+        if self.backend == "isaac" and self.app_args is not None:
+            env_kwargs.setdefault("app_args", self.app_args)
+        out: dict[str, Any] = {"scene": spec["scene"], "env_steps": 0, "wall_s": 0.0, "loop_end": time.time(),
+                               "busy_s": {}, "stopped": False,
+                               "server_metadata": {}, "video_errors": {}, "shared_run_dir": shared}
+        env = wrapper = None
+        try:
+            env = default_env_factory(spec["scene"], config, **env_kwargs)
+            wrapper = DreamZeroPolicyWrapper(
+                env,
+                server=list(spec["servers"]),
+                open_loop_horizon=config.open_loop_horizon,
+                transport=TransportConfig(request_timeout=config.request_timeout, auth_env=config.auth_env),
+                prefetch=config.prefetch,
+                simulated_delay=config.simulated_delay,
+                max_stale_steps=config.max_stale_steps,
+            )
+            for i, meta_i in enumerate(wrapper.server_metadata):
+                out["server_metadata"].setdefault(wrapper.pool.url(i), _metadata_dict(meta_i))
+            runner = _shard_runner(SceneRunner)(
+                wrapper,
+                scene=spec["scene"],
+                episodes=[k for q in queues for k in q],
+                seed=config.seed,
+                max_steps=config.max_steps,
+                run_dir=ShardRunDir(root, outbox),
+                control=control,
+                recorder=recorder,
+                progress=_Tally(outbox),
+                queues=queues,
+            )
+            result = runner.run()
+            out.update(env_steps=result.env_steps, wall_s=result.wall_s, busy_s=dict(result.busy_s), stopped=result.stopped,
+                       loop_end=time.time())
+        finally:
+            if wrapper is not None:
+                wrapper.close()
+            elif env is not None:
+                env.close()
+            if recorder is not None:
+                recorder.close()
+                out["video_errors"] = dict(recorder.failed)
+            delivered = pusher.close()
+        if not delivered:
+            raise RuntimeError(f"shard {spec['shard']}: {outbox.pending()} row(s) could not be sent to the driver"
+                               + (f" ({pusher.lost})" if pusher.lost else ""))
+        return out
+
+
+def _sees_run_dir(path: str, token: str) -> bool:
+    """Whether this node sees the driver's run directory (same machine or a shared file system)."""
+    try:
+        return (Path(path) / TOKEN_FILE).read_text().strip() == token
+    except OSError:
+        return False
+
+
+def _metadata_dict(meta: Any) -> dict[str, Any]:
+    if dataclasses.is_dataclass(meta):
+        return dataclasses.asdict(meta)
+    return dict(meta) if isinstance(meta, dict) else {"value": repr(meta)}
