@@ -1,0 +1,172 @@
+"""Shard planning (pure): slot ranges, the one-process episode map kept, servers per slot and per shard; the
+row outbox of a shard; Ray stays unimported without --ray and its absence is one clear line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from collections import deque
+
+import numpy as np
+import pytest
+
+from dz_gym.eval.runner import slot_queues
+from dz_gym.eval.shards import MISSING_RAY, RayMissingError, require_ray
+from dz_gym.eval.shards.plan import (
+    cpus_per_shard,
+    default_shard_count,
+    plan_shards,
+    shard_servers,
+    slot_ranges,
+)
+from dz_gym.eval.shards.worker import Outbox
+
+
+def test_slot_ranges_cover_the_slots_once():
+    for n in (1, 2, 5, 8, 64, 257):
+        for k in range(1, min(n, 9) + 1):
+            ranges = slot_ranges(n, k)
+            assert len(ranges) == k and ranges[0][0] == 0 and ranges[-1][1] == n
+            assert all(a < b for a, b in ranges) and all(ranges[i][1] == ranges[i + 1][0] for i in range(k - 1))
+            widths = [b - a for a, b in ranges]
+            assert max(widths) - min(widths) <= 1
+
+
+@pytest.mark.parametrize("n,k", [(8, 2), (5, 2), (7, 3), (3, 3), (1, 1)])
+def test_every_episode_keeps_its_one_process_slot_and_order(n, k):
+    todo = {1: list(range(23)), 3: [0, 2, 5, 9, 10]}  # scene 3: a resume with some rows already there
+    shards = plan_shards(todo, n, k)
+    for scene, episodes in todo.items():
+        one_process = slot_queues(episodes, n)
+        seen = []
+        for shard in shards:
+            for local, queue in enumerate(shard.queues[scene]):
+                assert list(queue) == list(one_process[shard.global_slot(local)])
+                seen.extend(queue)
+        assert sorted(seen) == sorted(episodes)  # each planned episode in exactly one shard
+
+
+def test_shard_scenes_and_episodes():
+    (a, b) = plan_shards({1: [0, 1, 2, 3], 2: [1, 3]}, 2, 2)
+    assert a.scenes() == [1] and b.scenes() == [1, 2]
+    assert a.episodes(1) == [0, 2] and b.episodes(2) == [1, 3] and a.episodes(2) == []
+    assert (a.start, a.stop, b.start, b.stop) == (0, 1, 1, 2)
+    with pytest.raises(ValueError, match="env: expected a local slot"):
+        a.global_slot(1)
+
+
+@pytest.mark.parametrize(
+    "n,k,needle",
+    [(2, 3, "shards: expected at most num_envs=2"), (2, 0, "shards: expected an integer >= 1"), (0, 1, "num_envs")],
+)
+def test_bad_shard_counts_are_one_line_errors(n, k, needle):
+    with pytest.raises(ValueError, match=needle):
+        slot_ranges(n, k)
+
+
+def test_servers_follow_global_slots_or_per_shard_groups():
+    urls = [f"ws://h{i}:8000/p" for i in range(4)]
+    a, b = plan_shards({1: range(10)}, 6, 2)  # slots 0-2 and 3-5
+    assert shard_servers(urls, a) == [urls[0], urls[1], urls[2]]
+    assert shard_servers(urls, b) == [urls[3], urls[0], urls[1]]  # as slot g % 4 in one process
+    assert shard_servers(urls, a, servers_per_shard=2) == [urls[0], urls[1], urls[0]]
+    assert shard_servers(urls, b, servers_per_shard=2) == [urls[2], urls[3], urls[2]]
+    with pytest.raises(ValueError, match="servers_per_shard: expected at most the 4 servers"):
+        shard_servers(urls, a, servers_per_shard=5)
+    with pytest.raises(ValueError, match="servers: expected at least one"):
+        shard_servers([], a)
+
+
+def test_default_shards_and_cpus():
+    assert default_shard_count(8, nodes=3, gpus=0, backend="mujoco") == 3
+    assert default_shard_count(2, nodes=3, gpus=0, backend="mujoco") == 2
+    assert default_shard_count(8, nodes=2, gpus=4, backend="isaac") == 4
+    with pytest.raises(ValueError, match="isaac backend needs one GPU per shard"):
+        default_shard_count(8, nodes=2, gpus=0, backend="isaac")
+    assert cpus_per_shard(4, 16) == 4 and cpus_per_shard(32, 16) == 16 and cpus_per_shard(4, 0.5) == 1
+    assert cpus_per_shard(4, 16, requested=2.5) == 2.5
+
+
+class _Recorder:
+    def __init__(self):
+        self.finished: dict[str, int] = {}
+        self.failed: dict[str, str] = {}
+
+
+def _row(episode: int, env: int, video: bool = True) -> dict:
+    return {
+        "scene": 1, "episode": episode, "env": env, "trajectory": f"trajectories/scene1_ep{episode:04d}.npz",
+        "video": f"videos/scene1_ep{episode:04d}.mp4" if video else None,
+    }
+
+
+def test_outbox_ships_rows_in_order_once_their_video_is_closed(tmp_path):
+    recorder = _Recorder()
+    box = Outbox(tmp_path, slot_start=4, meta={"shard": 1, "node": "n1"}, ship_files=True, recorder=recorder)
+    for k in (0, 1):
+        for rel in _row(k, 0).values():
+            if isinstance(rel, str):
+                (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+                (tmp_path / rel).write_bytes(f"{rel}".encode())
+    box.put(_row(0, 1))
+    box.put(_row(1, 0))
+    box.steps(5, 12.0)
+    payloads, steps, latency = box.take()
+    assert payloads == [] and steps == 5 and latency == 12.0  # episode 0's video is still being written
+    recorder.finished["scene1_ep0001"] = 16
+    assert box.take()[0] == []  # order is kept: episode 1 waits for episode 0
+    recorder.failed["scene1_ep0000"] = "disk full"
+    payloads, steps, _ = box.take()
+    assert [p["row"]["episode"] for p in payloads] == [0, 1] and steps == 0
+    first, second = payloads
+    assert first["row"]["env"] == 5 and first["row"]["shard"] == 1 and first["row"]["node"] == "n1"
+    assert first["row"]["video"] is None and list(first["files"]) == ["trajectories/scene1_ep0000.npz"]
+    assert second["files"]["videos/scene1_ep0001.mp4"] == b"videos/scene1_ep0001.mp4"
+    box.give_back(payloads, 3)  # a failed push: everything is sent again, in order, env not offset twice
+    again, steps, _ = box.take()
+    assert [p["row"]["episode"] for p in again] == [0, 1] and steps == 3 and again[0]["row"]["env"] == 5
+    box.delete_files(again)
+    assert not (tmp_path / "videos/scene1_ep0001.mp4").exists()
+
+
+def test_outbox_is_thread_safe(tmp_path):
+    box = Outbox(tmp_path, slot_start=0, meta={"shard": 0, "node": "n"}, ship_files=False)
+    got: deque = deque()
+
+    def produce(offset):
+        for k in range(200):
+            box.put(_row(offset + k, 0, video=False))
+            box.steps(1)
+
+    threads = [threading.Thread(target=produce, args=(i * 1000,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    total_steps = 0
+    while any(t.is_alive() for t in threads) or box.pending():
+        payloads, steps, _ = box.take()
+        got.extend(p["row"]["episode"] for p in payloads)
+        total_steps += steps
+    for t in threads:
+        t.join()
+    payloads, steps, _ = box.take()
+    got.extend(p["row"]["episode"] for p in payloads)
+    total_steps += steps
+    assert sorted(got) == sorted(i * 1000 + k for i in range(4) for k in range(200)) and total_steps == 800
+    assert np.all(np.diff([e for e in got if e < 1000]) > 0)  # one producer's rows stay in order
+
+
+def test_without_ray_flags_ray_is_not_imported():
+    code = (
+        "import sys; import dz_gym.eval.cli, dz_gym.eval.evaluate, dz_gym.eval.shards, dz_gym.eval.shards.plan, "
+        "dz_gym.eval.shards.worker, dz_gym.eval.shards.collector; "
+        "sys.exit(1 if 'ray' in sys.modules else 0)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
+
+
+def test_missing_ray_is_one_clear_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # makes `import ray` fail as if it were not installed
+    with pytest.raises(RayMissingError) as info:
+        require_ray()
+    assert str(info.value) == MISSING_RAY and "\n" not in MISSING_RAY and 'pip install "dz-gym[ray]"' in MISSING_RAY
