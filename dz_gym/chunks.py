@@ -21,7 +21,35 @@ mechanism serves the reference client's synchronous semantics and latency hiding
 
 When an env's episode ends its cache and any request in flight are dropped (a reply for an ended episode is
 discarded) and a fresh session id begins; other envs are not touched. Gripper commands are binarized
-(> 0.5 -> 1.0, else 0.0) like the reference client.
+(> 0.5 -> 1.0, else 0.0) like the reference client. A chunk with fewer rows than ``open_loop_horizon`` raises
+:class:`HorizonError`: executing fewer actions than asked for would silently change the experiment.
+
+Example (two envs, synchronous, a horizon of 2 rows; ``chunk`` stands for a server's reply)::
+
+    >>> import numpy as np
+    >>> from dz_gym.chunks import ChunkSchedule
+    >>> ids = iter(["a0", "b0", "a1"])
+    >>> schedule = ChunkSchedule(2, open_loop_horizon=2, session_id_factory=lambda: next(ids))
+    >>> chunk = np.zeros((4, 8), dtype=np.float32)
+    >>> chunk[:, 0] = [10, 11, 12, 13]
+    >>> schedule.requests_due().tolist()
+    [True, True]
+    >>> for env_id in np.flatnonzero(schedule.requests_due()):
+    ...     schedule.accept_chunk(env_id, chunk + env_id)
+    >>> schedule.pop_actions()[:, 0].tolist()      # row 0 of each env's chunk
+    [10.0, 11.0]
+    >>> schedule.pop_actions()[:, 0].tolist()
+    [11.0, 12.0]
+    >>> schedule.requests_due().tolist()           # both windows of 2 rows are spent
+    [True, True]
+    >>> schedule.end_episodes([0])                 # env 0's episode ended: a new session id
+    ['a0']
+    >>> schedule.session_ids
+    ['a1', 'b0']
+    >>> schedule.accept_chunk(1, chunk[:1])
+    Traceback (most recent call last):
+    ...
+    dz_gym.chunks.HorizonError: open_loop_horizon: 2 is longer than the server's chunk of 1 row(s); pass at most 1
 """
 
 from __future__ import annotations
@@ -33,6 +61,30 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dz_gym.envs import droid
+from dz_gym.errors import DzGymError
+
+
+class HorizonError(DzGymError, ValueError):
+    """``open_loop_horizon`` is longer than the server's action chunk (known from its first reply).
+
+    A configuration error, not a fault of one episode: the run should stop with this one-line message.
+    ``horizon`` is the requested value, ``chunk_length`` the rows the server sent.
+    """
+
+    def __init__(self, horizon: int, chunk_length: int, where: str = ""):
+        suffix = f" ({where})" if where else ""
+        super().__init__(
+            f"open_loop_horizon: {horizon} is longer than the server's chunk of {chunk_length} row(s); "
+            f"pass at most {chunk_length}{suffix}"
+        )
+        self.horizon = int(horizon)
+        self.chunk_length = int(chunk_length)
+
+
+def check_horizon(open_loop_horizon: int, chunk_length: int, where: str = "") -> None:
+    """Raise :class:`HorizonError` when a chunk of ``chunk_length`` rows cannot fill the horizon."""
+    if int(chunk_length) < int(open_loop_horizon):
+        raise HorizonError(open_loop_horizon, chunk_length, where)
 
 
 def new_session_id() -> str:
@@ -62,11 +114,15 @@ class EpisodeChunkStats:
     wait_steps: int = 0  # steps at which the env had to wait (or hold) for a reply
     stale_steps: int = 0  # steps executed past a chunk's window
 
+    def copy(self) -> EpisodeChunkStats:
+        """An independent copy (the schedule keeps updating its own)."""
+        return EpisodeChunkStats(list(self.delays), self.wait_steps, self.stale_steps)
+
 
 class ChunkSchedule:
     """Chunk caches, next rows, requests in flight and session ids of ``num_envs`` envs.
 
-    Synchronous use per control step (``prefetch=0``)::
+    Synchronous use per control step (``prefetch=0``; the module docstring has a runnable example)::
 
         for i in np.flatnonzero(schedule.requests_due()): schedule.accept_chunk(i, chunk_from_server_i)
         actions = schedule.pop_actions()         # (N, 8) float32, one row per env
@@ -210,17 +266,23 @@ class ChunkSchedule:
         """Hand env ``env_id`` the reply to request ``token``; False when it was discarded.
 
         A reply to a request of an episode that has ended (or was abandoned) is discarded. Otherwise the
-        chunk is applied now, or, under a simulated delay, once the delay has passed.
+        chunk is applied now, or, under a simulated delay, once the delay has passed. Raises ``ValueError``
+        for a malformed chunk and :class:`HorizonError` for one shorter than ``open_loop_horizon``.
         """
-        actions = np.asarray(actions)
-        if actions.ndim != 2 or actions.shape[1] != droid.ACTION_DIM or actions.shape[0] < 1:
-            raise ValueError(f"actions: expected shape (H>=1, {droid.ACTION_DIM}), got {actions.shape}")
+        actions = self._checked(actions)
         pending = self._pending[env_id]
         if pending is None or pending.token != token:
             return False
         pending.arrived = binarize_gripper(actions)
         self.apply_arrivals([env_id])
         return True
+
+    def _checked(self, actions: np.ndarray) -> np.ndarray:
+        actions = np.asarray(actions)
+        if actions.ndim != 2 or actions.shape[1] != droid.ACTION_DIM or actions.shape[0] < 1:
+            raise ValueError(f"actions: expected shape (H>=1, {droid.ACTION_DIM}), got {actions.shape}")
+        check_horizon(self.open_loop_horizon, actions.shape[0])
+        return actions
 
     def apply_arrivals(self, env_ids: Iterable[int] | None = None) -> None:
         """Switch envs to their arrived chunks whose (simulated) delay has passed."""
@@ -249,6 +311,7 @@ class ChunkSchedule:
     def accept_chunk(self, env_id: int, actions: np.ndarray) -> None:
         """Shortcut for a request sent now whose reply is already in (delay 0; under a simulated delay
         the chunk is applied ``simulated_delay`` steps later, like any other reply)."""
+        actions = self._checked(actions)
         if self._pending[env_id] is not None:
             self.abandon(env_id)
         token = self.mark_sent(env_id)

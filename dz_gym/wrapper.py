@@ -1,6 +1,6 @@
 """``DreamZeroPolicyWrapper``: a remote DreamZero/OpenPI policy driving a batched DROID env.
 
-Example::
+Example with a real server::
 
     import dz_gym
 
@@ -11,11 +11,34 @@ Example::
         obs, reward, terminated, truncated, info = env.step()   # the policy chooses the actions
     env.close()
 
-Each env has its own websocket connection (sessions are spread over the given servers round-robin), a uuid
-session id per episode and an action-chunk cache (``dz_gym.chunks``). An env queries the server only when its
-cache is spent (steps 0, 8, 16, ... of each episode with ``open_loop_horizon=8``); the envs that need a chunk in
-the same step are queried concurrently, the others use their cache. Requests are exactly the reference
-single-env client's (``dz_gym.requests``).
+The same loop runs without sockets on an in-process policy client and a toy env (both in
+:mod:`dz_gym.testing`); env 1 is set idle, so it holds its pose and sends nothing:
+
+>>> from dz_gym.records import EpisodeStats
+>>> from dz_gym.server.policies import HoldPolicy
+>>> from dz_gym.testing.memory_client import MemoryPolicyClient
+>>> from dz_gym.testing.toy_env import ToyDroidEnv
+>>> env = ToyDroidEnv(2, max_episode_length=10, image_shape=(18, 32))
+>>> wrapper = DreamZeroPolicyWrapper(env, client=MemoryPolicyClient(HoldPolicy(), num_envs=2))
+>>> obs, info = wrapper.reset(seed=0)
+>>> wrapper.set_idle([False, True])
+>>> for _ in range(9):
+...     obs, reward, terminated, truncated, info = wrapper.step()
+>>> wrapper.episode_stats(0).chunks, wrapper.episode_stats(0).delays, wrapper.episode_stats(1).chunks
+(2, (0, 0), 0)
+>>> obs, reward, terminated, truncated, info = wrapper.step()   # step 10: the env's episodes end
+>>> info["_chunk_stats"].tolist(), info["chunk_stats"]["chunks"].tolist()
+([True, True], [2, 0])
+>>> EpisodeStats.from_info(info, 0).chunks, wrapper.server_url(0), wrapper.is_connected(0)
+(2, 'memory://policy', True)
+>>> wrapper.close()
+
+Each env has its own connection (sessions are spread over the given servers round-robin), a uuid session id
+per episode and an action-chunk cache (``dz_gym.chunks``). An env queries the server only when its cache is
+spent (steps 0, 8, 16, ... of each episode with ``open_loop_horizon=8``); the envs that need a chunk in the
+same step are queried concurrently, the others use their cache. Requests are exactly the reference single-env
+client's (``dz_gym.requests``). The policy side is a :class:`~dz_gym.policy_client.PolicyClient`: the
+websocket :class:`~dz_gym.policy_client.WebsocketPolicyClient` by default, or any ``client=`` you pass.
 
 ``step(action=None)``: the policy's actions are executed. ``step(action)``: the caller's ``(N, 8)`` action is
 executed instead, while the policy is still queried on its usual schedule so that its bookkeeping (cursors,
@@ -30,19 +53,23 @@ untouched. The wrapper never sends ``reset`` over the wire (a shared connection 
 ``info`` adds, per env (arrays with a leading ``num_envs``): ``policy_called`` (this step sent a request),
 ``chunk_received`` and ``chunk_latency_s`` (a reply was taken in this step, and its round trip; NaN otherwise),
 ``chunk_sent_at``/``chunk_received_at`` (its ``time.perf_counter()`` stamps), ``session_id`` (of the episode the
-step belonged to),
-``policy_action``, ``policy_error`` (None or the error's one-line text) and ``integrity_event`` (None,
-``"server_error"``, ``"connection_lost"``, ``"timeout"``, ``"protocol_error"``, or ``"reconnect_failed"``).
-An env whose server call failed holds its pose for that step and asks again at its next step (after a bounded
-reconnect when the connection broke); its episode is flagged, the other envs carry on.
+step belonged to), ``policy_action``, ``policy_held`` (the env held its pose), ``episode_flagged``,
+``policy_error`` (None or the error's one-line text) and ``integrity_event`` (None or the failure's cause, one
+of :data:`INTEGRITY_EVENTS`: ``"server_error"``, ``"connection_lost"``, ``"timeout"``, ``"protocol_error"``;
+the same cause gives the same name whatever happened next). An env whose server call failed holds its pose for
+that step and asks again at its next step (after a bounded reconnect when the connection broke); its episode
+is flagged, the other envs carry on. For the envs whose episode ended in the step, ``info["chunk_stats"]`` holds
+their :class:`EpisodeStats` as arrays, with Gymnasium's vector masks: ``info["_chunk_stats"]`` (which envs) and,
+inside, ``"_<field>"`` per field.
+
+A server whose chunk is shorter than ``open_loop_horizon`` stops the run at its first reply with
+:class:`~dz_gym.chunks.HorizonError` (one line; the evaluator exits 2).
 
 Latency hiding (opt-in, ``dz_gym.chunks`` has the exact rules): with ``prefetch=K`` an env sends its next
 request when K actions are left in its window and keeps executing; the reply's rows for the steps executed
 meanwhile are skipped. A late reply lets the env run on the previous chunk's remaining rows (at most
 ``max_stale_steps``), then it waits. ``simulated_delay=D`` replaces wall-clock delay by exactly D steps, for
-reproducible comparisons under latency. ``info["policy_held"]`` marks envs that held their pose this step
-and, for envs whose episode ended, ``info["chunk_stats"]`` gives the per-chunk delays and the wait and stale
-step counts of that episode.
+reproducible comparisons under latency.
 """
 
 from __future__ import annotations
@@ -53,52 +80,39 @@ import logging
 import warnings
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import urlparse
 
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from dz_gym.chunks import ChunkSchedule, new_session_id
+from dz_gym.capabilities import check_server_capabilities, single_session_note
+from dz_gym.chunks import ChunkSchedule, HorizonError, new_session_id
 from dz_gym.envs import droid
 from dz_gym.errors import DzGymError, HandshakeError, ProtocolError, RequestTimeout, ServerError
+from dz_gym.policy_client import PolicyClient, WebsocketPolicyClient
 from dz_gym.protocol import ServerMetadata
+from dz_gym.records import INTEGRITY_EVENTS, EpisodeStats, event_of
 from dz_gym.requests import build_requests, hold_actions, is_torch_tensor, to_numpy, validate_policy_obs
-from dz_gym.transport import SessionPool, TransportConfig
+from dz_gym.transport import Outcome, TransportConfig
+
+__all__ = [
+    "DEFAULT_SERVER",
+    "INTEGRITY_EVENTS",
+    "RENDER_POLICIES",
+    "DreamZeroPolicyWrapper",
+    "EpisodeStats",
+    "HorizonError",
+    "check_server_capabilities",
+    "event_of",
+]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_SERVER = "ws://127.0.0.1:8000/v1/realtime/robot/openpi"
 
-
-def check_server_capabilities(metadata: ServerMetadata, url: str, num_envs: int) -> list[str]:
-    """Raise ``HandshakeError`` when a server cannot take what the wrapper sends; return warnings.
-
-    The wrapper sends two external views and a wrist view, a session id per episode, and executes absolute
-    joint-position actions.
-    """
-    problems = []
-    if metadata.n_external_cameras is not None and metadata.n_external_cameras > 2:
-        problems.append(f"n_external_cameras={metadata.n_external_cameras} (the DROID rig has 2)")
-    if metadata.needs_stereo_camera:
-        problems.append("needs_stereo_camera=true (the DROID rig has no stereo camera)")
-    if metadata.action_space not in (None, "joint_position"):
-        problems.append(f"action_space={metadata.action_space!r} (the DROID env takes 'joint_position')")
-    if metadata.image_resolution is not None:
-        height, width = metadata.image_resolution
-        if height < 1 or width < 1:
-            problems.append(f"image_resolution={list(metadata.image_resolution)} (expected positive sizes)")
-    if problems:
-        raise HandshakeError(f"server {url}: cannot serve the DROID client: " + "; ".join(problems))
-    notes = []
-    path = urlparse(url).path
-    if num_envs > 1 and metadata.needs_session_id and path in ("", "/"):
-        notes.append(
-            f"server {url} looks like DreamZero's own server (no path, session ids): it holds ONE global "
-            f"session, so {num_envs} interleaved envs reset its state at every switch; serve with vLLM-Omni "
-            "or run one env per server"
-        )
-    return notes
+# "due": render only the envs that send a request at their next step (the wrapper reads no other images);
+# "all": render every env every step (a recorder that reads every frame).
+RENDER_POLICIES = ("due", "all")
 
 
 def _resolve_prompts(prompt: str | Sequence[str] | None, env: Any, num_envs: int) -> list[str]:
@@ -115,14 +129,41 @@ def _resolve_prompts(prompt: str | Sequence[str] | None, env: Any, num_envs: int
     return prompts
 
 
-def _event_of(error: BaseException) -> str:
-    if isinstance(error, ServerError):
-        return "server_error"
-    if isinstance(error, RequestTimeout):
-        return "timeout"
-    if isinstance(error, ProtocolError):
-        return "protocol_error"
-    return "connection_lost"
+@dataclasses.dataclass
+class _Counters:
+    """What the wrapper itself counts for one env's episode (the schedule counts the chunk side)."""
+
+    latencies_s: list[float] = dataclasses.field(default_factory=list)
+    reconnects: int = 0
+    retries: int = 0
+    reconnect_failures: int = 0
+
+
+@dataclasses.dataclass
+class _InFlight:
+    token: int  # the schedule's token of the request
+    future: concurrent.futures.Future[Outcome]
+
+
+@dataclasses.dataclass
+class _StepRecord:
+    """What the policy side did in one step, per env (the ``info`` columns it fills)."""
+
+    called: np.ndarray  # (N,) bool: a request was sent
+    delivered: np.ndarray  # (N,) bool: a reply was applied to the schedule
+    latency_s: np.ndarray  # (N,) round trip of the reply or failure taken; NaN otherwise
+    sent_at: np.ndarray  # (N,) perf_counter stamps of that request; NaN otherwise
+    received_at: np.ndarray
+    errors: np.ndarray  # (N,) object: None or the failure's one-line text
+    events: np.ndarray  # (N,) object: None or an INTEGRITY_EVENTS name
+
+    @classmethod
+    def empty(cls, n: int) -> _StepRecord:
+        nan = np.full(n, np.nan)
+        return cls(
+            np.zeros(n, dtype=bool), np.zeros(n, dtype=bool), nan, nan.copy(), nan.copy(),
+            np.full(n, None, dtype=object), np.full(n, None, dtype=object),
+        )
 
 
 @dataclasses.dataclass
@@ -131,16 +172,26 @@ class _Proposal:
 
     actions: np.ndarray  # (N, 8) float32
     active: np.ndarray  # (N,) bool: envs that execute a cached row (the others hold their pose)
-    flags: tuple  # called, delivered, latency, errors, events
+    record: _StepRecord
 
 
 class DreamZeroPolicyWrapper(gym.Wrapper):
-    """Query a remote DreamZero/OpenPI policy for a batched DROID env (see the module docstring)."""
+    """Query a remote DreamZero/OpenPI policy for a batched DROID env (see the module docstring).
+
+    ``server``: a ``ws://``/``wss://`` URL or a list (envs spread round-robin; default :data:`DEFAULT_SERVER`)
+    with ``transport`` its bounds; or ``client``: any :class:`~dz_gym.policy_client.PolicyClient` with one
+    slot per env, instead of ``server``/``transport``. The wrapper connects it and closes it on ``close()``.
+
+    What a runner (an evaluator, a training loop) uses besides the Gymnasium API: :meth:`set_idle` /
+    :attr:`idle_envs`, :attr:`render_policy`, :meth:`episode_stats`, :meth:`server_url`,
+    :meth:`is_connected`, :meth:`ensure_connected`, :meth:`reconnect`, :attr:`session_ids`,
+    :attr:`last_obs`, :attr:`prompts`, :attr:`server_metadata`, :attr:`server_notes`.
+    """
 
     def __init__(
         self,
         env: gym.Env,
-        server: str | Sequence[str] = DEFAULT_SERVER,
+        server: str | Sequence[str] | None = None,
         prompt: str | Sequence[str] | None = None,
         open_loop_horizon: int = droid.DEFAULT_OPEN_LOOP_HORIZON,
         transport: TransportConfig | None = None,
@@ -149,16 +200,25 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         prefetch: int = 0,
         max_stale_steps: int | None = None,
         simulated_delay: int | None = None,
+        *,
+        client: PolicyClient | None = None,
     ):
         super().__init__(env)
         base = env.unwrapped
         self.num_envs = int(base.num_envs)
         self.max_episode_length = int(getattr(base, "max_episode_length", droid.MAX_EPISODE_LENGTH))
-        self.servers = [server] if isinstance(server, str) else list(server)
-        if not self.servers or not all(isinstance(url, str) and url for url in self.servers):
-            raise ValueError(f"server: expected a ws:// or wss:// URL or a list of them, got {server!r}")
+        if client is not None and (server is not None or transport is not None):
+            raise ValueError("client: pass either client= or server=/transport=, not both")
+        if client is None:
+            servers = [DEFAULT_SERVER] if server is None else [server] if isinstance(server, str) else list(server)
+            if not servers or not all(isinstance(url, str) and url for url in servers):
+                raise ValueError(f"server: expected a ws:// or wss:// URL or a list of them, got {server!r}")
+        elif not isinstance(client, PolicyClient):
+            raise TypeError(f"client: expected a dz_gym.policy_client.PolicyClient, got {type(client).__name__}")
+        elif client.num_sessions != self.num_envs:
+            raise ValueError(f"client: expected {self.num_envs} sessions (one per env), got {client.num_sessions}")
         self.prompts = _resolve_prompts(prompt, env, self.num_envs)
-        self.schedule = ChunkSchedule(
+        self._schedule = ChunkSchedule(
             self.num_envs,
             open_loop_horizon,
             session_id_factory,
@@ -166,32 +226,36 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
             max_stale_steps=max_stale_steps,
             simulated_delay=simulated_delay,
         )
-        self._in_flight: dict[int, tuple[int, concurrent.futures.Future]] = {}
-        self.open_loop_horizon = self.schedule.open_loop_horizon
+        self.open_loop_horizon = self._schedule.open_loop_horizon
         self.metadata = dict(env.metadata)
         self.metadata["autoreset_mode"] = AutoresetMode.SAME_STEP
         self.single_observation_space = getattr(base, "single_observation_space", None)
         self.single_action_space = getattr(base, "single_action_space", None)
-        self.render_all = False  # set by recorders that read every env's images every step
-        # Envs that hold their pose and never query the server (an evaluator's slots whose quota is done).
-        self.idle_envs = np.zeros(self.num_envs, dtype=bool)
+        self._render_policy = "due"
+        self._idle = np.zeros(self.num_envs, dtype=bool)
+        self._in_flight: dict[int, _InFlight] = {}
         self._obs: dict | None = None
         self._proposal: _Proposal | None = None  # the next step's policy actions, once computed
+        self._counters = [_Counters() for _ in range(self.num_envs)]
         self.episode_flagged = np.zeros(self.num_envs, dtype=bool)
+        self.server_notes: list[str] = []  # warnings about the servers, also issued with warnings.warn
 
-        transport = transport or TransportConfig()
-        self._reply_bound = transport.request_timeout + transport.close_timeout + 10.0
-        self.pool = SessionPool(self.servers, self.num_envs, transport)
+        self._client = client if client is not None else WebsocketPolicyClient(servers, self.num_envs, transport)
         try:
-            self.server_metadata: list[ServerMetadata] = self.pool.connect()
+            self.server_metadata: list[ServerMetadata] = self._client.connect()
+            urls = [self._client.url(i) for i in range(self.num_envs)]
+            self.servers = list(dict.fromkeys(urls))
+            self._envs_on = {url: urls.count(url) for url in self.servers}
+            self._unjudged = set(self.servers)  # servers whose first reply has not been seen
             for env_id, meta in enumerate(self.server_metadata):
-                for note in check_server_capabilities(meta, self.pool.url(env_id), self.num_envs):
-                    if env_id < len(self.servers):  # once per server
-                        warnings.warn(note, stacklevel=2)
+                for note in check_server_capabilities(meta, urls[env_id], self.num_envs):
+                    if urls.index(urls[env_id]) == env_id:  # once per server
+                        self._note(note)
             self.image_resolution = self._resolve_resolution(image_resolution)
         except BaseException:
-            self.pool.close()
+            self._client.close()
             raise
+        self._reply_bound = float(self._client.reply_bound)
 
     def _resolve_resolution(self, image_resolution) -> tuple[int, int] | None:
         if image_resolution != "server":
@@ -215,12 +279,11 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         self._proposal = None
         env_ids = None if not options else options.get("env_ids")
         ids = range(self.num_envs) if env_ids is None else [int(i) for i in np.atleast_1d(to_numpy(env_ids))]
-        self.schedule.end_episodes(ids)
-        self.episode_flagged[list(ids)] = False
+        self._end_episodes(ids)
         validate_policy_obs(obs[droid.POLICY_GROUP], self.num_envs)
         self._obs = obs
         info = dict(info)
-        info["session_id"] = np.array(self.schedule.session_ids, dtype=object)
+        info["session_id"] = np.array(self._schedule.session_ids, dtype=object)
         return obs, info
 
     def step(self, action=None):
@@ -230,14 +293,14 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         policy_obs = self._obs[droid.POLICY_GROUP]
         proposal = self._proposal or self._propose(policy_obs)
         self._proposal = None
-        called, delivered, latency, errors, events = proposal.flags
-        active, policy_action = proposal.active, proposal.actions
-        executed = policy_action if action is None else self._validate_action(action)
-        session_ids = np.array(self.schedule.session_ids, dtype=object)
+        record = proposal.record
+        executed = proposal.actions if action is None else self._validate_action(action)
+        session_ids = np.array(self._schedule.session_ids, dtype=object)
 
         base = self.env.unwrapped
         if hasattr(base, "set_render_mask"):
-            base.set_render_mask(None if self.render_all else self.schedule.window_nearly_spent() & ~self.idle_envs)
+            render_all = self._render_policy == "all"
+            base.set_render_mask(None if render_all else self._schedule.window_nearly_spent() & ~self._idle)
         obs, reward, terminated, truncated, info = self.env.step(self._to_env_action(executed, policy_obs))
 
         done = np.asarray(to_numpy(terminated), dtype=bool).reshape(-1) | np.asarray(
@@ -245,23 +308,24 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         ).reshape(-1)
         info = dict(info)
         info.update(
-            policy_called=called,
-            chunk_received=delivered,
-            chunk_latency_s=latency,
-            chunk_sent_at=self._stamps[:, 0].copy(),
-            chunk_received_at=self._stamps[:, 1].copy(),
+            policy_called=record.called,
+            chunk_received=record.delivered,
+            chunk_latency_s=record.latency_s,
+            chunk_sent_at=record.sent_at,
+            chunk_received_at=record.received_at,
             session_id=session_ids,
-            policy_action=policy_action,
-            policy_held=~active,
-            policy_error=np.array(errors, dtype=object),
-            integrity_event=np.array(events, dtype=object),
+            policy_action=proposal.actions,
+            policy_held=~proposal.active,
+            policy_error=record.errors,
+            integrity_event=record.events,
             episode_flagged=self.episode_flagged.copy(),
         )
         done_ids = np.flatnonzero(done)
         if done_ids.size:
-            info["chunk_stats"] = {int(i): self.schedule.stats[i] for i in done_ids}
-            self.schedule.end_episodes(done_ids)
-            self.episode_flagged[done_ids] = False
+            ended = {int(i): self.episode_stats(int(i)) for i in done_ids}
+            info["chunk_stats"] = EpisodeStats.to_info(ended, self.num_envs)
+            info["_chunk_stats"] = done.copy()
+            self._end_episodes(done_ids)
         validate_policy_obs(obs[droid.POLICY_GROUP], self.num_envs)
         self._obs = obs
         return obs, reward, terminated, truncated, info
@@ -279,110 +343,227 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
             self._proposal = self._propose(self._obs[droid.POLICY_GROUP])
         return self._proposal.actions.copy()
 
-    def _propose(self, policy_obs) -> _Proposal:
-        flags = self._advance_policy(policy_obs)
-        active = self.schedule.has_action() & ~self.idle_envs
-        actions = self.schedule.pop_actions(active=active)
-        if not active.all():
-            actions[~active] = hold_actions(policy_obs)[~active]
-        return _Proposal(actions, active, flags)
-
     def close(self):
-        """Close every connection, then the env."""
+        """Close every connection (the policy client), then the env."""
         try:
-            self.pool.close()
+            self._client.close()
         finally:
             super().close()
 
-    # -- internals ------------------------------------------------------------------------------------
-    def _advance_policy(self, policy_obs):
-        """Send due requests, take in replies, wait where an env cannot step without its reply."""
-        n = self.num_envs
-        called = np.zeros(n, dtype=bool)
-        delivered = np.zeros(n, dtype=bool)
-        latency = np.full(n, np.nan)
-        self._stamps = np.full((n, 2), np.nan)  # sent_at, received_at (perf_counter) of replies taken in
-        errors: list[str | None] = [None] * n
-        events: list[str | None] = [None] * n
-        if self._in_flight:
-            self._take_replies(list(self._in_flight), False, delivered, latency, errors, events)
+    # -- what runners use -----------------------------------------------------------------------------
+    @property
+    def client(self) -> PolicyClient:
+        """The policy client (one slot per env)."""
+        return self._client
 
-        due = np.flatnonzero(self.schedule.requests_due() & ~self.idle_envs).tolist()
+    @property
+    def pool(self) -> PolicyClient:
+        """Former name of :attr:`client`; use :meth:`server_url`, :meth:`is_connected` and
+        :meth:`ensure_connected` instead of reaching into it."""
+        return self._client
+
+    @property
+    def idle_envs(self) -> np.ndarray:
+        """``(N,)`` bool copy: envs that hold their pose and never query the server (see :meth:`set_idle`)."""
+        return self._idle.copy()
+
+    def set_idle(self, mask) -> None:
+        """Mark envs idle (``(N,)`` bool): they hold their pose, send no request and are not rendered.
+
+        For a runner's slots whose quota of episodes is done while the others finish. An idle env's
+        request already in flight is still taken in. Takes effect from the next proposal (a ``propose()``
+        already made keeps its actions).
+        """
+        mask = np.asarray(to_numpy(mask), dtype=bool).reshape(-1)
+        if mask.shape != (self.num_envs,):
+            raise ValueError(f"idle mask: expected shape ({self.num_envs},), got {mask.shape}")
+        self._idle = mask.copy()
+
+    @property
+    def render_policy(self) -> str:
+        """Which envs the env renders each step: ``"due"`` (default: those that send a request at their
+        next step, whose images the wrapper reads) or ``"all"`` (every env, for a video recorder)."""
+        return self._render_policy
+
+    @render_policy.setter
+    def render_policy(self, value: str) -> None:
+        if value not in RENDER_POLICIES:
+            raise ValueError(f"render_policy: expected one of {', '.join(RENDER_POLICIES)}, got {value!r}")
+        self._render_policy = value
+
+    def episode_stats(self, env_id: int) -> EpisodeStats:
+        """Env ``env_id``'s current episode so far (a snapshot: later steps do not change it)."""
+        i = int(env_id)
+        chunk = self._schedule.stats[i]
+        counters = self._counters[i]
+        return EpisodeStats(
+            session_id=self._schedule.session_ids[i],
+            steps=int(self._schedule.episode_step[i]),
+            chunks=int(self._schedule.server_calls[i]),
+            delays=tuple(int(d) for d in chunk.delays),
+            wait_steps=int(chunk.wait_steps),
+            stale_steps=int(chunk.stale_steps),
+            latencies_s=tuple(counters.latencies_s),
+            reconnects=counters.reconnects,
+            retries=counters.retries,
+            reconnect_failures=counters.reconnect_failures,
+            flagged=bool(self.episode_flagged[i]),
+        )
+
+    def server_url(self, env_id: int) -> str:
+        """The server env ``env_id`` talks to."""
+        return self._client.url(int(env_id))
+
+    def is_connected(self, env_id: int) -> bool:
+        """Whether env ``env_id``'s connection is open."""
+        return self._client.is_connected(int(env_id))
+
+    def reconnect(self, env_id: int) -> bool:
+        """Reopen env ``env_id``'s connection now (bounded by the transport); False when that failed (logged).
+
+        Counted in the episode's ``reconnects`` (or ``reconnect_failures``).
+        """
+        i = int(env_id)
+        try:
+            self._client.reconnect(i)
+        except (DzGymError, OSError) as exc:
+            logger.warning("env %d: reconnect failed: %s", i, exc)
+            self._counters[i].reconnect_failures += 1
+            return False
+        self._counters[i].reconnects += 1
+        return True
+
+    def ensure_connected(self, env_id: int) -> bool:
+        """Reconnect env ``env_id`` if its connection is closed (e.g. before a new episode, after a failed
+        reconnect while a server restarted); whether it is connected afterwards."""
+        return self.is_connected(env_id) or self.reconnect(env_id)
+
+    @property
+    def session_ids(self) -> list[str]:
+        """The current session id of every env."""
+        return list(self._schedule.session_ids)
+
+    @property
+    def last_obs(self):
+        """The observation the next ``step`` will act on."""
+        return self._obs
+
+    # -- internals ------------------------------------------------------------------------------------
+    def _note(self, note: str) -> None:
+        self.server_notes.append(note)
+        logger.warning("%s", note)
+        warnings.warn(note, UserWarning, stacklevel=3)
+
+    def _end_episodes(self, env_ids) -> None:
+        ids = [int(i) for i in env_ids]
+        for i, session_id in zip(ids, self._schedule.end_episodes(ids)):
+            self._client.end_session(i, session_id)
+            self._counters[i] = _Counters()
+        self.episode_flagged[ids] = False
+
+    def _propose(self, policy_obs) -> _Proposal:
+        record = self._advance_policy(policy_obs)
+        active = self._schedule.has_action() & ~self._idle
+        actions = self._schedule.pop_actions(active=active)
+        if not active.all():
+            actions[~active] = hold_actions(policy_obs)[~active]
+        return _Proposal(actions, active, record)
+
+    def _advance_policy(self, policy_obs) -> _StepRecord:
+        """Send due requests, take in replies, wait where an env cannot step without its reply."""
+        record = _StepRecord.empty(self.num_envs)
+        if self._in_flight:
+            self._take_replies(list(self._in_flight), False, record)
+
+        due = np.flatnonzero(self._schedule.requests_due() & ~self._idle).tolist()
         if due:
             requests = build_requests(
                 policy_obs,
                 due,
                 prompts=self.prompts,
-                session_ids=self.schedule.session_ids,
+                session_ids=self._schedule.session_ids,
                 image_resolution=self.image_resolution,
             )
             for env_id in due:
-                token = self.schedule.mark_sent(env_id)
-                self._in_flight[env_id] = (token, self.pool.submit(env_id, requests[env_id]))
-            called[due] = True
+                token = self._schedule.mark_sent(env_id)
+                self._in_flight[env_id] = _InFlight(token, self._client.submit(env_id, requests[env_id]))
+            record.called[due] = True
 
-        if not self._in_flight and not self.schedule.in_flight().any():
-            return called, delivered, latency, errors, events  # every env runs on its cache this step
-        waiting = np.flatnonzero(self.schedule.must_wait()).tolist()
-        if self.schedule.simulated_delay is None:  # in simulated time only held steps count as waiting
-            self.schedule.count_wait([i for i in waiting if not called[i]])
-        self._take_replies(waiting, True, delivered, latency, errors, events)
-        self.schedule.apply_arrivals()
-        return called, delivered, latency, errors, events
+        if not self._in_flight and not self._schedule.in_flight().any():
+            return record  # every env runs on its cache this step
+        waiting = np.flatnonzero(self._schedule.must_wait()).tolist()
+        if self._schedule.simulated_delay is None:  # in simulated time only held steps count as waiting
+            self._schedule.count_wait([i for i in waiting if not record.called[i]])
+        self._take_replies(waiting, True, record)
+        self._schedule.apply_arrivals()
+        return record
 
-    def _take_replies(self, env_ids, block, delivered, latency, errors, events) -> None:
-        """Deliver the finished replies of ``env_ids`` (waiting for them when ``block``)."""
-        futures = [self._in_flight[i][1] for i in env_ids if i in self._in_flight]
+    def _take_replies(self, env_ids: list[int], block: bool, record: _StepRecord) -> None:
+        """Settle the finished requests of ``env_ids`` into ``record`` (waiting for them when ``block``)."""
+        futures = [self._in_flight[i].future for i in env_ids if i in self._in_flight]
         if block and futures:
-            # The transport bounds each request; this bound only guards against a reply that never resolves.
+            # The client bounds each request; this bound only guards against a reply that never resolves.
             concurrent.futures.wait(futures, timeout=self._reply_bound)
         for env_id in env_ids:
-            token, future = self._in_flight.get(env_id, (None, None))
-            if future is None:
-                continue
-            if not future.done():
-                if not block:
-                    continue
-                future.cancel()
-                del self._in_flight[env_id]
-                error = RequestTimeout(f"env {env_id}: no reply within {self._reply_bound:g} s")
-                self._record_failure(env_id, token, error, np.nan, errors, events, latency)
+            flight = self._in_flight.get(env_id)
+            if flight is None or (not block and not flight.future.done()):
                 continue
             del self._in_flight[env_id]
-            outcome = future.result()
-            self._stamps[env_id] = (outcome.sent_at, outcome.received_at)
-            error = outcome.error
-            if error is None:
-                try:
-                    if self.schedule.deliver(env_id, token, outcome.reply.actions):
-                        delivered[env_id] = True
-                        latency[env_id] = outcome.latency_s
-                    continue
-                except ValueError as exc:
-                    error = ProtocolError(str(exc))
-            self._record_failure(env_id, token, error, outcome.latency_s, errors, events, latency)
+            if not flight.future.done():
+                flight.future.cancel()
+                error = RequestTimeout(f"env {env_id}: no reply within {self._reply_bound:g} s")
+                self._settle_failure(env_id, flight.token, error, np.nan, record)
+                continue
+            self._settle(env_id, flight.token, flight.future.result(), record)
 
-    def _record_failure(self, env_id, token, error, latency_s, errors, events, latency) -> None:
+    def _settle(self, env_id: int, token: int, outcome: Outcome, record: _StepRecord) -> None:
+        """Apply one finished request's outcome: deliver its chunk, or record its failure."""
+        counters = self._counters[env_id]
+        if self._schedule.pending_token(env_id) == token:  # not a late reply of an ended episode
+            counters.reconnects += int(getattr(outcome, "reconnects", 0))
+            counters.retries += int(getattr(outcome, "retries", 0))
+        record.sent_at[env_id], record.received_at[env_id] = outcome.sent_at, outcome.received_at
+        error = outcome.error
+        if error is None:
+            url = self._client.url(env_id)
+            try:
+                delivered = self._schedule.deliver(env_id, token, outcome.reply.actions)
+            except HorizonError as exc:
+                raise HorizonError(exc.horizon, exc.chunk_length, f"server {url}") from None
+            except ValueError as exc:
+                error = ProtocolError(str(exc))
+            else:
+                if delivered:
+                    record.delivered[env_id] = True
+                    record.latency_s[env_id] = outcome.latency_s
+                    counters.latencies_s.append(float(outcome.latency_s))
+                if url in self._unjudged:
+                    self._judge_server(url, env_id, outcome)
+                return
+        self._settle_failure(env_id, token, error, outcome.latency_s, record)
+
+    def _judge_server(self, url: str, env_id: int, outcome: Outcome) -> None:
+        """Once per server, on its first reply: warn when it behaves like DreamZero's single-session server."""
+        self._unjudged.discard(url)
+        note = single_session_note(self._client.metadata(env_id), url, outcome.reply, self._envs_on[url])
+        if note is not None:
+            self._note(note)
+
+    def _settle_failure(self, env_id: int, token: int, error: BaseException, latency_s: float, record) -> None:
         """Flag env ``env_id``'s episode for a failed request and reconnect when the connection broke."""
-        if self.schedule.pending_token(env_id) != token:
+        if self._schedule.pending_token(env_id) != token:
             return  # a failure of an ended episode's request does not concern the new episode
-        self.schedule.abandon(env_id)
-        latency[env_id] = latency_s
-        errors[env_id] = str(error)
-        events[env_id] = _event_of(error)
+        self._schedule.abandon(env_id)
+        event = event_of(error)
+        record.latency_s[env_id] = latency_s
+        record.errors[env_id] = str(error)
+        record.events[env_id] = event
+        if np.isfinite(latency_s):
+            self._counters[env_id].latencies_s.append(float(latency_s))
         self.episode_flagged[env_id] = True
-        logger.warning("env %d: policy call failed (%s): %s", env_id, events[env_id], error)
+        logger.warning("env %d: policy call failed (%s): %s", env_id, event, error)
         if not (isinstance(error, ServerError) and not error.fatal):
-            events[env_id] = self._reconnect(env_id) or events[env_id]
-
-    def _reconnect(self, env_id: int) -> str | None:
-        """Bounded reconnect of env ``env_id``'s session; returns an event name when it failed."""
-        try:
-            self.pool.reconnect(env_id)
-        except (DzGymError, OSError) as exc:
-            logger.warning("env %d: reconnect failed: %s", env_id, exc)
-            return "reconnect_failed"
-        return None
+            self.reconnect(env_id)
 
     def _validate_action(self, action) -> np.ndarray:
         array = to_numpy(action).astype(np.float32, copy=False)
@@ -398,13 +579,3 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
 
             return torch.as_tensor(actions, dtype=torch.float32, device=reference.device)
         return actions
-
-    @property
-    def session_ids(self) -> list[str]:
-        """The current session id of every env."""
-        return list(self.schedule.session_ids)
-
-    @property
-    def last_obs(self):
-        """The observation the next ``step`` will act on."""
-        return self._obs

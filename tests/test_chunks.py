@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from dz_gym.chunks import ChunkSchedule, binarize_gripper
+from dz_gym.chunks import ChunkSchedule, HorizonError, binarize_gripper
+from dz_gym.errors import DzGymError
 
 
 def chunk(value: float, horizon: int = 24) -> np.ndarray:
@@ -57,10 +58,17 @@ def test_inactive_envs_keep_their_cursor_and_get_nan_rows():
         schedule.pop_actions()
 
 
-def test_short_chunks_replan_when_exhausted():
+def test_a_chunk_shorter_than_the_horizon_is_a_configuration_error():
     schedule = ChunkSchedule(1, open_loop_horizon=8)
-    schedule.accept_chunk(0, chunk(0, horizon=3))
-    for _ in range(3):
+    with pytest.raises(HorizonError, match=r"open_loop_horizon: 8 is longer than the server's chunk of 3 row\(s\)") as info:
+        schedule.accept_chunk(0, chunk(0, horizon=3))
+    assert isinstance(info.value, DzGymError) and (info.value.horizon, info.value.chunk_length) == (8, 3)
+    assert "\n" not in str(info.value)
+    token = schedule.mark_sent(0)
+    with pytest.raises(HorizonError):
+        schedule.deliver(0, token, chunk(0, horizon=7))
+    assert schedule.deliver(0, token, chunk(0, horizon=8))  # a chunk of exactly the horizon is fine
+    for _ in range(8):
         schedule.pop_actions()
     assert schedule.requests_due()[0]
 

@@ -19,6 +19,7 @@ from dz_gym.errors import HandshakeError
 from dz_gym.server.launch import start_server_thread
 from dz_gym.server.policies import DREAMZERO_METADATA
 from dz_gym.transport import TransportConfig
+from dz_gym.records import EpisodeStats
 from dz_gym.wrapper import DreamZeroPolicyWrapper
 
 PATH = "/v1/realtime/robot/openpi"
@@ -224,7 +225,8 @@ def test_fatal_error_closes_the_connection_and_the_env_reconnects(recording_serv
         _, _, _, _, info = env.step()  # env 1 asks again on its new connection
         assert info["policy_called"].tolist() == [False, True]
         assert info["policy_error"][1] is None and info["episode_flagged"][1]
-        assert env.pool.is_connected(1)
+        assert env.is_connected(1)
+        assert env.episode_stats(1).reconnects == 1 and env.episode_stats(0).reconnects == 0
     finally:
         env.close()
 
@@ -291,7 +293,7 @@ def test_gymnasium_surface(recording_server):
     finally:
         env.close()
     with pytest.raises(RuntimeError, match="closed"):
-        env.pool.is_connected(0)  # close() closed every connection
+        env.is_connected(0)  # close() closed every connection
 
 
 def test_server_that_cannot_serve_droid_is_refused(recording_server):
@@ -301,14 +303,47 @@ def test_server_that_cannot_serve_droid_is_refused(recording_server):
         make_wrapper(IsaacDroidStandIn(scene=1, num_envs=1), server.url)
 
 
-def test_dreamzero_style_server_with_many_envs_warns(recording_server):
+def test_dreamzero_style_server_with_many_envs_warns_once_it_has_replied(recording_server):
     server = recording_server(RecordingPolicy(), flavor="dreamzero")
-    with pytest.warns(UserWarning, match="ONE global"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the handshake and the URL alone are no evidence
         env = DreamZeroPolicyWrapper(IsaacDroidStandIn(scene=1, num_envs=2), server=server.url, transport=FAST)
-    env.close()
+    try:
+        env.reset(seed=0)
+        with pytest.warns(UserWarning, match="ONE global"):
+            env.step()  # a DreamZero handshake, bare-array replies, no path, two envs
+        assert len(env.server_notes) == 1 and server.url in env.server_notes[0]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            env.step()  # once per server
+    finally:
+        env.close()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        DreamZeroPolicyWrapper(IsaacDroidStandIn(scene=1, num_envs=1), server=server.url, transport=FAST).close()
+        one = DreamZeroPolicyWrapper(IsaacDroidStandIn(scene=1, num_envs=1), server=server.url, transport=FAST)
+        try:
+            one.reset(seed=0)
+            one.step()
+        finally:
+            one.close()
+
+
+@pytest.mark.parametrize("metadata", [{}, DREAMZERO_METADATA])
+def test_openpi_servers_on_a_bare_url_give_no_single_session_warning(recording_server, metadata):
+    # openpi's WebsocketPolicyServer (and openpi-server, policy-websocket) reply with a map carrying server_timing.
+    server = recording_server(RecordingPolicy(metadata=metadata), flavor="openpi")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        env = DreamZeroPolicyWrapper(
+            IsaacDroidStandIn(scene=1, num_envs=2), server=server.url, transport=FAST, image_resolution=(180, 320)
+        )
+        try:
+            env.reset(seed=0)
+            for _ in range(9):
+                env.step()
+            assert env.server_notes == []
+        finally:
+            env.close()
 
 
 def test_prompt_validation():
@@ -328,7 +363,8 @@ def test_simulated_delay_is_reproducible_whatever_the_server_latency(recording_s
             for _ in range(30):
                 _, _, _, truncated, info = env.step()
                 actions.append(info["policy_action"])
-            stats = info["chunk_stats"]
+            assert info["_chunk_stats"].all()
+            stats = [EpisodeStats.from_info(info, i) for i in range(4)]
             return np.stack(actions), stats
         finally:
             env.close()
@@ -336,8 +372,8 @@ def test_simulated_delay_is_reproducible_whatever_the_server_latency(recording_s
     fast_actions, fast_stats = run(0.0)
     slow_actions, slow_stats = run(0.05)
     np.testing.assert_array_equal(fast_actions, slow_actions)
-    assert all(s.delays == [2] * len(s.delays) and len(s.delays) >= 4 for s in fast_stats.values())
-    assert [s.delays for s in fast_stats.values()] == [s.delays for s in slow_stats.values()]
+    assert all(s.delays == (2,) * len(s.delays) and len(s.delays) >= 4 for s in fast_stats)
+    assert [s.delays for s in fast_stats] == [s.delays for s in slow_stats]
 
 
 def test_prefetch_keeps_executing_while_the_next_chunk_is_computed(recording_server):
@@ -351,10 +387,11 @@ def test_prefetch_keeps_executing_while_the_next_chunk_is_computed(recording_ser
         for _ in range(40):
             _, _, _, _, info = env.step()
             assert not info["policy_held"].any()  # real-time prefetch waits, it never holds
-        stats = info["chunk_stats"]
+        assert info["_chunk_stats"].all() and info["chunk_stats"]["_delays"].all()
+        stats = [EpisodeStats.from_info(info, i) for i in range(2)]
     finally:
         env.close()
-    for record in stats.values():
+    for record in stats:
         assert record.delays[0] == 0 and all(d >= 1 for d in record.delays[1:])
         chunks = len(record.delays)
         assert record.stale_steps <= 2 * chunks  # stale rows stop at the bound, then the env waits
@@ -386,3 +423,142 @@ def test_numpy_env_renders_only_the_envs_that_replan_next():
     for call in policy.calls:
         assert call["request"]["observation/wrist_image_left"].shape == (180, 320, 3)
         assert call["request"]["observation/joint_position"].dtype == np.float64
+
+
+# -- the same wrapper on the in-memory policy client (no sockets) -----------------------------------------
+
+
+def memory_wrapper(policy, num_envs=2, *, max_episode_length=450, **kwargs):
+    from dz_gym.testing.memory_client import MemoryPolicyClient
+    from dz_gym.testing.toy_env import ToyDroidEnv
+
+    env = ToyDroidEnv(num_envs, max_episode_length=max_episode_length, image_shape=(36, 64))
+    client = MemoryPolicyClient(policy, num_envs)
+    return DreamZeroPolicyWrapper(env, client=client, **kwargs), client
+
+
+def test_memory_client_and_websocket_give_the_same_requests_and_actions(recording_server):
+    from dz_gym.testing.memory_client import MemoryPolicyClient
+
+    steps = 20
+    over_socket, in_memory = RecordingPolicy(), RecordingPolicy()
+    server = recording_server(over_socket)
+    runs = []
+    for make in (
+        lambda env: make_wrapper(env, server.url),
+        lambda env: DreamZeroPolicyWrapper(env, client=MemoryPolicyClient(in_memory, 2)),
+    ):
+        env = make(IsaacDroidStandIn(scene=1, num_envs=2, max_episode_length=12))
+        try:
+            env.reset(seed=0)
+            runs.append([env.step()[4]["policy_action"] for _ in range(steps)])
+        finally:
+            env.close()
+    np.testing.assert_array_equal(np.stack(runs[0]), np.stack(runs[1]))
+    assert len(over_socket.calls) == len(in_memory.calls) == 6  # 2 envs x steps 0, 8, 12 (a new 12-step episode)
+    for a, b in zip(over_socket.calls, in_memory.calls):
+        assert sorted(a["request"]) == sorted(b["request"])
+        for key, value in a["request"].items():
+            if key != "session_id":
+                np.testing.assert_array_equal(np.asarray(value), np.asarray(b["request"][key]))
+
+
+def test_memory_client_lost_connection_flags_the_episode_and_counts_the_reconnect():
+    from dz_gym.server.policies import HoldPolicy
+
+    env, client = memory_wrapper(HoldPolicy(), 3, max_episode_length=20)
+    try:
+        env.reset(seed=0)
+        env.step()
+        client.break_connection(1)
+        for _ in range(7):
+            _, _, _, _, info = env.step()
+        assert not info["policy_called"].any()
+        _, _, _, _, info = env.step()  # step 8: env 1's request fails on its dropped connection
+        assert info["integrity_event"].tolist() == [None, "connection_lost", None]
+        assert info["episode_flagged"].tolist() == [False, True, False] and info["policy_held"][1]
+        assert "not connected" in info["policy_error"][1]
+        assert env.is_connected(1) and client.reconnects == [0, 1, 0]
+        stats = env.episode_stats(1)
+        assert (stats.reconnects, stats.reconnect_failures, stats.flagged, stats.chunks) == (1, 0, True, 1)
+        _, _, _, _, info = env.step()  # asks again on its new connection
+        assert info["policy_called"].tolist() == [False, True, False] and info["policy_error"][1] is None
+        for _ in range(10):  # to the end of the 20-step episodes
+            _, _, _, truncated, info = env.step()
+        assert truncated.all() and info["_chunk_stats"].all()
+        assert info["chunk_stats"]["reconnects"].tolist() == [0, 1, 0]
+        assert info["chunk_stats"]["flagged"].tolist() == [False, True, False]
+        assert env.episode_stats(1).reconnects == 0  # the next episode starts from zero
+        assert [sid for _, sid in client.ended_sessions[-3:]] == list(info["session_id"])
+    finally:
+        env.close()
+
+
+def test_memory_client_server_error_keeps_the_connection():
+    from dz_gym.server.policies import HoldPolicy
+
+    class FailFirst(HoldPolicy):
+        def infer(self, request, *, session_id, new_session):
+            if request["observation/joint_position"][0] < 0.0 and new_session:
+                raise RuntimeError("Internal inference error")
+            return super().infer(request, session_id=session_id, new_session=new_session)
+
+    env, client = memory_wrapper(FailFirst(), 2)
+    try:
+        env.reset(seed=0)
+        policy_obs = env.last_obs["policy"]
+        failing = [i for i in range(2) if policy_obs["arm_joint_pos"][i, 0] < 0.0]
+        _, _, _, _, info = env.step()
+        events = [("server_error" if i in failing else None) for i in range(2)]
+        assert info["integrity_event"].tolist() == events
+        assert client.reconnects == [0, 0]  # a non-fatal server error leaves the connection open
+    finally:
+        env.close()
+
+
+def test_a_chunk_shorter_than_the_horizon_stops_at_the_first_reply(recording_server):
+    from dz_gym.chunks import HorizonError
+    from dz_gym.server.policies import HoldPolicy
+
+    env, _ = memory_wrapper(HoldPolicy(horizon=4), 2, open_loop_horizon=6)
+    try:
+        env.reset(seed=0)
+        with pytest.raises(HorizonError, match=r"open_loop_horizon: 6 is longer than the server's chunk of 4 row"):
+            env.step()
+    finally:
+        env.close()
+    server = recording_server(HoldPolicy(horizon=24))
+    env = make_wrapper(IsaacDroidStandIn(scene=1, num_envs=1, image_shape=(90, 160)), server.url, open_loop_horizon=30)
+    try:
+        env.reset(seed=0)
+        with pytest.raises(HorizonError, match=server.url) as caught:
+            env.step()
+        assert (caught.value.horizon, caught.value.chunk_length) == (30, 24) and "\n" not in str(caught.value)
+    finally:
+        env.close()
+
+
+def test_runner_surface_validates_its_inputs():
+    from dz_gym.server.policies import HoldPolicy
+    from dz_gym.testing.memory_client import MemoryPolicyClient
+    from dz_gym.testing.toy_env import ToyDroidEnv
+
+    env, client = memory_wrapper(HoldPolicy(), 2)
+    try:
+        with pytest.raises(ValueError, match=r"idle mask: expected shape \(2,\)"):
+            env.set_idle([True])
+        with pytest.raises(ValueError, match="render_policy: expected one of due, all"):
+            env.render_policy = "some"
+        env.render_policy = "all"
+        env.set_idle([False, True])
+        assert env.idle_envs.tolist() == [False, True] and env.render_policy == "all"
+        assert env.client is client and env.server_url(1) == "memory://policy"
+        assert env.ensure_connected(1) and client.reconnects == [0, 0]
+        client.break_connection(1)
+        assert not env.is_connected(1) and env.ensure_connected(1) and client.reconnects == [0, 1]
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match="client: pass either client= or server="):
+        DreamZeroPolicyWrapper(ToyDroidEnv(2), server="ws://127.0.0.1:1", client=MemoryPolicyClient(HoldPolicy(), 2))
+    with pytest.raises(ValueError, match="client: expected 2 sessions"):
+        DreamZeroPolicyWrapper(ToyDroidEnv(2), client=MemoryPolicyClient(HoldPolicy(), 3))

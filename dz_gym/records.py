@@ -1,0 +1,102 @@
+"""Typed records the wrapper reports per env: :class:`EpisodeStats` and the integrity-event names.
+
+``info["chunk_stats"]`` of :class:`~dz_gym.wrapper.DreamZeroPolicyWrapper` follows Gymnasium's vector-info
+convention: one ``(num_envs,)`` array per :class:`EpisodeStats` field plus a ``"_<field>"`` mask, and
+``info["_chunk_stats"]`` says which envs have a record (those whose episode ended in that step).
+
+>>> stats = {1: EpisodeStats("s1", steps=16, chunks=2, delays=(0, 0), reconnects=1)}
+>>> info = {"chunk_stats": EpisodeStats.to_info(stats, num_envs=3)}
+>>> info["_chunk_stats"] = info["chunk_stats"]["_chunks"]
+>>> info["chunk_stats"]["chunks"].tolist(), info["_chunk_stats"].tolist()
+([0, 2, 0], [False, True, False])
+>>> EpisodeStats.from_info(info, 1) == stats[1], EpisodeStats.from_info(info, 0)
+(True, None)
+>>> from dz_gym.errors import ConnectionLost
+>>> event_of(ConnectionLost("closed")), event_of(ServerError("Internal inference error"))
+('connection_lost', 'server_error')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from dz_gym.errors import ProtocolError, RequestTimeout, ServerError
+
+__all__ = ["CONNECTION_LOST", "INTEGRITY_EVENTS", "PROTOCOL_ERROR", "SERVER_ERROR", "TIMEOUT", "EpisodeStats", "event_of"]
+
+# The cause of a failed policy call, as info["integrity_event"] and the evaluator's error_event name it.
+SERVER_ERROR, CONNECTION_LOST, TIMEOUT, PROTOCOL_ERROR = "server_error", "connection_lost", "timeout", "protocol_error"
+INTEGRITY_EVENTS = (SERVER_ERROR, CONNECTION_LOST, TIMEOUT, PROTOCOL_ERROR)
+
+
+def event_of(error: BaseException) -> str:
+    """The :data:`INTEGRITY_EVENTS` name of a failed policy call's error."""
+    if isinstance(error, ServerError):
+        return SERVER_ERROR
+    if isinstance(error, RequestTimeout):
+        return TIMEOUT
+    if isinstance(error, ProtocolError):
+        return PROTOCOL_ERROR
+    return CONNECTION_LOST  # ConnectionLost, OSError and anything a custom client lets through
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeStats:
+    """One env's episode as the wrapper saw it: the current one, or one that just ended.
+
+    ``chunks``: replies applied; ``delays``: for each, the env steps between its request and its first use
+    (0 when synchronous); ``wait_steps``/``stale_steps``: steps the env waited or held for a reply / ran past
+    a chunk's window; ``latencies_s``: round trip of every reply or failure taken; ``reconnects``: fresh
+    connections opened for this env during the episode (by the transport re-sending a request, or after a
+    failed call); ``retries``: requests re-sent after a server error; ``reconnect_failures``: reconnects
+    that failed; ``flagged``: a policy call of the episode failed.
+    """
+
+    session_id: str
+    steps: int = 0
+    chunks: int = 0
+    delays: tuple[int, ...] = ()
+    wait_steps: int = 0
+    stale_steps: int = 0
+    latencies_s: tuple[float, ...] = ()
+    reconnects: int = 0
+    retries: int = 0
+    reconnect_failures: int = 0
+    flagged: bool = False
+
+    _OBJECT_FIELDS = ("session_id", "delays", "latencies_s")
+
+    @staticmethod
+    def to_info(stats: dict[int, EpisodeStats], num_envs: int) -> dict[str, np.ndarray]:
+        """``stats`` of some envs as Gymnasium vector info: one ``(num_envs,)`` array per field, each with
+        its ``"_<field>"`` mask (the envs that have a value)."""
+        mask = np.zeros(num_envs, dtype=bool)
+        mask[list(stats)] = True
+        out: dict[str, np.ndarray] = {}
+        for field in dataclasses.fields(EpisodeStats):
+            name = field.name
+            if name in EpisodeStats._OBJECT_FIELDS:
+                column = np.empty(num_envs, dtype=object)
+            else:
+                column = np.zeros(num_envs, dtype=type(field.default))
+            for env_id, record in stats.items():
+                column[env_id] = getattr(record, name)
+            out[name] = column
+            out[f"_{name}"] = mask.copy()
+        return out
+
+    @classmethod
+    def from_info(cls, info: dict[str, Any], env_id: int, key: str = "chunk_stats") -> EpisodeStats | None:
+        """Env ``env_id``'s record from a step's ``info`` (None where its episode did not end)."""
+        mask = info.get(f"_{key}")
+        if mask is None or not bool(mask[env_id]):
+            return None
+        columns = info[key]
+        values = {}
+        for field in dataclasses.fields(cls):
+            value = columns[field.name][env_id]
+            values[field.name] = value if field.name in cls._OBJECT_FIELDS else type(field.default)(value)
+        return cls(**values)
