@@ -14,7 +14,7 @@ from dz_gym.eval.rundir import RunDir
 from dz_gym.eval.runner import RunControl, slot_queues
 from dz_gym.server.launch import start_server_thread
 from dz_gym.server.policies import HoldPolicy
-from eval_fakes import FakeDroidEnv, expected_success
+from dz_gym.testing.toy_env import ToyDroidEnv, expected_success
 
 PATH = "/v1/realtime/robot/openpi"
 VOLATILE = {"env", "session_id", "server", "started_at", "wall_s", "latency_ms", "latencies_ms"}
@@ -41,8 +41,8 @@ class FailOnSeedPolicy(HoldPolicy):
 
 
 def fake_joint0(seed: int) -> float:
-    env = FakeDroidEnv(1)
-    env._reset_one(0, seed)
+    env = ToyDroidEnv(1)
+    env.reset_one(0, seed)
     return float(env.joints[0, 0])
 
 
@@ -58,7 +58,7 @@ def run(tmp_path, servers, *, num_envs, episodes, max_steps=10, env_length=None,
     made = []
 
     def factory(scene, cfg):
-        env = FakeDroidEnv(cfg.num_envs, scene=scene, max_episode_length=env_length or cfg.max_steps)
+        env = ToyDroidEnv(cfg.num_envs, scene=scene, max_episode_length=env_length or cfg.max_steps)
         made.append(env)
         return env
 

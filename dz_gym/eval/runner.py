@@ -34,11 +34,11 @@ from typing import Any
 import numpy as np
 
 from dz_gym.envs import droid
-from dz_gym.errors import DzGymError
 from dz_gym.eval.progress import Progress
 from dz_gym.eval.results import latency_stats
 from dz_gym.eval.rundir import RunDir, episode_name
 from dz_gym.eval.video import VideoRecorder, strip_frames
+from dz_gym.records import EpisodeStats
 from dz_gym.requests import proprio, to_numpy
 
 logger = logging.getLogger(__name__)
@@ -192,7 +192,7 @@ class SceneRunner:
             return result
         try:
             self.base.set_episode_seeds(first, [self.seed + self._queues[i][0] for i in first])
-            wrapper.render_all = self.recorder is not None
+            wrapper.render_policy = "all" if self.recorder is not None else "due"
             self._set_idle()
             t0 = time.perf_counter()
             wrapper.reset()
@@ -212,11 +212,11 @@ class SceneRunner:
                     if self.recorder is not None and ep.video_key is not None:
                         self.recorder.abort(ep.video_key)
                     self._current[i] = None
-            wrapper.idle_envs[:] = False
+            wrapper.set_idle(np.zeros(self.num_envs, dtype=bool))
         return result
 
     def _set_idle(self) -> None:
-        self.wrapper.idle_envs[:] = np.array([ep is None for ep in self._current], dtype=bool)
+        self.wrapper.set_idle(np.array([ep is None for ep in self._current], dtype=bool))
 
     def _step(self, result: SceneResult) -> None:
         wrapper = self.wrapper
@@ -283,12 +283,11 @@ class SceneRunner:
         if self.progress is not None:
             self.progress.steps(len(active), last_latency)
 
-        chunk_stats = info.get("chunk_stats", {})
         to_reset = []
         starts = []
         for i, error, event, ended_by in finished:
-            # a done env's record comes with the step; one ended here is still in the wrapper's schedule
-            stats = chunk_stats.get(i) if done[i] else wrapper.schedule.stats[i]
+            # a done env's record comes with the step's info; one ended here is still the wrapper's current one
+            stats = EpisodeStats.from_info(info, i) if done[i] else wrapper.episode_stats(i)
             self._finish(i, error, event, ended_by, stats)
             if self._queues[i]:
                 starts.append((i, self._queues[i].popleft()))
@@ -307,7 +306,7 @@ class SceneRunner:
         sent = np.asarray(info.get("chunk_sent_at", ()), dtype=np.float64)
         received = np.asarray(info.get("chunk_received_at", ()), dtype=np.float64)
         for i in np.flatnonzero(np.isfinite(sent) & np.isfinite(received)):
-            url = self.wrapper.pool.url(int(i))
+            url = self.wrapper.server_url(int(i))
             result.intervals.setdefault(url, []).append((float(sent[i]), float(received[i])))
 
     # -- episode boundaries ---------------------------------------------------------------------------
@@ -325,7 +324,7 @@ class SceneRunner:
             episode=episode,
             seed=self.seed + episode,
             env=slot,
-            server=self.wrapper.pool.url(slot),
+            server=self.wrapper.server_url(slot),
             prompt=self.wrapper.prompts[slot],
             session_id=self.wrapper.session_ids[slot],
             started_at=time.time(),
@@ -337,17 +336,14 @@ class SceneRunner:
         """Reopen the slot's connection before a new episode if an earlier failure left it closed.
 
         The wrapper reconnects right after a failed call, but that bounded attempt can fail while a server
-        restarts; a new episode should not be lost to a connection that could be opened now.
+        restarts; a new episode should not be lost to a connection that could be opened now (a failure is
+        logged by the wrapper; the episode's first request then fails and is recorded as usual).
         """
-        pool = self.wrapper.pool
-        if pool.is_connected(slot):
-            return
-        try:
-            pool.reconnect(slot)
-        except (DzGymError, OSError) as exc:
-            logger.warning("env %d: reconnect before episode failed: %s", slot, exc)
+        self.wrapper.ensure_connected(slot)
 
-    def _finish(self, slot: int, error: str | None, event: str | None, ended_by: str, stats=None) -> None:
+    def _finish(
+        self, slot: int, error: str | None, event: str | None, ended_by: str, stats: EpisodeStats | None = None
+    ) -> None:
         ep = self._current[slot]
         self._current[slot] = None
         trajectory = self.run_dir.save_trajectory(self.scene, ep.episode, self._arrays(ep))
@@ -359,6 +355,8 @@ class SceneRunner:
         row["chunk_delays"] = list(stats.delays) if stats is not None else []
         row["wait_steps"] = int(stats.wait_steps) if stats is not None else 0
         row["stale_steps"] = int(stats.stale_steps) if stats is not None else 0
+        row["reconnects"] = int(stats.reconnects) if stats is not None else 0
+        row["retries"] = int(stats.retries) if stats is not None else 0
         self.run_dir.append_row(row)
         self.control.record(row)
         if self.progress is not None:
