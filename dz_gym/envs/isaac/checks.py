@@ -45,6 +45,11 @@ def check_packages() -> None:
     )
 
 
+def sim_evals_package_dir() -> Path:
+    """The installed ``sim_evals`` package folder (``.../src/sim_evals``)."""
+    return sim_evals_root() / "src" / "sim_evals"
+
+
 def sim_evals_root() -> Path:
     """The sim-evals checkout that holds ``assets/`` (``src/sim_evals`` -> the repository root)."""
     spec = _find("sim_evals")
@@ -66,8 +71,9 @@ def sim_evals_root() -> Path:
     return package_dir.parent.parent
 
 
-def check_assets(scene: int, assets_dir: str | os.PathLike | None = None) -> Path:
-    """The scene and robot USDs sim-evals will load exist; returns the assets folder."""
+def check_assets(scene: int, assets_dir: str | os.PathLike | None = None, files: tuple[str, ...] | None = None) -> Path:
+    """The scene (``files`` under the assets folder, default ``scene{k}.usd``) and robot USDs sim-evals will
+    load exist; returns the assets folder."""
     candidates: list[Path] = []
     if assets_dir is not None:
         candidates.append(Path(assets_dir))
@@ -75,7 +81,7 @@ def check_assets(scene: int, assets_dir: str | os.PathLike | None = None) -> Pat
         if os.environ.get("SIM_EVALS_ASSET_ROOT"):
             candidates.append(Path(os.environ["SIM_EVALS_ASSET_ROOT"]))
         candidates.append(sim_evals_root() / "assets")
-    needed = (f"scene{int(scene)}.usd", ROBOT_USD)
+    needed = (*(files or (f"scene{int(scene)}.usd",)), ROBOT_USD)
     for folder in candidates:
         if all((folder / name).is_file() for name in needed):
             return folder

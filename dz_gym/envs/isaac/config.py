@@ -18,8 +18,9 @@ Applied after ``parse_env_cfg("DROID", ...)`` and ``cfg.set_scene(k)``, before `
 5. Options: ``env_spacing`` (upstream 7 m), ``image_shape`` (camera resolution; upstream 720x1280) and
    ``tiled_cameras`` (2.2's ``TiledCameraCfg`` instead of one render product per camera and env).
 
-After ``gym.make``, :func:`keep_one_dome_light` fixes what the config cannot reach: a DomeLight inside the
-scene USD is cloned into every env, and infinite lights add up, so all but env 0's are switched off.
+After ``gym.make``, :func:`keep_one_dome_light` fixes what the config cannot reach: a DomeLight or
+DistantLight inside the scene USD is cloned into every env, and infinite lights add up, so all but env
+0's are switched off.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ GRIPPER_JOINT_NAMES = ("finger_joint",)
 GRIPPER_CLOSED_RAD = math.pi / 4
 PROBE_TERM = "dz_gym_state_probe"
 _POSITIONAL_LIGHTS = ("SphereLightCfg", "DiskLightCfg", "RectLightCfg", "CylinderLightCfg")
-_INFINITE_LIGHT_TYPES = ("DomeLight",)
+_INFINITE_LIGHT_TYPES = ("DomeLight", "DistantLight")
 
 
 def make_proprio_terms(api: IsaacLabApi) -> tuple[Callable, Callable]:
@@ -71,7 +72,7 @@ def patch_env_cfg(
     for term in (droid.JOINT_KEY, droid.GRIPPER_KEY, *droid.CAMERA_KEYS):
         if getattr(policy, term, None) is None:
             raise ValueError(
-                f"sim-evals config: observation term {term!r} missing (needs sim-evals 423e87c or later)"
+                f"sim-evals config: observation term {term!r} missing (needs sim-evals 423e87c or later, see docs/isaac.md)"
             )
     arm, gripper = make_proprio_terms(api)
     policy.arm_joint_pos.func = arm
@@ -117,9 +118,10 @@ def patch_env_cfg(
 
 
 def keep_one_dome_light(stage: Any, num_envs: int) -> list[str]:
-    """Switch off the DomeLights of envs 1..N-1 (env 0's lights every env, as in the single-env run).
+    """Switch off the dome and distant lights of envs 1..N-1 (env 0's light every env, as in the
+    single-env run: infinite lights cloned per env add up N times).
 
-    Returns the prim paths switched off. Dome lights outside ``/World/envs`` are left alone.
+    Returns the prim paths switched off. Lights outside ``/World/envs`` are left alone.
     """
     switched_off = []
     for prim in stage.Traverse():

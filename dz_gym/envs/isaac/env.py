@@ -30,11 +30,12 @@ import numpy as np
 
 from dz_gym.envs import droid
 from dz_gym.envs.base import BatchedDroidEnv
-from dz_gym.envs.isaac import checks, launch
+from dz_gym.envs.isaac import checks, launch, tasks
+from dz_gym.envs.isaac.build import MilestoneProbe, parse_task_cfg
 from dz_gym.envs.isaac.config import keep_one_dome_light, patch_env_cfg
 from dz_gym.envs.isaac.state import DEFAULT_TCP_BODIES, StateProbe, TaskState
 
-TASK_ID = "DROID"
+NOT_REACHED = -1  # a milestone's first step while it has not been reached
 # Spacing of the env grid when N > 1 (sim-evals: 7 m). With 7 m, each env's table also gets about 5 % more
 # light from its neighbours' sphere lights (inverse square) and the 104-degree external cameras can see the
 # neighbouring robots; at 30 m both are below 1 %. Physics is env-local, so spacing changes nothing else.
@@ -55,7 +56,7 @@ class IsaacDroidEnv(BatchedDroidEnv):
 
     def __init__(
         self,
-        scene: int = 1,
+        scene: int | str = 1,
         num_envs: int = 1,
         *,
         device: str | None = None,
@@ -72,10 +73,12 @@ class IsaacDroidEnv(BatchedDroidEnv):
         isaaclab_version: str | None = None,
         close_app_on_close: bool = True,
     ):
-        spec = droid.scene_spec(scene)
+        task = tasks.task_for(scene)
+        self.task = task
         shape = tuple(int(v) for v in image_shape) if image_shape is not None else droid.ISAAC_IMAGE_SHAPE
         device = device or getattr(app_args, "device", None) or "cuda:0"
-        super().__init__(num_envs, shape, spec.scene_id, device=str(device))
+        super().__init__(num_envs, shape, task.scene or 1, device=str(device))
+        self.scene = task.scene_spec()
         if not isinstance(settle_steps, (int, np.integer)) or settle_steps < 0:
             raise ValueError(f"settle_steps: expected an integer >= 0, got {settle_steps!r}")
         self.settle_steps = int(settle_steps)
@@ -84,7 +87,13 @@ class IsaacDroidEnv(BatchedDroidEnv):
 
         # Everything that can fail fast, before a minutes-long start of Isaac Sim.
         checks.check_packages()
-        checks.check_assets(spec.scene_id, assets_dir)
+        self.layout, has_mila = tasks.detect_layout(checks.sim_evals_package_dir())
+        if task.is_mila and not has_mila:
+            raise checks.BackendUnavailable(
+                f"task {task.name}: this sim-evals has no MILA tasks (src/sim_evals/environments/mila); update it, "
+                "see docs/isaac.md"
+            )
+        checks.check_assets(task.key, assets_dir, files=task.assets)
         if check_gpu:
             checks.check_rtx_gpu(str(device))
         if self.num_envs >= CAMERA_ENV_WARNING and not tiled_cameras:
@@ -94,17 +103,19 @@ class IsaacDroidEnv(BatchedDroidEnv):
                 stacklevel=2,
             )
 
-        launch.claim_scene(spec.scene_id)
+        launch.claim_scene(task.key)
         try:
             app = launch.launch_app(app_args, headless=headless, device=str(device), version=isaaclab_version)
             self.api = app.api
-            importlib.import_module("sim_evals.environments")  # registers "DROID"; only after the app runs
-            cfg = self.api.parse_env_cfg(TASK_ID, device=str(device), num_envs=self.num_envs)
-            cfg.set_scene(spec.scene_id)
-            self._probe = StateProbe(self.api, spec, tcp_bodies)
+            importlib.import_module("sim_evals.environments")  # registers the gym ids; only after the app runs
+            cfg, built = parse_task_cfg(self.api, task, self.layout, device=str(device), num_envs=self.num_envs)
+            instruction = getattr(cfg, "language_instruction", None) if task.is_mila else None
+            self.scene = task.scene_spec(instruction if isinstance(instruction, str) and instruction else None)
+            self._probe = StateProbe(self.api, self.scene, tcp_bodies)
+            self._milestones = MilestoneProbe(task.milestones) if task.is_mila else None
             if env_spacing is None and self.num_envs > 1:
                 env_spacing = MULTI_ENV_SPACING
-            self.patches = patch_env_cfg(
+            self.patches = built + patch_env_cfg(
                 cfg,
                 self.api,
                 probe_term=self._probe.term,
@@ -112,13 +123,15 @@ class IsaacDroidEnv(BatchedDroidEnv):
                 image_shape=image_shape,
                 tiled_cameras=tiled_cameras,
             )
+            if self._milestones is not None:
+                self.patches.append(self._milestones.install(cfg))
             self.cfg = cfg
             import gymnasium as gym
 
-            self._gym_env = gym.make(TASK_ID, cfg=cfg)
+            self._gym_env = gym.make(tasks.MILA_GYM_ID if task.is_mila else (task.gym_id if self.layout == "per_scene" else "DROID"), cfg=cfg)
             self.isaac_env = self._gym_env.unwrapped
             for path in keep_one_dome_light(self.api.stage(self.isaac_env), self.num_envs):
-                self.patches.append(f"stage: dome light {path} off (one dome light lights every env)")
+                self.patches.append(f"stage: infinite light {path} off (env 0's lights every env)")
             self._probe.validate(self.isaac_env)
         except BaseException:
             launch.release_scene()
@@ -135,6 +148,8 @@ class IsaacDroidEnv(BatchedDroidEnv):
         self._episode_seed = np.arange(self.num_envs, dtype=np.int64) + (self._seed_base or 0)
         self._episode_step = np.zeros(self.num_envs, dtype=np.int64)
         self._success_any = np.zeros(self.num_envs, dtype=bool)
+        self._milestone_steps = np.full((len(task.milestones), self.num_envs), NOT_REACHED, dtype=np.int64)
+        self._start_z = np.full(self.num_envs, np.nan)  # the object's height at the episode's start (fallback)
         self._started = False
 
     # -- Gymnasium API --------------------------------------------------------------------------------
@@ -166,27 +181,36 @@ class IsaacDroidEnv(BatchedDroidEnv):
             fresh[env_ids] = False  # no hold step since their reset: the frame may show the last episode
         self._episode_step[env_ids] = 0
         self._success_any[env_ids] = False
+        self._milestone_steps[:, env_ids] = NOT_REACHED
+        self._start_z[env_ids] = np.nan
         state = self._probe.read(env)
-        success = state.success(self.scene.success)
+        flags = self._milestones.read(env) if self._milestones is not None else None
+        success = self._success(state, flags)
         self._success_any[env_ids] |= success[env_ids]
-        info = self._info(state, success, np.zeros(self.num_envs, dtype=bool), self._episode_seed.copy(), fresh)
+        info = self._info(state, success, np.zeros(self.num_envs, dtype=bool), self._episode_seed.copy(), fresh, flags)
         return obs, info
 
     def step(self, action):
         """Step every env once with ``(N,8)`` actions; done envs are reset inside (same-step autoreset)."""
         self._check_open()
         obs, _, terminated, truncated, _ = self.isaac_env.step(self._torch_action(action))
+        # Isaac Lab returns the termination manager's own buffers, which its next compute() clears in place:
+        # copy them before anything else steps the sim (the hold step after a lock-step time-out does).
+        terminated, truncated = terminated.clone(), truncated.clone()
         state = self._probe.latest
         if state is None:  # an Isaac Lab without the termination manager would land here
             raise RuntimeError("isaac: the task-state probe did not run during step()")
         self._probe.latest = None
-        success = state.success(self.scene.success)
+        flags = None
+        if self._milestones is not None:
+            flags, self._milestones.latest = self._milestones.latest, None
+        success = self._success(state, flags)
         self._episode_step += 1
         self._success_any |= success
         time_outs = _to_numpy(truncated).astype(bool).reshape(-1)
         done = _to_numpy(terminated).astype(bool).reshape(-1) | time_outs
         fresh = np.ones(self.num_envs, dtype=bool)
-        info = self._info(state, success, time_outs, self._episode_seed.copy(), fresh)
+        info = self._info(state, success, time_outs, self._episode_seed.copy(), fresh, flags)
 
         done_ids = np.flatnonzero(done)
         if done_ids.size:
@@ -194,6 +218,8 @@ class IsaacDroidEnv(BatchedDroidEnv):
                 self._episode_seed[i] = self._take_seed(i, int(self._episode_seed[i]) + self.num_envs)
             self._episode_step[done_ids] = 0
             self._success_any[done_ids] = False
+            self._milestone_steps[:, done_ids] = NOT_REACHED
+            self._start_z[done_ids] = np.nan
             if done_ids.size == self.num_envs and self.settle_steps:
                 obs = self._settle(obs)
             else:
@@ -220,6 +246,8 @@ class IsaacDroidEnv(BatchedDroidEnv):
             obs, *_ = self.isaac_env.step(self._hold_action(obs))
         self.isaac_env.episode_length_buf[:] = 0
         self._probe.latest = None
+        if self._milestones is not None:
+            self._milestones.latest = None
         return obs
 
     def _hold_action(self, obs):
@@ -237,8 +265,51 @@ class IsaacDroidEnv(BatchedDroidEnv):
             raise ValueError(f"options['env_ids']: expected distinct ids in [0, {self.num_envs}), got {ids.tolist()}")
         return np.sort(ids)
 
-    def _info(self, state: TaskState, success, time_outs, seeds, fresh) -> dict[str, np.ndarray]:
-        return {
+    def _success(self, state: TaskState, flags) -> np.ndarray:
+        """MILA tasks: sim-evals' final milestone (its own flag; the fallback check without its buffer);
+        DROID scenes: the shared placement check."""
+        if self.task.is_mila:
+            if flags is None:
+                flags = self._fallback_flags(state)
+            return np.asarray(flags[:, -1], dtype=bool)
+        return state.success(self.scene.success)
+
+    def _fallback_flags(self, state: TaskState) -> np.ndarray:
+        """sim-evals' MILA checks from the poses (centre distances, no orientation), for a sim-evals
+        without the milestone buffer; in order, sticky over the episode like sim-evals' own."""
+        t = self.task.thresholds
+        obj, target = state.object_pos, state.container_pos
+        xy = np.hypot(obj[:, 0] - target[:, 0], obj[:, 1] - target[:, 1])
+        unknown = np.isnan(self._start_z)
+        self._start_z[unknown] = obj[unknown, 2]
+        start_z = self._start_z
+        released = state.gripper < t.release_gripper_threshold
+        checks = [
+            np.linalg.norm(state.tcp_pos - obj, axis=1) < t.reach_distance,
+            obj[:, 2] > start_z + t.lift_height,
+            (xy < t.target_xy_radius) & (obj[:, 2] > target[:, 2] + t.above_target_height),
+            (xy < t.target_xy_radius) & (obj[:, 2] < target[:, 2] + t.in_target_height) & released,
+        ]
+        flags = self._milestone_steps.T != NOT_REACHED
+        previous = np.ones(self.num_envs, dtype=bool)
+        for index, now in enumerate(checks):
+            flags[:, index] |= now & previous
+            previous = flags[:, index]
+        return flags
+
+    def _milestones_info(self, flags) -> dict[str, np.ndarray]:
+        """``{name: (N,) first episode step reached, -1 not yet}``: the generic names (reached, lifted,
+        above_target, placed) and, for MILA tasks, the task's own names with the same values."""
+        if flags is not None:
+            newly = np.asarray(flags, dtype=bool).T & (self._milestone_steps == NOT_REACHED)
+            self._milestone_steps[newly] = np.broadcast_to(self._episode_step, self._milestone_steps.shape)[newly]
+        out = {name: self._milestone_steps[i].copy() for i, name in enumerate(tasks.GENERIC_MILESTONES)}
+        if self.task.is_mila:
+            out.update({name: self._milestone_steps[i].copy() for i, name in enumerate(self.task.milestones)})
+        return out
+
+    def _info(self, state: TaskState, success, time_outs, seeds, fresh, flags=None) -> dict[str, np.ndarray]:
+        info = {
             "success": success.astype(bool),
             "success_any_step": self._success_any.copy(),
             "time_outs": time_outs,
@@ -248,6 +319,11 @@ class IsaacDroidEnv(BatchedDroidEnv):
             "container_pos": state.container_pos,
             "images_fresh": fresh,
         }
+        if self.task.is_mila:
+            if flags is None:
+                flags = self._fallback_flags(state)
+            info["milestones"] = self._milestones_info(flags)
+        return info
 
     def _check_open(self):
         if self._closed:

@@ -31,6 +31,7 @@ class TaskState:
     container_pos: np.ndarray
     tcp_pos: np.ndarray
     object_speed: np.ndarray
+    gripper: np.ndarray  # (N,) finger_joint / (pi/4): 0 open, 1 closed
 
     def success(self, criteria: droid.SuccessCriteria) -> np.ndarray:
         """The shared DROID placement check, ``(N,)`` bool."""
@@ -47,6 +48,7 @@ class StateProbe:
         self.latest: TaskState | None = None
         self.calls = 0
         self._tcp_ids: list[int] | None = None
+        self._finger: int | None = None
 
         def term(env):
             # A plain closure (configclass never deep-copies callables), called by the termination manager.
@@ -72,11 +74,14 @@ class StateProbe:
         robot = env.scene["robot"]
         tcp = self.api.body_pos_w(robot)[:, self._tcp_body_ids(env), :].mean(dim=1)
         speed = self.api.root_lin_vel_w(obj).norm(dim=-1)
+        if self._finger is None:
+            self._finger = self.api.joint_names(robot).index("finger_joint")
         return TaskState(
             object_pos=_host(self.api.root_pos_w(obj) - origins),
             container_pos=_host(self.api.root_pos_w(container) - origins),
             tcp_pos=_host(tcp - origins),
             object_speed=_host(speed),
+            gripper=_host(self.api.joint_pos(robot)[:, self._finger]) / (np.pi / 4),
         )
 
     def _entity(self, env: Any, name: str):
@@ -84,14 +89,17 @@ class StateProbe:
             return env.scene[name]
         except KeyError:
             raise KeyError(
-                f"scene entity {name!r} (scene {self.scene.scene_id}) not found: this sim-evals version does not "
-                f"register the scene's rigid bodies as entities (423e87c..3a6b0e8 do, in set_scene)"
+                f"scene entity {name!r} (scene {self.scene.scene_id}) not found: neither sim-evals nor the backend "
+                f"registered it (run_eval.py layouts do in set_scene; the per-scene layout gets it from its prim)"
             ) from None
 
     def _tcp_body_ids(self, env: Any) -> list[int]:
         if self._tcp_ids is None:
             robot = env.scene["robot"]
-            ids, names = robot.find_bodies(list(self.tcp_bodies), preserve_order=True)
+            try:  # Isaac Lab raises ValueError for a name that matches no body
+                ids, names = robot.find_bodies(list(self.tcp_bodies), preserve_order=True)
+            except ValueError as exc:
+                raise KeyError(f"robot bodies {list(self.tcp_bodies)}: not all in the articulation ({exc})") from None
             if len(ids) != len(self.tcp_bodies):
                 raise KeyError(
                     f"robot bodies {list(self.tcp_bodies)}: expected all in the articulation, found {list(names)}"

@@ -4,11 +4,27 @@
 ``importlib.util.find_spec`` sees them without importing them, and importing them is recorded), for an
 Isaac Lab ``"2.2"`` or ``"3.0"``; :class:`World` records every call in order (``world.calls``).
 
-Reproduced: the launchers (2.2 ``AppLauncher`` with ``add_app_launcher_args``; 3.0 ``launch_simulation``
-context and ``add_launcher_args``, ``AppLauncher`` deprecated), ``parse_env_cfg`` (both signatures),
-sim-evals' registration of the ``DROID`` gym id on import of ``sim_evals.environments`` (which fails
-unless the app runs, as importing ``pxr``/``omni`` does), its ``EnvCfg`` with ``set_scene`` and the
-env-0 observation bug, and an env with Isaac Lab's step/reset order (see :mod:`dz_gym.testing.isaac_stubs.sim`).
+Reproduced, per :class:`World` option:
+
+- Isaac Lab ``version`` "2.2" or "3.0", ``release`` "3.0.0" (the release: ``launch_simulation`` and
+  ``add_launcher_args`` in ``isaaclab_tasks.utils.sim_launcher``, 2.2's ``reset(seed=None,
+  env_ids=None, options=None)`` that fails on a slice, ``mdp.image`` only) or "develop"
+  (``isaaclab.app.launch_simulation``, ``reset(env_ids=slice(None), *, seed, options)``);
+- ``install`` "wheel" (the package metadata and ``isaaclab.__version__`` give the release: 2.2.0,
+  3.0.0) or "source" (both give the extension's version: 0.45.3 for 2.2.1, 6.1.0 for 3.0.0, 3.5.3 for
+  develop), served through ``importlib.metadata`` as well;
+- the launchers (2.2 ``AppLauncher`` with ``add_app_launcher_args``; 3.0 ``--visualizer``/``--viz`` as a
+  comma list with default None), ``parse_env_cfg`` (both signatures);
+- sim-evals ``layout`` "run_eval" (up to 3a6b0e8: gym id ``DROID``, ``set_scene(int)``, rigid bodies
+  registered as entities) or "per_scene" (711ff04 and later: ``DROID-CubeInBowl`` ... through a config
+  factory, ``set_scene(str)``, objects as plain prims; with ``mila=True`` the MILA tasks under
+  ``DROID-MILA`` with their task table, milestone reward term and reset events, see
+  :mod:`dz_gym.testing.isaac_stubs.sim_evals_layouts`); registration happens on import of
+  ``sim_evals.environments``, which fails unless the app runs, as importing ``pxr``/``omni`` does;
+- the env-0 observation bug (``(7,)``/``(1,)`` at any N), and an env with Isaac Lab's step/reset order,
+  in-place termination buffers, the env-origin grid of each version, ``find_bodies`` raising
+  ``ValueError`` for a missing name, dome and distant lights in the scene USD (see
+  :mod:`dz_gym.testing.isaac_stubs.sim`).
 
 What it cannot verify (only a machine with Isaac Sim and an RTX GPU can):
 
@@ -19,7 +35,10 @@ What it cannot verify (only a machine with Isaac Sim and an RTX GPU can):
   the scene USDs contain DomeLights), the real Isaac Lab 3.0 argument names of ``launch_simulation``;
 - that Fabric propagates the dome-light edits to the renderer, and how stale the first frame after a
   reset really is on a given Isaac Lab version;
-- memory and speed with N envs x 3 cameras at 720p.
+- memory and speed with N envs x 3 cameras at 720p;
+- sim-evals' MILA scenes themselves (USD contents, lighting, hidden prims, camera poses, initial-condition
+  files): the stand-in keeps only the task table, the entities and the milestone terms;
+- the exact extension version numbers of every Isaac Lab build (those named above are modelled).
 """
 
 from __future__ import annotations
@@ -28,6 +47,7 @@ import argparse
 import contextlib
 import importlib.abc
 import importlib.machinery
+import importlib.metadata
 import sys
 import types
 import warnings
@@ -35,17 +55,46 @@ from pathlib import Path
 
 import gymnasium as gym
 
-PREFIXES = ("isaaclab", "isaaclab_tasks", "sim_evals")
+PREFIXES = ("isaaclab", "isaaclab_tasks", "sim_evals", "pxr")
+PACKAGES = (
+    "isaaclab", "isaaclab.envs", "isaaclab_tasks", "isaaclab_tasks.utils", "sim_evals", "sim_evals.environments",
+    "sim_evals.environments.droid", "sim_evals.environments.mila", "pxr",
+)
 
 
 class World:
     """State shared by the stand-in modules of one test: version, call log, whether the app runs."""
 
-    def __init__(self, version: str, sim_evals_root: Path, scene_dome_light: bool = True):
+    def __init__(
+        self,
+        version: str,
+        sim_evals_root: Path,
+        scene_dome_light: bool = True,
+        *,
+        release: str | None = None,
+        install: str = "wheel",
+        layout: str = "run_eval",
+        mila: bool = False,
+        scene_distant_light: bool = False,
+    ):
+        if install not in ("wheel", "source") or layout not in ("run_eval", "per_scene"):
+            raise ValueError(f"stand-in world: install {install!r} / layout {layout!r} not modelled")
+        if mila and layout != "per_scene":
+            raise ValueError("stand-in world: the MILA tasks exist only in the per-scene layout")
         self.version = version
         self.is_v3 = version.startswith("3")
+        self.release = release or ("3.0.0" if self.is_v3 else "2.2.1")
+        self.is_develop = self.release == "develop"
+        self.install = install
+        self.layout = layout
+        self.mila = mila
         self.sim_evals_root = Path(sim_evals_root)
         self.scene_dome_light = scene_dome_light
+        self.scene_distant_light = scene_distant_light
+        self.tasks_root = self.sim_evals_root.parent / "isaaclab_tasks_pkg"
+        (self.tasks_root / "utils").mkdir(parents=True, exist_ok=True)
+        if self.is_v3 and not self.is_develop:
+            (self.tasks_root / "utils" / "sim_launcher.py").write_text("# stand-in marker\n")
         self.calls: list[tuple] = []
         self.launched = False
         self.envs: list = []
@@ -63,10 +112,43 @@ class World:
     def env(self):
         return self.envs[-1]
 
+    @property
+    def version_string(self) -> str:
+        """What the package metadata and ``isaaclab.__version__`` report for this install."""
+        if self.install == "wheel":
+            return "3.0.0" if self.is_v3 else "2.2.0"
+        if self.is_v3:
+            return "3.5.3" if self.is_develop else "6.1.0"
+        return "0.45.3" if self.release == "2.2.1" else "0.41.2"
 
-def make_sim_evals_checkout(root: Path, scenes=(1, 2, 3)) -> Path:
-    """A sim-evals checkout layout: ``src/sim_evals/environments/`` and ``assets/*.usd`` (empty files)."""
+
+class _Distribution(importlib.metadata.Distribution):
+    def __init__(self, version: str):
+        self._version = version
+
+    def read_text(self, filename):
+        if filename == "METADATA":
+            return f"Metadata-Version: 2.1\nName: isaaclab\nVersion: {self._version}\n"
+        return None
+
+    def locate_file(self, path):
+        return Path(str(path))
+
+
+def make_sim_evals_checkout(root: Path, scenes=(1, 2, 3), layout: str = "run_eval", mila: bool = False) -> Path:
+    """A sim-evals checkout: ``src/sim_evals/environments/`` (with ``droid/`` and ``mila/`` for the
+    per-scene layout) and ``assets/*.usd`` (empty files)."""
     (root / "src" / "sim_evals" / "environments").mkdir(parents=True, exist_ok=True)
+    if layout == "per_scene":
+        (root / "src" / "sim_evals" / "environments" / "droid").mkdir(exist_ok=True)
+        (root / "src" / "sim_evals" / "environments" / "droid" / "scenes.py").write_text("# stand-in marker\n")
+    if mila:
+        (root / "src" / "sim_evals" / "environments" / "mila").mkdir(exist_ok=True)
+        (root / "src" / "sim_evals" / "environments" / "mila" / "tasks.py").write_text("# stand-in marker\n")
+        for folder in ("Task1", "Task2"):
+            (root / "assets" / "mila" / folder).mkdir(parents=True, exist_ok=True)
+            (root / "assets" / "mila" / folder / "Scene.usd").write_text("#usda 1.0\n")
+        (root / "assets" / "mila" / "place_spoon_in_utensil_holder.usd").write_text("#usda 1.0\n")
     (root / "assets").mkdir(exist_ok=True)
     for scene in scenes:
         (root / "assets" / f"scene{scene}.usd").write_text("#usda 1.0\n")
@@ -80,16 +162,33 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self.builders = _builders(world)
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname not in self.builders:
+        if fullname not in self.builders or not self._present(fullname):
             return None
-        is_package = fullname in ("isaaclab", "isaaclab.envs", "isaaclab_tasks", "sim_evals")
+        is_package = fullname in PACKAGES
         origin = "stand-in"
         if fullname == "sim_evals":
             origin = str(self.world.sim_evals_root / "src" / "sim_evals" / "__init__.py")
         spec = importlib.machinery.ModuleSpec(fullname, self, origin=origin, is_package=is_package)
         if fullname == "sim_evals":
             spec.submodule_search_locations = [str(self.world.sim_evals_root / "src" / "sim_evals")]
+        elif fullname == "isaaclab_tasks":
+            spec.submodule_search_locations = [str(self.world.tasks_root)]
         return spec
+
+    def find_distributions(self, context=importlib.metadata.DistributionFinder.Context()):
+        if context.name not in (None, "isaaclab"):
+            return iter(())
+        return iter((_Distribution(self.world.version_string),))
+
+    def _present(self, fullname: str) -> bool:
+        world = self.world
+        if fullname == "isaaclab_tasks.utils.sim_launcher":
+            return world.is_v3 and not world.is_develop
+        if fullname == "sim_evals.environments.droid":
+            return world.layout == "per_scene"
+        if fullname == "sim_evals.environments.mila":
+            return world.mila
+        return True
 
     def create_module(self, spec):
         return None
@@ -103,6 +202,8 @@ def install(version: str, sim_evals_root: Path, **options) -> World:
     """Serve the stand-ins for Isaac Lab ``version`` ("2.2" or "3.0"); returns the call-recording world."""
     uninstall()
     world = World(version, sim_evals_root, **options)
+    if world.layout == "per_scene" or world.mila:
+        make_sim_evals_checkout(world.sim_evals_root, layout=world.layout, mila=world.mila)
     finder = _Finder(world)
     sys.meta_path.insert(0, finder)
     return world
@@ -114,17 +215,18 @@ def uninstall() -> None:
     for name in list(sys.modules):
         if name.split(".")[0] in PREFIXES:
             del sys.modules[name]
-    gym.registry.pop("DROID", None)
+    for name in [name for name in gym.registry if name == "DROID" or name.startswith("DROID-")]:
+        gym.registry.pop(name, None)
 
 
 def _builders(world: World):
-    from dz_gym.testing.isaac_stubs import cfgs, mdp_functions, sim
+    from dz_gym.testing.isaac_stubs import cfgs, mdp_functions, sim, sim_evals_layouts
 
-    env_class = sim.StandInRLEnv30 if world.is_v3 else sim.StandInRLEnv22
+    env_class = sim.StandInRLEnvDevelop if world.is_develop else (sim.StandInRLEnv30 if world.is_v3 else sim.StandInRLEnv22)
     env_class.world = world
 
     def isaaclab(m):
-        m.__version__ = "3.0.0" if world.is_v3 else "2.2.0"
+        m.__version__ = world.version_string
 
     def app(m):
         class SimulationApp:
@@ -145,34 +247,17 @@ def _builders(world: World):
             def add_app_launcher_args(parser):
                 world.log("app.add_args")
                 parser.add_argument("--headless", action="store_true", default=False)
-                parser.add_argument("--device", type=str, default="cuda:0")
+                parser.add_argument("--device", type=str, default=None if world.is_v3 else "cuda:0")
                 parser.add_argument("--enable_cameras", action="store_true", default=False)
                 parser.add_argument("--livestream", type=int, default=-1)
                 parser.add_argument("--kit_args", type=str, default="")
+                if world.is_v3:  # a comma list ("kit,newton"), parsed as the string; None: no visualizer
+                    parser.add_argument("--visualizer", "--viz", type=str, default=None)
 
         m.AppLauncher = AppLauncher
-        if world.is_v3:
-
-            def add_launcher_args(parser):
-                world.log("app.add_args")
-                parser.add_argument("--device", type=str, default=None)
-                parser.add_argument("--visualizer", "--viz", type=str, nargs="*", default=[])
-                parser.add_argument("--enable_cameras", action="store_true", default=False)
-                parser.add_argument("--physics", type=str, default=None)
-
-            @contextlib.contextmanager
-            def launch_simulation(cfg, launcher_args=None):
-                args = vars(launcher_args) if isinstance(launcher_args, argparse.Namespace) else dict(launcher_args or {})
-                world.log("app.launch", dict(args), cfg)
-                world.launched = True
-                try:
-                    yield None
-                finally:
-                    world.log("app.close")
-                    world.launched = False
-
-            m.add_launcher_args = add_launcher_args
-            m.launch_simulation = launch_simulation
+        if world.is_develop:
+            m.add_launcher_args = lambda parser: AppLauncher.add_app_launcher_args(parser)
+            m.launch_simulation = _launch_simulation(world)
 
     def managers(m):
         m.TerminationTermCfg = cfgs.TerminationTermCfg
@@ -180,6 +265,11 @@ def _builders(world: World):
         m.ObservationGroupCfg = cfgs.ObservationGroupCfg
         m.SceneEntityCfg = cfgs.SceneEntityCfg
         m.EventTermCfg = cfgs.EventTermCfg
+        m.RewardTermCfg = cfgs.RewardTermCfg
+
+    def assets(m):
+        m.RigidObjectCfg = cfgs.RigidObjectCfg
+        m.AssetBaseCfg = cfgs.AssetBaseCfg
 
     def sensors(m):
         m.CameraCfg = cfgs.CameraCfg
@@ -192,11 +282,16 @@ def _builders(world: World):
         m.observations = types.SimpleNamespace(image=mdp_functions.image)
         m.time_out = mdp_functions.time_out
         m.reset_scene_to_default = mdp_functions.reset_scene_to_default
-        if world.is_v3:
-            m.image_rgb = mdp_functions.image_rgb
+        m.image = mdp_functions.image  # 3.0.0 has ``mdp.image`` (no ``image_rgb``); 2.2 has it too
 
     def tasks(m):
         pass
+
+    def sim_launcher(m):
+        from isaaclab.app import AppLauncher
+
+        m.add_launcher_args = lambda parser: AppLauncher.add_app_launcher_args(parser)
+        m.launch_simulation = _launch_simulation(world)
 
     def tasks_utils(m):
         def load(task_name):
@@ -233,32 +328,77 @@ def _builders(world: World):
     def sim_evals_pkg(m):
         pass
 
+    def make(**kwargs):
+        return _make_env(env_class, world, **kwargs)
+
     def sim_evals_environments(m):
         if not world.launched:
             raise ImportError("No module named 'pxr' (stand-in: sim_evals.environments imported before the app launched)")
-        env_cfg = cfgs.make_env_cfg_class(world)
-        m.EnvCfg = env_cfg
         m.arm_joint_pos = cfgs.upstream_arm_joint_pos
         m.gripper_pos = cfgs.upstream_gripper_pos
-        gym.register(
-            id="DROID",
-            entry_point=lambda **kwargs: _make_env(env_class, world, **kwargs),
-            kwargs={"env_cfg_entry_point": env_cfg},
-            disable_env_checker=True,
-        )
+        if world.layout == "per_scene":
+            import sim_evals.environments.droid  # noqa: F401  (registers the per-scene ids, as upstream)
+
+            return
+        env_cfg = cfgs.make_env_cfg_class(world)
+        m.EnvCfg = env_cfg
+        gym.register(id="DROID", entry_point=make, kwargs={"env_cfg_entry_point": env_cfg}, disable_env_checker=True)
+
+    def sim_evals_droid(m):
+        m.DroidEnvCfg = cfgs.make_env_cfg_class(world, per_scene=True)
+        m.DROID_SCENES = dict(sim_evals_layouts.PER_SCENE_IDS)
+        for env_id in sim_evals_layouts.PER_SCENE_IDS:
+
+            def factory(env_id=env_id):
+                return m.DroidEnvCfg().set_scene(env_id)
+
+            gym.register(id=env_id, entry_point=make, kwargs={"env_cfg_entry_point": factory}, disable_env_checker=True)
+
+    def sim_evals_mila(m):
+        import sim_evals.environments.droid as droid_pkg
+
+        m.MilaDroidEnvCfg = sim_evals_layouts.make_mila_cfg_class(world, droid_pkg.DroidEnvCfg)
+        m.MILA_TASKS = sim_evals_layouts.MILA_TASKS
+        m.get_mila_task = sim_evals_layouts.get_mila_task
+        gym.register(id="DROID-MILA", entry_point=make, kwargs={"env_cfg_entry_point": m.MilaDroidEnvCfg}, disable_env_checker=True)
+
+    def pxr(m):
+        sim_evals_layouts.build_pxr(m, world)
 
     return {
         "isaaclab": isaaclab,
         "isaaclab.app": app,
         "isaaclab.managers": managers,
         "isaaclab.sensors": sensors,
+        "isaaclab.assets": assets,
         "isaaclab.envs": envs,
         "isaaclab.envs.mdp": mdp,
         "isaaclab_tasks": tasks,
         "isaaclab_tasks.utils": tasks_utils,
+        "isaaclab_tasks.utils.sim_launcher": sim_launcher,
         "sim_evals": sim_evals_pkg,
         "sim_evals.environments": sim_evals_environments,
+        "sim_evals.environments.droid": sim_evals_droid,
+        "sim_evals.environments.mila": sim_evals_mila,
+        "pxr": pxr,
     }
+
+
+def _launch_simulation(world: World):
+    """3.0's ``launch_simulation(env_cfg, launcher_args)`` context (with no config it starts Kit)."""
+
+    @contextlib.contextmanager
+    def launch_simulation(cfg, launcher_args=None):
+        args = vars(launcher_args) if isinstance(launcher_args, argparse.Namespace) else dict(launcher_args or {})
+        world.log("app.launch", dict(args), cfg)
+        world.launched = True
+        try:
+            yield None
+        finally:
+            world.log("app.close")
+            world.launched = False
+
+    return launch_simulation
 
 
 def _make_env(env_class, world, cfg, **kwargs):

@@ -127,6 +127,13 @@ class TerminationTermCfg(Cfg):
 class EventTermCfg(Cfg):
     func = None
     mode = "reset"
+    params = {}
+
+
+class RewardTermCfg(Cfg):
+    func = None
+    weight = 1.0
+    params = {}
 
 
 class ObservationGroupCfg(Cfg):
@@ -166,8 +173,9 @@ def _raw(value):
     return value.torch if hasattr(value, "torch") and not callable(value.torch) else value
 
 
-def make_env_cfg_class(world):
-    """sim-evals' ``EnvCfg`` for the stand-in's Isaac Lab version."""
+def make_env_cfg_class(world, per_scene: bool = False):
+    """sim-evals' ``EnvCfg`` (``run_eval.py`` layout) or, with ``per_scene``, its scene-agnostic
+    ``DroidEnvCfg`` of 711ff04 (``set_scene(env_id: str)`` loads the USD only: objects stay plain prims)."""
     from dz_gym.testing.isaac_stubs import mdp_functions
 
     v3 = world.is_v3
@@ -183,13 +191,9 @@ def make_env_cfg_class(world):
             offset=OffsetCfg(pos=pos, rot=rot, convention="opengl"),
         )
 
-    image_func = mdp_functions.image_rgb if v3 else mdp_functions.image
-
-    def image_term(name):
-        params = {"sensor_cfg": SceneEntityCfg(name)}
-        if not v3:
-            params.update(data_type="rgb", normalize=False)
-        return ObservationTermCfg(func=image_func, params=params)
+    def image_term(name):  # mdp.observations.image on both (3.0.0 has no mdp.image_rgb)
+        params = {"sensor_cfg": SceneEntityCfg(name), "data_type": "rgb", "normalize": False}
+        return ObservationTermCfg(func=mdp_functions.image, params=params)
 
     class SceneCfg(Cfg):
         num_envs = 1
@@ -210,6 +214,12 @@ def make_env_cfg_class(world):
         )
 
         def dynamic_scene(self, scene_name):
+            if per_scene:
+                from dz_gym.testing.isaac_stubs import sim_evals_layouts
+
+                path = sim_evals_layouts.scene_asset_path(world, scene_name)
+                self.scene = AssetBaseCfg(prim_path=f"{ENV_NS}/scene", spawn=UsdFileCfg(usd_path=str(path)))
+                return {"scene_env_id": scene_name, "scene_asset_path": str(path)}
             path = Path(world.sim_evals_root) / "assets" / f"scene{scene_name}.usd"
             if not path.is_file():
                 raise FileNotFoundError(f"stand-in USD open failed: {path}")
@@ -269,6 +279,18 @@ def make_env_cfg_class(world):
 
         def set_scene(self, scene_name):
             world.log("cfg.set_scene", scene_name)
+            if per_scene:
+                from dz_gym.testing.isaac_stubs import sim_evals_layouts
+
+                if not isinstance(scene_name, str):
+                    raise ValueError(f"Unknown DROID environment {scene_name!r}. Valid env ids: {', '.join(sim_evals_layouts.PER_SCENE_IDS)}")
+                spec = sim_evals_layouts.PER_SCENE_IDS.get(scene_name)
+                if spec is None:
+                    raise ValueError(f"Unknown DROID environment {scene_name!r}. Valid env ids: {', '.join(sim_evals_layouts.PER_SCENE_IDS)}")
+                self.scene_env_id = scene_name
+                self.language_instruction = spec[1]
+                self.scene_asset_path = self.scene.dynamic_scene(scene_name)["scene_asset_path"]
+                return self
             self.scene.dynamic_scene(scene_name)
 
     return EnvCfg

@@ -53,9 +53,10 @@ class ProxyArray:
         return self._tensor[index]
 
 
-def env_origins(num_envs: int, spacing: float) -> torch.Tensor:
-    """Isaac Lab's default grid of env origins."""
-    num_rows = math.ceil(num_envs / int(math.sqrt(num_envs)))
+def env_origins(num_envs: int, spacing: float, float_sqrt: bool = False) -> torch.Tensor:
+    """Isaac Lab's default grid of env origins (3.0 divides by the float square root: N=8 is 3x3, not 4x2)."""
+    root = math.sqrt(num_envs) if float_sqrt else int(math.sqrt(num_envs))
+    num_rows = math.ceil(num_envs / root)
     num_cols = math.ceil(num_envs / num_rows)
     ii, jj = torch.meshgrid(torch.arange(num_rows), torch.arange(num_cols), indexing="ij")
     origins = torch.zeros(num_envs, 3)
@@ -163,7 +164,10 @@ class Articulation:
         keys = [name_keys] if isinstance(name_keys, str) else list(name_keys)
         found = []
         for key in keys:
-            found += [(i, n) for i, n in enumerate(BODY_NAMES) if re.fullmatch(key, n)]
+            matches = [(i, n) for i, n in enumerate(BODY_NAMES) if re.fullmatch(key, n)]
+            if not matches:  # Isaac Lab's resolve_matching_names raises for a key that matches nothing
+                raise ValueError(f"Not all regular expressions are matched! {key}: []. Available strings: {BODY_NAMES}")
+            found += matches
         if not preserve_order:
             found.sort()
         return [i for i, _ in found], [n for _, n in found]
@@ -174,8 +178,8 @@ class Articulation:
 
 
 class RigidObject:
-    def __init__(self, env, name, local_pos):
-        self.env, self.name = env, name
+    def __init__(self, env, name, local_pos, prim_path=""):
+        self.env, self.name, self.prim_path = env, name, prim_path
         n = env.num_envs
         self.default_local = torch.tensor(local_pos, dtype=torch.float32).repeat(n, 1)
         self.pos = self.default_local + env.origins
@@ -213,7 +217,8 @@ class Scene:
             if kind == "ArticulationCfg":
                 self.entities[name] = Articulation(env)
             elif kind == "RigidObjectCfg":
-                self.entities[name] = RigidObject(env, name, value.init_state.pos)
+                env.world_check_rigid_prim(value.prim_path)
+                self.entities[name] = RigidObject(env, name, value.init_state.pos, value.prim_path)
             elif kind in ("CameraCfg", "TiledCameraCfg"):
                 self.entities[name] = Camera(env, value)
 
@@ -249,8 +254,11 @@ class StandInRLEnv(gym.Env):
         self.device = cfg.sim.device
         self.physics_dt = cfg.sim.dt
         self.step_dt = cfg.sim.dt * cfg.decimation
-        self.origins = env_origins(self.num_envs, float(cfg.scene.env_spacing))
+        self.origins = env_origins(self.num_envs, float(cfg.scene.env_spacing), float_sqrt=world.is_v3)
         self.episode_length_buf = torch.zeros(self.num_envs, dtype=torch.long)
+        # the termination manager's buffers: compute() clears and refills them in place every step
+        self._truncated_buf = torch.zeros(self.num_envs, dtype=torch.bool)
+        self._terminated_buf = torch.zeros(self.num_envs, dtype=torch.bool)
         self.episode_id = torch.zeros(self.num_envs, dtype=torch.long)
         self.scene = Scene(self, cfg.scene)
         self.sim = SimContext(self)
@@ -266,6 +274,10 @@ class StandInRLEnv(gym.Env):
         self._termination_terms = {
             name: term for name, term in vars(cfg.terminations).items() if type(term).__name__ == "TerminationTermCfg"
         }
+        self._reward_terms = {
+            name: term for name, term in vars(cfg.rewards).items() if type(term).__name__ == "RewardTermCfg"
+        }
+        self._event_terms = [term for term in vars(cfg.events).values() if type(term).__name__ == "EventTermCfg"]
         self.observation_dims = {name: tuple(self._term(term).shape[1:]) for name, term in self._obs_terms.items()}
         self.closed = False
 
@@ -308,6 +320,14 @@ class StandInRLEnv(gym.Env):
         if self.world.scene_dome_light:
             for i in range(self.num_envs):
                 prims.append(Prim(f"/World/envs/env_{i}/scene/DomeLight", "DomeLight", **{"inputs:intensity": 300.0}))
+        if self.world.scene_distant_light:
+            for i in range(self.num_envs):
+                prims.append(Prim(f"/World/envs/env_{i}/scene/DistantLight", "DistantLight", **{"inputs:intensity": 200.0}))
+        from dz_gym.testing.isaac_stubs import sim_evals_layouts
+
+        for i in range(self.num_envs):
+            for name in sim_evals_layouts.scene_rigid_bodies(self.cfg):
+                prims.append(Prim(f"/World/envs/env_{i}/scene/{name}", "Xform"))
         for i in range(self.num_envs):
             prims.append(Prim(f"/World/envs/env_{i}/scene/table", "Mesh"))
 
@@ -319,7 +339,7 @@ class StandInRLEnv(gym.Env):
             intensity = float(prim.attrs["inputs:intensity"].Get()) if "inputs:intensity" in prim.attrs else 0.0
             if prim.type_name == "SphereLight":
                 total += intensity / np.sum((table - prim.position) ** 2, axis=1)
-            elif prim.type_name == "DomeLight":
+            elif prim.type_name in ("DomeLight", "DistantLight"):  # infinite: they light every env
                 total += intensity
         return total
 
@@ -346,7 +366,18 @@ class StandInRLEnv(gym.Env):
                 out[:] = values[:, None, None, :]
 
     def _reference_irradiance(self):
-        return REFERENCE_IRRADIANCE + (300.0 if self.world.scene_dome_light else 0.0)
+        world = self.world
+        return REFERENCE_IRRADIANCE + (300.0 if world.scene_dome_light else 0.0) + (200.0 if world.scene_distant_light else 0.0)
+
+    def world_check_rigid_prim(self, prim_path):
+        """A ``RigidObjectCfg`` without spawn needs a rigid body at its prim path (Isaac Lab raises otherwise)."""
+        from dz_gym.testing.isaac_stubs import sim_evals_layouts
+
+        prefix = "{ENV_REGEX_NS}/scene/"
+        if str(prim_path).startswith(prefix):
+            leaf = str(prim_path)[len(prefix) :]
+            if leaf not in sim_evals_layouts.scene_rigid_bodies(self.cfg):
+                raise RuntimeError(f"Could not find prim with path {prim_path} (stand-in: no rigid body {leaf!r} in the scene USD)")
 
     # -- managers ---------------------------------------------------------------------------------
     def _term(self, term):
@@ -361,8 +392,9 @@ class StandInRLEnv(gym.Env):
 
     def _compute_terminations(self):
         self._refresh()
-        terminated = torch.zeros(self.num_envs, dtype=torch.bool)
-        truncated = torch.zeros(self.num_envs, dtype=torch.bool)
+        terminated, truncated = self._terminated_buf, self._truncated_buf
+        terminated[:] = False
+        truncated[:] = False
         for name, term in self._termination_terms.items():
             value = term.func(self, **term.params)
             if value.dtype != torch.bool or tuple(value.shape) != (self.num_envs,):
@@ -372,6 +404,16 @@ class StandInRLEnv(gym.Env):
             else:
                 terminated |= value
         return terminated, truncated
+
+    def _compute_rewards(self):
+        """Reward terms in config order after the terminations; terms of weight 0 are skipped (as Isaac Lab)."""
+        self._refresh()
+        reward = torch.zeros(self.num_envs)
+        for term in self._reward_terms.values():
+            if term.weight == 0.0:
+                continue
+            reward += term.func(self, **term.params) * term.weight * self.step_dt
+        return reward
 
     # -- actions and physics ----------------------------------------------------------------------
     def _process_action(self, action):
@@ -421,7 +463,7 @@ class StandInRLEnv(gym.Env):
                 self._render()
         self.episode_length_buf += 1
         terminated, truncated = self._compute_terminations()
-        reward = torch.zeros(self.num_envs)
+        reward = self._compute_rewards()
         done_ids = torch.nonzero(terminated | truncated).flatten()
         if done_ids.numel():
             self._reset_idx(done_ids)
@@ -430,9 +472,16 @@ class StandInRLEnv(gym.Env):
         return self._compute_obs(), reward, terminated, truncated, {}
 
     def _reset_idx(self, ids):
-        self.scene.reset_to_default(ids)
+        for term in self._event_terms:  # the event manager: reset-mode terms in config order
+            if term.mode == "reset":
+                self._event_ids(ids)
+                term.func(self, ids, **term.params)
         self.episode_length_buf[ids] = 0
         self.episode_id[ids] += 1
+        self._refresh()
+
+    def _event_ids(self, ids):
+        return len(ids)  # the event manager counts the ids: a slice fails (TypeError)
 
     def _rerender_after_reset(self):
         count = getattr(self.cfg, "num_rerenders_on_reset", None) if self.world.is_v3 else int(bool(self.cfg.rerender_on_reset))
@@ -442,7 +491,11 @@ class StandInRLEnv(gym.Env):
     def _reset(self, env_ids, seed):
         if seed is not None:
             self.world.log("env.seed", seed)
-        ids = torch.arange(self.num_envs) if env_ids is None or isinstance(env_ids, slice) else env_ids
+        ids = env_ids
+        if env_ids is None:
+            ids = torch.arange(self.num_envs)
+        elif isinstance(env_ids, slice) and isinstance(self, StandInRLEnvDevelop):  # develop normalizes slices
+            ids = torch.arange(self.num_envs)[env_ids]
         self._reset_idx(ids)
         self._rerender_after_reset()
         return self._compute_obs(), {}
@@ -461,6 +514,18 @@ class StandInRLEnv22(StandInRLEnv):
 
 
 class StandInRLEnv30(StandInRLEnv):
+    """The 3.0.0 release: 2.2's ``reset`` signature; a slice reaches the event manager, whose ``len`` fails."""
+
+    def reset(self, seed=None, env_ids=None, options=None):
+        self.world.log("env.reset", {"seed": seed, "env_ids": _describe(env_ids), "options": options})
+        if env_ids is None:
+            env_ids = torch.arange(self.num_envs)
+        return self._reset(env_ids, seed)
+
+
+class StandInRLEnvDevelop(StandInRLEnv):
+    """Isaac Lab develop: ``reset(env_ids=slice(None), *, seed=None, options=None)``."""
+
     def reset(self, env_ids=slice(None), *, seed=None, options=None):
         self.world.log("env.reset", {"seed": seed, "env_ids": _describe(env_ids), "options": options})
         if not isinstance(env_ids, slice):

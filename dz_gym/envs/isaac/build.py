@@ -1,0 +1,107 @@
+"""Building sim-evals' env config for one task in whichever sim-evals layout is installed.
+
+Called after the app launched (sim-evals imports ``pxr``/``omni``), before ``gym.make``:
+
+- ``run_eval`` layout: ``parse_env_cfg("DROID")`` then ``cfg.set_scene(k)``; the scene's rigid bodies are
+  entities already;
+- ``per_scene`` layout: ``parse_env_cfg("DROID-CubeInBowl")`` (its factory called ``set_scene``); the
+  object and the container are plain prims, so :func:`register_prim_entities` registers each as a
+  ``RigidObjectCfg`` on its prim, with the prim's pose in the scene USD as its initial state (as sim-evals'
+  own ``run_eval.py``-era ``set_scene`` and its MILA ``_register_rigid_body`` do): their
+  ``data.root_pos_w`` are then the prims' world poses, batched over envs, read from the physics;
+- MILA tasks: ``import sim_evals.environments.mila``, ``parse_env_cfg("DROID-MILA")``,
+  ``cfg.set_task(task_id)`` (which registers the object and the target under their aliases); the
+  milestones sim-evals computes (``env._mila_milestones_reached``) are read by a reward term appended
+  after sim-evals' ``milestones`` term (:class:`MilestoneProbe`): reward terms run after the termination
+  terms and before the in-step reset, so the flags of an episode's last step are seen.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import numpy as np
+
+from dz_gym.envs.isaac.compat import IsaacLabApi
+from dz_gym.envs.isaac.tasks import MILA_GYM_ID, IsaacTask
+
+ENV_NS = "{ENV_REGEX_NS}"
+MILESTONE_PROBE_TERM = "dz_gym_milestone_probe"
+
+
+def parse_task_cfg(api: IsaacLabApi, task: IsaacTask, layout: str, *, device: str, num_envs: int) -> tuple[Any, list[str]]:
+    """The parsed, task-composed sim-evals config of ``task`` in ``layout``; returns it and what was done."""
+    gym = importlib.import_module("gymnasium")
+    if task.is_mila:
+        importlib.import_module("sim_evals.environments.mila")  # registers DROID-MILA on import
+        cfg = api.parse_env_cfg(MILA_GYM_ID, device=device, num_envs=num_envs)
+        cfg.set_task(task.mila_task)
+        return cfg, [f"sim-evals MILA task {task.mila_task} ({MILA_GYM_ID}.set_task)"]
+    if layout == "per_scene":
+        if task.gym_id not in gym.registry:
+            raise ValueError(f"sim-evals: gym id {task.gym_id!r} is not registered (per-scene layout expected)")
+        cfg = api.parse_env_cfg(task.gym_id, device=device, num_envs=num_envs)
+        names = register_prim_entities(cfg, api, {task.object_name: task.object_prim, task.container_name: task.container_prim})
+        return cfg, [f"sim-evals scene {task.gym_id}; prims {', '.join(names)} registered as rigid objects"]
+    if "DROID" not in gym.registry:
+        raise ValueError("sim-evals: gym id 'DROID' is not registered (run_eval.py layout expected)")
+    cfg = api.parse_env_cfg("DROID", device=device, num_envs=num_envs)
+    cfg.set_scene(task.scene)
+    return cfg, [f"sim-evals scene {task.scene} (DROID.set_scene)"]
+
+
+def register_prim_entities(cfg: Any, api: IsaacLabApi, prims: dict[str, str]) -> list[str]:
+    """Register each ``alias -> prim path under the scene`` as a rigid object, posed as in the scene USD."""
+    usd_path = getattr(cfg, "scene_asset_path", None) or cfg.scene.scene.spawn.usd_path
+    pxr = importlib.import_module("pxr")
+    assets = importlib.import_module("isaaclab.assets")
+    stage = pxr.Usd.Stage.Open(str(usd_path))
+    if stage is None:
+        raise FileNotFoundError(f"sim-evals scene USD: cannot open {usd_path}")
+    done = []
+    for alias, relative in prims.items():
+        prim = stage.GetPrimAtPath(f"/World/{relative}")
+        if not prim or not pxr.UsdPhysics.RigidBodyAPI(prim):
+            raise KeyError(f"scene prim /World/{relative} ({alias}): not a rigid body of {usd_path}")
+        transform = pxr.UsdGeom.Xformable(prim).ComputeLocalToWorldTransform(pxr.Usd.TimeCode.Default())
+        quat = transform.ExtractRotationQuat()
+        wxyz = (quat.GetReal(), *tuple(quat.GetImaginary()))
+        entity = assets.RigidObjectCfg(prim_path=f"{ENV_NS}/scene/{relative}", spawn=None)
+        entity.init_state.pos = tuple(float(v) for v in transform.ExtractTranslation())
+        entity.init_state.rot = api.quat_from_wxyz(wxyz)
+        setattr(cfg.scene, alias, entity)
+        done.append(f"{alias}={relative}")
+    return done
+
+
+class MilestoneProbe:
+    """A reward term (weight 1, value 0) that copies sim-evals' MILA milestone flags to the host each step."""
+
+    def __init__(self, names: tuple[str, ...]):
+        self.names = tuple(names)
+        self.latest: np.ndarray | None = None  # (N, M) bool, the flags after the last step's reward terms
+
+        def term(env):
+            flags = getattr(env, "_mila_milestones_reached", None)
+            self.latest = None if flags is None else _host_bool(flags)
+            import torch
+
+            return torch.zeros(env.num_envs, device=env.device)
+
+        self.term = term
+
+    def install(self, cfg: Any) -> str:
+        managers = importlib.import_module("isaaclab.managers")
+        setattr(cfg.rewards, MILESTONE_PROBE_TERM, managers.RewardTermCfg(func=self.term, weight=1.0))
+        return f"rewards.{MILESTONE_PROBE_TERM}: copies sim-evals' milestone flags (value 0)"
+
+    def read(self, env: Any) -> np.ndarray | None:
+        """The flags now (after a reset, where no reward term ran)."""
+        flags = getattr(env, "_mila_milestones_reached", None)
+        return None if flags is None else _host_bool(flags)
+
+
+def _host_bool(tensor) -> np.ndarray:
+    value = getattr(tensor, "torch", tensor)
+    return value.detach().to("cpu").numpy().astype(bool).copy()

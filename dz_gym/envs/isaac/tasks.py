@@ -1,0 +1,148 @@
+"""sim-evals' named tasks the Isaac backend runs, and which sim-evals layout is installed.
+
+Two layouts of sim-evals exist (:func:`detect_layout`, read from the checkout's files before launch):
+
+- ``"run_eval"`` (up to 3a6b0e8): one gym id ``DROID``; ``cfg.set_scene(k)`` with ``k`` in 1..3 registers
+  the scene's rigid bodies as entities;
+- ``"per_scene"`` (711ff04 and later): one gym id per scene (``DROID-CubeInBowl`` ...) whose config
+  factory already called ``set_scene(env_id)``; the objects are plain prims of the scene USD. With
+  ``environments/mila/`` it also has the MILA tasks under ``DROID-MILA`` (``cfg.set_task(task_id)``).
+
+:data:`TASKS` names every task ``dz-gym-eval --task`` accepts: the three DROID scenes under their
+per-scene gym ids (keys 1-3, the scene numbers) and the MILA tasks (keys 101-103; the key is what run
+directories and rows use as the scene number). The MILA facts (instruction, ``max_timesteps``,
+milestone names, entity aliases, thresholds) are sim-evals' ``mila/tasks.py``; at run time the values
+sim-evals reports (``cfg.language_instruction``, the env's ``max_episode_length``, its milestone
+buffer) win over this table, which serves before launch (CLI defaults) and as the fallback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from dz_gym.envs import droid
+
+LAYOUTS = ("run_eval", "per_scene")
+MILA_GYM_ID = "DROID-MILA"
+GENERIC_MILESTONES = ("reached", "lifted", "above_target", "placed")
+MILA_KEY_BASE = 100
+
+
+@dataclass(frozen=True)
+class MilaThresholds:
+    """sim-evals' per-task thresholds (metres), for the fallback check when its buffer is absent."""
+
+    reach_distance: float = 0.03
+    lift_height: float = 0.05
+    target_xy_radius: float = 0.18
+    above_target_height: float = 0.08
+    in_target_height: float = 0.05
+    release_gripper_threshold: float = 0.5
+
+
+@dataclass(frozen=True)
+class IsaacTask:
+    """One named task: what to build, the prompt, the horizon and the names of its objects."""
+
+    name: str
+    key: int  # scene number in rows and file names
+    prompt: str
+    max_steps: int
+    gym_id: str  # in the per-scene layout
+    object_name: str  # entity alias
+    container_name: str
+    object_prim: str = ""  # prim path under the env's ``scene`` prim (per-scene layout / MILA)
+    container_prim: str = ""
+    scene: int | None = None  # the DROID scene number (run_eval layout), None for MILA tasks
+    mila_task: str | None = None
+    milestones: tuple[str, ...] = GENERIC_MILESTONES  # the task's own names, in order
+    thresholds: MilaThresholds = MilaThresholds()
+    assets: tuple[str, ...] = ()  # files under the assets folder
+
+    @property
+    def is_mila(self) -> bool:
+        return self.mila_task is not None
+
+    def scene_spec(self, prompt: str | None = None) -> droid.SceneSpec:
+        """The :class:`~dz_gym.envs.droid.SceneSpec` the env exposes as ``env.scene`` (prompt, names)."""
+        base = droid.scene_spec(self.scene if self.scene is not None else 1)
+        return dataclasses.replace(
+            base,
+            scene_id=self.key,
+            prompt=prompt or self.prompt,
+            object_name=self.object_name if self.is_mila else base.object_name,
+            container_name=self.container_name if self.is_mila else base.container_name,
+            isaac_object=self.object_name,
+            isaac_container=self.container_name,
+        )
+
+
+def _droid(scene: int, gym_id: str, object_prim: str, container_prim: str) -> IsaacTask:
+    spec = droid.scene_spec(scene)
+    return IsaacTask(
+        gym_id, scene, spec.prompt, droid.MAX_EPISODE_LENGTH, gym_id, spec.isaac_object, spec.isaac_container,
+        object_prim, container_prim, scene=scene, assets=(f"scene{scene}.usd",),
+    )
+
+
+def _mila(key, task_id, prompt, steps, milestones, obj, target, obj_prim, target_prim, asset, **thresholds) -> IsaacTask:
+    return IsaacTask(
+        task_id, MILA_KEY_BASE + key, prompt, steps, MILA_GYM_ID, obj, target, obj_prim, target_prim,
+        mila_task=task_id, milestones=milestones, thresholds=MilaThresholds(**thresholds), assets=(f"mila/{asset}",),
+    )
+
+
+TASKS: dict[str, IsaacTask] = {
+    task.name: task
+    for task in (
+        _droid(1, "DROID-CubeInBowl", "rubiks_cube", "_24_bowl"),
+        _droid(2, "DROID-CanInMug", "_10_potted_meat_can", "_25_mug"),
+        _droid(3, "DROID-BananaInBin", "_11_banana", "Magenta_Box"),
+        _mila(
+            1, "place_spoon_in_sink", "Pick up the spoon and place it in the sink.", 300,
+            ("reached_spoon", "lifted_up_spoon", "above_sink", "completely_in_sink"),
+            "spoon", "sink", "Spoon054/Spoon054", "Sink081/Sink081", "Task2/Scene.usd",
+        ),
+        _mila(
+            2, "place_spoon_in_utensil_holder", "Pick up the spoon and place it in the utensil holder.", 400,
+            ("reached_spoon", "lifted_up_spoon", "above_utensil_holder", "released_in_utensil_holder"),
+            "spoon", "utensil_holder", "Spoon054/Spoon054", "Cup082/Cup082", "place_spoon_in_utensil_holder.usd",
+            target_xy_radius=0.16, above_target_height=0.10, in_target_height=0.12,
+        ),
+        _mila(
+            3, "stack_red_bowl_into_grey_bowl", "Pick up the red bowl and place it in the grey bowl.", 600,
+            ("reached_red_bowl", "lifted_up_red_bowl", "above_grey_bowl", "placed_in_grey_bowl"),
+            "red_bowl", "grey_bowl", "Bowl061/Bowl061", "Bowl062/Bowl062", "Task1/Scene.usd",
+        ),
+    )
+}
+BY_KEY = {task.key: task for task in TASKS.values()}
+
+
+def task_for(scene_or_name: int | str) -> IsaacTask:
+    """The task of a scene number (1-3), a task key (101-103) or a task name; a one-line error otherwise."""
+    if isinstance(scene_or_name, str) and not scene_or_name.isdigit():
+        try:
+            return TASKS[scene_or_name]
+        except KeyError:
+            raise ValueError(f"task: expected one of {', '.join(TASKS)}, got {scene_or_name!r}") from None
+    try:
+        return BY_KEY[int(scene_or_name)]
+    except (KeyError, ValueError):
+        raise ValueError(f"scene: expected one of {sorted(BY_KEY)} (or a task name), got {scene_or_name!r}") from None
+
+
+def is_task_key(key: int) -> bool:
+    """Whether ``key`` is a task key beyond the DROID scene numbers (a MILA task)."""
+    return int(key) in BY_KEY and BY_KEY[int(key)].is_mila
+
+
+def detect_layout(package_dir: Path) -> tuple[str, bool]:
+    """``(layout, has_mila)`` of the sim-evals package at ``package_dir`` (``.../src/sim_evals``), from its
+    files (nothing is imported: sim-evals can only be imported once the app runs)."""
+    environments = Path(package_dir) / "environments"
+    per_scene = (environments / "droid").is_dir()
+    has_mila = (environments / "mila").is_dir()
+    return ("per_scene" if per_scene else "run_eval"), has_mila
