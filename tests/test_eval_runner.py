@@ -52,8 +52,8 @@ def hold_server():
         yield server.url + PATH
 
 
-def run(tmp_path, servers, *, num_envs, episodes, max_steps=10, env_length=None, seed=0, control=None, video=False, scenes=(1,), run_dir=None):
-    config = EvalConfig(scenes=list(scenes), episodes=episodes, num_envs=num_envs, seed=seed, max_steps=max_steps, video=video)
+def run(tmp_path, servers, *, num_envs, episodes, max_steps=10, env_length=None, seed=0, control=None, video=False, scenes=(1,), run_dir=None, **fields):
+    config = EvalConfig(scenes=list(scenes), episodes=episodes, num_envs=num_envs, seed=seed, max_steps=max_steps, video=video, **fields)
     run_dir = run_dir or RunDir.create(tmp_path, config)
     made = []
 
@@ -227,3 +227,35 @@ def test_isaac_stand_in_end_to_end(tmp_path, hold_server):
         reader = imageio.get_reader(run_dir.path / row["video"])
         assert sum(1 for _ in reader) == 6
         reader.close()
+
+
+def test_rows_count_the_reconnects_after_idle_closes(tmp_path):
+    """One FIFO worker at 50 ms and 4 envs that replan in lockstep: the first-served env waits >= 150 ms for
+    its next request, longer than the server's 0.1 s idle timeout, so the server closes its connection in
+    between. Every episode still completes; the rows count the reconnects; no request was processed twice
+    (the server's inference count equals the requests the rows record)."""
+    with start_server_thread("hold", flavor="vllm-omni", workers=1, latency_ms=50, idle_timeout_s=0.1) as server:
+        summary, run_dir, _ = run(tmp_path, [server.url + PATH], num_envs=4, episodes=4, max_steps=17)
+        inferences = server.stats().inferences
+    rows = run_dir.read_rows()
+    assert summary["complete"] and all(r["error"] is None and r["steps"] == 17 for r in rows)
+    assert sum(r["reconnects"] for r in rows) > 0 and all(r["retries"] == 0 for r in rows)
+    assert inferences == sum(r["server_calls"] for r in rows) == 4 * 3
+
+
+def test_rows_count_server_error_retries(tmp_path):
+    with start_server_thread("hold", flavor="vllm-omni", fail_every=2) as server:
+        summary, run_dir, _ = run(tmp_path, [server.url + PATH], num_envs=1, episodes=2, max_steps=17, retry_server_errors=1)
+    rows = run_dir.read_rows()
+    assert summary["complete"] and all(r["error"] is None for r in rows)
+    assert [r["retries"] for r in rows] == [2, 3]  # every second inference fails: requests 2, 3 | 4, 5, 6 retry once
+    assert all(r["reconnects"] == 0 for r in rows)
+
+
+@pytest.mark.parametrize("flavor", ["vllm-omni", "dreamzero"])
+def test_the_same_cause_gives_the_same_error_event_in_every_env(tmp_path, flavor):
+    """Every env's first request fails on the server: one name, whatever the flavor's connection handling."""
+    with start_server_thread("hold", flavor=flavor, fail_every=1) as server:
+        summary, run_dir, _ = run(tmp_path, [server.url + PATH], num_envs=3, episodes=3, max_steps=4)
+    rows = run_dir.read_rows()
+    assert len(rows) == 3 and {r["error_event"] for r in rows} == {"server_error"}

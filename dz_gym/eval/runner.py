@@ -12,7 +12,13 @@ An episode ends when the env reports ``terminated``/``truncated``, after ``max_s
 of that env), or at the first failed server call of that env (server error, lost connection, timeout,
 protocol error): it is then recorded as errored, the env is partially reset (a fresh session; the wrapper
 has already done its bounded reconnect) and the slot moves on to its next episode. Errored episodes are
-not re-run, so seeds stay fixed.
+not re-run, so seeds stay fixed. The row's ``error_event`` names the cause (``dz_gym.records.INTEGRITY_EVENTS``),
+the same for every env; ``reconnects`` and ``retries`` count the connections reopened and the requests re-sent
+after server errors during the episode (a reconnect may have restarted the policy's context on servers that
+key sessions per connection, such as vLLM-Omni).
+
+The runner uses only the wrapper's public surface: ``set_idle``, ``render_policy``, ``episode_stats``,
+``server_url``, ``ensure_connected``, ``session_ids``, ``last_obs`` and the step's ``info``.
 
 Per finished episode the runner writes, in order: the trajectory file, the video (closed in the background)
 and its row in ``episodes.jsonl``. A stop request (Ctrl-C) or an exhausted error budget ends the scene at the
