@@ -1,0 +1,62 @@
+"""Real run directories for the report's tests, made quickly by the evaluator itself.
+
+The episodes run on :class:`~dz_gym.testing.toy_env.ToyDroidEnv` (outcomes known from the seed, no rendering
+cost) against the reference server over loopback, with real videos, trajectories, rows and summary written by
+:func:`dz_gym.eval.evaluate.evaluate`. One seed's requests fail on the server, so every run has an errored
+episode with a reason.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dz_gym.eval.config import EvalConfig
+from dz_gym.eval.evaluate import evaluate
+from dz_gym.eval.rundir import RunDir
+from dz_gym.server.launch import start_server_thread
+from dz_gym.server.policies import HoldPolicy
+from dz_gym.testing.toy_env import ToyDroidEnv
+
+PATH = "/v1/realtime/robot/openpi"
+
+
+def first_joint(seed: int) -> float:
+    env = ToyDroidEnv(1, image_shape=(18, 32))
+    env.reset_one(0, seed)
+    return float(env.joints[0, 0])
+
+
+class FailOnSeed(HoldPolicy):
+    """Hold, but fail every request of the episode with ``seed`` (recognised by its first joint)."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        self.joint0 = first_joint(seed)
+
+    def infer(self, request, *, session_id, new_session):
+        if abs(float(request["observation/joint_position"][0]) - self.joint0) < 1e-6:
+            raise RuntimeError("injected failure for this episode")
+        return super().infer(request, session_id=session_id, new_session=new_session)
+
+
+def toy_run(
+    root: Path,
+    *,
+    scenes=(1, 2),
+    episodes: int = 6,
+    num_envs: int = 3,
+    max_steps: int = 12,
+    video: bool = True,
+    fail_seed: int | None = 4,
+) -> RunDir:
+    """A finished run directory under ``root`` (see the module docstring)."""
+    config = EvalConfig(scenes=list(scenes), episodes=episodes, num_envs=num_envs, max_steps=max_steps, video=video)
+    run_dir = RunDir.create(root, config)
+    policy = FailOnSeed(fail_seed) if fail_seed is not None else HoldPolicy()
+
+    def factory(scene, cfg):
+        return ToyDroidEnv(cfg.num_envs, scene=scene, max_episode_length=cfg.max_steps)
+
+    with start_server_thread(policy) as server:
+        evaluate(config, run_dir, [server.url + PATH], env_factory=factory, progress=False, command="toy run for the report tests")
+    return run_dir

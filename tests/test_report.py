@@ -1,0 +1,182 @@
+"""The report without a browser: what it reads from a run directory, its statistics, trajectories, CLI."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+
+from dz_gym.eval import results
+from dz_gym.report import build_report, cli, load, paired, write_report
+from dz_gym.report.page import rate_text
+from report_runs import toy_run
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return toy_run(tmp_path_factory.mktemp("toy"))
+
+
+def test_page_is_self_contained_and_shows_the_summary(run):
+    html = build_report(run.path)
+    summary = json.loads((run.path / "summary.json").read_text())
+    # Nothing the browser would fetch from elsewhere: no external scripts, styles, fonts or images.
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", html)
+    assert "<link" not in html and "@import" not in html and "url(" not in html
+    for key in ["1", "2", "overall"]:
+        assert rate_text(summary[key]["success_at_end"]).split(" ")[0] in html
+    assert html.count('class="ep ') == len(run.read_rows()) == 12
+    assert "injected failure" in html or "Internal inference error" in html
+
+
+def test_rate_text_matches_wilson():
+    entry = results.rate(5, 10)
+    assert rate_text(entry) == "5/10 50.0% [23.7, 76.3]"
+    assert rate_text(results.rate(0, 0)) == "-"
+
+
+def test_compact_trajectory_round_trip(run):
+    row = run.read_rows()[0]
+    with np.load(run.path / row["trajectory"]) as data:
+        joints, gripper, called = data["joint_pos"], data["gripper_pos"][:, 0], data["policy_called"]
+    compact = load.compact_trajectory(run.path / row["trajectory"])
+    assert compact["T"] == len(joints) == row["steps"] and compact["dof"] == 7
+    assert compact["calls"] == np.flatnonzero(called).tolist() and len(compact["calls"]) == row["server_calls"]
+    m = compact["m"]
+    q = np.frombuffer(base64.b64decode(compact["j"]), dtype=np.uint8).reshape(7, m)
+    lo, hi = compact["jr"]
+    index = np.round(np.linspace(0, len(joints) - 1, m)).astype(int)
+    decoded = lo + q / 255.0 * (hi - lo)
+    assert np.abs(decoded - joints[index].T).max() <= (hi - lo) / 255.0 + 1e-4
+    g = np.frombuffer(base64.b64decode(compact["g"]), dtype=np.uint8)
+    glo, ghi = compact["gr"]
+    assert np.abs(glo + g / 255.0 * (ghi - glo) - gripper[index]).max() <= (ghi - glo) / 255.0 + 1e-4
+
+
+def test_long_trajectories_are_downsampled(tmp_path):
+    steps = 450
+    path = tmp_path / "t.npz"
+    np.savez_compressed(
+        path,
+        joint_pos=np.random.default_rng(0).normal(size=(steps, 7)).astype(np.float32),
+        gripper_pos=np.linspace(0, 1, steps, dtype=np.float32)[:, None],
+        policy_called=(np.arange(steps) % 8 == 0),
+        success=np.arange(steps) >= 400,
+    )
+    compact = load.compact_trajectory(path)
+    assert compact["m"] == load.TRAJ_POINTS and compact["T"] == steps
+    assert len(compact["calls"]) == 57 and compact["ok"] == [[400, 450]]
+    assert len(json.dumps(compact)) < 2500  # what 500 episodes inline would multiply
+
+
+def test_run_state(run, tmp_path):
+    view = load.load_run(run.path)
+    assert view.state == "complete" and not view.summary_is_recomputed
+    assert view.summary == json.loads((run.path / "summary.json").read_text())
+    # A run still going: rows newer than the summary -> recomputed from the rows and said so.
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name in ("config.json", "episodes.jsonl", "summary.json"):
+        (copy / name).write_bytes((run.path / name).read_bytes())
+    lines = (copy / "episodes.jsonl").read_text().splitlines()
+    summary = json.loads((copy / "summary.json").read_text())
+    (copy / "episodes.jsonl").write_text("\n".join(lines[:5]) + "\n")
+    summary_short = dict(summary, overall=dict(summary["overall"], episodes=3))
+    (copy / "summary.json").write_text(json.dumps(summary_short))
+    view = load.load_run(copy)
+    assert view.state == "in progress" and "2 episode(s) finished since" in view.state_detail
+    rows = [json.loads(x) for x in lines[:5]]
+    assert view.summary["overall"]["success_at_end"] == results.summarize(rows)["overall"]["success_at_end"]
+    assert view.summary["command"] == summary["command"]  # kept from the last summary
+    (copy / "summary.json").unlink()
+    view = load.load_run(copy)
+    assert view.state == "in progress" and "no summary.json yet" in view.state_detail
+    assert "Numbers recomputed from episodes.jsonl" in build_report(copy)
+
+
+def test_interrupted_and_aborted_states():
+    rows: list = []
+    assert load.run_state({"interrupted": True}, rows, False)[0] == "interrupted"
+    assert load.run_state({"aborted": "max-errors exceeded"}, rows, False) == ("aborted", "max-errors exceeded")
+    assert load.run_state({"complete": False}, rows, False)[0] == "incomplete"
+
+
+def test_mcnemar_exact_matches_the_binomial_test():
+    assert paired.mcnemar_exact(0, 0) == 1.0
+    assert paired.mcnemar_exact(0, 5) == pytest.approx(2 / 32)
+    assert paired.mcnemar_exact(3, 3) == 1.0
+    scipy_stats = pytest.importorskip("scipy.stats")
+    for a_only, b_only in [(1, 7), (10, 3), (0, 12), (4, 6)]:
+        expected = scipy_stats.binomtest(b_only, a_only + b_only, 0.5).pvalue
+        assert paired.mcnemar_exact(a_only, b_only) == pytest.approx(expected, rel=1e-9)
+
+
+def test_newcombe_interval_properties():
+    # Identical arms: the interval is symmetric around 0.
+    lo, hi = paired.newcombe_paired(5, 3, 3, 9)
+    assert lo == pytest.approx(-hi) and lo < 0 < hi
+    # It contains the estimate, stays in [-1, 1], and narrows as n grows at the same proportions.
+    for both, a_only, b_only, neither in [(0, 0, 10, 0), (10, 0, 0, 0), (2, 1, 6, 3), (20, 10, 60, 30)]:
+        n = both + a_only + b_only + neither
+        diff = (b_only - a_only) / n
+        lo, hi = paired.newcombe_paired(both, a_only, b_only, neither)
+        assert -1 <= lo <= diff <= hi <= 1
+    small = paired.newcombe_paired(2, 1, 6, 3)
+    large = paired.newcombe_paired(20, 10, 60, 30)
+    assert large[1] - large[0] < small[1] - small[0]
+    # Large n: close to the Wald interval for paired proportions.
+    both, a_only, b_only, neither = 400, 100, 150, 350
+    n = 1000
+    diff = (b_only - a_only) / n
+    se = math.sqrt((a_only + b_only) / n - diff**2) / math.sqrt(n)
+    lo, hi = paired.newcombe_paired(both, a_only, b_only, neither)
+    assert lo == pytest.approx(diff - 1.96 * se, abs=0.004) and hi == pytest.approx(diff + 1.96 * se, abs=0.004)
+
+
+def test_paired_comparison_pairs_by_scene_and_seed():
+    def row(scene, seed, ok, error=None, arm=None):
+        r = {"scene": scene, "seed": seed, "episode": seed, "success_at_end": None if error else ok, "error": error}
+        if arm:
+            r["arm"] = arm
+        return r
+
+    a = [row(1, 0, True), row(1, 1, False), row(1, 2, True), row(2, 0, False), row(2, 1, True, error="x"), row(2, 5, True)]
+    b = [row(1, 0, True), row(1, 1, True), row(1, 2, False), row(2, 0, True), row(2, 1, True), row(2, 9, True)]
+    out = paired.paired_comparison(a, b)
+    assert out["scenes"]["1"]["pairs"] == 3 and out["scenes"]["2"]["pairs"] == 1
+    o = out["overall"]
+    assert (o["both"], o["a_only"], o["b_only"], o["neither"]) == (1, 1, 2, 0)
+    assert o["diff"] == pytest.approx(1 / 4) and o["p_value"] == pytest.approx(paired.mcnemar_exact(1, 2))
+    assert out["unpaired"] == {"only_a": 1, "only_b": 1, "errored": 1}
+    assert {(d["scene"], d["seed"], d["which"]) for d in o["discordant"]} == {(1, 1, "b_only"), (1, 2, "a_only"), (2, 0, "b_only")}
+    arms = paired.split_arms([dict(r, arm="a") for r in a] + [dict(r, arm="b") for r in b])
+    assert arms is not None and len(arms[0]) == len(a) and paired.split_arms(a) is None
+
+
+def test_cli(run, tmp_path, capsys):
+    assert cli.main([str(run.path)]) == 0
+    assert (run.path / "report.html").is_file()
+    assert capsys.readouterr().out.strip().endswith("report.html")
+    out = tmp_path / "ab"
+    assert cli.main([str(run.path), str(run.path), "-o", str(out)]) == 0
+    html = (out / "report.html").read_text()
+    assert 'id="paired"' in html and "../" in html  # videos linked relative to the page
+    for argv, needle in [
+        ([str(tmp_path / "missing")], "RUN_DIR: expected a run directory"),
+        ([str(run.path), str(run.path)], "-o/--out-dir: required"),
+        ([str(tmp_path)], "not a dz-gym-eval run directory"),
+    ]:
+        with pytest.raises(SystemExit) as exc:
+            cli.main(argv)
+        assert exc.value.code == 2
+        assert needle in capsys.readouterr().err
+
+
+def test_write_report_is_atomic_and_returns_the_path(run, tmp_path):
+    path = write_report(run.path, out_dir=tmp_path / "elsewhere")
+    assert path == tmp_path / "elsewhere" / "report.html" and path.is_file()
+    assert not list((tmp_path / "elsewhere").glob(".*tmp"))

@@ -1,0 +1,141 @@
+"""The report in a real browser (Debian's headless Chromium through Playwright): what a person sees.
+
+Checked on pages of real run directories written by the evaluator: the numbers equal ``summary.json``, filters
+change which episodes are shown, an episode's video plays (its ``readyState`` advances), its trajectory plot
+appears, the A/B section shows paired counts and side-by-side videos, there are no console errors and no
+request leaves the file system.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from browser import browser, open_page  # noqa: F401 - fixtures
+from dz_gym.report import write_report
+from dz_gym.report.paired import paired_comparison
+from report_runs import toy_run
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def rate_shown(entry) -> str:
+    """How a person reads a success rate on the page, written independently of the page code."""
+    lo, hi = entry["ci95"]
+    return f"{entry['k']}/{entry['n']} {100 * entry['rate']:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]"
+
+
+def visible_keys(page) -> list[str]:
+    return page.eval_on_selector_all("#episodes tr.ep", "rows => rows.filter(r => r.offsetParent !== null).map(r => r.dataset.key)")
+
+
+def assert_clean(watch) -> None:
+    assert watch.errors == []
+    assert watch.foreign_requests() == []
+    assert watch.requests and all(url.startswith("file://") for url in watch.requests)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    run_dir = toy_run(tmp_path_factory.mktemp("toy"))
+    write_report(run_dir.path)
+    return run_dir
+
+
+def test_numbers_equal_summary_json(run, open_page):
+    page, watch = open_page(run.path / "report.html")
+    summary = json.loads((run.path / "summary.json").read_text())
+    assert page.inner_text("#run-state").strip() == "complete"
+    for key in ["1", "2", "overall"]:
+        row = f'#results-table tr[data-scene="{key}"]'
+        for field in ("success_at_end", "success_any_step"):
+            shown = " ".join(page.inner_text(f'{row} td[data-field="{field}"]').split())
+            assert shown == rate_shown(summary[key][field]), (key, field)
+        assert page.inner_text(f'{row} td[data-field="errored"]') == str(summary[key]["errored"])
+        assert page.inner_text(f'{row} td[data-field="server_calls"]') == str(summary[key]["server_calls"])
+        assert page.inner_text(f'{row} td[data-field="episodes"]') == f"{summary[key]['episodes']} / {summary[key]['planned']}"
+    assert "toy run for the report tests" in page.inner_text("#run")
+    errors = page.inner_text("ul.errors")
+    assert errors.count("scene") == summary["overall"]["errored"] == 2 and "server_error" in errors
+    lat = summary["latency_ms"]
+    histogram = page.text_content("#plot-latency")
+    for key in ("p50", "p90", "p99"):
+        assert f"{key} {lat[key]:.0f}" in histogram
+    assert_clean(watch)
+
+
+def test_filters_change_the_episodes_shown(run, open_page):
+    page, watch = open_page(run.path / "report.html")
+    rows = run.read_rows()
+    assert len(visible_keys(page)) == len(rows) == 12
+    page.select_option("#f-outcome", "errored")
+    errored = sorted(f"scene{r['scene']}_ep{r['episode']:04d}" for r in rows if r["error"] is not None)
+    assert sorted(visible_keys(page)) == errored and len(errored) == 2
+    page.select_option("#f-outcome", "success")
+    assert sorted(visible_keys(page)) == sorted(f"scene{r['scene']}_ep{r['episode']:04d}" for r in rows if r["success_at_end"])
+    page.select_option("#f-scene", "2")
+    expected = sorted(f"scene2_ep{r['episode']:04d}" for r in rows if r["success_at_end"] and r["scene"] == 2)
+    assert sorted(visible_keys(page)) == expected and expected
+    assert page.inner_text("#shown-count") == f"showing {len(expected)} of 12 episodes"
+    page.select_option("#f-outcome", "failure")
+    page.select_option("#f-scene", "")
+    assert sorted(visible_keys(page)) == sorted(f"scene{r['scene']}_ep{r['episode']:04d}" for r in rows if r["error"] is None and not r["success_at_end"])
+    assert_clean(watch)
+
+
+def test_video_plays_and_trajectory_is_drawn(run, open_page):
+    page, watch = open_page(run.path / "report.html")
+    playable = page.evaluate("document.createElement('video').canPlayType('video/mp4; codecs=\"avc1.42E01E\"')")
+    assert playable in ("probably", "maybe"), "this Chromium cannot play H.264 mp4 (Debian's build can)"
+    assert page.locator("video").count() == 0  # nothing loads before an episode is opened
+    row = run.read_rows()[0]
+    key = f"scene{row['scene']}_ep{row['episode']:04d}"
+    page.click(f'#episodes tr[data-key="{key}"] button.open')
+    video = f'tr.detail[data-for="{key}"] video'
+    page.wait_for_selector(video)
+    page.eval_on_selector(video, "v => v.play()")
+    page.wait_for_function(f"(() => {{ const v = document.querySelector('{video}'); return v.readyState >= 2 && v.currentTime > 0; }})()", timeout=20_000)
+    assert page.eval_on_selector(video, "v => v.error") is None
+    traj = f'tr.detail[data-for="{key}"] svg.traj'
+    assert page.locator(f"{traj} polyline").count() == 7 + 1  # joints + gripper
+    assert page.locator(f"{traj} line.call").count() == row["server_calls"]
+    page.click(f'#episodes tr[data-key="{key}"] button.open')  # closes again
+    assert page.locator("tr.detail").count() == 0
+    assert_clean(watch)
+
+
+def test_without_videos_and_in_progress(tmp_path, open_page):
+    run_dir = toy_run(tmp_path, scenes=(1,), episodes=4, num_envs=2, max_steps=6, video=False, fail_seed=None)
+    (run_dir.path / "summary.json").unlink()  # as if the run were still going
+    path = write_report(run_dir.path)
+    page, watch = open_page(path)
+    assert page.inner_text("#run-state").strip() == "in progress"
+    assert page.is_visible("#recomputed") and page.is_visible("#no-videos")
+    page.click("#episodes tr.ep button.open")
+    assert "--no-video" in page.inner_text("tr.detail .novideo")
+    assert page.locator("tr.detail svg.traj").count() == 1
+    assert_clean(watch)
+
+
+def test_two_runs_compared(tmp_path, open_page):
+    # Same seeds; seeds with seed % 3 == 1 succeed at the end only in 4-step episodes (the toy env's rule).
+    run_a = toy_run(tmp_path / "a", scenes=(1,), episodes=6, num_envs=3, max_steps=12, fail_seed=None)
+    run_b = toy_run(tmp_path / "b", scenes=(1,), episodes=6, num_envs=3, max_steps=4, fail_seed=5)
+    path = write_report(run_a.path, run_b.path, out_dir=tmp_path / "ab")
+    page, watch = open_page(path)
+    expected = paired_comparison(run_a.read_rows(), run_b.read_rows())["overall"]
+    assert (expected["pairs"], expected["b_only"], expected["a_only"]) == (5, 2, 0)
+    cells = page.eval_on_selector_all('#paired tr[data-scope="overall"] td', "tds => tds.map(t => t.innerText)")
+    assert cells[:5] == [str(expected[k]) for k in ("pairs", "both", "a_only", "b_only", "neither")]
+    assert cells[7].startswith(f"{100 * expected['diff']:+.1f} pts")
+    assert cells[8] == f"{expected['p_value']:.3g}"
+    pairs = page.locator("#discordant li.pair")
+    assert pairs.count() == 2
+    pairs.first.locator("button.pairopen").click()
+    videos = pairs.first.locator("video")
+    assert videos.count() == 2
+    page.wait_for_function("Array.from(document.querySelectorAll('#discordant video')).every(v => v.readyState >= 1)", timeout=20_000)
+    page.select_option("#f-run", "B")
+    assert len(visible_keys(page)) == 6 and all(k.startswith("b:") for k in visible_keys(page))
+    assert_clean(watch)
