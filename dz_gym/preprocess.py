@@ -343,6 +343,21 @@ def is_torch_tensor(value: Any) -> bool:
     return type(value).__module__.startswith("torch") and hasattr(value, "detach")
 
 
+def to_numpy(value: Any) -> np.ndarray:
+    """``value`` as a host numpy array: a tensor (any device) is detached and copied to the host; numpy
+    arrays, lists and scalars go through ``np.asarray`` (no copy for an array). The one tensor-to-numpy
+    conversion of the package.
+
+    >>> to_numpy([1, 2]).tolist()
+    [1, 2]
+    >>> a = np.zeros(3); to_numpy(a) is a
+    True
+    """
+    if is_torch_tensor(value):
+        return value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
 @functools.lru_cache(maxsize=64)
 def _torch_taps(in_size: int, out_size: int, device: str):
     """Gather indices ``(out, ksize)`` (clamped in range) and int32 weights of an axis, on ``device``."""
@@ -527,7 +542,4 @@ def resize_with_pad_to_numpy(images: Any, height: int, width: int, *, method: st
     bytes than 720x1280 views at 180x320). A CPU tensor or numpy input already at the target size comes
     back as a view of the same memory, not a copy.
     """
-    out = resize_with_pad(images, height, width, method=method)
-    if is_torch_tensor(out):
-        return out.detach().cpu().numpy()
-    return out
+    return to_numpy(resize_with_pad(images, height, width, method=method))

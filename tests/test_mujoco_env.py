@@ -10,13 +10,12 @@ import pytest
 pytest.importorskip("mujoco")
 
 from dz_gym.envs import droid, make_droid_env  # noqa: E402
+from dz_gym.envs import episodes  # noqa: E402
 from dz_gym.envs.base import BatchedDroidEnv  # noqa: E402
 from dz_gym.envs.mujoco import MujocoDroidEnv, Randomization, RenderingUnavailable, make_env  # noqa: E402
 from dz_gym.envs.mujoco import gl, scene  # noqa: E402
 
-INFO_KEYS = {
-    "success", "success_any_step", "time_outs", "episode_seed", "episode_step", "object_pos", "container_pos", "images_fresh",
-}  # fmt: skip
+INFO_KEYS = set(episodes.INFO_KEYS)
 
 
 @pytest.fixture(scope="module")
@@ -36,13 +35,13 @@ def test_contract_shapes_dtypes_and_spaces(env2):
     assert isinstance(env2, BatchedDroidEnv)
     obs, info = env2.reset(seed=3)
     policy = obs[droid.POLICY_GROUP]
-    assert set(policy) == set(droid.CAMERA_KEYS) | {droid.JOINT_KEY, droid.GRIPPER_KEY}
+    assert set(policy) == set(droid.CAMERA_KEYS) | {droid.OBS_JOINT_KEY, droid.OBS_GRIPPER_KEY}
     for key in droid.CAMERA_KEYS:
         assert policy[key].shape == (2, 180, 320, 3) and policy[key].dtype == np.uint8
         assert policy[key].std() > 5  # a rendered scene, not a blank buffer
-    assert policy[droid.JOINT_KEY].shape == (2, 7) and policy[droid.JOINT_KEY].dtype == np.float32
-    assert policy[droid.GRIPPER_KEY].shape == (2, 1) and policy[droid.GRIPPER_KEY].dtype == np.float32
-    np.testing.assert_allclose(policy[droid.JOINT_KEY][0], droid.HOME_JOINT_POSITIONS, atol=0.02)
+    assert policy[droid.OBS_JOINT_KEY].shape == (2, 7) and policy[droid.OBS_JOINT_KEY].dtype == np.float32
+    assert policy[droid.OBS_GRIPPER_KEY].shape == (2, 1) and policy[droid.OBS_GRIPPER_KEY].dtype == np.float32
+    np.testing.assert_allclose(policy[droid.OBS_JOINT_KEY][0], droid.HOME_JOINT_POSITIONS, atol=0.02)
     assert env2.observation_space.contains(obs)
     assert env2.action_space.shape == (2, 8)
     assert set(info) == INFO_KEYS
@@ -171,6 +170,7 @@ def test_episode_seed_alone_decides_the_layout_and_queued_seeds_apply():
 
 def test_lazy_rendering_keeps_last_frame_of_masked_envs(env2):
     obs, _ = env2.reset(seed=0)
+    obs = {"policy": {key: np.array(value) for key, value in obs["policy"].items()}}  # views: keep copies
     action = hold_action(env2)
     action[:, 5] += 0.3  # turn the wrist: the wrist view changes
     env2.set_render_mask(np.array([True, False]))

@@ -2,21 +2,25 @@
 
 A backend is a ``gymnasium.Env`` that is internally batched, like Isaac Lab's ``ManagerBasedRLEnv``:
 
-- ``reset(*, seed=None, options=None) -> (obs, info)`` resets every env. With ``seed`` the episode seeds
-  become ``seed + arange(num_envs)`` unless seeds were queued with :meth:`set_episode_seeds`.
-  ``options={"env_ids": ids}`` resets only those envs (a partial reset, like Isaac Lab's
-  ``reset(env_ids=...)``); the returned observation is the whole batch, unchanged for the other envs.
+- ``reset(*, seed=None, options=None) -> (obs, info)`` resets every env, or only ``options["env_ids"]``
+  (or ``options["reset_mask"]``, an ``(N,)`` bool mask), like Isaac Lab's ``reset(env_ids=...)``; the
+  returned observation is the whole batch, unchanged for the other envs. Episode seeds: a seed queued
+  with :meth:`~BatchedDroidEnv.set_episode_seeds` wins, else ``seed + env_id``, else the env's previous
+  seed ``+ num_envs`` (see :mod:`dz_gym.envs.episodes`).
 - ``step(action) -> (obs, reward, terminated, truncated, info)`` with ``action`` ``(N, 8)`` (numpy or
   torch), ``reward``/``terminated``/``truncated`` of shape ``(N,)``. Envs that finish are reset inside the
   step (same-step autoreset), so their returned observation already belongs to the next episode.
 - ``obs["policy"]`` holds ``external_cam``, ``external_cam_2``, ``wrist_cam`` ``(N,H,W,3)`` uint8 and
   ``arm_joint_pos`` ``(N,7)``, ``gripper_pos`` ``(N,1)`` float32 (numpy for the embedded simulator, torch
-  tensors on the sim device for Isaac Lab).
-- ``info`` (dict of arrays with a leading ``N``), describing the state *reached by this step*, before any
-  autoreset: ``success`` (placement check now), ``success_any_step`` (OR over the episode so far),
-  ``time_outs``, ``episode_seed`` (seed of the episode the step belonged to), ``episode_step`` (steps
-  taken in it), ``object_pos`` / ``container_pos`` ``(N,3)`` env-local, and ``images_fresh`` (which envs'
-  images were rendered for the returned observation).
+  tensors on the sim device for Isaac Lab). Image arrays may be views of the backend's frame buffers:
+  they are valid until the next ``step``/``reset``; copy what you keep longer.
+- ``info`` (dict of arrays with a leading ``N``) describes the state *reached by this step*, before any
+  autoreset; its keys are :data:`dz_gym.envs.episodes.INFO_KEYS`: ``success`` (placement check now),
+  ``success_any_step`` (OR over the episode so far), ``time_outs``, ``episode_seed`` (seed of the episode
+  the step belonged to), ``episode_step`` (steps taken in it), ``object_pos`` / ``object_quat`` /
+  ``object_start_pos`` / ``container_pos`` / ``tcp_pos`` env-local, ``milestones`` (name -> first step,
+  -1 while not reached) and ``images_fresh`` (which envs' images were rendered for the returned
+  observation).
 
 Two hooks beyond Isaac Lab's API, both optional for callers:
 
@@ -26,6 +30,13 @@ Two hooks beyond Isaac Lab's API, both optional for callers:
 - :meth:`set_episode_seeds` queues the seeds of the next episode of some envs, applied when they reset
   (explicitly or by autoreset). The evaluator uses it for per-episode seeds that do not depend on
   ``num_envs``.
+
+What a backend gets from :class:`BatchedDroidEnv`: the spaces, ``self.episodes`` (an
+:class:`~dz_gym.envs.episodes.Episodes`: env-id validation, seeds, episode counters, success at any step,
+milestones and the ``info`` dict), ``episode_seed``/``episode_step``/``episode_count`` (read-only views),
+the closed check (:meth:`_check_open`, ``self._closed``), the started check (:meth:`_check_started`) and
+action validation (:meth:`_numpy_action`, :meth:`_torch_action`). A backend keeps only its physics,
+rendering and simulator calls; ``dz_gym.envs.episodes`` shows the reset and step flow.
 """
 
 from __future__ import annotations
@@ -37,6 +48,8 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from dz_gym.envs import droid
+from dz_gym.envs.episodes import Episodes, ObjectBox, check_seed
+from dz_gym.preprocess import to_numpy
 
 
 def droid_spaces(image_shape: tuple[int, int], num_envs: int | None = None) -> tuple[gym.spaces.Dict, gym.spaces.Box]:
@@ -63,19 +76,27 @@ def droid_spaces(image_shape: tuple[int, int], num_envs: int | None = None) -> t
     return observation, action
 
 
-def droid_single_spaces(image_shape: tuple[int, int]) -> tuple[gym.spaces.Dict, gym.spaces.Box]:
-    """Single-env observation and action spaces of the DROID contract at ``image_shape`` (H, W)."""
-    return droid_spaces(image_shape)
-
-
 class BatchedDroidEnv(gym.Env):
-    """Base class of the batched DROID backends: spaces, metadata and the two hooks' defaults."""
+    """Base class of the batched DROID backends: spaces, metadata, episode bookkeeping and the hooks.
+
+    ``seed`` is the seed of the first ``reset()`` that passes none (random when None); ``object_box``
+    refines the milestones' reach check (see :class:`~dz_gym.envs.episodes.Episodes`).
+    """
 
     metadata: dict[str, Any] = {"render_modes": [], "render_fps": droid.CONTROL_HZ, "autoreset_mode": AutoresetMode.SAME_STEP}
     is_vector_env = True
 
-    def __init__(self, num_envs: int, image_shape: tuple[int, int], scene: int, device: str = "cpu"):
-        if not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
+    def __init__(
+        self,
+        num_envs: int,
+        image_shape: tuple[int, int],
+        scene: int,
+        device: str = "cpu",
+        *,
+        seed: int | None = None,
+        object_box: ObjectBox | None = None,
+    ):
+        if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
             raise ValueError(f"num_envs: expected an integer >= 1, got {num_envs!r}")
         self.metadata = dict(type(self).metadata)
         self.num_envs = int(num_envs)
@@ -83,11 +104,13 @@ class BatchedDroidEnv(gym.Env):
         self.device = device
         self.step_dt = droid.STEP_DT
         self.max_episode_length = droid.MAX_EPISODE_LENGTH
-        self.single_observation_space, self.single_action_space = droid_single_spaces(image_shape)
+        self.single_observation_space, self.single_action_space = droid_spaces(image_shape)
         self.observation_space, self.action_space = droid_spaces(image_shape, self.num_envs)
+        self.episodes = Episodes(self.num_envs, self.scene, check_seed(seed), object_box)
         self._render_mask: np.ndarray | None = None
-        self._queued_seeds: dict[int, int] = {}
+        self._closed = False
 
+    # -- hooks ------------------------------------------------------------------------------------------
     def set_render_mask(self, mask: np.ndarray | None) -> None:
         """Envs whose images the caller will read from the next observation (``None``: all of them)."""
         if mask is None:
@@ -100,14 +123,55 @@ class BatchedDroidEnv(gym.Env):
 
     def set_episode_seeds(self, env_ids, seeds) -> None:
         """Queue the seed of the next episode of each env in ``env_ids``."""
-        env_ids = np.atleast_1d(np.asarray(env_ids, dtype=np.int64))
-        seeds = np.atleast_1d(np.asarray(seeds, dtype=np.int64))
-        if env_ids.shape != seeds.shape:
-            raise ValueError(f"seeds: expected one seed per env id, got {seeds.shape} for {env_ids.shape}")
-        for env_id, seed in zip(env_ids.tolist(), seeds.tolist()):
-            if not 0 <= env_id < self.num_envs:
-                raise ValueError(f"env_ids: expected ids in [0, {self.num_envs}), got {env_id}")
-            self._queued_seeds[env_id] = seed
+        self.episodes.queue_seeds(env_ids, seeds)
+
+    # -- episode state (read-only views) ----------------------------------------------------------------
+    @property
+    def episode_seed(self) -> np.ndarray:
+        """``(N,)`` seed of each env's current episode."""
+        return _read_only(self.episodes.episode_seed)
+
+    @property
+    def episode_step(self) -> np.ndarray:
+        """``(N,)`` steps taken in each env's current episode."""
+        return _read_only(self.episodes.episode_step)
+
+    @property
+    def episode_count(self) -> np.ndarray:
+        """``(N,)`` episodes started per env (a change marks a new episode)."""
+        return _read_only(self.episodes.episode_count)
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran (every later call but ``close`` raises)."""
+        return self._closed
+
+    # -- checks for the backends ------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        """``RuntimeError`` once the env is closed."""
+        if self._closed:
+            raise RuntimeError(f"{type(self).__name__}: the env is closed")
+
+    def _check_started(self, call: str = "step") -> None:
+        """``RuntimeError`` before the first ``reset``."""
+        self._check_open()
+        if not self.episodes.started:
+            raise RuntimeError(f"{call}: call reset() before the first {call}()")
+
+    def _numpy_action(self, action) -> np.ndarray:
+        """``action`` (numpy, list or torch, ``(N, 8)``) as a finite float64 numpy array; one-line
+        ``ValueError`` naming the problem otherwise. For the backends whose sim takes numpy arrays."""
+        try:
+            array = to_numpy(action).astype(np.float64)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"action: expected a numeric array of shape ({self.num_envs}, {droid.ACTION_DIM}), got {type(action).__name__}"
+            ) from None
+        if array.shape != (self.num_envs, droid.ACTION_DIM):
+            raise ValueError(f"action: expected shape ({self.num_envs}, {droid.ACTION_DIM}), got {array.shape}")
+        if not np.isfinite(array).all():
+            raise ValueError("action: expected finite values, got NaN or inf")
+        return array
 
     def _torch_action(self, action):
         """``action`` (numpy or torch, ``(N, 8)``) as a finite float32 tensor on ``self.device``; one-line
@@ -131,5 +195,12 @@ class BatchedDroidEnv(gym.Env):
         return tensor
 
     def _take_seed(self, env_id: int, fallback: int) -> int:
-        """The queued seed of ``env_id`` (consumed), else ``fallback``."""
-        return self._queued_seeds.pop(env_id, fallback)
+        """The queued seed of ``env_id`` (consumed), else ``fallback``. Transitional: backends that have
+        moved to ``self.episodes`` (``reset_seeds``/``next_seeds``) do not call it."""
+        return self.episodes._queued.pop(int(env_id), int(fallback))
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    view = array.view()
+    view.flags.writeable = False
+    return view

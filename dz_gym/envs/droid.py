@@ -35,11 +35,15 @@ GRIPPER_CLOSE_THRESHOLD = 0.5
 # DROID home pose (rad): the sim-evals initial pose and the embedded robot's keyframe.
 HOME_JOINT_POSITIONS = (0.0, -0.2 * np.pi, 0.0, -0.8 * np.pi, 0.0, 0.6 * np.pi, 0.0)
 
-# Observation group and terms (obs["policy"][term]).
+# Observation group and terms (obs["policy"][term]). The request keys of the wire protocol are the
+# REQUEST_* names below (``dz_gym.protocol.JOINT_KEY`` is the request's joint key, a different string).
 POLICY_GROUP = "policy"
 CAMERA_KEYS = ("external_cam", "external_cam_2", "wrist_cam")
-JOINT_KEY = "arm_joint_pos"
-GRIPPER_KEY = "gripper_pos"
+OBS_JOINT_KEY = "arm_joint_pos"
+OBS_GRIPPER_KEY = "gripper_pos"
+# Former names of the two observation terms, kept until every caller uses OBS_*; do not use in new code.
+JOINT_KEY = OBS_JOINT_KEY
+GRIPPER_KEY = OBS_GRIPPER_KEY
 ISAAC_IMAGE_SHAPE = (720, 1280)
 DEFAULT_EMBEDDED_IMAGE_SHAPE = (180, 320)
 
@@ -69,6 +73,20 @@ class SuccessCriteria:
 
 
 @dataclass(frozen=True)
+class MilestoneCriteria:
+    """Thresholds of the task milestones (metres), as in sim-evals' MILA tasks (see ``dz_gym.envs.episodes``).
+
+    ``reach_distance``: tool centre point to the object's box; ``lift_height``: object centre above its
+    height at the episode's start; ``above_height``: object centre above the container's origin, within
+    the success check's ``xy_radius`` of the container's centre.
+    """
+
+    reach_distance: float = 0.03
+    lift_height: float = 0.05
+    above_height: float = 0.08
+
+
+@dataclass(frozen=True)
 class SceneSpec:
     """One DROID scene: its prompt, the object to move and the container, in both backends' names."""
 
@@ -79,6 +97,7 @@ class SceneSpec:
     isaac_object: str
     isaac_container: str
     success: SuccessCriteria
+    milestones: MilestoneCriteria = MilestoneCriteria()
 
 
 # Container sizes follow the sim-evals assets (YCB bowl ~16 cm wide, YCB mug ~8 cm, a ~30 cm bin);

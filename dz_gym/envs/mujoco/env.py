@@ -37,6 +37,7 @@ import numpy as np
 
 from dz_gym.envs import droid
 from dz_gym.envs.base import BatchedDroidEnv
+from dz_gym.envs.episodes import TaskState
 from dz_gym.envs.mujoco import gl
 from dz_gym.envs.mujoco import scene as scene_module
 from dz_gym.envs.mujoco.cameras import CAMERA_NAMES, CameraCalibration, camera_calibration
@@ -81,20 +82,6 @@ def _check_image_shape(image_shape) -> tuple[int, int]:
     return height, width
 
 
-def _as_numpy_action(action: Any, num_envs: int) -> np.ndarray:
-    if hasattr(action, "detach") and hasattr(action, "cpu"):  # torch tensor (CPU or device)
-        action = action.detach().cpu().numpy()
-    try:
-        array = np.asarray(action, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise ValueError(f"action: expected a numeric array of shape ({num_envs}, {droid.ACTION_DIM}), got {type(action).__name__}") from None
-    if array.shape != (num_envs, droid.ACTION_DIM):
-        raise ValueError(f"action: expected shape ({num_envs}, {droid.ACTION_DIM}), got {array.shape}")
-    if not np.isfinite(array).all():
-        raise ValueError("action: expected finite values, got NaN or inf")
-    return array
-
-
 class MujocoDroidEnv(BatchedDroidEnv):
     """N embedded DROID envs of one scene (see the module docstring for semantics and knobs)."""
 
@@ -111,11 +98,13 @@ class MujocoDroidEnv(BatchedDroidEnv):
         start_method: str | None = None,
         multisamples: int = 0,
         device: str = "cpu",
+        frame_views: bool = True,
     ):
         image_shape = _check_image_shape(image_shape)
         if device != "cpu":
             raise ValueError(f"device: the embedded simulator returns numpy arrays; expected 'cpu', got {device!r}")
-        super().__init__(num_envs, image_shape, scene, device="cpu")
+        layout_spec = scene_module.LAYOUTS[droid.scene_spec(scene).scene_id]
+        super().__init__(num_envs, image_shape, scene, device="cpu", seed=seed, object_box=scene_module.object_box(scene))
         if max_episode_length is not None:
             if not isinstance(max_episode_length, (int, np.integer)) or max_episode_length < 1:
                 raise ValueError(f"max_episode_length: expected an integer >= 1, got {max_episode_length!r}")
@@ -124,8 +113,6 @@ class MujocoDroidEnv(BatchedDroidEnv):
             randomization = scene_module.Randomization()
         elif not isinstance(randomization, scene_module.Randomization):
             raise ValueError(f"randomization: expected a Randomization, got {type(randomization).__name__}")
-        if seed is not None and not isinstance(seed, (int, np.integer)):
-            raise ValueError(f"seed: expected an integer or None, got {seed!r}")
         if num_workers is None:
             num_workers = min(_available_cores(), self.num_envs)
         if not isinstance(num_workers, (int, np.integer)) or num_workers < 0:
@@ -134,23 +121,19 @@ class MujocoDroidEnv(BatchedDroidEnv):
         if not isinstance(multisamples, (int, np.integer)) or not 0 <= multisamples <= 16:
             raise ValueError(f"multisamples: expected an integer in [0, 16], got {multisamples!r}")
         self.multisamples = int(multisamples)
+        self.frame_views = bool(frame_views)
         self.image_shape = image_shape
         self.randomization = randomization
-        self.layout_spec = scene_module.LAYOUTS[self.scene.scene_id]
-        self._initial_seed = None if seed is None else int(seed)
-        self._closed = False
+        self.layout_spec = layout_spec
+        self._closed = True  # until the buffers exist
         self._pool: WorkerPool | None = None
         self._group: EnvGroup | None = None
         self._buffers: Buffers | None = None
+        self._frames: dict[str, np.ndarray] = {}
+        self._frame_store: dict[str, np.ndarray] = {}
         self._worker_slices: list[tuple[int, int]] = []
 
         n = self.num_envs
-        self.episode_step = np.zeros(n, dtype=np.int64)
-        self.episode_seed = np.zeros(n, dtype=np.int64)
-        self.episode_count = np.zeros(n, dtype=np.int64)
-        self._success_any = np.zeros(n, dtype=bool)
-        self._has_reset = False
-
         fields = buffer_fields(n, image_shape)
         _OPEN_ENVS.add(self)
         try:
@@ -161,6 +144,14 @@ class MujocoDroidEnv(BatchedDroidEnv):
             else:
                 self._buffers = Buffers(fields, shared=True)
                 self._pool = self._start_pool(start_method)
+            self._closed = False
+            # Frames handed out live in private memory: the workers' shared block is unmapped on close(),
+            # and a caller may still hold an observation then. In-process buffers are private already.
+            arrays = self._buffers.arrays
+            self._frame_store = {
+                name: arrays[name] if self._pool is None else np.zeros_like(arrays[name]) for name in CAMERA_NAMES
+            }
+            self._frames = {name: _read_only(store) for name, store in self._frame_store.items()}
         except BaseException:
             self.close()
             raise
@@ -202,74 +193,45 @@ class MujocoDroidEnv(BatchedDroidEnv):
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         """Reset all envs (or ``options["env_ids"]`` / ``options["reset_mask"]``); returns ``(obs, info)``."""
         self._check_open()
-        n = self.num_envs
-        ids = np.arange(n)
-        if options:
-            if "env_ids" in options:
-                ids = np.unique(np.atleast_1d(np.asarray(options["env_ids"], dtype=np.int64)))
-                if ids.size and (ids.min() < 0 or ids.max() >= n):
-                    raise ValueError(f"options['env_ids']: expected ids in [0, {n}), got {ids.tolist()}")
-            elif "reset_mask" in options:
-                mask = np.asarray(options["reset_mask"], dtype=bool).reshape(-1)
-                if mask.shape != (n,):
-                    raise ValueError(f"options['reset_mask']: expected shape ({n},), got {mask.shape}")
-                ids = np.flatnonzero(mask)
-        if seed is None and not self._has_reset:
-            seed = self._initial_seed if self._initial_seed is not None else int(np.random.SeedSequence().entropy % 2**31)
-        if seed is not None and not isinstance(seed, (int, np.integer)):
-            raise ValueError(f"seed: expected an integer or None, got {seed!r}")
+        book = self.episodes
+        ids = book.resolve_reset_ids(options)
+        seeds = book.reset_seeds(ids, seed)
         a = self._buffers.arrays
         a["op"][:] = SKIP
-        for env in ids.tolist():
-            fallback = int(seed) + env if seed is not None else self._next_seed(env)
-            a["seed"][env] = self._take_seed(env, fallback)
-            a["op"][env] = RESET
+        a["seed"][ids] = seeds
+        a["op"][ids] = RESET
         self._run()
-        self.episode_step[ids] = 0
-        self.episode_seed[ids] = a["seed"][ids]
-        self.episode_count[ids] += 1
-        self._success_any[ids] = False
-        self._has_reset = True
-        success = self._success_now()
-        self._success_any[ids] |= success[ids]
-        info = self._info(success, np.zeros(n, dtype=bool), self.episode_seed.copy(), self.episode_step.copy())
+        info = book.record_reset(ids, seeds, self._task_state(info=True), a["fresh"])
         return self._observation(), info
 
     def step(self, action):
         """Step every env by one control period; done envs reset in the same step (see base.py)."""
-        self._check_open()
-        if not self._has_reset:
-            raise RuntimeError("step: call reset() before the first step()")
-        actions = _as_numpy_action(action, self.num_envs)
+        self._check_started()
+        actions = self._numpy_action(action)
+        book = self.episodes
         a = self._buffers.arrays
-        self.episode_step += 1
-        truncated = self.episode_step >= self.max_episode_length
-        finished_seed = self.episode_seed.copy()
-        finished_step = self.episode_step.copy()
+        truncated = book.ending_next_step(self.max_episode_length)
+        done = np.flatnonzero(truncated)
+        seeds = book.next_seeds(done)
         a["action"][:] = actions
         a["op"][:] = np.where(truncated, STEP_THEN_RESET, STEP)
-        for env in np.flatnonzero(truncated).tolist():
-            a["seed"][env] = self._take_seed(env, self._next_seed(env))
+        a["seed"][done] = seeds
         mask = np.ones(self.num_envs, dtype=bool) if self._render_mask is None else self._render_mask
         a["render"][:] = mask | truncated
         self._run()
-        success = self._success_now()
-        self._success_any |= success
-        info = self._info(success, truncated, finished_seed, finished_step)
-        if truncated.any():
-            self.episode_step[truncated] = 0
-            self.episode_seed[truncated] = a["seed"][truncated]
-            self.episode_count[truncated] += 1
-            self._success_any[truncated] = False
+        info = book.record_step(self._task_state(info=True), truncated, a["fresh"])
+        if done.size:
+            book.start(done, seeds, self._task_state(info=False))
         reward = np.zeros(self.num_envs, dtype=np.float32)
         terminated = np.zeros(self.num_envs, dtype=bool)
-        return self._observation(), reward, terminated, truncated.copy(), info
+        return self._observation(), reward, terminated, truncated, info
 
     def close(self) -> None:
         """Stop the workers, close the renderers and free the shared memory (idempotent)."""
-        if getattr(self, "_closed", True):
+        if self._buffers is None:
             return
         self._closed = True
+        self._frames, self._frame_store = {}, {}
         if self._pool is not None:
             self._pool.close()
             self._pool = None
@@ -299,9 +261,8 @@ class MujocoDroidEnv(BatchedDroidEnv):
         a = self._buffers.arrays
         keys = ("object_pos", "object_quat", "object_linvel", "container_pos", "container_quat", "tcp_pos", "tcp_rot", "joint_pos", "gripper_pos")
         state = {key: a[key].copy() for key in keys}
-        state["episode_seed"] = self.episode_seed.copy()
-        state["episode_step"] = self.episode_step.copy()
-        state["episode_count"] = self.episode_count.copy()
+        for key in ("episode_seed", "episode_step", "episode_count"):
+            state[key] = getattr(self.episodes, key).copy()
         return state
 
     def perturb(self, env_id: int, kind: str, distance: float | None = None) -> bool:
@@ -321,8 +282,7 @@ class MujocoDroidEnv(BatchedDroidEnv):
             raise ValueError(f"env_id: expected an integer in [0, {self.num_envs}), got {env_id!r}")
         if distance is not None and not (math.isfinite(distance) and distance > 0):
             raise ValueError(f"distance: expected a positive number of metres, got {distance!r}")
-        if not self._has_reset:
-            raise RuntimeError("perturb: call reset() first")
+        self._check_started("perturb")
         if self._group is not None:
             return self._group.perturb(int(env_id), kind, distance)
         worker = next(k for k, (lo, hi) in enumerate(self._worker_slices) if lo <= env_id < hi)
@@ -333,47 +293,54 @@ class MujocoDroidEnv(BatchedDroidEnv):
         return camera_calibration(self.image_shape)
 
     # ------------------------------------------------------------------------------------ helpers
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError("env: closed")
-
     def _run(self) -> None:
         if self._group is not None:
             self._group.run()
         else:
             self._pool.run()
 
-    def _next_seed(self, env: int) -> int:
-        if self.episode_count[env] == 0:
-            return int(np.random.SeedSequence().entropy % 2**31) + env
-        return int(self.episode_seed[env]) + self.num_envs
-
-    def _success_now(self) -> np.ndarray:
+    def _task_state(self, info: bool) -> TaskState:
+        """The state the last step reached (``info``: before any autoreset) or the current one (after it)."""
         a = self._buffers.arrays
-        return droid.placement_success(
-            self.scene.success, a["info_object_pos"], a["info_container_pos"], a["info_object_speed"], a["info_tcp_pos"]
-        )
-
-    def _info(self, success, time_outs, episode_seed, episode_step) -> dict[str, np.ndarray]:
-        a = self._buffers.arrays
-        return {
-            "success": success.astype(bool),
-            "success_any_step": self._success_any.copy(),
-            "time_outs": np.asarray(time_outs, dtype=bool).copy(),
-            "episode_seed": episode_seed,
-            "episode_step": episode_step,
-            "object_pos": a["info_object_pos"].copy(),
-            "container_pos": a["info_container_pos"].copy(),
-            "images_fresh": a["fresh"].astype(bool),
-        }
+        if info:
+            return TaskState(
+                a["info_object_pos"].copy(), a["info_container_pos"].copy(), a["info_tcp_pos"].copy(),
+                a["info_object_speed"].copy(), a["info_object_quat"].copy(),
+            )  # fmt: skip
+        speed = np.linalg.norm(a["object_linvel"], axis=1)
+        return TaskState(a["object_pos"].copy(), a["container_pos"].copy(), a["tcp_pos"].copy(), speed, a["object_quat"].copy())
 
     def _observation(self) -> dict[str, dict[str, np.ndarray]]:
+        """The batch's observation. Images are read-only views of the frame buffers (valid until the next
+        ``step``/``reset``), or copies with ``frame_views=False``."""
         a = self._buffers.arrays
-        policy = {name: a[name].copy() for name in CAMERA_NAMES}
-        policy[droid.JOINT_KEY] = a["joint_pos"].astype(np.float32)
-        policy[droid.GRIPPER_KEY] = a["gripper_pos"].astype(np.float32).reshape(-1, 1)
+        if self._pool is not None:  # bring in the frames rendered by this step only
+            for start, stop in _runs(np.flatnonzero(a["fresh"])):
+                for name in CAMERA_NAMES:
+                    self._frame_store[name][start:stop] = a[name][start:stop]
+        if self.frame_views:
+            policy = dict(self._frames)
+        else:
+            policy = {name: frames.copy() for name, frames in self._frame_store.items()}
+        policy[droid.OBS_JOINT_KEY] = a["joint_pos"].astype(np.float32)
+        policy[droid.OBS_GRIPPER_KEY] = a["gripper_pos"].astype(np.float32).reshape(-1, 1)
         return {droid.POLICY_GROUP: policy}
 
+
+def _runs(ids: np.ndarray) -> list[tuple[int, int]]:
+    """Sorted ``ids`` as half-open ``(start, stop)`` runs of consecutive values."""
+    if not ids.size:
+        return []
+    breaks = np.flatnonzero(np.diff(ids) != 1) + 1
+    starts = np.concatenate(([ids[0]], ids[breaks]))
+    stops = np.concatenate((ids[breaks - 1] + 1, [ids[-1] + 1]))
+    return list(zip(starts.tolist(), stops.tolist()))
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    view = array.view()
+    view.flags.writeable = False
+    return view
 
 
 def make_env(

@@ -31,6 +31,7 @@ import mujoco
 import numpy as np
 
 from dz_gym.envs import droid
+from dz_gym.envs.episodes import ObjectBox
 from dz_gym.envs.mujoco import cameras, robot
 
 # Physics: 33 substeps per 15 Hz control step, so a control step is exactly 1/15 s.
@@ -72,6 +73,9 @@ class SceneLayoutSpec:
     # Where a gripper grasps the object: offset of the grasp centre in the object's body frame.
     grasp_offset: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
+
+CUBE_HALF = 0.025
+CAN_RADIUS, CAN_HALF_HEIGHT = 0.024, 0.04
 
 # Banana: 5 capsules along an arc of radius 11 cm spanning 90 degrees, body x along the chord.
 BANANA_ARC_RADIUS = 0.11
@@ -120,6 +124,19 @@ class Layout:
     container_xy: tuple[float, float]
     container_yaw: float
     extra: dict = field(default_factory=dict, compare=False)
+
+
+def object_box(scene: int) -> ObjectBox:
+    """The bounding box of ``scene``'s object in its body frame (the milestones' reach check)."""
+    scene_id = droid.scene_spec(scene).scene_id
+    if scene_id == 1:
+        return ObjectBox((0.0, 0.0, 0.0), (CUBE_HALF,) * 3)
+    if scene_id == 2:
+        return ObjectBox((0.0, 0.0, 0.0), (CAN_RADIUS, CAN_RADIUS, CAN_HALF_HEIGHT))
+    points = np.array([p for start, end, _ in banana_segments() for p in (start, end)])
+    radius = max(BANANA_RADII)
+    lower, upper = points.min(axis=0) - radius, points.max(axis=0) + radius
+    return ObjectBox(tuple(((lower + upper) / 2).tolist()), tuple(((upper - lower) / 2).tolist()))
 
 
 def min_separation(scene: int, randomization: Randomization) -> float:
@@ -214,7 +231,7 @@ def _add_ring(body, n: int, radius_bottom: float, radius_top: float, z_bottom: f
 
 def _add_cube_and_bowl(spec: mujoco.MjSpec) -> None:
     cube = _free_body(spec, OBJECT_BODY, LAYOUTS[1].object_rest_z)
-    cube.add_geom(name="cube", type=mujoco.mjtGeom.mjGEOM_BOX, size=(0.025,) * 3, rgba=COLOURS["cube"], mass=0.08, condim=4)
+    cube.add_geom(name="cube", type=mujoco.mjtGeom.mjGEOM_BOX, size=(CUBE_HALF,) * 3, rgba=COLOURS["cube"], mass=0.08, condim=4)
     bowl = _free_body(spec, CONTAINER_BODY, 0.0)
     bowl.add_geom(
         name="bowl_base", type=mujoco.mjtGeom.mjGEOM_CYLINDER, size=(0.052, 0.005), pos=(0, 0, 0.005),
@@ -225,7 +242,7 @@ def _add_cube_and_bowl(spec: mujoco.MjSpec) -> None:
 
 def _add_can_and_mug(spec: mujoco.MjSpec) -> None:
     can = _free_body(spec, OBJECT_BODY, LAYOUTS[2].object_rest_z)
-    can.add_geom(name="can", type=mujoco.mjtGeom.mjGEOM_CYLINDER, size=(0.024, 0.04), rgba=COLOURS["can"], mass=0.12, condim=4)
+    can.add_geom(name="can", type=mujoco.mjtGeom.mjGEOM_CYLINDER, size=(CAN_RADIUS, CAN_HALF_HEIGHT), rgba=COLOURS["can"], mass=0.12, condim=4)
     mug = _free_body(spec, CONTAINER_BODY, 0.0)
     mug.add_geom(
         name="mug_base", type=mujoco.mjtGeom.mjGEOM_CYLINDER, size=(0.04, 0.004), pos=(0, 0, 0.004),

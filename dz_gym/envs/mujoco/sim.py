@@ -43,6 +43,7 @@ def buffer_fields(num_envs: int, image_shape: tuple[int, int]) -> dict[str, tupl
         "render": ((n,), "u1"),
         # state reached by the step, before any autoreset (group -> main)
         "info_object_pos": ((n, 3), "f8"),
+        "info_object_quat": ((n, 4), "f8"),
         "info_container_pos": ((n, 3), "f8"),
         "info_object_speed": ((n,), "f8"),
         "info_tcp_pos": ((n, 3), "f8"),
@@ -220,6 +221,7 @@ class EnvGroup:
     def _write_info(self, env: int, data: mujoco.MjData) -> None:
         a, od = self.arrays, self.object_dof
         a["info_object_pos"][env] = data.xpos[self.object_body]
+        a["info_object_quat"][env] = data.xquat[self.object_body]
         a["info_container_pos"][env] = data.xpos[self.container_body]
         a["info_object_speed"][env] = np.linalg.norm(data.qvel[od : od + 3])
         a["info_tcp_pos"][env] = data.site_xpos[self.index.tcp_site]
