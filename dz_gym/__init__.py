@@ -4,13 +4,15 @@ Public API:
     make_droid_env(backend="mujoco"|"isaac", scene=1, num_envs=8, ...)  -> a batched DROID env
     DreamZeroPolicyWrapper(env, server=..., prompt=...)                 -> a gymnasium.Wrapper that
                                                                            queries the policy server
+    PolicyClient                                                        -> the interface the wrapper talks
+                                                                           to (``client=``); websocket default
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["DreamZeroPolicyWrapper", "make_droid_env", "__version__"]
+__all__ = ["DreamZeroPolicyWrapper", "PolicyClient", "make_droid_env", "__version__"]
 
 
 def __getattr__(name: str):
@@ -23,4 +25,8 @@ def __getattr__(name: str):
         from dz_gym.wrapper import DreamZeroPolicyWrapper
 
         return DreamZeroPolicyWrapper
+    if name == "PolicyClient":
+        from dz_gym.policy_client import PolicyClient
+
+        return PolicyClient
     raise AttributeError(f"module 'dz_gym' has no attribute {name!r}")

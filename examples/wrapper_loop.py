@@ -26,7 +26,6 @@ def run(server_url: str, args: argparse.Namespace) -> None:
     try:
         obs, info = env.reset(seed=args.seed)
         success_any = np.zeros(env.num_envs, dtype=bool)
-        calls = np.zeros(env.num_envs, dtype=int)
         latencies: list[float] = []
         rng = np.random.default_rng(args.seed)
         for _ in range(args.steps):
@@ -38,10 +37,13 @@ def run(server_url: str, args: argparse.Namespace) -> None:
             else:
                 obs, reward, terminated, truncated, info = env.step()
             success_any |= np.asarray(info["success"], dtype=bool)
-            calls += info["policy_called"]
             latencies += [v for v in info["chunk_latency_s"] if np.isfinite(v)]
         for i in range(env.num_envs):
-            print(f"env {i}: success so far {bool(success_any[i])}, chunks asked {calls[i]}, session {env.session_ids[i][:8]}")
+            stats = env.episode_stats(i)  # the current episode of env i, as the wrapper saw it
+            print(
+                f"env {i}: success so far {bool(success_any[i])}, chunks {stats.chunks} in {stats.steps} steps, "
+                f"reconnects {stats.reconnects}, session {stats.session_id[:8]}"
+            )
         if latencies:
             print(f"chunk latency: median {1e3 * np.median(latencies):.1f} ms, max {1e3 * np.max(latencies):.1f} ms")
     finally:

@@ -29,9 +29,10 @@ FAST = TransportConfig(open_timeout=5.0, connect_retries=1, request_timeout=20.0
 class RecordingPolicy:
     """Records every request; answers a chunk that is a deterministic function of the request."""
 
-    def __init__(self, delay_s: float = 0.0, metadata: dict | None = None):
+    def __init__(self, delay_s: float = 0.0, metadata: dict | None = None, barrier: threading.Barrier | None = None):
         self.metadata = dict(DREAMZERO_METADATA if metadata is None else metadata)
         self.delay_s = delay_s
+        self.barrier = barrier  # every call waits until `parties` calls are in service at once
         self.fail_sessions: set[str] = set()
         self.fatal = False
         self.calls: list[dict] = []
@@ -45,8 +46,10 @@ class RecordingPolicy:
             self.calls.append(call)
         if session_id in self.fail_sessions:
             raise RuntimeError(f"injected failure for {session_id}")
+        if self.barrier is not None:
+            self.barrier.wait()  # raises BrokenBarrierError (a server error) if the calls do not overlap
         if self.delay_s:
-            time.sleep(self.delay_s)
+            time.sleep(self.delay_s)  # server latency, for the tests of latency hiding
         joints = np.asarray(request["observation/joint_position"], dtype=np.float32)
         chunk = np.zeros((droid.ACTION_HORIZON, droid.ACTION_DIM), dtype=np.float32)
         chunk[:, :7] = joints + 0.01 * np.arange(1, droid.ACTION_HORIZON + 1)[:, None]
@@ -147,24 +150,25 @@ def test_one_env_sends_the_reference_clients_requests_and_executes_its_actions(r
 
 
 def test_eight_envs_use_distinct_sessions_per_episode_and_query_concurrently(recording_server):
-    policy = RecordingPolicy(delay_s=0.4)  # long enough that 8 sends overlap even on a loaded machine
+    policy = RecordingPolicy(barrier=threading.Barrier(8, timeout=15))  # passes only with 8 calls in service
     server = recording_server(policy, workers=8)
     env = make_wrapper(IsaacDroidStandIn(scene=2, num_envs=8, max_episode_length=12), server.url)
     try:
         _, info = env.reset(seed=0)
         first_wave = set(info["session_id"])
         assert len(first_wave) == 8
+        errors = []
         for _ in range(24):
             _, _, _, truncated, info = env.step()
-        assert info["policy_called"].sum() == 0 or info["policy_called"].all()
+            assert info["policy_called"].sum() == 0 or info["policy_called"].all()
+            errors += [e for e in info["policy_error"] if e is not None]
     finally:
         env.close()
     sessions = [c["session_id"] for c in policy.calls]
     assert len(set(sessions)) == 16  # two episode waves of 8
     assert set(sessions[:8]) == first_wave
     assert all(sessions.count(s) == 2 for s in set(sessions))  # steps 0 and 8 of a 12-step episode
-    wave = sorted(policy.calls, key=lambda c: c["start"])[:8]
-    assert max(c["start"] for c in wave) < min(c["end"] for c in wave)  # all 8 were in service at once
+    assert errors == [] and not policy.barrier.broken  # every wave of 8 calls met at the barrier, at once
     assert all(c["request"]["prompt"] == droid.SCENES[2].prompt for c in policy.calls)
 
 
