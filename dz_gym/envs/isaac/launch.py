@@ -45,6 +45,35 @@ def add_launcher_args(parser: argparse.ArgumentParser, version: str | None = Non
     return parser
 
 
+def isaac_flags_wanted(argv: list[str]) -> bool:
+    """Whether a ``dz-gym-eval`` command line will run on Isaac Lab, so its launcher flags belong on the
+    parser: ``--backend isaac``, or ``auto`` (or none) with Isaac Lab importable, or a resumed run that
+    used Isaac Lab. Nothing of Isaac Lab is imported here (``find_spec`` of a top-level name only)."""
+    import importlib.util
+
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--backend", default=None)
+    pre.add_argument("--resume", default=None)
+    known, _ = pre.parse_known_args(argv)
+    backend = known.backend
+    if backend is None and known.resume is not None:
+        try:
+            import json
+            from pathlib import Path
+
+            backend = json.loads((Path(known.resume) / "config.json").read_text()).get("backend")
+        except (OSError, ValueError, AttributeError):
+            backend = None
+    if backend == "isaac":
+        return True
+    if backend in (None, "auto"):
+        try:
+            return importlib.util.find_spec("isaaclab") is not None
+        except (ImportError, ValueError):
+            return False
+    return False
+
+
 def launch_app(
     app_args: argparse.Namespace | None = None,
     *,

@@ -146,3 +146,37 @@ def detect_layout(package_dir: Path) -> tuple[str, bool]:
     per_scene = (environments / "droid").is_dir()
     has_mila = (environments / "mila").is_dir()
     return ("per_scene" if per_scene else "run_eval"), has_mila
+
+
+def scene_key(scene: int | str) -> int:
+    """A run's scene id: a DROID scene number (1-3) or a named task's key (101-103); a one-line error."""
+    if isinstance(scene, bool):
+        raise ValueError(f"expected one of {sorted(BY_KEY)}, got {scene!r}")
+    try:
+        key = int(scene)
+    except (TypeError, ValueError):
+        return task_for(scene).key
+    if key in droid.SCENES:
+        return droid.scene_spec(key).scene_id
+    if key in BY_KEY:
+        return key
+    raise ValueError(f"expected one of {sorted(BY_KEY)} (DROID scenes 1-3, MILA tasks 101-103), got {scene!r}")
+
+
+def scene_prompt(scene: int) -> str:
+    """The prompt of a scene id (the DreamZero client's for scenes 1-3, the task's instruction for 101+)."""
+    key = scene_key(scene)
+    return droid.scene_spec(key).prompt if key in droid.SCENES else BY_KEY[key].prompt
+
+
+def tasks_from_names(names) -> list[IsaacTask]:
+    """The tasks of ``--task`` values, in order, without repeats; a one-line ``ValueError`` naming the flag."""
+    out: list[IsaacTask] = []
+    for name in names or ():
+        try:
+            task = TASKS[str(name)]
+        except KeyError:
+            raise ValueError(f"--task: expected one of {', '.join(TASKS)}, got {name!r}") from None
+        if task not in out:
+            out.append(task)
+    return out

@@ -1,0 +1,332 @@
+"""The Isaac backend on real installs (issue: wheel/source versions, the 3.0.0 release vs develop, in-place
+termination buffers, sim-evals' per-scene layout and MILA tasks), against the stand-in modules."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import dz_gym  # noqa: E402
+from dz_gym.envs.isaac import compat, launch, tasks  # noqa: E402
+from dz_gym.errors import BackendUnavailable  # noqa: E402
+from dz_gym.testing import isaac_stubs  # noqa: E402
+from dz_gym.testing.isaac_stubs import sim_evals_layouts  # noqa: E402
+
+SMALL = (4, 6)
+
+
+@pytest.fixture
+def install(tmp_path):
+    """``install(version, **world options)`` -> the stand-in world; everything is removed afterwards."""
+    worlds = []
+
+    def make_world(version="2.2", **options):
+        root = isaac_stubs.make_sim_evals_checkout(tmp_path / f"sim-evals-{len(worlds)}")
+        launch._forget_app_for_tests()
+        world = isaac_stubs.install(version, root, **options)
+        worlds.append(world)
+        return world
+
+    yield make_world
+    for world in worlds:
+        for env in world.envs:
+            env.close()
+    isaac_stubs.uninstall()
+    launch._forget_app_for_tests()
+
+
+def make(scene=1, num_envs=2, **kwargs):
+    kwargs.setdefault("device", "cpu")
+    kwargs.setdefault("check_gpu", False)
+    kwargs.setdefault("image_shape", SMALL)
+    return dz_gym.make_droid_env(backend="isaac", scene=scene, num_envs=num_envs, **kwargs)
+
+
+def hold(obs):
+    policy = obs["policy"]
+    return torch.cat([policy["arm_joint_pos"], (policy["gripper_pos"] > 0.5).float()], dim=1)
+
+
+# -- bug 1: versions of wheel and source installs; the CLI leaves Isaac Lab alone ---------------------------
+@pytest.mark.parametrize(
+    "version, options, release",
+    [
+        ("2.2", {"install": "wheel"}, (2, 2)),
+        ("2.2", {"install": "source"}, (2, 2)),  # extension 0.45.3 (2.2.1)
+        ("2.2", {"install": "source", "release": "2.2.0"}, (2, 2)),  # extension 0.41.2
+        ("3.0", {"install": "wheel"}, (3, 0)),
+        ("3.0", {"install": "source"}, (3, 0)),  # extension 6.1.0
+        ("3.0", {"install": "source", "release": "develop"}, (3, 0)),  # extension 3.5.3
+    ],
+)
+def test_versions_of_wheel_and_source_installs(install, version, options, release):
+    world = install(version, **options)
+    import importlib.metadata
+
+    assert importlib.metadata.version("isaaclab") == world.version_string
+    api = compat.detect()
+    assert api.version == release and world.version_string in api.source
+
+
+def test_version_mapping_table():
+    def release(dist, module=None, launcher=False):
+        return compat.release_of(compat.Install(dist, module if module is not None else dist, launcher))[0]
+
+    assert release("0.45.3") == (2, 2) and release("0.41.0") == (2, 2) and release("2.2.1") == (2, 2)
+    assert release("0.40.9") < (2, 2) and release("1.4.0") < (2, 2)
+    assert release("6.1.0") == (3, 0) and release("3.0.0") == (3, 0) and release("3.5.3") == (3, 0)
+    assert release(None, "0.45.3") == (2, 2)
+    assert release("0.45.3", launcher=True) == (3, 0)  # the 3.x launcher module wins over numbers
+    assert "older than 2.2" in compat.release_of(compat.Install("0.40.1", "0.40.1", False))[1]
+
+
+def test_cli_parser_leaves_isaac_lab_alone_for_the_mujoco_backend(install):
+    install("2.2", install="source")  # importable, version 0.45.3: the old parser refused it
+    from dz_gym.eval.cli import build_parser
+
+    assert not launch.isaac_flags_wanted(["--backend", "mujoco", "--scene", "1"])
+    parser = build_parser(isaac_args=launch.isaac_flags_wanted(["--backend", "mujoco"]))
+    args = parser.parse_args(["--backend", "mujoco", "--scene", "1"])
+    assert args.backend == "mujoco" and "--headless" not in parser.format_help()
+    assert not any(name == "isaaclab" or name.startswith("isaaclab.") for name in sys.modules)
+    # auto picks isaac when it is importable, and then the launcher flags join
+    assert launch.isaac_flags_wanted([]) and launch.isaac_flags_wanted(["--backend", "isaac"])
+    assert "--headless" in build_parser(isaac_args=True).format_help()
+
+
+def test_dz_gym_eval_mujoco_runs_where_a_source_install_is_importable(install, tmp_path, capsys):
+    install("2.2", install="source")
+    from dz_gym.eval import cli
+
+    code = cli.main([
+        "--backend", "mujoco", "--num-envs", "1", "--episodes", "1", "--max-steps", "2", "--no-video",
+        "--output-root", str(tmp_path / "runs"), "--policy", "hold",
+    ])
+    assert code == 0, capsys.readouterr().err
+    assert len(list((tmp_path / "runs").iterdir())) == 1
+
+
+def test_isaac_task_without_isaac_lab_is_one_line_and_writes_nothing(tmp_path, capsys):
+    isaac_stubs.uninstall()
+    from dz_gym.eval import cli
+
+    code = cli.main(["--backend", "isaac", "--task", "place_spoon_in_sink", "--output-root", str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert code != 0
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "isaac" in lines[0] and "Traceback" not in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_unknown_task_is_a_usage_error(capsys):
+    from dz_gym.eval import cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--backend", "isaac", "--task", "no_such_task"])
+    assert exit_info.value.code == 2 and "--task" in capsys.readouterr().err
+
+
+# -- bug 2: resets on the 3.0.0 release and on develop -------------------------------------------------
+@pytest.mark.parametrize("release, expected", [("3.0.0", None), ("develop", slice(None))])
+def test_reset_passes_the_env_ids_form_each_3_0_accepts(install, release, expected):
+    world = install("3.0", release=release)
+    env = make(num_envs=2)
+    env.reset(seed=3)
+    resets = [call[1] for call in world.calls if call[0] == "env.reset"]
+    assert len(resets) == 2 and all(call["env_ids"] == expected and call["seed"] == 3 for call in resets)
+    obs, _ = env.reset(options={"env_ids": [1]})
+    assert [call[1] for call in world.calls if call[0] == "env.reset"][-1]["env_ids"] == ("tensor", "torch.int64", [1])
+    assert tuple(obs["policy"]["arm_joint_pos"].shape) == (2, 7)
+
+
+def test_the_release_fails_on_a_slice_as_upstream_does(install):
+    world = install("3.0", release="3.0.0")
+    make(num_envs=1)
+    with pytest.raises(TypeError):
+        world.env.reset(env_ids=slice(None))
+
+
+# -- bug 3: time-outs copied out of the termination manager's in-place buffers ---------------------------
+def test_lock_step_time_out_survives_the_hold_step(install):
+    install("2.2")
+    env = make(num_envs=2)
+    obs, _ = env.reset(seed=0)
+    truncated_at = []
+    for step in range(1, 451):
+        obs, _, terminated, truncated, info = env.step(hold(obs))
+        if bool(truncated.any()):
+            truncated_at.append(step)
+    assert truncated_at == [450]
+    assert truncated.tolist() == [True, True] and info["time_outs"].tolist() == [True, True]
+    assert not terminated.any()
+    obs, _, _, truncated, info = env.step(hold(obs))  # the copy is ours: the next step leaves it alone
+    assert not truncated.any() and info["episode_seed"].tolist() == [2, 3]
+
+
+# -- bug 4: sim-evals' per-scene layout ------------------------------------------------------------------
+def test_per_scene_layout_builds_the_scene_by_its_gym_id_and_reads_prims(install):
+    world = install("2.2", layout="per_scene")
+    env = make(scene=1, num_envs=2)
+    parse = world.calls[world.index("parse_env_cfg")]
+    assert parse[1] == "DROID-CubeInBowl" and ("cfg.set_scene", "DROID-CubeInBowl") in world.calls
+    assert ("cfg.set_scene", 1) not in world.calls  # set_scene(int) raises ValueError in this layout
+    assert any(call[0] == "usd.open" for call in world.calls)
+    cube = world.env.scene["rubiks_cube"]
+    assert cube.prim_path == "{ENV_REGEX_NS}/scene/rubiks_cube"
+    obs, info = env.reset(seed=0)
+    start = isaac_stubs.cfgs.SCENE_BODIES[1]["rubiks_cube"]
+    assert np.allclose(info["object_pos"], [start, start], atol=1e-6)  # env-local, from the prim's pose
+    bowl = isaac_stubs.cfgs.SCENE_BODIES[1]["_24_bowl"]
+    world.env.teleport("rubiks_cube", 1, (bowl[0], bowl[1], bowl[2] + 0.01))
+    obs, reward, _, _, info = env.step(hold(obs))
+    assert info["success"].tolist() == [False, True] and reward.tolist() == [0.0, 1.0]
+    assert np.allclose(info["object_pos"][1], (bowl[0], bowl[1], bowl[2] + 0.01), atol=1e-5)
+
+
+def test_plain_prims_are_not_entities_upstream(install):
+    world = install("2.2", layout="per_scene")
+    make(scene=2, num_envs=1)
+    scene_cfg = world.env.cfg.scene
+    assert hasattr(scene_cfg, "_10_potted_meat_can")  # registered by the backend, not by sim-evals
+    assert not hasattr(scene_cfg, "_11_banana")  # other rigid prims stay prims
+    with pytest.raises(KeyError):
+        world.env.scene["_11_banana"]
+
+
+def test_per_scene_layout_with_a_run_eval_scene_number_and_3_0_quaternions(install):
+    world = install("3.0", layout="per_scene")
+    env = make(scene=3, num_envs=1)
+    assert world.calls[world.index("parse_env_cfg")][1] == "DROID-BananaInBin"
+    assert world.env.cfg.scene._11_banana.init_state.rot == (0.0, 0.0, 0.0, 1.0)  # xyzw on 3.0
+    assert env.scene.prompt == "put the banana in the bin"  # the DreamZero client's prompt
+
+
+# -- MILA tasks --------------------------------------------------------------------------------------
+# Per task: env-local object positions for steps 1..3 and the milestone steps they give (hand-computed
+# from sim-evals' terms: reach 3 cm to the object's box, lift 5 cm, above/in the target by its radius and
+# heights, the grey bowl's region for the red bowl); the tool centre point stays at (0.45, 0, 0.45).
+MILA_CASES = {
+    "place_spoon_in_sink": (
+        [(0.45, 0.0, 0.45), (0.50, -0.30, 0.10), (0.50, -0.30, -0.08)],
+        {"reached": 1, "lifted": 1, "above_target": 2, "placed": 3},
+    ),
+    "place_spoon_in_utensil_holder": (
+        [(0.45, 0.0, 0.45), (0.45, -0.25, 0.20), (0.45, -0.25, 0.10)],
+        {"reached": 1, "lifted": 1, "above_target": 2, "placed": 3},
+    ),
+    "stack_red_bowl_into_grey_bowl": (
+        [(0.45, 0.0, 0.45), (0.45, 0.0, 0.45), (0.50, -0.20, 0.04)],
+        {"reached": 1, "lifted": 1, "above_target": 1, "placed": 3},  # above the grey bowl's height anywhere
+    ),
+}
+
+
+def run_mila_case(world, env, name, num_envs):
+    poses, _ = MILA_CASES[name]
+    task = sim_evals_layouts.MILA_TASKS[name]
+    obs, info = env.reset(seed=0)
+    infos = [info]
+    for pose in poses:
+        for i in range(num_envs):
+            world.env.teleport(task.object_name, i, pose)
+        obs, reward, terminated, truncated, info = env.step(hold(obs))
+        infos.append(info)
+    return obs, infos
+
+
+@pytest.mark.parametrize("name", list(MILA_CASES))
+def test_mila_task_selection_prompt_horizon_and_milestones(install, name):
+    world = install("2.2", layout="per_scene", mila=True)
+    task = tasks.TASKS[name]
+    env = make(scene=task.key, num_envs=1)
+    upstream = sim_evals_layouts.MILA_TASKS[name]
+    assert world.calls[world.index("parse_env_cfg")][1] == "DROID-MILA" and ("cfg.set_task", name) in world.calls
+    assert env.scene.prompt == upstream.language_instruction == task.prompt
+    assert env.max_episode_length == upstream.max_timesteps == task.max_steps
+    obs, infos = run_mila_case(world, env, name, 1)
+    expected = MILA_CASES[name][1]
+    milestones = infos[-1]["milestones"]
+    assert {key: int(milestones[key][0]) for key in tasks.GENERIC_MILESTONES} == expected
+    for own, generic in zip(task.milestones, tasks.GENERIC_MILESTONES):  # the task's own names too
+        assert milestones[own].tolist() == milestones[generic].tolist()
+    assert [bool(info["success"][0]) for info in infos] == [False, False, False, True]
+    assert tuple(obs["policy"]["arm_joint_pos"].shape) == (1, 7)  # upstream gives (7,) at N=1
+
+
+@pytest.mark.parametrize("name", list(MILA_CASES))
+def test_mila_task_with_several_envs_equals_one_env(install, name):
+    single = {}
+    for num_envs in (1, 3):
+        world = install("3.0", layout="per_scene", mila=True)
+        env = make(scene=tasks.TASKS[name].key, num_envs=num_envs)
+        _, infos = run_mila_case(world, env, name, num_envs)
+        got = [(info["success"].tolist(), {k: v.tolist() for k, v in info["milestones"].items()}) for info in infos]
+        if num_envs == 1:
+            single = got
+        else:
+            for (success, milestones), (one_success, one_milestones) in zip(got, single):
+                assert success == one_success * 3
+                assert milestones == {k: v * 3 for k, v in one_milestones.items()}
+        env.close()
+
+
+def test_mila_milestones_reset_with_the_episode(install):
+    world = install("2.2", layout="per_scene", mila=True)
+    env = make(scene="place_spoon_in_sink", num_envs=1)
+    obs, infos = run_mila_case(world, env, "place_spoon_in_sink", 1)
+    obs, info = env.reset()
+    assert all(v.tolist() == [-1] for v in info["milestones"].values()) and not info["success"].any()
+
+
+def test_mila_task_needs_a_sim_evals_with_mila(install):
+    install("2.2", layout="per_scene")
+    with pytest.raises(BackendUnavailable, match="MILA"):
+        make(scene="place_spoon_in_sink", num_envs=1)
+
+
+def test_task_table_and_scene_keys():
+    assert tasks.scene_key(1) == 1 and tasks.scene_key("place_spoon_in_sink") == 101
+    assert tasks.scene_prompt(103) == "Pick up the red bowl and place it in the grey bowl."
+    with pytest.raises(ValueError, match="expected one of"):
+        tasks.scene_key(7)
+    named = tasks.tasks_from_names(["place_spoon_in_sink", "DROID-CanInMug", "place_spoon_in_sink"])
+    assert [t.key for t in named] == [101, 2]
+
+
+# -- stand-in gaps -------------------------------------------------------------------------------------
+def test_3_0_origin_grid_uses_the_float_square_root(install):
+    from dz_gym.testing.isaac_stubs.sim import env_origins
+
+    assert len(set(env_origins(8, 1.0, float_sqrt=True)[:, 0].tolist())) == 3  # 3x3
+    assert len(set(env_origins(8, 1.0)[:, 0].tolist())) == 4  # 2.2: 4x2
+
+
+def test_missing_gripper_body_is_a_clear_error(install):
+    install("2.2")
+    with pytest.raises(KeyError, match="not all in the articulation"):
+        make(num_envs=1, tcp_bodies=("left_inner_finger", "no_such_finger"))
+
+
+def test_distant_lights_are_kept_once(install):
+    world = install("2.2", scene_distant_light=True)
+    env = make(num_envs=3)
+    lights = {str(p.GetPath()): p.GetAttribute("inputs:intensity").Get() for p in world.env.sim.stage.prims
+              if p.GetTypeName() == "DistantLight"}
+    assert lights["/World/envs/env_0/scene/DistantLight"] > 0
+    assert lights["/World/envs/env_1/scene/DistantLight"] == 0 == lights["/World/envs/env_2/scene/DistantLight"]
+    assert env.patches
+
+
+def test_3_0_release_launcher_lives_in_sim_launcher_and_viz_is_a_comma_list(install):
+    world = install("3.0", release="3.0.0")
+    parser = argparse.ArgumentParser()
+    dz_gym.envs.isaac.add_launcher_args(parser)
+    assert parser.parse_args([]).visualizer is None
+    assert parser.parse_args(["--viz", "kit,newton"]).visualizer == "kit,newton"
+    make(num_envs=1)
+    assert world.launched and "isaaclab_tasks.utils.sim_launcher" in sys.modules
