@@ -445,15 +445,57 @@ def test_dead_server_is_a_clear_bounded_error(capsys):
     assert "not ready within 1 s" in err[0]
 
 
+@pytest.mark.timeout(20)  # far below the default --ready-timeout of 60 s: a refused port must not wait it out
+def test_refused_port_fails_within_seconds():
+    proc = subprocess.run(
+        [sys.executable, "-m", "dz_gym.bench", "--server", f"ws://127.0.0.1:{free_port()}/x"],
+        capture_output=True, text=True, timeout=15,
+    )
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "refused the connection" in lines[0] and "--server" in lines[0]
+
+
+@pytest.mark.timeout(30)
+def test_silent_server_is_waited_for_until_the_ready_timeout(capsys):
+    """A server that accepts TCP but never answers the upgrade (still loading) is not a refused port."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    try:
+        port = listener.getsockname()[1]
+        rc = bench("--server", f"ws://127.0.0.1:{port}", "--ready-timeout", 1, "--open-timeout", 0.5, "--num-requests", 5)
+    finally:
+        listener.close()
+    assert rc == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not ready within 1 s" in err[0]
+
+
 @pytest.mark.timeout(40)  # --duration 30 would outlast it if the dead server were not noticed
 def test_server_that_dies_mid_run_ends_the_run(capsys):
-    server = start_server_thread("hold", latency_ms=20)
-    timer = threading.Timer(0.8, server.stop)
-    timer.start()
+    served = threading.Event()
+
+    class StopsAfterTen:
+        """Holds the joints; sets ``served`` at the 10th inference (the warm-up is 2): mid-run."""
+
+        def __init__(self):
+            self.calls = 0
+
+        def infer(self, request, *, session_id, new_session):
+            self.calls += 1
+            if self.calls >= 10:
+                served.set()
+            return np.zeros((24, 8), dtype=np.float32)
+
+    server = start_server_thread(StopsAfterTen(), latency_ms=20)
+    killer = threading.Thread(target=lambda: served.wait(30) and server.stop(), daemon=True)
+    killer.start()
     try:
         rc = bench("--server", server.url, "--concurrency", 2, "--duration", 30)
     finally:
-        timer.join()
+        served.set()
+        killer.join(15)
         server.stop()
     assert rc == 1
     err = capsys.readouterr().err.strip().splitlines()

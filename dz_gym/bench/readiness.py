@@ -1,8 +1,10 @@
 """Is the server ready? A bounded handshake probe, plus the HTTP health endpoint when the server has one.
 
 The metadata handshake is the readiness test (vLLM-Omni's ``/health`` can say 200 while the robot policy
-cannot serve): :func:`wait_ready` opens a session and reads the metadata frame, retrying refused connections
-and timeouts until ``timeout`` seconds have passed, then gives up with one line. The health endpoint
+cannot serve): :func:`wait_ready` opens a session and reads the metadata frame, retrying timeouts (a server
+that accepts connections but is still loading) until ``timeout`` seconds have passed, then gives up with one
+line. A refused connection (nothing listens on the port) is retried only for ``REFUSED_GRACE_S`` seconds,
+so a wrong ``--server`` fails within seconds instead of after the whole readiness bound. The health endpoint
 (``/healthz`` on openpi servers, ``/health`` on vLLM-Omni, both at the root of the host) is asked once, with
 a short bound, and only recorded: a server without one is fine.
 """
@@ -19,9 +21,21 @@ from dz_gym.errors import ConnectionLost, DzGymError, RequestTimeout
 from dz_gym.protocol import ServerMetadata
 from dz_gym.transport import AsyncSession, TransportConfig
 
-__all__ = ["HEALTH_PATHS", "ServerInfo", "probe_health", "wait_ready"]
+__all__ = ["HEALTH_PATHS", "REFUSED_GRACE_S", "ServerInfo", "probe_health", "wait_ready"]
 
 HEALTH_PATHS = ("/healthz", "/health")
+REFUSED_GRACE_S = 3.0
+"""How long refused connections are retried: covers a server that is binding its port right now."""
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether a failed connect was refused by the host (nothing listens on that port)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ConnectionRefusedError):
+            return True
+        seen = seen.__cause__
+    return False
 
 
 @dataclasses.dataclass
@@ -74,7 +88,8 @@ async def probe_health(url: str, timeout: float = 2.0) -> dict | None:
 async def wait_ready(url: str, timeout: float, config: TransportConfig | None = None) -> ServerInfo:
     """Handshake with ``url`` until it answers or ``timeout`` s pass; then ask its health endpoint once.
 
-    Refused connections and silent servers are retried about twice a second until the bound. Raises
+    Silent servers are retried about twice a second until the bound, refused connections for at most
+    :data:`REFUSED_GRACE_S` seconds. Raises
     :class:`~dz_gym.errors.ConnectionLost` or :class:`~dz_gym.errors.RequestTimeout` (one line, naming the
     URL and the last failure) when the server never became ready, and a server's own refusal
     (:class:`~dz_gym.errors.ServerError`, e.g. vLLM-Omni without a robot policy) at once.
@@ -83,6 +98,7 @@ async def wait_ready(url: str, timeout: float, config: TransportConfig | None = 
     deadline = start + timeout
     base = config or TransportConfig()
     last: DzGymError | None = None
+    refused_since: float | None = None
     while True:
         left = deadline - time.perf_counter()
         if left <= 0:
@@ -95,6 +111,17 @@ async def wait_ready(url: str, timeout: float, config: TransportConfig | None = 
             metadata = await asyncio.wait_for(session.connect(), left + 1.0)
         except (ConnectionLost, RequestTimeout, asyncio.TimeoutError, TimeoutError) as exc:
             last = exc if isinstance(exc, DzGymError) else RequestTimeout(f"handshake with {url} timed out")
+            if _refused(exc):
+                now = time.perf_counter()
+                refused_since = now if refused_since is None else refused_since
+                if now - refused_since >= min(REFUSED_GRACE_S, timeout):
+                    host = f"{urlsplit(url).hostname}:{urlsplit(url).port or (443 if url.startswith('wss') else 80)}"
+                    raise ConnectionLost(
+                        f"server at {url} refused the connection for {now - refused_since:.0f} s (nothing listens on "
+                        f"{host}); check --server or start the server first"
+                    ) from None
+            else:
+                refused_since = None
             await asyncio.sleep(min(0.5, max(deadline - time.perf_counter(), 0.0)))
             continue
         finally:
