@@ -12,7 +12,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["DreamZeroPolicyWrapper", "PolicyClient", "make_droid_env", "__version__"]
+__all__ = ["DreamZeroPolicyWrapper", "PolicyClient", "__version__", "make_droid_env"]
 
 
 def __getattr__(name: str):

@@ -188,8 +188,8 @@ def test_videos_have_one_frame_per_step(tmp_path, hold_server):
 
 def test_strip_frames_order_and_isaac_sized_torch_views():
     pytest.importorskip("torch")
-    from dz_gym.testing.isaac_standin import IsaacDroidStandIn, decode_stamp
     from dz_gym.eval.video import strip_frames
+    from dz_gym.testing.isaac_standin import IsaacDroidStandIn, decode_stamp
 
     env = IsaacDroidStandIn(scene=1, num_envs=3)
     obs, _ = env.reset(seed=0)
@@ -256,6 +256,6 @@ def test_rows_count_server_error_retries(tmp_path):
 def test_the_same_cause_gives_the_same_error_event_in_every_env(tmp_path, flavor):
     """Every env's first request fails on the server: one name, whatever the flavor's connection handling."""
     with start_server_thread("hold", flavor=flavor, fail_every=1) as server:
-        summary, run_dir, _ = run(tmp_path, [server.url + PATH], num_envs=3, episodes=3, max_steps=4)
+        _, run_dir, _ = run(tmp_path, [server.url + PATH], num_envs=3, episodes=3, max_steps=4)
     rows = run_dir.read_rows()
     assert len(rows) == 3 and {r["error_event"] for r in rows} == {"server_error"}

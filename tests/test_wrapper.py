@@ -14,12 +14,12 @@ import torch
 from gymnasium.vector import AutoresetMode
 
 from dz_gym.envs import droid
-from dz_gym.testing.isaac_standin import IsaacDroidStandIn, decode_stamp
 from dz_gym.errors import HandshakeError
+from dz_gym.records import EpisodeStats
 from dz_gym.server.launch import start_server_thread
 from dz_gym.server.policies import DREAMZERO_METADATA
+from dz_gym.testing.isaac_standin import IsaacDroidStandIn, decode_stamp
 from dz_gym.transport import TransportConfig
-from dz_gym.records import EpisodeStats
 from dz_gym.wrapper import DreamZeroPolicyWrapper
 
 PATH = "/v1/realtime/robot/openpi"
@@ -159,7 +159,7 @@ def test_eight_envs_use_distinct_sessions_per_episode_and_query_concurrently(rec
         assert len(first_wave) == 8
         errors = []
         for _ in range(24):
-            _, _, _, truncated, info = env.step()
+            _, _, _, _, info = env.step()
             assert info["policy_called"].sum() == 0 or info["policy_called"].all()
             errors += [e for e in info["policy_error"] if e is not None]
     finally:
@@ -365,7 +365,7 @@ def test_simulated_delay_is_reproducible_whatever_the_server_latency(recording_s
             env.reset(seed=0)
             actions, stats = [], []
             for _ in range(30):
-                _, _, _, truncated, info = env.step()
+                _, _, _, _, info = env.step()
                 actions.append(info["policy_action"])
             assert info["_chunk_stats"].all()
             stats = [EpisodeStats.from_info(info, i) for i in range(4)]
