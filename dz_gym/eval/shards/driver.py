@@ -23,6 +23,7 @@ import dataclasses
 import logging
 import os
 import secrets
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
@@ -41,7 +42,8 @@ from dz_gym.eval.shards.worker import TOKEN_FILE, ShardWorker
 
 logger = logging.getLogger(__name__)
 
-FORWARDED_ENV = ("MUJOCO_GL", "PYOPENGL_PLATFORM", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
+FORWARDED_ENV = ("MUJOCO_GL", "PYOPENGL_PLATFORM")  # the simulator's rendering set-up, for every shard
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's node address is 127.0.0.1 (read at import)
 DRAIN_BATCH = 64
 CALL_TIMEOUT_S = 60.0
 
@@ -55,7 +57,10 @@ class RayOptions:
     ``servers_per_shard``: each shard uses its own group of that many ``--server`` URLs. ``shard_cpus``: CPUs
     per MuJoCo shard (default: its env slots, at most a node's CPUs), also its env worker count.
     ``resources``: custom Ray resources every shard asks for. ``max_restarts``: new actors per shard after
-    its actor died. ``local_cpus``: CPUs of the ``local`` instance (default: all).
+    its actor died. ``local_cpus``: CPUs of the ``local`` instance (default: all). ``ship_files``: send
+    trajectories and videos back as bytes (True), or have shards write them into the run directory (False: it
+    must be on a file system every node shares); default: write directly from the nodes that see the run
+    directory (a token file written by the driver tells), ship from the others.
     """
 
     address: str = "local"
@@ -65,6 +70,7 @@ class RayOptions:
     resources: Mapping[str, float] = dataclasses.field(default_factory=dict)
     max_restarts: int = 2
     local_cpus: int | None = None
+    ship_files: bool | None = None
     poll_s: float = 0.1
     stop_grace_s: float = 120.0
 
@@ -94,7 +100,13 @@ class _ShardState:
 
 
 def connect(options: RayOptions) -> bool:
-    """Connect to (or start) Ray; True when this call did (and so should shut it down)."""
+    """Connect to (or start) Ray; True when this call did (and so should shut it down).
+
+    ``local`` starts a private single-machine instance on 127.0.0.1 (unless Ray was imported before with
+    other settings): nothing outside this machine needs to reach it.
+    """
+    if options.address == "local" and "ray" not in sys.modules:
+        os.environ.setdefault(LOOPBACK_ENV, "0")
     ray = require_ray()
     if ray.is_initialized():
         return False
@@ -166,9 +178,10 @@ class ShardedRun:
         return kwargs
 
     def _new_actor(self, st: _ShardState) -> None:
-        remote = self.ray.remote(ShardWorker).options(**self._actor_options(st.shard))
-        st.actor = remote.remote(self.config.backend, self.env_kwargs.get("app_args"))
         st.attempt += 1
+        name = actor_name(self.token, st.shard.index, st.attempt)
+        remote = self.ray.remote(ShardWorker).options(name=name, **self._actor_options(st.shard))
+        st.actor = remote.remote(self.config.backend, self.env_kwargs.get("app_args"))
 
     def _submit(self, st: _ShardState) -> None:
         scene = st.scenes[0]
@@ -183,6 +196,7 @@ class ShardedRun:
             "servers": st.servers,
             "run_dir": str(self.run_dir.path.resolve()),
             "token": self.token,
+            "ship_files": self.options.ship_files,
             "env_kwargs": self._env_kwargs(st.shard),
         }
         if self.config.auth_env and os.environ.get(self.config.auth_env):
@@ -449,6 +463,11 @@ def evaluate_sharded(
     if error is not None:
         raise error
     return summary
+
+
+def actor_name(token: str, shard: int, attempt: int) -> str:
+    """The Ray name of a shard's actor: the run's token (see ``.shards-token``), the shard and the attempt."""
+    return f"dz-gym-{token[:12]}-shard{shard}-{attempt}"
 
 
 def _safe_path(root: Path, rel: str) -> Path:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
 import socket
 import tempfile
 import threading
@@ -264,7 +265,8 @@ class ShardWorker:
         config = dataclasses.replace(config, num_envs=len(queues))
         if config.auth_env and spec.get("auth_token") and not os.environ.get(config.auth_env):
             os.environ[config.auth_env] = spec["auth_token"]
-        shared = _sees_run_dir(spec["run_dir"], spec["token"])
+        ship = spec.get("ship_files")
+        shared = _sees_run_dir(spec["run_dir"], spec["token"]) if ship is None else not ship
         root = Path(spec["run_dir"]) if shared else Path(tempfile.mkdtemp(prefix=f"dz-gym-shard{spec['shard']}-"))
         recorder = VideoRecorder() if config.video else None
         meta = {"shard": int(spec["shard"]), "node": self.node_id}
@@ -290,7 +292,7 @@ class ShardWorker:
                 max_stale_steps=config.max_stale_steps,
             )
             for i, meta_i in enumerate(wrapper.server_metadata):
-                out["server_metadata"].setdefault(wrapper.pool.url(i), _metadata_dict(meta_i))
+                out["server_metadata"].setdefault(wrapper.server_url(i), _metadata_dict(meta_i))
             runner = _shard_runner(SceneRunner)(
                 wrapper,
                 scene=spec["scene"],
@@ -315,6 +317,8 @@ class ShardWorker:
                 recorder.close()
                 out["video_errors"] = dict(recorder.failed)
             delivered = pusher.close()
+            if not shared and delivered:
+                shutil.rmtree(root, ignore_errors=True)
         if not delivered:
             raise RuntimeError(f"shard {spec['shard']}: {outbox.pending()} row(s) could not be sent to the driver"
                                + (f" ({pusher.lost})" if pusher.lost else ""))
