@@ -1,4 +1,5 @@
-"""argparse value types shared by the command-line tools: numbers with a one-line error naming the bound."""
+"""argparse helpers shared by the command-line tools: numbers with a one-line error naming the bound, and a
+parser whose usage errors are one line."""
 
 from __future__ import annotations
 
@@ -46,3 +47,25 @@ def non_negative_float(text: str) -> float:
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
     return value
+
+
+def integer(text: str) -> int:
+    """Any integer (the range is checked by whoever owns the rule, e.g. ``EvalConfig``)."""
+    return _number(text, int, "an integer")
+
+
+def number(text: str) -> float:
+    """Any finite number (the range is checked by whoever owns the rule)."""
+    return _number(text, float, "a finite number")
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are one line on stderr (``PROG: error: ...``) and exit 2.
+
+    argparse prints the whole usage block before the error; a usage error here is one line that names the
+    flag and what was expected, with a pointer to ``--help``.
+    """
+
+    def error(self, message: str):  # type: ignore[override]
+        text = " ".join(message.split())
+        self.exit(2, f"{self.prog}: error: {text} (see {self.prog} --help)\n")

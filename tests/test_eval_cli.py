@@ -1,6 +1,10 @@
-"""Command-line handling of dz-gym-eval: bad flags end with one line and exit status 2; resume checks."""
+"""Command-line handling of dz-gym-eval: bad flags end with one line and exit status 2; resume checks; one
+source of defaults (EvalConfig) for the code, --help and docs/eval.md."""
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 import pytest
 
@@ -10,12 +14,13 @@ from dz_gym.eval.rundir import RunDir
 
 
 def usage_error(capsys, argv) -> str:
+    """The whole of stderr: exactly one line (no argparse usage block), and exit status 2."""
     with pytest.raises(SystemExit) as exc:
         cli.main(argv)
     assert exc.value.code == 2
-    lines = [line for line in capsys.readouterr().err.strip().splitlines() if line.startswith("dz-gym-eval: error")]
-    assert len(lines) == 1
-    return lines[0]
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("dz-gym-eval: error: "), err
+    return err.strip()
 
 
 @pytest.mark.parametrize(
@@ -32,8 +37,13 @@ def usage_error(capsys, argv) -> str:
         (["--server", "ws://127.0.0.1:1", "--policy", "hold"], "--policy"),
         (["--port", "70000"], "--port"),
         (["--path", "no-slash"], "--path"),
-        (["--prefetch", "8"], "prefetch: expected an integer in [0, 8)"),
-        (["--auth-env", "MY-TOKEN=abc"], "auth_env"),
+        (["--prefetch", "8"], "--prefetch: expected an integer in [0, 8)"),
+        (["--auth-env", "MY-TOKEN=abc"], "--auth-env"),
+        (["--retry-server-errors", "-1"], "--retry-server-errors"),
+        (["--server-max-sessions", "0"], "--server-max-sessions"),
+        (["--server-idle-timeout", "-5"], "--server-idle-timeout"),
+        (["--max-stale-steps", "-2"], "--max-stale-steps"),
+        (["--num-envs"], "--num-envs"),
         (["--prefetch", "-1"], "--prefetch"),
         (["--simulated-delay", "x"], "--simulated-delay"),
     ],
@@ -92,3 +102,36 @@ def test_resume_of_an_external_server_run(capsys, tmp_path):
     resumed, _, servers = cli.resolve_config(parser, parser.parse_args(args))
     assert servers == resumed.servers == ["ws://127.0.0.1:10/x"]
     assert "--policy" in usage_error(capsys, ["--resume", str(run.path), "--policy", "hold"])
+
+
+def test_defaults_come_from_eval_config_in_code_help_and_docs():
+    """EvalConfig holds every default; the transport's bounds come from TransportConfig; --help and the flag
+    table of docs/eval.md show the same values."""
+    from dz_gym.transport import TransportConfig
+
+    parser = cli.build_parser(isaac_args=False)
+    config, _, _ = cli.resolve_config(parser, parser.parse_args([]))
+    default = EvalConfig(backend=config.backend)
+    assert config == default and config.episodes == config.num_envs
+    assert EvalConfig.default("request_timeout") == TransportConfig().request_timeout
+    assert EvalConfig.default("retry_server_errors") == TransportConfig().retry_server_errors == 0
+    assert EvalConfig.default("backend") == "auto"
+    help_text = " ".join(parser.format_help().split())
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "eval.md").read_text()
+    table = dict(re.findall(r"^\| `(--[a-z-]+)(?:\\\||[^|])*\| ([^|]*) \|", docs, flags=re.M))
+    for field in ("num_envs", "seed", "max_steps", "open_loop_horizon", "prefetch", "request_timeout",
+                  "retry_server_errors", "server_max_sessions", "server_idle_timeout", "backend", "scenes"):
+        value = EvalConfig.default(field)
+        shown = ", ".join(map(str, value)) if isinstance(value, list) else f"{value:g}" if isinstance(value, float) else str(value)
+        flag = cli.flag_of(field)
+        assert f"(default {shown}" in help_text.split(flag + " ", 1)[1], (flag, shown)
+        assert table[flag].strip().split(" ")[0] == shown, (flag, table[flag], shown)
+
+
+def test_flags_reach_the_transport_config():
+    parser = cli.build_parser(isaac_args=False)
+    argv = ["--retry-server-errors", "2", "--request-timeout", "30", "--server-max-sessions", "4", "--server-idle-timeout", "0"]
+    config, _, _ = cli.resolve_config(parser, parser.parse_args(argv))
+    transport = config.transport_config()
+    assert (transport.retry_server_errors, transport.request_timeout) == (2, 30.0)
+    assert (config.server_max_sessions, config.server_idle_timeout) == (4, 0.0)

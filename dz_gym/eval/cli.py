@@ -7,9 +7,11 @@ Examples::
     dz-gym-eval --host 10.0.0.5 --port 8000 --scene 3        # the reference client's flags
     dz-gym-eval --resume runs/dz_gym_eval/20261130-120000_scene1
 
-Exit status: 0 when every planned episode has a row, 130 after Ctrl-C (everything finished so far is kept and
-``summary.json`` says ``"interrupted": true``), 1 when the run aborted (``--max-errors`` exceeded, a simulator
-or server failure outside an episode), 2 for bad flags. ``docs/eval.md`` describes flags, outputs and resume.
+Exit status: 0 when every planned episode has a row, 130 after Ctrl-C or SIGTERM (everything finished so far is
+kept and ``summary.json`` says ``"interrupted": true``), 1 when a preflight check failed (nothing is written) or
+the run aborted (``--max-errors`` exceeded, a simulator or server failure outside an episode), 2 for bad flags
+(one line) and for an ``--open-loop-horizon`` longer than the server's chunks. Every default comes from
+:class:`~dz_gym.eval.config.EvalConfig`. ``docs/eval.md`` describes flags, outputs and resume.
 
 The parser is plain argparse so Isaac Lab's launcher flags (``--device``, ``--headless``...) join it when
 Isaac Lab is installed.
@@ -21,18 +23,20 @@ import argparse
 import importlib.util
 import logging
 import os
-import signal
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from dz_gym.envs import droid
-from dz_gym.cli_types import non_negative_int, positive_float, positive_int
-from dz_gym.eval.config import EvalConfig, resume_conflicts
+from dz_gym.cli_types import OneLineErrorParser, integer, number
+from dz_gym.eval.config import BACKENDS, EvalConfig, default_policy, resume_conflicts
 from dz_gym.eval.results import format_table
 from dz_gym.eval.rundir import RunDir
 from dz_gym.eval.runner import RunControl
+from dz_gym.eval.signals import StopOnSignal, interruptible
+
+__all__ = ["build_parser", "default_policy", "main", "resolve_config"]
 
 DEFAULT_OUTPUT_ROOT = Path("runs") / "dz_gym_eval"
 DEFAULT_PATH = "/v1/realtime/robot/openpi"
@@ -41,69 +45,72 @@ DEFAULT_HOST = "127.0.0.1"
 COMMAND_ENV = "DZ_GYM_EVAL_COMMAND"  # the user's command, handed to per-scene child processes
 EXIT_OK, EXIT_ABORTED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
-# Defaults of the flags a resumed run takes from its config.json instead (None in the parser = "not given").
-DEFAULTS: dict[str, Any] = {
-    "scenes": [1],
-    "seed": 0,
-    "backend": "auto",
-    "open_loop_horizon": droid.DEFAULT_OPEN_LOOP_HORIZON,
-    "prefetch": 0,
-    "simulated_delay": None,
-    "max_stale_steps": None,
-    "max_steps": droid.MAX_EPISODE_LENGTH,
-    "max_errors": None,
-    "request_timeout": 600.0,
-    "auth_env": None,
-    "video": True,
-    "num_envs": 8,
-}
+# EvalConfig fields set by a flag of the same name (None in the parser = "not given": on resume the saved
+# value stays, else EvalConfig's default applies).
+FLAG_FIELDS = (
+    "scenes", "num_envs", "episodes", "seed", "backend", "policy", "max_steps", "open_loop_horizon", "prefetch",
+    "simulated_delay", "max_stale_steps", "max_errors", "request_timeout", "retry_server_errors",
+    "server_max_sessions", "server_idle_timeout", "auth_env", "video",
+)
+_FLAG_OF_FIELD = {"scenes": "--scene", "servers": "--server"}
 
 
-def _scene(text: str) -> int:
-    try:
-        return droid.scene_spec(int(text)).scene_id
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected one of {sorted(droid.SCENES)}, got {text!r}") from None
+def flag_of(field: str) -> str:
+    """The command-line flag that sets EvalConfig field ``field``."""
+    return _FLAG_OF_FIELD.get(field, "--" + field.replace("_", "-"))
 
 
-def default_policy(backend: str = "mujoco") -> str:
-    """The embedded server's default policy: ``reference`` on the embedded simulator (the only scenes it
-    knows: their colours and camera calibration), else ``hold``."""
-    from dz_gym.server.policies import BUILTIN_POLICIES
-
-    return "reference" if backend == "mujoco" and "reference" in BUILTIN_POLICIES else "hold"
+def _default(field: str) -> Any:
+    return EvalConfig.default(field)
 
 
 def build_parser(isaac_args: bool | None = None) -> argparse.ArgumentParser:
-    """The ``dz-gym-eval`` parser; Isaac Lab's launcher flags are added when Isaac Lab is importable."""
-    p = argparse.ArgumentParser(
+    """The ``dz-gym-eval`` parser; Isaac Lab's launcher flags are added when Isaac Lab is importable.
+
+    Flags parse values only; :class:`EvalConfig` checks their ranges (one rule, one place) and its defaults
+    are the ones ``--help`` shows.
+    """
+    p = OneLineErrorParser(
         prog="dz-gym-eval",
         description="Evaluate an OpenPI/DreamZero policy server on the DROID scenes with batched envs.",
     )
     run = p.add_argument_group("what to run")
-    run.add_argument("--num-envs", type=positive_int, help="envs stepped together (default 8)")
-    run.add_argument("--scene", dest="scenes", type=_scene, action="append", help="DROID scene 1, 2 or 3 (repeatable; default 1)")
-    run.add_argument("--episodes", type=positive_int, help="episodes per scene (default: one per env)")
-    run.add_argument("--seed", type=int, help="episode k of a scene has seed SEED+k (default 0)")
-    run.add_argument("--max-steps", type=positive_int, help=f"steps per episode (default {droid.MAX_EPISODE_LENGTH}, the env's)")
+    run.add_argument("--num-envs", type=integer, help=f"envs stepped together (default {_default('num_envs')})")
     run.add_argument(
-        "--open-loop-horizon", type=positive_int,
-        help=f"actions executed per chunk before replanning (default {droid.DEFAULT_OPEN_LOOP_HORIZON})",
+        "--scene", dest="scenes", type=integer, action="append",
+        help=f"DROID scene 1, 2 or 3 (repeatable; default {', '.join(map(str, _default('scenes')))})",
     )
     run.add_argument(
-        "--prefetch", type=non_negative_int, metavar="K",
+        "--task", dest="tasks", action="append", metavar="NAME",
+        help="a sim-evals task by name, e.g. place_spoon_in_sink or DROID-CubeInBowl (repeatable; isaac backend; "
+        "its instruction is the prompt and its max_timesteps the default --max-steps; see docs/isaac.md)",
+    )
+    run.add_argument("--episodes", type=integer, help="episodes per scene (default: one per env)")
+    run.add_argument("--seed", type=integer, help=f"episode k of a scene has seed SEED+k (default {_default('seed')})")
+    run.add_argument("--max-steps", type=integer, help=f"steps per episode (default {_default('max_steps')}, the env's)")
+    run.add_argument(
+        "--open-loop-horizon", type=integer,
+        help=f"actions executed per chunk before replanning (default {_default('open_loop_horizon')}); longer "
+        "than the server's chunks is an error",
+    )
+    run.add_argument(
+        "--prefetch", type=integer, metavar="K",
         help="latency hiding: send an env's next request when K actions of its window are left and keep "
-        "executing; rows for the steps executed meanwhile are skipped (default 0: wait, like the reference client)",
+        f"executing; rows for the steps executed meanwhile are skipped (default {_default('prefetch')}: wait, "
+        "like the reference client)",
     )
     run.add_argument(
-        "--simulated-delay", type=non_negative_int, metavar="D",
+        "--simulated-delay", type=integer, metavar="D",
         help="apply every chunk exactly D steps after its request instead of when it arrives (reproducible latency)",
     )
     run.add_argument(
-        "--max-stale-steps", type=non_negative_int, metavar="S",
+        "--max-stale-steps", type=integer, metavar="S",
         help="with --prefetch: rows a late env may run past its window before it waits (default: the whole chunk)",
     )
-    run.add_argument("--backend", choices=("auto", "isaac", "mujoco"), help="simulator (default auto: isaac when importable)")
+    run.add_argument(
+        "--backend", choices=BACKENDS,
+        help=f"simulator (default {_default('backend')}: isaac when Isaac Lab is importable, else mujoco)",
+    )
     run.add_argument(
         "--process-per-scene", action=argparse.BooleanOptionalAction, default=None,
         help="run each scene in a fresh process (default: on for isaac, off for mujoco)",
@@ -111,9 +118,27 @@ def build_parser(isaac_args: bool | None = None) -> argparse.ArgumentParser:
     srv = p.add_argument_group("policy server (none given: start the embedded reference server)")
     srv.add_argument("--server", dest="servers", action="append", metavar="URL", help="ws:// URL (repeatable: envs are spread over the servers)")
     srv.add_argument("--host", help=f"server host, as the reference client (default {DEFAULT_HOST})")
-    srv.add_argument("--port", type=int, help=f"server port, as the reference client (default {DEFAULT_PORT})")
+    srv.add_argument("--port", type=integer, help=f"server port, as the reference client (default {DEFAULT_PORT})")
     srv.add_argument("--path", help=f"websocket path, as the reference client (default {DEFAULT_PATH})")
-    srv.add_argument("--request-timeout", type=positive_float, help="seconds to wait for one chunk (default 600)")
+    srv.add_argument(
+        "--request-timeout", type=number, metavar="S",
+        help=f"seconds to wait for one chunk (default {_default('request_timeout'):g})",
+    )
+    srv.add_argument(
+        "--retry-server-errors", type=integer, metavar="N",
+        help="re-send a request that got a server error up to N times before its episode is flagged "
+        f"(default {_default('retry_server_errors')}, as the reference client)",
+    )
+    srv.add_argument(
+        "--server-max-sessions", type=integer, metavar="N",
+        help="sessions one server keeps resident (vLLM-Omni: at most 64, fewer with a small KV pool); more envs "
+        f"on one server is a warning (default {_default('server_max_sessions')})",
+    )
+    srv.add_argument(
+        "--server-idle-timeout", type=number, metavar="S",
+        help="seconds after which the servers close an idle connection (vLLM-Omni: 30; 0: none); a warning when "
+        f"an env may wait longer between requests (default {_default('server_idle_timeout'):g})",
+    )
     srv.add_argument(
         "--auth-env", metavar="NAME",
         help="name of the environment variable that holds the servers' API token (sent as 'Authorization: "
@@ -128,31 +153,34 @@ def build_parser(isaac_args: bool | None = None) -> argparse.ArgumentParser:
     out.add_argument("--output-root", type=Path, help=f"where run directories are created (default {DEFAULT_OUTPUT_ROOT})")
     out.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue RUN_DIR without redoing finished episodes")
     out.add_argument("--video", action=argparse.BooleanOptionalAction, default=None, help="write per-episode mp4 videos (default on)")
-    out.add_argument("--max-errors", type=non_negative_int, help="abort after more errored episodes than this (default 10%% of the episodes, at least 5)")
-    out.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bars (default: when stderr is a TTY)")
-    p.add_argument("--only-scene", type=_scene, action="append", help=argparse.SUPPRESS)  # per-scene child process
+    out.add_argument(
+        "--max-errors", type=integer,
+        help="abort after more errored episodes than this (default 10%% of the episodes, at least 5)",
+    )
+    out.add_argument(
+        "--progress", action=argparse.BooleanOptionalAction, default=None,
+        help="progress bars (default: bars when stderr is a TTY, else a progress line every 30 s)",
+    )
+    p.add_argument("--only-scene", type=integer, action="append", help=argparse.SUPPRESS)  # per-scene child process
     if isaac_args is None:
         isaac_args = importlib.util.find_spec("isaaclab") is not None
     if isaac_args:
         from dz_gym.envs.isaac import add_launcher_args
+        from dz_gym.errors import BackendUnavailable
 
-        add_launcher_args(p)
+        try:
+            add_launcher_args(p)
+        except BackendUnavailable:
+            pass  # the preflight check says why in one line
     return p
 
 
 def _servers_from_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str] | None:
-    """The server URLs the flags name, or None for the embedded server."""
+    """The server URLs the flags name (checked by EvalConfig), or None when no server flag was given."""
     reference_flags = args.host is not None or args.port is not None or args.path is not None
     if args.servers and reference_flags:
         parser.error("--server: give either --server URL or --host/--port/--path, not both")
     if args.servers:
-        from dz_gym.transport import validate_url
-
-        for url in args.servers:
-            try:
-                validate_url(url)
-            except ValueError as exc:
-                parser.error(f"--server: {exc}")
         return list(args.servers)
     if reference_flags:
         path = args.path if args.path is not None else DEFAULT_PATH
@@ -167,108 +195,58 @@ def _servers_from_flags(parser: argparse.ArgumentParser, args: argparse.Namespac
     return None
 
 
+def _flag_message(exc: ValueError) -> str:
+    """EvalConfig's ``field: ...`` error, worded with the flag that sets the field."""
+    text = str(exc)
+    field, sep, rest = text.partition(":")
+    if sep and field in EvalConfig.__dataclass_fields__:
+        return f"{flag_of(field)}:{rest}"
+    return text
+
+
 def resolve_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[EvalConfig, RunDir | None, list[str] | None]:
-    """Merge flags, the saved config (on resume) and defaults; bad combinations end in ``parser.error``."""
+    """One merge: EvalConfig's defaults (or, with ``--resume``, the saved config), then the flags given.
+
+    Returns the config, the run directory to resume (or None) and the external servers (None: the
+    embedded one). Bad values and result-changing differences on resume end in ``parser.error``.
+    """
+    given: dict[str, Any] = {k: getattr(args, k) for k in FLAG_FIELDS if getattr(args, k) is not None}
+    if getattr(args, "tasks", None):  # named sim-evals tasks run as scene ids (see dz_gym.envs.isaac.tasks)
+        from dz_gym.envs.isaac.tasks import tasks_from_names
+
+        try:
+            named = tasks_from_names(args.tasks)
+        except ValueError as exc:
+            parser.error(str(exc))
+        given["scenes"] = list(given.get("scenes") or []) + [task.key for task in named]
+        given.setdefault("max_steps", max(task.max_steps for task in named))
+    if "scenes" in given:
+        given["scenes"] = list(dict.fromkeys(given["scenes"]))
     servers = _servers_from_flags(parser, args)
-    wanted: dict[str, Any] = {}
-    for key in (
-        "scenes", "num_envs", "episodes", "seed", "max_steps", "open_loop_horizon", "prefetch", "simulated_delay",
-        "max_stale_steps", "max_errors", "request_timeout", "auth_env", "video",
-    ):
-        value = getattr(args, key)
-        if value is not None:
-            wanted[key] = value
-    if "scenes" in wanted:
-        wanted["scenes"] = list(dict.fromkeys(wanted["scenes"]))
-    if args.backend is not None:
-        from dz_gym.envs import resolve_backend
-
-        wanted["backend"] = resolve_backend(args.backend)
     if servers is not None:
-        if args.policy is not None:
-            parser.error("--policy: only for the embedded server; an external server serves its own policy")
-        wanted["servers"] = servers
-        wanted["policy"] = "external"
-    elif args.policy is not None:
-        wanted["policy"] = args.policy
-
+        given["servers"] = servers
+    values: dict[str, Any] = {}
+    saved: EvalConfig | None = None
+    run_dir: RunDir | None = None
     if args.resume is not None:
         try:
             run_dir = RunDir.open(args.resume)
             saved = run_dir.load_config()
         except ValueError as exc:
             parser.error(f"--resume: {exc}")
-        if servers is None and saved.servers:
-            if args.policy is not None:
-                parser.error("--policy: the run used external servers; --policy only selects the embedded server's policy")
-            servers = list(saved.servers)  # resume against the servers the run used
-        if servers is None and "policy" not in wanted:
-            wanted["policy"] = saved.policy
-        conflicts = resume_conflicts(saved, wanted)
+        values = saved.to_dict()
+        if "servers" in given:
+            values["policy"] = None  # external servers now: "external" unless --policy says otherwise
+    values.update(given)
+    try:
+        config = EvalConfig(**values)
+    except ValueError as exc:
+        parser.error(_flag_message(exc))
+    if saved is not None:
+        conflicts = resume_conflicts(saved, config)
         if conflicts:
             parser.error(f"--resume: settings that change results differ from {args.resume}: " + "; ".join(conflicts))
-        merged = saved.to_dict()
-        merged.update({k: v for k, v in wanted.items() if k in merged})
-        if servers is not None:
-            merged["servers"] = servers
-        config = EvalConfig.from_dict(merged)
-        return config, run_dir, servers
-
-    values = dict(DEFAULTS)
-    values.update(wanted)
-    if values["backend"] == "auto":
-        from dz_gym.envs import resolve_backend
-
-        values["backend"] = resolve_backend("auto")
-    values.setdefault("episodes", values["num_envs"])
-    if servers is None:
-        values["servers"] = []
-        values.setdefault("policy", None)
-        if values["policy"] is None:
-            values["policy"] = default_policy(values["backend"])
-    try:
-        config = EvalConfig(**{k: v for k, v in values.items() if k in EvalConfig.__dataclass_fields__})
-    except ValueError as exc:
-        parser.error(str(exc))
-    return config, None, servers
-
-
-class _StopOnSignal:
-    """First SIGINT/SIGTERM: stop at the next step boundary; second: stop now (KeyboardInterrupt).
-
-    With ``children`` (per-scene processes, each in its own session) every signal is forwarded to the running
-    child instead, which then stops the same way; this process only stops starting new children.
-    """
-
-    def __init__(self, control: RunControl, say, children: list[subprocess.Popen] | None = None):
-        self.control = control
-        self.say = say
-        self.children = children
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self):
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                self._previous[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread
-                pass
-        return self
-
-    def _handle(self, signum, frame) -> None:
-        if self.children is not None:
-            self.control.stop.set()
-            for proc in self.children:
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGINT)
-            return
-        if self.control.stop.is_set():
-            raise KeyboardInterrupt
-        self.control.stop.set()
-        self.say("dz-gym-eval: stopping after this step (finished episodes are kept); Ctrl-C again to stop now")
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+    return config, run_dir, (list(config.servers) or None)
 
 
 def _say(message: str) -> None:
@@ -283,6 +261,16 @@ def _start_embedded_server(config: EvalConfig, serve_args: list[str]):
     return server, server.url + DEFAULT_PATH
 
 
+def _is_horizon_error(exc: BaseException) -> bool:
+    """The wrapper's error for an open-loop horizon longer than the server's chunk (matched by name)."""
+    return any("horizon" in cls.__name__.lower() for cls in type(exc).__mro__ if cls not in (Exception, BaseException))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def _exit_code(summary: dict[str, Any]) -> int:
     if summary.get("interrupted"):
         return EXIT_INTERRUPTED
@@ -291,9 +279,15 @@ def _exit_code(summary: dict[str, Any]) -> int:
     return EXIT_OK
 
 
-def _run_scene_processes(args: argparse.Namespace, argv: list[str], config: EvalConfig, run_dir: RunDir, command: str) -> int:
+def _print_results(run_dir: RunDir, summary: dict[str, Any] | None) -> None:
+    if summary is not None and "overall" in summary:
+        print(format_table(summary))
+    print(f"results: {run_dir.path}")
+
+
+def _run_scene_processes(argv: list[str], config: EvalConfig, run_dir: RunDir, command: str) -> int:
     """Run each scene in a fresh ``dz-gym-eval --resume RUN_DIR --only-scene S`` process, in turn."""
-    drop_with_value = {"--scene", "--resume", "--output-root", "--only-scene"}
+    drop_with_value = {"--scene", "--task", "--resume", "--output-root", "--only-scene"}
     base: list[str] = []
     skip = False
     for item in argv:
@@ -310,7 +304,7 @@ def _run_scene_processes(args: argparse.Namespace, argv: list[str], config: Eval
     control = RunControl()
     children: list[subprocess.Popen] = []
     code = EXIT_OK
-    with _StopOnSignal(control, _say, children):
+    with StopOnSignal(control.stop, _say, children):
         for scene in config.scenes:
             if control.stop.is_set():
                 code = EXIT_INTERRUPTED
@@ -324,76 +318,147 @@ def _run_scene_processes(args: argparse.Namespace, argv: list[str], config: Eval
             if code != EXIT_OK:
                 break
     summary = run_dir.read_summary()
-    if summary is not None:
-        print(format_table(summary))
-    print(f"results: {run_dir.path}")
+    _print_results(run_dir, summary)
     if code == EXIT_OK and (summary is None or not summary.get("complete")):
         code = EXIT_ABORTED
-    return code if code in (EXIT_OK, EXIT_ABORTED, EXIT_INTERRUPTED) else EXIT_ABORTED
+    return code if code in (EXIT_OK, EXIT_ABORTED, EXIT_USAGE, EXIT_INTERRUPTED) else EXIT_ABORTED
+
+
+def _preflight(config: EvalConfig) -> str | None:
+    """Why the run cannot start (one line), or None; nothing is written either way."""
+    from dz_gym.eval.preflight import check_backend, check_servers
+
+    return check_backend(config.backend) or check_servers(config.servers, config.transport_config())
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    from dz_gym.envs.isaac.launch import isaac_flags_wanted
+
+    parser = build_parser(isaac_args=isaac_flags_wanted(argv))
     args = parser.parse_args(argv)
-    config, run_dir, servers = resolve_config(parser, args)
+    config, run_dir, _ = resolve_config(parser, args)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    from dz_gym.eval.evaluate import evaluate, python_command
+    from dz_gym.eval.evaluate import python_command
 
     command = os.environ.get(COMMAND_ENV) or python_command(["dz-gym-eval", *argv])
+    control = RunControl(config.error_budget)
+    with StopOnSignal(control.stop, _say) as signals:
+        return _main(args, argv, config, run_dir, command, control, signals)
+
+
+def _main(
+    args: argparse.Namespace,
+    argv: list[str],
+    config: EvalConfig,
+    run_dir: RunDir | None,
+    command: str,
+    control: RunControl,
+    signals: StopOnSignal,
+) -> int:
+    """Preflight, embedded server, run directory, evaluation: in this order, so a failure before the run
+    leaves nothing behind; a stop signal at any point ends with exit status 130."""
     if args.backend in (None, "auto") and args.resume is None and not args.only_scene:
         why = "Isaac Lab is importable" if config.backend == "isaac" else "Isaac Lab is not importable"
         _say(f"dz-gym-eval: backend {config.backend} (auto: {why})")
-    if run_dir is None:
-        run_dir = RunDir.create(args.output_root or DEFAULT_OUTPUT_ROOT, config)
-        _say(f"dz-gym-eval: run directory {run_dir.path}")
-    else:
-        run_dir.save_config(config)
-        if not args.only_scene:
-            _say(f"dz-gym-eval: resuming {run_dir.path}")
+    try:
+        with interruptible():
+            problem = _preflight(config)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    if problem is not None:
+        _say(f"dz-gym-eval: error: {problem}")
+        return EXIT_ABORTED
+    if control.stop.is_set():
+        _say("dz-gym-eval: stopped before the run started; nothing was written")
+        return EXIT_INTERRUPTED
 
     per_process = args.process_per_scene if args.process_per_scene is not None else config.backend == "isaac"
     if per_process and not args.only_scene and len(config.scenes) > 1:
-        return _run_scene_processes(args, argv, config, run_dir, command)
+        if run_dir is None:
+            run_dir = RunDir.create(args.output_root or DEFAULT_OUTPUT_ROOT, config)
+            _say(f"dz-gym-eval: run directory {run_dir.path}")
+        else:
+            run_dir.save_config(config)
+        return _run_scene_processes(argv, config, run_dir, command)
 
-    control = RunControl(config.error_budget)
     server = None
-    server_info: dict[str, Any] = {"embedded": not servers}
     try:
+        servers = list(config.servers)
+        server_info: dict[str, Any] = {"embedded": not servers}
         if not servers:
-            server, url = _start_embedded_server(config, args.serve_arg)
+            try:
+                with interruptible():
+                    server, url = _start_embedded_server(config, args.serve_arg)
+            except KeyboardInterrupt:
+                return EXIT_INTERRUPTED
+            except (RuntimeError, OSError, ValueError) as exc:
+                _say(f"dz-gym-eval: error: cannot start the embedded server: {_first_line(exc)}")
+                return EXIT_ABORTED
             servers = [url]
             server_info.update(policy=config.policy, flavor="vllm-omni", serve_args=list(args.serve_arg), url=url)
             _say(f"dz-gym-eval: no --server given; started the embedded reference server (policy {config.policy}) at {url}")
-        with _StopOnSignal(control, _say):
-            summary = evaluate(
-                config,
-                run_dir,
-                servers,
-                control=control,
-                progress=args.progress,
-                command=command,
-                server_info=server_info,
-                only_scenes=args.only_scene,
-                env_kwargs={"app_args": args} if config.backend == "isaac" else None,
-            )
+            if control.stop.is_set():
+                _say("dz-gym-eval: stopped before the run started; nothing was written")
+                return EXIT_INTERRUPTED
+        created = run_dir is None
+        if run_dir is None:
+            run_dir = RunDir.create(args.output_root or DEFAULT_OUTPUT_ROOT, config)
+            _say(f"dz-gym-eval: run directory {run_dir.path}")
+        else:
+            run_dir.save_config(config)
+            if not args.only_scene:
+                _say(f"dz-gym-eval: resuming {run_dir.path}")
+        return _evaluate(args, config, run_dir, servers, server_info, command, control, signals, created)
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def _evaluate(
+    args: argparse.Namespace,
+    config: EvalConfig,
+    run_dir: RunDir,
+    servers: list[str],
+    server_info: dict[str, Any],
+    command: str,
+    control: RunControl,
+    signals: StopOnSignal,
+    created: bool,
+) -> int:
+    from dz_gym.eval.evaluate import evaluate
+
+    try:
+        summary = evaluate(
+            config,
+            run_dir,
+            servers,
+            control=control,
+            progress=args.progress,
+            command=command,
+            server_info=server_info,
+            only_scenes=args.only_scene,
+            env_kwargs={"app_args": args} if config.backend == "isaac" else None,
+        )
     except KeyboardInterrupt:
         summary = run_dir.read_summary() or {"interrupted": True}
         summary["interrupted"] = True
     except Exception as exc:  # noqa: BLE001 - one line for the user; the summary is already written
-        _say(f"dz-gym-eval: error: {type(exc).__name__}: {exc}")
-        summary = run_dir.read_summary()
-        if summary is not None:
-            print(format_table(summary))
-        print(f"results: {run_dir.path}")
+        if _is_horizon_error(exc):
+            _say(f"dz-gym-eval: error: --open-loop-horizon: {_first_line(exc)}")
+            if created and not run_dir.read_rows():
+                shutil.rmtree(run_dir.path, ignore_errors=True)  # nothing ran: leave nothing behind
+            else:
+                print(f"results: {run_dir.path}")
+            return EXIT_USAGE
+        if signals.signals:  # a failure caused by stopping (e.g. a simulator worker that got the signal too)
+            _print_results(run_dir, run_dir.read_summary())
+            return EXIT_INTERRUPTED
+        _say(f"dz-gym-eval: error: {type(exc).__name__}: {_first_line(exc)}")
+        _print_results(run_dir, run_dir.read_summary())
         return EXIT_ABORTED
-    finally:
-        if server is not None:
-            server.stop()
     if not args.only_scene or summary.get("interrupted") or summary.get("aborted"):
-        if "overall" in summary:
-            print(format_table(summary))
-        print(f"results: {run_dir.path}")
+        _print_results(run_dir, summary)
     return _exit_code(summary)
 
 

@@ -1,10 +1,16 @@
-"""What an evaluation run is (``EvalConfig``), and which of its settings change results.
+"""What an evaluation run is (``EvalConfig``): the one source of its defaults and of its validation.
+
+The command line (``dz-gym-eval``), its ``--help`` and ``docs/eval.md`` take every default from the fields of
+:class:`EvalConfig` (:meth:`EvalConfig.default`); the transport's bounds (``request_timeout``,
+``retry_server_errors``) default to :class:`~dz_gym.transport.TransportConfig`'s, and the chunk-schedule rules
+(``prefetch``, ``max_stale_steps``, ``simulated_delay``) are checked by :class:`~dz_gym.chunks.ChunkSchedule`
+itself, so each rule lives in one place. Every error is one line that starts with the field's name.
 
 The config is saved as ``config.json`` in the run directory. ``--resume`` reloads it; a resumed run may
-change how the work is done (``num_envs``, the servers' addresses, videos, timeouts, progress) but not what is
-measured. :data:`RESULT_KEYS` lists the settings that change the episodes' outcomes; :func:`resume_conflicts`
-names every one that differs. ``episodes`` may grow on resume (the extra episodes get the next seeds), never
-shrink.
+change how the work is done (``num_envs``, the servers' addresses, videos, timeouts, retries, progress) but
+not what is measured. :data:`RESULT_KEYS` lists the settings that change the episodes' outcomes;
+:func:`resume_conflicts` names every one that differs. ``episodes`` may grow on resume (the extra episodes get
+the next seeds), never shrink.
 """
 
 from __future__ import annotations
@@ -14,8 +20,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from dz_gym.envs import droid
+from dz_gym.transport import TransportConfig, validate_url
 
 CONFIG_VERSION = 1
+BACKENDS = ("auto", "isaac", "mujoco")
+EXTERNAL_POLICY = "external"  # the ``policy`` of a run against servers it did not start
 
 # Settings that change what an episode does, and so its row: refuse to resume with other values.
 RESULT_KEYS = (
@@ -24,58 +33,139 @@ RESULT_KEYS = (
 )
 
 
+def _transport_default(name: str) -> Any:
+    return next(f.default for f in dataclasses.fields(TransportConfig) if f.name == name)
+
+
+def default_policy(backend: str) -> str:
+    """The embedded server's default policy: ``reference`` on the embedded simulator (the only scenes it
+    knows: their colours and camera calibration), else ``hold``."""
+    from dz_gym.server.policies import BUILTIN_POLICIES
+
+    return "reference" if backend == "mujoco" and "reference" in BUILTIN_POLICIES else "hold"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _field_error(name: str, exc: Exception) -> ValueError:
+    """``exc`` raised by the component that owns a rule, as a one-line error starting with ``name``."""
+    text = str(exc).removeprefix("TransportConfig.")
+    return ValueError(text if text.startswith(f"{name}:") else f"{name}: {text}")
+
+
 @dataclasses.dataclass
 class EvalConfig:
-    """One evaluation run (see ``docs/eval.md``).
+    """One evaluation run (see ``docs/eval.md``); every field has its default here and only here.
 
-    ``servers`` empty means the embedded reference server (``policy`` names its policy); otherwise
-    ``policy`` is ``"external"``. Episode ``k`` of a scene has seed ``seed + k`` and runs on env slot
-    ``k % num_envs``.
+    ``servers`` empty means the embedded reference server, ``policy`` names its policy (default: reference
+    on the embedded simulator, hold on Isaac Lab); with ``servers`` the policy is ``"external"``.
+    ``episodes`` defaults to one per env, ``backend="auto"`` resolves to isaac when Isaac Lab is importable,
+    else mujoco (the saved config holds the resolved values). Episode ``k`` of a scene has seed ``seed + k``
+    and runs on env slot ``k % num_envs``.
+
+    >>> config = EvalConfig(num_envs=4, backend="mujoco")
+    >>> config.scenes, config.episodes, config.policy, config.request_timeout
+    ([1], 4, 'reference', 600.0)
+    >>> EvalConfig(prefetch=8)
+    Traceback (most recent call last):
+    ValueError: prefetch: expected an integer in [0, 8), got 8
     """
 
-    scenes: list[int]
-    episodes: int
-    num_envs: int
+    scenes: list[int] = dataclasses.field(default_factory=lambda: [1])
+    episodes: int | None = None  # per scene; None: one per env
+    num_envs: int = 8
     seed: int = 0
-    backend: str = "mujoco"
+    backend: str = "auto"
     servers: list[str] = dataclasses.field(default_factory=list)
-    policy: str = "external"
+    policy: str | None = None
     open_loop_horizon: int = droid.DEFAULT_OPEN_LOOP_HORIZON
     prefetch: int = 0  # latency hiding (dz_gym.chunks): request when this many actions are left
     simulated_delay: int | None = None  # a fixed delay in steps instead of wall-clock latency
     max_stale_steps: int | None = None  # rows past a chunk's window while its successor is late
     max_steps: int = droid.MAX_EPISODE_LENGTH
-    max_errors: int | None = None
-    request_timeout: float = 600.0
+    max_errors: int | None = None  # None: 10 % of the planned episodes, at least 5
+    request_timeout: float = _transport_default("request_timeout")
+    retry_server_errors: int = _transport_default("retry_server_errors")
+    server_max_sessions: int = 64  # vLLM-Omni's resident session capacity (MAX_DREAMZERO_SESSIONS)
+    server_idle_timeout: float = 30.0  # vLLM-Omni closes a connection idle this long; 0: the servers have none
     auth_env: str | None = None  # NAME of the environment variable holding the servers' API token
     video: bool = True
     version: int = CONFIG_VERSION
 
+    @classmethod
+    def default(cls, name: str) -> Any:
+        """The default of field ``name`` (what ``--help`` and the docs show)."""
+        for f in dataclasses.fields(cls):
+            if f.name == name:
+                return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        raise KeyError(name)
+
     def __post_init__(self) -> None:
-        if not self.scenes:
-            raise ValueError("scenes: expected at least one scene id")
-        for scene in self.scenes:
-            droid.scene_spec(scene)
+        if not isinstance(self.scenes, (list, tuple)) or not self.scenes:
+            raise ValueError(f"scenes: expected a list of at least one scene id, got {self.scenes!r}")
+        try:
+            from dz_gym.envs.isaac.tasks import scene_key  # scenes 1-3 and named tasks' keys
+
+            self.scenes = [scene_key(s) for s in self.scenes]
+        except ValueError as exc:
+            raise _field_error("scenes", exc) from None
         if len(set(self.scenes)) != len(self.scenes):
             raise ValueError(f"scenes: expected distinct scene ids, got {self.scenes}")
-        for name in ("episodes", "num_envs", "open_loop_horizon", "max_steps"):
+        for name in ("num_envs", "episodes", "open_loop_horizon", "max_steps", "server_max_sessions"):
+            if name == "episodes" and self.episodes is None:
+                self.episodes = self.num_envs
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if not _is_int(value) or value < 1:
                 raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
-        if not 0 <= self.prefetch < self.open_loop_horizon:
-            raise ValueError(f"prefetch: expected an integer in [0, {self.open_loop_horizon}), got {self.prefetch!r}")
-        for name in ("simulated_delay", "max_stale_steps"):
+        for name in ("seed", "prefetch"):
+            if not _is_int(getattr(self, name)):
+                raise ValueError(f"{name}: expected an integer, got {getattr(self, name)!r}")
+        for name in ("simulated_delay", "max_stale_steps", "max_errors"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            if value is not None and (not _is_int(value) or value < 0):
                 raise ValueError(f"{name}: expected an integer >= 0, got {value!r}")
-        if self.max_errors is not None and self.max_errors < 0:
-            raise ValueError(f"max_errors: expected an integer >= 0, got {self.max_errors!r}")
-        if self.auth_env is not None:
-            from dz_gym.transport import TransportConfig
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.backend == "auto":
+            from dz_gym.envs import resolve_backend
 
-            TransportConfig(auth_env=self.auth_env)  # validates the name
-        if not self.request_timeout > 0:
-            raise ValueError(f"request_timeout: expected seconds > 0, got {self.request_timeout!r}")
+            self.backend = resolve_backend("auto")
+        if not isinstance(self.server_idle_timeout, (int, float)) or not self.server_idle_timeout >= 0:
+            raise ValueError(f"server_idle_timeout: expected seconds >= 0 (0: the servers have none), got {self.server_idle_timeout!r}")
+        self.servers = list(self.servers)
+        for url in self.servers:
+            try:
+                validate_url(url)
+            except ValueError as exc:
+                raise _field_error("servers", exc) from None
+        if self.servers:
+            if self.policy not in (None, EXTERNAL_POLICY):
+                raise ValueError(f"policy: only for the embedded server; an external server serves its own policy, got {self.policy!r}")
+            self.policy = EXTERNAL_POLICY
+        elif self.policy is None:
+            self.policy = default_policy(self.backend)
+        self._check_schedule()
+        self.transport_config()
+
+    def _check_schedule(self) -> None:
+        """The chunk schedule's own rules (prefetch range, delays), checked by the schedule itself."""
+        from dz_gym.chunks import ChunkSchedule
+
+        ChunkSchedule(
+            1, self.open_loop_horizon, lambda: "",
+            prefetch=self.prefetch, max_stale_steps=self.max_stale_steps, simulated_delay=self.simulated_delay,
+        )
+
+    def transport_config(self) -> TransportConfig:
+        """The :class:`TransportConfig` of every connection of the run (its own rules validate the values)."""
+        fields = {"request_timeout": self.request_timeout, "retry_server_errors": self.retry_server_errors, "auth_env": self.auth_env}
+        try:
+            return TransportConfig(**fields)
+        except ValueError as exc:
+            name = next((k for k in fields if k in str(exc)), "transport")
+            raise _field_error(name, exc) from None
 
     @property
     def error_budget(self) -> int:
@@ -83,6 +173,10 @@ class EvalConfig:
         if self.max_errors is not None:
             return self.max_errors
         return max(5, (self.episodes * len(self.scenes)) // 10)
+
+    def envs_per_server(self) -> int:
+        """Envs sharing the busiest server (slot ``i`` uses server ``i % len(servers)``; one embedded server)."""
+        return -(-self.num_envs // max(1, len(self.servers)))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -99,12 +193,12 @@ class EvalConfig:
         return cls(**dict(data))
 
 
-def resume_conflicts(saved: EvalConfig, wanted: Mapping[str, Any]) -> list[str]:
-    """One line per result-changing setting in ``wanted`` that differs from ``saved``."""
+def resume_conflicts(saved: EvalConfig, wanted: EvalConfig) -> list[str]:
+    """One line per result-changing setting of ``wanted`` that differs from ``saved`` (and fewer episodes)."""
     lines = []
     for key in RESULT_KEYS:
-        if key in wanted and wanted[key] != getattr(saved, key):
-            lines.append(f"{key}: the run used {getattr(saved, key)!r}, got {wanted[key]!r}")
-    if "episodes" in wanted and wanted["episodes"] < saved.episodes:
+        if getattr(wanted, key) != getattr(saved, key):
+            lines.append(f"{key}: the run used {getattr(saved, key)!r}, got {getattr(wanted, key)!r}")
+    if wanted.episodes < saved.episodes:
         lines.append(f"episodes: the run planned {saved.episodes} per scene; a resume may add episodes, not remove them")
     return lines

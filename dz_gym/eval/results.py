@@ -37,7 +37,15 @@ REQUIRED_ROW_KEYS = (
 
 
 def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float] | None:
-    """Wilson score interval of ``k`` successes in ``n`` trials (``None`` when ``n == 0``)."""
+    """Wilson score interval of ``k`` successes in ``n`` trials (``None`` when ``n == 0``).
+
+    >>> [round(x, 3) for x in wilson_interval(5, 10)]
+    [0.237, 0.763]
+    >>> wilson_interval(0, 10)[0], round(wilson_interval(0, 10)[1], 3)
+    (0.0, 0.278)
+    >>> wilson_interval(0, 0) is None
+    True
+    """
     k, n = int(k), int(n)
     if n < 0 or not 0 <= k <= n:
         raise ValueError(f"wilson_interval: expected 0 <= k <= n, got k={k}, n={n}")
@@ -55,7 +63,14 @@ def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float] | Non
 
 
 def rate(k: int, n: int) -> dict[str, Any]:
-    """``{"k", "n", "rate", "ci95"}`` for ``k`` of ``n`` (rate and interval are ``None`` when ``n == 0``)."""
+    """``{"k", "n", "rate", "ci95"}`` for ``k`` of ``n`` (rate and interval are ``None`` when ``n == 0``).
+
+    >>> r = rate(8, 8)
+    >>> r["k"], r["n"], r["rate"], [round(x, 3) for x in r["ci95"]]
+    (8, 8, 1.0, [0.676, 1.0])
+    >>> rate(0, 0)
+    {'k': 0, 'n': 0, 'rate': None, 'ci95': None}
+    """
     interval = wilson_interval(k, n)
     return {
         "k": int(k),
@@ -66,7 +81,14 @@ def rate(k: int, n: int) -> dict[str, Any]:
 
 
 def latency_stats(latencies_ms: Iterable[float]) -> dict[str, float] | None:
-    """mean/p50/p90/p99/max of latencies in milliseconds (``None`` for no samples)."""
+    """mean/p50/p90/p99/max and count of latencies in milliseconds (``None`` for no samples; NaN skipped).
+
+    >>> stats = latency_stats([10.0, 20.0, 30.0, 40.0, float("nan")])
+    >>> stats["mean"], stats["p50"], stats["max"], stats["count"]
+    (25.0, 25.0, 40.0, 4)
+    >>> latency_stats([]) is None
+    True
+    """
     values = np.asarray([v for v in latencies_ms if v is not None and math.isfinite(v)], dtype=np.float64)
     if values.size == 0:
         return None
@@ -128,9 +150,12 @@ def summarize(
 
     ``planned`` maps scene -> planned episode count (for ``complete``), ``prompts`` scene -> prompt,
     ``wall_s`` the stepping loop's wall time and ``stepped`` the env steps taken in it, including those of
-    episodes cut short by an interruption (default: the rows' steps), for ``env_steps_per_s``; ``busy_s``
-    server URL -> seconds its
-    requests were in flight (for ``server_utilization``); ``extra`` is merged in at the top level last.
+    episodes cut short by an interruption (default: the rows' steps); ``busy_s`` server URL -> seconds its
+    requests were in flight; ``extra`` is merged in at the top level last.
+
+    Every rate is computed from counts the summary reports next to it: ``env_steps_per_s`` is
+    ``env_steps_taken / wall_s`` (``env_steps`` counts only the rows' steps), and each server's utilization
+    is ``server_busy_s[url] / wall_s``.
     """
     for row in rows:
         check_row(row)
@@ -153,13 +178,14 @@ def summarize(
         summary[str(s)]["episodes"] >= planned.get(s, 0) for s in scenes
     )
     summary["env_steps"] = overall["env_steps"]
+    summary["env_steps_taken"] = overall["env_steps"] if stepped is None else int(stepped)
     summary["wall_s"] = wall_s
-    steps = overall["env_steps"] if stepped is None else int(stepped)
-    summary["env_steps_per_s"] = (steps / wall_s) if wall_s else None
+    summary["env_steps_per_s"] = (summary["env_steps_taken"] / wall_s) if wall_s else None
     summary["server_calls"] = overall["server_calls"]
     summary["server_errors"] = overall["server_errors"]
     summary["latency_ms"] = overall["latency_ms"]
-    per_server = {url: (busy / wall_s if wall_s else None) for url, busy in (busy_s or {}).items()}
+    summary["server_busy_s"] = {url: float(busy) for url, busy in (busy_s or {}).items()}
+    per_server = {url: (busy / wall_s if wall_s else None) for url, busy in summary["server_busy_s"].items()}
     known = [v for v in per_server.values() if v is not None]
     summary["server_utilization"] = (sum(known) / len(known)) if known else None
     summary["server_utilization_per_server"] = per_server
@@ -174,9 +200,18 @@ def _fmt_rate(entry: Mapping[str, Any]) -> str:
     return f"{entry['k']}/{entry['n']} {100 * entry['rate']:.0f}% [{100 * lo:.0f},{100 * hi:.0f}]"
 
 
+def _fmt_episodes(entry: Mapping[str, Any]) -> str:
+    if not entry["errored"]:
+        return str(entry["episodes"])
+    return f"{entry['completed']}/{entry['episodes']} completed, {entry['errored']} errored"
+
+
 def format_table(summary: Mapping[str, Any]) -> str:
-    """A short fixed-width table of ``summary`` for the terminal."""
-    header = ("scene", "episodes", "errored", "success@end [95% CI]", "success@any [95% CI]", "calls", "p50 ms")
+    """A short fixed-width table of ``summary`` for the terminal (no trailing spaces).
+
+    The episodes column says ``k/n completed, m errored`` where some episodes errored.
+    """
+    header = ("scene", "episodes", "success@end [95% CI]", "success@any [95% CI]", "calls", "p50 ms")
     lines = []
     for key in [str(s) for s in summary.get("scenes", [])] + ["overall"]:
         entry = summary[key]
@@ -184,8 +219,7 @@ def format_table(summary: Mapping[str, Any]) -> str:
         lines.append(
             (
                 key,
-                str(entry["episodes"]),
-                str(entry["errored"]),
+                _fmt_episodes(entry),
                 _fmt_rate(entry["success_at_end"]),
                 _fmt_rate(entry["success_any_step"]),
                 str(entry["server_calls"]),
@@ -193,9 +227,9 @@ def format_table(summary: Mapping[str, Any]) -> str:
             )
         )
     widths = [max(len(header[i]), *(len(line[i]) for line in lines)) for i in range(len(header))]
-    out = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
+    out = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()]
     out.append("  ".join("-" * w for w in widths))
-    out.extend("  ".join(c.ljust(w) for c, w in zip(line, widths)) for line in lines)
+    out.extend("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
     speed = summary.get("env_steps_per_s")
     util = summary.get("server_utilization")
     tail = []

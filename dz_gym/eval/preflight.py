@@ -1,0 +1,53 @@
+"""Checks made before a run directory exists: the simulator backend is importable, every server answers.
+
+A failed check is one line for the user and leaves nothing behind. The server check is the metadata
+handshake (the readiness probe the protocol recommends: ``/health`` may say 200 while a server cannot serve),
+with the run's own :class:`~dz_gym.transport.TransportConfig`, so its connect retries and bounds apply.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Sequence
+
+from dz_gym.errors import DzGymError
+from dz_gym.transport import PartialConnectError, SessionPool, TransportConfig
+
+_BACKEND_PACKAGES = {
+    "isaac": ("isaaclab", "Isaac Lab is not importable here (see docs/isaac.md), or use --backend mujoco"),
+    "mujoco": ("mujoco", "the mujoco package is not installed (pip install mujoco)"),
+}
+
+
+def check_backend(backend: str) -> str | None:
+    """``None`` when ``backend``'s package can be imported, else why not (one line)."""
+    package, why = _BACKEND_PACKAGES.get(backend, (None, ""))
+    if package is None:
+        return f"--backend: unknown backend {backend!r}"
+    try:
+        found = importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        found = False
+    return None if found else f"--backend {backend}: {why}"
+
+
+def check_servers(servers: Sequence[str], transport: TransportConfig) -> str | None:
+    """``None`` when every server completes the handshake, else the first failure (one line)."""
+    if not servers:
+        return None
+    pool = SessionPool(list(servers), num_sessions=len(servers), config=transport)
+    try:
+        pool.connect()
+    except PartialConnectError as exc:
+        first = min(exc.errors)
+        return f"--server {servers[first]}: {_one_line(exc.errors[first])}"
+    except DzGymError as exc:
+        return f"--server: {_one_line(exc)}"
+    finally:
+        pool.close()
+    return None
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
