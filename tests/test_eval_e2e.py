@@ -1,13 +1,17 @@
 """End-to-end runs of dz-gym-eval on the embedded MuJoCo simulator against the reference server (real loopback
-websockets): complete and consistent outputs, rows independent of num_envs, faults, Ctrl-C and resume.
+websockets): complete and consistent outputs, rows independent of num_envs, faults, Ctrl-C/SIGTERM at any
+moment and resume.
 
-Every run is short (2 envs, a few episodes of 16-24 steps), so the module stays within about a minute.
+Signals are sent at known points without sleeps: a server in this process holds its replies (a gate) from a
+chosen request on, and the tests read the evaluator's stderr line by line for what it says it is doing.
+Every run is short (2 envs, a few episodes of 16 steps).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -25,10 +29,12 @@ from dz_gym.eval.config import EvalConfig  # noqa: E402
 from dz_gym.eval.evaluate import evaluate  # noqa: E402
 from dz_gym.eval.rundir import RunDir  # noqa: E402
 from dz_gym.eval.runner import RunControl  # noqa: E402
-from dz_gym.server.launch import start_server_process  # noqa: E402
+from dz_gym.server.launch import start_server_process, start_server_thread  # noqa: E402
+from dz_gym.server.policies import load_policy  # noqa: E402
 
 VOLATILE = {"env", "session_id", "server", "started_at", "wall_s", "latency_ms", "latencies_ms", "video"}
 BASE = ["--num-envs", "2", "--episodes", "4", "--max-steps", "16", "--no-progress"]
+BOUND_S = 180  # every wait on the evaluator subprocess is bounded by this
 
 
 def stable(rows):
@@ -100,46 +106,194 @@ def test_simulated_delay_is_recorded_and_independent_of_num_envs(tmp_path):
     assert config["prefetch"] == 4 and config["simulated_delay"] == 3
 
 
-def test_sigint_then_resume_equals_an_uninterrupted_run(reference_run, tmp_path):
-    env = dict(os.environ, MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dz_gym.eval.cli", *BASE, "--no-video", "--output-root", str(tmp_path)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        rows_file = None
-        while time.monotonic() < deadline and proc.poll() is None:
-            found = list(tmp_path.glob("*/episodes.jsonl"))
-            if found and found[0].read_text().count("\n") >= 1:
-                rows_file = found[0]
-                break
-            time.sleep(0.05)
-        assert rows_file is not None, "no episode finished in time"
-        os.killpg(proc.pid, signal.SIGINT)  # like Ctrl-C in a terminal: the whole process group gets it
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, err
-    run = run_dir_of(tmp_path)
+class GatedPolicy:
+    """A policy whose inferences after the first ``free`` wait until ``gate`` is set (bounded).
+
+    With 2 envs, 16-step episodes and a horizon of 8, the first 4 requests are episodes 0 and 1; request 5
+    is sent only after both of their rows are on disk, so ``held`` says exactly that.
+    """
+
+    def __init__(self, inner, free: int):
+        self.inner = inner
+        self.metadata = getattr(inner, "metadata", None)
+        self.free = free
+        self.calls = 0
+        self.lock = threading.Lock()
+        self.gate = threading.Event()
+        self.held = threading.Event()
+
+    def infer(self, request, *, session_id, new_session):
+        with self.lock:
+            self.calls += 1
+            gated = self.calls > self.free
+        if gated:
+            self.held.set()
+            self.gate.wait(BOUND_S)
+        return self.inner.infer(request, session_id=session_id, new_session=new_session)
+
+    def reset(self, session_id):
+        reset = getattr(self.inner, "reset", None)
+        if callable(reset):
+            reset(session_id)
+
+
+class Evaluator:
+    """``python -m dz_gym.eval.cli ...`` in its own process group (a terminal's job), stderr read by lines."""
+
+    def __init__(self, argv):
+        env = dict(os.environ, MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "dz_gym.eval.cli", *argv],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        )
+        self.err_lines: list[str] = []
+        self._lines: queue.Queue = queue.Queue()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.proc.stderr:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def wait_for_line(self, needle: str) -> str:
+        """The first stderr line containing ``needle`` (bounded; fails if the process ends first)."""
+        deadline = time.monotonic() + BOUND_S
+        while time.monotonic() < deadline:
+            line = self._lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            if line is None:
+                pytest.fail(f"the evaluator ended before printing {needle!r}: {''.join(self.err_lines)}")
+            self.err_lines.append(line)
+            if needle in line:
+                return line
+        pytest.fail(f"no line with {needle!r} within {BOUND_S} s")
+
+    def signal_group(self, signum=signal.SIGINT):
+        os.killpg(self.proc.pid, signum)  # like Ctrl-C in a terminal: the whole process group gets it
+
+    def finish(self) -> tuple[int, str, str]:
+        try:
+            out = self.proc.stdout.read()
+            self.proc.wait(BOUND_S)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+        self._reader.join(BOUND_S)
+        while not self._lines.empty():
+            line = self._lines.get_nowait()
+            if line is not None:
+                self.err_lines.append(line)
+        return self.proc.returncode, out, "".join(self.err_lines)
+
+
+def assert_clean_stop(code, err, run):
+    """Exit 130, no traceback from this process or its workers, the summary written."""
+    assert code == 130, err
+    for bad in ("Traceback", "Fatal Python error", "KeyboardInterrupt", "WorkerError", "__main__"):
+        assert bad not in err, err
     summary = json.loads((run.path / "summary.json").read_text())
-    assert summary["interrupted"] is True and summary["complete"] is False
-    done = run.read_rows()
-    assert 1 <= len(done) < 4
+    assert summary["interrupted"] is True and summary["complete"] is False and summary["aborted"] is None
+    assert summary["env_steps_per_s"] is None or summary["env_steps_per_s"] == pytest.approx(
+        summary["env_steps_taken"] / summary["wall_s"]
+    )
+    return summary
+
+
+@pytest.fixture
+def gated_reference():
+    policy = GatedPolicy(load_policy("reference" if cli.default_policy("mujoco") == "reference" else "hold"), free=4)
+    with start_server_thread(policy) as server:
+        try:
+            yield policy, server.url + cli.DEFAULT_PATH
+        finally:
+            policy.gate.set()
+
+
+@pytest.fixture
+def gated_hold():
+    policy = GatedPolicy(load_policy("hold"), free=4)
+    with start_server_thread(policy) as server:
+        try:
+            yield policy, server.url + cli.DEFAULT_PATH
+        finally:
+            policy.gate.set()
+
+
+def test_sigint_then_resume_equals_an_uninterrupted_run(reference_run, gated_reference, tmp_path):
+    policy, url = gated_reference
+    run = Evaluator([*BASE, "--no-video", "--server", url, "--output-root", str(tmp_path)])
+    assert policy.held.wait(BOUND_S), "the first episodes did not finish"
+    run.signal_group(signal.SIGINT)
+    line = run.wait_for_line("stopping after this step")
+    assert "Ctrl-C again to stop now" in line
+    policy.gate.set()  # the step in flight completes, then the run stops at its boundary
+    code, out, err = run.finish()
+    run_dir = run_dir_of(tmp_path)
+    assert_clean_stop(code, err, run_dir)
+    assert sorted(r["episode"] for r in run_dir.read_rows()) == [0, 1]
     assert "INTERRUPTED" in out
 
-    assert cli.main(["--resume", str(run.path), "--no-progress"]) == 0
-    rows = run.read_rows()
+    assert cli.main(["--resume", str(run_dir.path), "--no-progress"]) == 0
+    rows = run_dir.read_rows()
     assert len(rows) == 4 and len({r["episode"] for r in rows}) == 4
-    assert stable(rows) == stable(reference_run.read_rows())
-    summary = json.loads((run.path / "summary.json").read_text())
+    if cli.default_policy("mujoco") == "reference":
+        assert stable(rows) == stable(reference_run.read_rows())
+    summary = json.loads((run_dir.path / "summary.json").read_text())
     assert summary["complete"] and not summary["interrupted"] and len(summary["segments"]) == 2
 
 
-def test_server_failures_are_recorded_per_episode(tmp_path):
+def test_double_sigint_mid_run_keeps_results_and_removes_partial_videos(gated_hold, tmp_path):
+    """A second Ctrl-C right after the first (the run is blocked on a reply): stop now, still write the summary,
+    keep the finished episodes' videos and delete the partial ones."""
+    policy, url = gated_hold
+    run = Evaluator([*BASE, "--server", url, "--output-root", str(tmp_path)])
+    assert policy.held.wait(BOUND_S), "the first episodes did not finish"
+    run.signal_group(signal.SIGINT)
+    run.wait_for_line("stopping after this step")
+    run.signal_group(signal.SIGINT)
+    code, out, err = run.finish()
+    run_dir = run_dir_of(tmp_path)
+    assert_clean_stop(code, err, run_dir)
+    rows = run_dir.read_rows()
+    assert sorted(r["episode"] for r in rows) == [0, 1]
+    assert sorted(p.name for p in (run_dir.path / "videos").iterdir()) == ["scene1_ep0000.mp4", "scene1_ep0001.mp4"]
+    assert "INTERRUPTED" in out
+
+
+def test_sigint_while_simulator_workers_start(gated_hold, tmp_path):
+    """Ctrl-C to the whole process group while the MuJoCo worker processes are being spawned."""
+    policy, url = gated_hold
+    policy.free = 0  # no reply until the test says so: the run cannot finish before the signal
+    run = Evaluator([*BASE, "--no-video", "--server", url, "--output-root", str(tmp_path)])
+    run.wait_for_line("scene 1: 4 episode(s)")  # printed right before the env (and its workers) is created
+    run.signal_group(signal.SIGINT)
+    run.wait_for_line("stopping after this step")
+    policy.gate.set()
+    code, _, err = run.finish()
+    assert_clean_stop(code, err, run_dir_of(tmp_path))
+
+
+def test_sigterm_is_worded_as_such(gated_hold, tmp_path):
+    policy, url = gated_hold
+    run = Evaluator([*BASE, "--no-video", "--server", url, "--output-root", str(tmp_path)])
+    assert policy.held.wait(BOUND_S)
+    run.proc.send_signal(signal.SIGTERM)  # like kill PID: this process only
+    line = run.wait_for_line("stopping after this step")
+    assert "SIGTERM" in line and "Ctrl-C" not in line
+    policy.gate.set()
+    code, _, err = run.finish()
+    assert_clean_stop(code, err, run_dir_of(tmp_path))
+
+
+def test_server_failures_are_recorded_per_episode(tmp_path, capsys):
     argv = [*BASE, "--no-video", "--max-errors", "10", "--serve-arg=--fail-every=3"]
-    assert cli.main([*argv, "--output-root", str(tmp_path)]) == 0
+    capacity = ["--server-max-sessions", "1", "--server-idle-timeout", "0.001"]
+    assert cli.main([*argv, *capacity, "--output-root", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    assert "2 envs share the server" in captured.err and "--server-max-sessions=1" in captured.err
+    assert captured.err.count("--server-idle-timeout=0.001") == 1  # warned once, from the first replies
+    assert "completed," in captured.out and " errored" in captured.out
+    assert all(line == line.rstrip() for line in captured.out.splitlines())
     rows = run_dir_of(tmp_path).read_rows()
     assert sorted(r["episode"] for r in rows) == [0, 1, 2, 3]
     errored = [r for r in rows if r["error"] is not None]
@@ -171,10 +325,10 @@ def test_killed_and_restarted_server(tmp_path):
 
     control = RunControl(error_budget=10)
     control.on_row = on_row
-    config = EvalConfig(scenes=[1], episodes=6, num_envs=2, max_steps=16, video=False)
+    config = EvalConfig(scenes=[1], episodes=6, num_envs=2, max_steps=16, video=False, servers=[url])
     run = RunDir.create(tmp_path, config)
     try:
-        summary = evaluate(config, run, [url], control=control, progress=False)
+        summary = evaluate(config, run, control=control, progress=False)
     finally:
         server.stop()
         for handle in restarted:
@@ -182,7 +336,9 @@ def test_killed_and_restarted_server(tmp_path):
     rows = sorted(run.read_rows(), key=lambda r: r["episode"])
     assert [r["episode"] for r in rows] == list(range(6))  # no lost rows
     errored = [r for r in rows if r["error"] is not None]
-    assert errored, "episodes running when the server died must be recorded as errored"
+    # Episodes running when the server died either errored, or their unprocessed requests were sent again
+    # once it was back (counted in reconnects).
+    assert errored or sum(r.get("reconnects", 0) for r in rows) > 0
     assert all(r["error_event"] in ("connection_lost", "reconnect_failed") for r in errored)
     assert rows[-1]["error"] is None, "episodes after the restart run normally"
     assert summary["overall"]["errored"] == len(errored)

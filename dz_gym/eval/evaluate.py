@@ -4,7 +4,12 @@
 directory and the policy servers' URLs, creates one env per scene (in turn), wraps it in
 :class:`~dz_gym.wrapper.DreamZeroPolicyWrapper`, lets :class:`~dz_gym.eval.runner.SceneRunner` run the episodes
 that have no row yet, and always (also on Ctrl-C, an exhausted error budget or a crash) rewrites
-``summary.json`` from every row of ``episodes.jsonl``.
+``summary.json`` from every row of ``episodes.jsonl``. It warns (through ``log``) when more envs share a server
+than it keeps sessions resident (``config.server_max_sessions``) and, from the first replies, when an env may
+wait longer between requests than the servers' idle timeout (``config.server_idle_timeout``).
+
+A repeated stop signal (see :mod:`dz_gym.eval.signals`) may interrupt the stepping loop and the waits on the
+network, never the simulator's start-up or the writing of the results.
 
 Example::
 
@@ -12,8 +17,9 @@ Example::
     from dz_gym.eval.evaluate import evaluate
     from dz_gym.eval.rundir import RunDir
 
-    config = EvalConfig(scenes=[1], episodes=4, num_envs=2, max_steps=48, video=False)
-    summary = evaluate(config, RunDir.create("runs", config), servers=["ws://127.0.0.1:8000/v1/realtime/robot/openpi"])
+    config = EvalConfig(scenes=[1], episodes=4, num_envs=2, max_steps=48, video=False,
+                        servers=["ws://127.0.0.1:8000/v1/realtime/robot/openpi"])
+    summary = evaluate(config, RunDir.create("runs", config))
     print(summary["overall"]["success_at_end"])
 """
 
@@ -29,11 +35,13 @@ from importlib import metadata as importlib_metadata
 from typing import Any
 
 from dz_gym.envs import droid
+from dz_gym.eval.capacity import IdleGapCheck, envs_per_server, session_warning
 from dz_gym.eval.config import EvalConfig
 from dz_gym.eval.progress import Progress
 from dz_gym.eval.results import summarize
 from dz_gym.eval.rundir import RunDir
 from dz_gym.eval.runner import RunControl, SceneRunner
+from dz_gym.eval.signals import interruptible, shielded
 from dz_gym.eval.video import VideoRecorder
 
 logger = logging.getLogger(__name__)
@@ -82,7 +90,11 @@ def build_summary(
     segments: list[dict[str, Any]],
     extra: Mapping[str, Any],
 ) -> dict[str, Any]:
-    """``summary.json`` of the whole run directory: every row, every run segment's timing."""
+    """``summary.json`` of the whole run directory: every row, every run segment's timing.
+
+    The rates come from the counts the summary reports: ``env_steps_per_s = env_steps_taken / wall_s``
+    (``env_steps_taken`` also counts the steps of episodes an interruption dropped, which have no row).
+    """
     rows = run_dir.read_rows()
     wall = sum(seg["wall_s"] for seg in segments)
     stepped = sum(seg["env_steps"] for seg in segments)
@@ -90,7 +102,9 @@ def build_summary(
     for seg in segments:
         for url, seconds in seg.get("busy_s", {}).items():
             busy[url] = busy.get(url, 0.0) + seconds
-    prompts = {s: droid.scene_spec(s).prompt for s in config.scenes}
+    from dz_gym.envs.isaac.tasks import scene_prompt
+
+    prompts = {s: scene_prompt(s) for s in config.scenes}
     planned = {s: config.episodes for s in config.scenes}
     fields = dict(extra)
     fields["segments"] = segments
@@ -101,7 +115,7 @@ def build_summary(
 def evaluate(
     config: EvalConfig,
     run_dir: RunDir,
-    servers: Sequence[str],
+    servers: Sequence[str] | None = None,
     *,
     env_factory: EnvFactory | None = None,
     control: RunControl | None = None,
@@ -114,15 +128,23 @@ def evaluate(
 ) -> dict[str, Any]:
     """Run every episode of ``config`` that has no row in ``run_dir`` yet; returns the summary written.
 
+    ``servers`` are the policy servers' URLs (default ``config.servers``; the command line passes the
+    embedded server's URL here);
     ``env_factory(scene, config, **env_kwargs)`` builds the batched env (default:
     :func:`default_env_factory`; ``env_kwargs`` go to the backend, e.g. Isaac Lab's ``app_args``);
     ``control`` carries the stop request and the error budget (a fresh one when None); ``progress`` turns
-    the bars on/off (None: only on a TTY); ``only_scenes`` restricts this call to some scenes (a process per
-    scene); ``command`` and ``server_info`` are recorded in the summary.
+    the bars on/off (None: bars on a TTY, else a progress line every 30 s); ``only_scenes`` restricts this
+    call to some scenes (a process per scene); ``command`` and ``server_info`` are recorded in the summary;
+    ``log`` receives the lines for the user (default: above the progress bars, on stderr).
+
+    Raises what ended the run early (after writing the summary): ``KeyboardInterrupt`` on a repeated stop
+    signal, or the simulator's/wrapper's error (the summary then says ``aborted``).
     """
-    from dz_gym.transport import TransportConfig
     from dz_gym.wrapper import DreamZeroPolicyWrapper
 
+    servers = list(config.servers if servers is None else servers)
+    if not servers:
+        raise ValueError("servers: expected at least one policy server URL (in config.servers or the servers argument)")
     factory = env_factory or default_env_factory
     run_dir.repair_rows()
     rows = run_dir.read_rows()
@@ -134,8 +156,16 @@ def evaluate(
     todo = remaining_episodes(config, rows)
     scenes = [s for s in config.scenes if only_scenes is None or s in only_scenes]
     total = sum(len(todo[s]) for s in scenes)
-    bars = Progress(total, total * config.max_steps, enabled=progress)
+    say_later: list[Callable[[str], None]] = []
+    idle_check = IdleGapCheck(
+        envs_per_server(config.num_envs, len(servers)), config.server_idle_timeout, lambda line: say_later[0](line)
+    )
+    bars = Progress(total, total * config.max_steps, enabled=progress, on_latency=idle_check.observe)
     say = log or bars.write
+    say_later.append(say)
+    crowded = session_warning(config.num_envs, servers, config.server_max_sessions)
+    if crowded is not None:
+        say(f"dz-gym-eval: warning: {crowded}")
     recorder = VideoRecorder() if config.video else None
     segment = {"started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "wall_s": 0.0, "env_steps": 0, "busy_s": {}}
     server_metadata: dict[str, Any] = {}
@@ -148,67 +178,72 @@ def evaluate(
             if control.stop.is_set():
                 break
             say(f"scene {scene}: {len(todo[scene])} episode(s) on {config.num_envs} env(s)")
-            env = factory(scene, config, **dict(env_kwargs or {}))
+            env = factory(scene, config, **dict(env_kwargs or {}))  # not interruptible: workers start whole
             wrapper = None
             try:
-                wrapper = DreamZeroPolicyWrapper(
-                    env,
-                    server=list(servers),
-                    open_loop_horizon=config.open_loop_horizon,
-                    transport=TransportConfig(request_timeout=config.request_timeout, auth_env=config.auth_env),
-                    prefetch=config.prefetch,
-                    simulated_delay=config.simulated_delay,
-                    max_stale_steps=config.max_stale_steps,
-                )
-                for i in range(len(servers)):
-                    server_metadata.setdefault(wrapper.pool.url(i), _metadata_dict(wrapper.server_metadata[i]))
-                runner = SceneRunner(
-                    wrapper,
-                    scene=scene,
-                    episodes=todo[scene],
-                    seed=config.seed,
-                    max_steps=config.max_steps,
-                    run_dir=run_dir,
-                    control=control,
-                    recorder=recorder,
-                    progress=bars,
-                )
-                result = runner.run()
+                with interruptible():
+                    if control.stop.is_set():
+                        break
+                    wrapper = DreamZeroPolicyWrapper(
+                        env,
+                        server=list(servers),
+                        open_loop_horizon=config.open_loop_horizon,
+                        transport=config.transport_config(),
+                        prefetch=config.prefetch,
+                        simulated_delay=config.simulated_delay,
+                        max_stale_steps=config.max_stale_steps,
+                    )
+                    for i in range(len(servers)):
+                        server_metadata.setdefault(wrapper.server_url(i), _metadata_dict(wrapper.server_metadata[i]))
+                    runner = SceneRunner(
+                        wrapper,
+                        scene=scene,
+                        episodes=todo[scene],
+                        seed=config.seed,
+                        max_steps=config.max_steps,
+                        run_dir=run_dir,
+                        control=control,
+                        recorder=recorder,
+                        progress=bars,
+                    )
+                    result = runner.run()
             finally:
-                if wrapper is not None:
-                    wrapper.close()
-                else:
-                    env.close()
+                with shielded():
+                    if wrapper is not None:
+                        wrapper.close()
+                    else:
+                        env.close()
             segment["wall_s"] += result.wall_s
             segment["env_steps"] += result.env_steps
             for url, seconds in result.busy_s.items():
                 segment["busy_s"][url] = segment["busy_s"].get(url, 0.0) + seconds
     except BaseException as exc:  # noqa: BLE001 - record what happened, write the summary, then re-raise
         error = exc
-        if isinstance(exc, KeyboardInterrupt):
-            control.stop.set()
+        if isinstance(exc, KeyboardInterrupt) or (control.stop.is_set() and control.aborted is None):
+            control.stop.set()  # a stop request, or a failure that came with it (a worker got the signal too)
         else:
             aborted = f"{type(exc).__name__}: {exc}"
     finally:
-        bars.close()
-        if recorder is not None:
-            recorder.close()
-        if segment["env_steps"] or segment["wall_s"]:
-            segments.append(segment)
-        aborted = aborted or control.aborted
-        extra = {
-            "interrupted": control.interrupted,
-            "aborted": aborted,
-            "command": command,
-            "backend": config.backend,
-            "servers": list(servers),
-            "server": dict(server_info or {}),
-            "server_metadata": server_metadata or previous.get("server_metadata", {}),
-            "video_errors": dict(recorder.failed) if recorder is not None else {},
-            "versions": versions(),
-        }
-        summary = build_summary(config, run_dir, segments=segments, extra=extra)
-        run_dir.write_summary(summary)
+        with shielded():
+            bars.close()
+            if recorder is not None:
+                recorder.close()
+            if segment["env_steps"] or segment["wall_s"]:
+                segments.append(segment)
+            aborted = aborted or control.aborted
+            extra = {
+                "interrupted": control.interrupted and aborted is None,
+                "aborted": aborted,
+                "command": command,
+                "backend": config.backend,
+                "servers": list(servers),
+                "server": dict(server_info or {}),
+                "server_metadata": server_metadata or previous.get("server_metadata", {}),
+                "video_errors": dict(recorder.failed) if recorder is not None else {},
+                "versions": versions(),
+            }
+            summary = build_summary(config, run_dir, segments=segments, extra=extra)
+            run_dir.write_summary(summary)
     if error is not None:
         raise error
     return summary

@@ -228,22 +228,28 @@ def start_server_process(
             log.close()
         return RuntimeError(f"dz-gym-serve {why}; stdout: {seen[-3:]}; stderr: {err or '(not captured)'}")
 
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
+    try:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                proc.kill()
+                proc.wait(5)
+                raise failure(f"printed no ready line within {timeout:.0f} s")
+            try:
+                line = lines.get(timeout=min(remaining, 0.5))
+            except queue.Empty:
+                continue
+            if line is None:
+                proc.wait(5)
+                raise failure(f"exited with {proc.returncode} before it was ready")
+            seen.append(line)
+            match = READY_PATTERN.match(line)
+            if match:
+                handle = ServerProcess(proc, match.group(1), lines, reader, log)
+                handle.output.extend(seen)
+                return handle
+    except BaseException:  # e.g. KeyboardInterrupt while waiting: never leave the server running behind
+        if proc.poll() is None:
             proc.kill()
             proc.wait(5)
-            raise failure(f"printed no ready line within {timeout:.0f} s")
-        try:
-            line = lines.get(timeout=min(remaining, 0.5))
-        except queue.Empty:
-            continue
-        if line is None:
-            proc.wait(5)
-            raise failure(f"exited with {proc.returncode} before it was ready")
-        seen.append(line)
-        match = READY_PATTERN.match(line)
-        if match:
-            handle = ServerProcess(proc, match.group(1), lines, reader, log)
-            handle.output.extend(seen)
-            return handle
+        raise

@@ -136,6 +136,11 @@ class WorkerPool:
         self.procs: list[mp.process.BaseProcess] = []
         saved = {key: os.environ.get(key) for key in worker_env}
         os.environ.update(worker_env)  # spawned children inherit the environment at start()
+        # Start the children with SIGINT blocked (the mask survives fork and exec): a Ctrl-C in the terminal
+        # reaches the whole process group, and a worker still importing its site packages would die with a
+        # KeyboardInterrupt traceback. worker_main then ignores it; this process gets its own copy when the
+        # mask is restored.
+        masked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             for k, config in enumerate(configs):
                 parent, child = context.Pipe()
@@ -147,6 +152,7 @@ class WorkerPool:
                 self.conns.append(parent)
                 self.procs.append(proc)
         finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, masked)
             for key, value in saved.items():
                 if value is None:
                     os.environ.pop(key, None)
