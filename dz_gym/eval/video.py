@@ -1,6 +1,8 @@
 """Per-episode mp4 videos written by a background thread, so encoding never stalls the simulator.
 
-Each frame is the reference client's strip, right external | wrist | left external, at 15 fps. The stepping
+Each frame is a strip of three views at 15 fps, in ``droid.VIDEO_STRIP_KEYS`` order: the external camera left
+of the robot (``external_cam``, sent as ``exterior_image_0_left``) | wrist | the external camera right of the
+robot (``external_cam_2``); the reference client's strip has the same order. The stepping
 loop only builds the strip (one ``np.concatenate`` per recorded env, which also copies the pixels out of the
 env's buffers) and hands it to a bounded queue; a single writer thread feeds one ffmpeg process per open
 video (imageio-ffmpeg), so the encoding itself runs in other processes. The queue is bounded: if the encoders
