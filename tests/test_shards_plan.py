@@ -16,6 +16,7 @@ from dz_gym.eval.shards import MISSING_RAY, RayMissingError, require_ray
 from dz_gym.eval.shards.plan import (
     cpus_per_shard,
     default_shard_count,
+    env_workers,
     plan_shards,
     shard_servers,
     slot_ranges,
@@ -85,7 +86,9 @@ def test_default_shards_and_cpus():
     with pytest.raises(ValueError, match="isaac backend needs one GPU per shard"):
         default_shard_count(8, nodes=2, gpus=0, backend="isaac")
     assert cpus_per_shard(4, 16) == 4 and cpus_per_shard(32, 16) == 16 and cpus_per_shard(4, 0.5) == 1
+    assert cpus_per_shard(32, 16, shards_per_node=4) == 4 and cpus_per_shard(4, 2, shards_per_node=2) == 1
     assert cpus_per_shard(4, 16, requested=2.5) == 2.5
+    assert env_workers(4, 1) == 0 and env_workers(4, 2) == 2 and env_workers(3, 8) == 3
 
 
 class _Recorder:

@@ -37,7 +37,7 @@ from dz_gym.eval.rundir import RunDir, _write_atomic
 from dz_gym.eval.runner import RunControl
 from dz_gym.eval.shards import require_ray
 from dz_gym.eval.shards.collector import Collector
-from dz_gym.eval.shards.plan import Shard, cpus_per_shard, default_shard_count, plan_shards, shard_servers
+from dz_gym.eval.shards.plan import Shard, cpus_per_shard, default_shard_count, env_workers, plan_shards, shard_servers
 from dz_gym.eval.shards.worker import TOKEN_FILE, ShardWorker
 
 logger = logging.getLogger(__name__)
@@ -156,6 +156,7 @@ class ShardedRun:
                                                           backend=self.config.backend)
         shards = plan_shards(todo, self.config.num_envs, k)
         self.num_shards = k
+        self.shards_per_node = -(-k // max(1, len(nodes)))
         for shard in shards:
             servers = shard_servers(self.servers, shard, self.options.servers_per_shard)
             self.states.append(_ShardState(shard, servers, shard.scenes()))
@@ -165,7 +166,7 @@ class ShardedRun:
         if self.config.backend == "isaac":
             opts.update(num_gpus=1, num_cpus=1)
         else:
-            opts["num_cpus"] = cpus_per_shard(shard.num_envs, self.node_cpus, self.options.shard_cpus)
+            opts["num_cpus"] = self._cpus(shard)
         if self.options.resources:
             opts["resources"] = dict(self.options.resources)
         return opts
@@ -173,9 +174,11 @@ class ShardedRun:
     def _env_kwargs(self, shard: Shard) -> dict[str, Any]:
         kwargs = {k: v for k, v in self.env_kwargs.items() if k != "app_args"}
         if self.config.backend == "mujoco":
-            cpus = cpus_per_shard(shard.num_envs, self.node_cpus, self.options.shard_cpus)
-            kwargs.setdefault("num_workers", max(1, min(shard.num_envs, int(cpus))))
+            kwargs.setdefault("num_workers", env_workers(shard.num_envs, self._cpus(shard)))
         return kwargs
+
+    def _cpus(self, shard: Shard) -> float:
+        return cpus_per_shard(shard.num_envs, self.node_cpus, self.shards_per_node, self.options.shard_cpus)
 
     def _new_actor(self, st: _ShardState) -> None:
         st.attempt += 1

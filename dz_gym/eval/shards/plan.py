@@ -112,10 +112,19 @@ def default_shard_count(num_envs: int, *, nodes: int, gpus: float, backend: str)
     return max(1, min(want, int(num_envs)))
 
 
-def cpus_per_shard(shard_envs: int, node_cpus: float, requested: float | None = None) -> float:
-    """CPUs a MuJoCo shard asks Ray for: its env workers (one per env, as many as a node has), or ``requested``."""
+def cpus_per_shard(shard_envs: int, node_cpus: float, shards_per_node: int = 1, requested: float | None = None) -> float:
+    """CPUs a MuJoCo shard asks Ray for: one per env, at most its share of a node (``shards_per_node`` shards
+    spread over the nodes share one), at least one; or ``requested``."""
     if requested is not None:
         if not requested > 0:
             raise ValueError(f"shard_cpus: expected a number > 0, got {requested!r}")
         return float(requested)
-    return float(max(1, min(int(shard_envs), int(node_cpus) if node_cpus >= 1 else 1)))
+    share = int(node_cpus) // max(1, int(shards_per_node))
+    return float(max(1, min(int(shard_envs), share)))
+
+
+def env_workers(shard_envs: int, cpus: float) -> int:
+    """MuJoCo worker processes of a shard with ``cpus`` CPUs: one per CPU (at most one per env); with a single
+    CPU none, the actor steps its envs itself (no inter-process copies)."""
+    cpus = int(cpus)
+    return min(int(shard_envs), cpus) if cpus >= 2 else 0
