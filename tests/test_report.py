@@ -29,7 +29,9 @@ def test_page_is_self_contained_and_shows_the_summary(run):
     assert "<link" not in html and "@import" not in html and "url(" not in html
     for key in ["1", "2", "overall"]:
         assert rate_text(summary[key]["success_at_end"]).split(" ")[0] in html
-    assert html.count('class="ep ') == len(run.read_rows()) == 12
+    grid = json.loads(re.search(r'<script type="application/json" id="dz-episodes">(.*?)</script>', html).group(1))
+    assert len(grid) == len(run.read_rows()) == 12
+    assert {e["o"] for e in grid} == {"success", "failure", "errored"}
     assert "injected failure" in html or "Internal inference error" in html
 
 

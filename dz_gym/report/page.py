@@ -24,6 +24,10 @@ from dz_gym.report.load import RunView, episode_key, outcome
 from dz_gym.report.paired import compare, split_arms
 
 MILESTONES = ("reached", "lifted", "above_target", "placed")
+INFO_KEYS = (
+    "prompt", "session_id", "server", "first_success_step", "wait_steps", "stale_steps", "error", "error_event", "error_step",
+    "milestones", "reconnects", "retries", "shard", "node", "wall_s", "started_at",
+)
 
 
 def _asset(name: str) -> str:
@@ -193,30 +197,26 @@ class _Videos:
 
 
 def episode_grid(views: Sequence[RunView], videos: _Videos) -> str:
+    """Filters, the grid's header, and its rows as inline JSON (the script builds the rows in one pass:
+    a 500-row table parsed as HTML is laid out again and again while it streams in, several times slower)."""
     multi = len(views) > 1 or any(r.get("arm") for v in views for r in v.rows)
-    head = (
-        "<tr>" + ("<th>run</th>" if multi else "")
-        + "<th>scene</th><th>episode</th><th>seed</th><th>env</th><th>outcome</th><th>success any step</th>"
-        "<th>steps</th><th>server calls</th><th>latency p50 (ms)</th><th>ended by</th><th></th></tr>"
-    )
-    out = []
+    columns = (["run"] if multi else []) + [
+        "scene", "episode", "seed", "env", "outcome", "success any step", "steps", "server calls", "latency p50 (ms)", "ended by", "",
+    ]
+    head = "<tr>" + "".join(f"<th>{escape(c)}</th>" for c in columns) + "</tr>"
+    entries = []
     for view in views:
         for r in view.rows:
-            key = episode_key(r, view.label)
             run = (view.label or str(r.get("arm") or "")).upper()
             state = outcome(r)
             src, why = videos.src(view, r)
             any_step = "-" if r.get("success_any_step") is None else ("yes" if r["success_any_step"] else "no")
-            extra = {k: r.get(k) for k in ("prompt", "session_id", "server", "first_success_step", "wait_steps", "stale_steps", "error", "error_event", "error_step", "milestones", "reconnects", "retries", "wall_s", "started_at") if r.get(k) is not None}
-            out.append(
-                f'<tr class="ep {state}" data-key="{escape(key)}" data-outcome="{state}" data-scene="{r["scene"]}" data-run="{escape(run)}" '
-                f'data-video="{escape(src)}" data-novideo="{escape(why)}" data-info="{escape(json.dumps(extra, separators=(",", ":")))}">'
-                + (f"<td>{escape(run)}</td>" if multi else "")
-                + f'<td>{r["scene"]}</td><td>{r["episode"]}</td><td>{r["seed"]}</td><td>{r["env"]}</td>'
-                f'<td class="outcome">{state}</td><td>{any_step}</td><td>{r["steps"]}</td><td>{r["server_calls"]}</td>'
-                f'<td>{_ms(r.get("latency_ms"), "p50")}</td><td>{escape(str(r.get("ended_by") or "-"))}</td>'
-                f'<td><button class="open" type="button">open</button></td></tr>'
-            )
+            info = {k: r.get(k) for k in INFO_KEYS if r.get(k) is not None}
+            cells = ([run] if multi else []) + [
+                r["scene"], r["episode"], r["seed"], r["env"], state, any_step, r["steps"], r["server_calls"],
+                _ms(r.get("latency_ms"), "p50"), str(r.get("ended_by") or "-"),
+            ]
+            entries.append({"k": episode_key(r, view.label), "o": state, "s": str(r["scene"]), "r": run, "v": src, "nv": why, "i": info, "c": cells})
     scenes = sorted({int(r["scene"]) for v in views for r in v.rows})
     runs = sorted({(v.label or str(r.get("arm") or "")).upper() for v in views for r in v.rows} - {""})
     scene_opts = "".join(f'<option value="{s}">scene {s}</option>' for s in scenes)
@@ -233,7 +233,16 @@ def episode_grid(views: Sequence[RunView], videos: _Videos) -> str:
         f'</select></label><label>scene <select id="f-scene"><option value="">all</option>{scene_opts}</select></label>{run_filter}'
         '<span id="shown-count" class="muted"></span></div>'
     )
-    return filters + f'<table class="grid" id="episodes"><thead>{head}</thead><tbody>{"".join(out)}</tbody></table>'
+    return (
+        filters
+        + f'<table class="grid" id="episodes" data-outcome-col="{columns.index("outcome")}"><thead>{head}</thead><tbody></tbody></table>'
+        + f'<script type="application/json" id="dz-episodes">{_json_script(entries)}</script>'
+    )
+
+
+def _json_script(data: Any) -> str:
+    """JSON safe inside a ``<script>`` element."""
+    return json.dumps(data, separators=(",", ":"), default=str).replace("<", "\\u003c")
 
 
 def comparison_block(rows_a: Sequence[Mapping[str, Any]], rows_b: Sequence[Mapping[str, Any]], view_a: RunView, view_b: RunView, videos: _Videos, names: tuple[str, str]) -> str:
@@ -328,7 +337,7 @@ def build_page(views: Sequence[RunView], out_dir: str | os.PathLike) -> str:
     trajectories: dict[str, Any] = {}
     for view in views:
         trajectories.update(view.trajectories)
-    data = json.dumps(trajectories, separators=(",", ":")).replace("</", "<\\/")
+    data = _json_script(trajectories)
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>dz-gym report: {escape(title)}</title><style>{_asset('report.css')}</style></head><body>"

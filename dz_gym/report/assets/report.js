@@ -3,6 +3,26 @@
   "use strict";
   var SVGNS = "http://www.w3.org/2000/svg";
   var trajectories = null;  // parsed on first use from <script id="dz-traj">
+  var episodes = [];  // the grid's rows, from <script id="dz-episodes">
+
+  function esc(s) {
+    return String(s).replace(/[&<>"]/g, function (c) { return { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" }[c]; });
+  }
+
+  /* The grid's rows in one pass (one layout), instead of streaming 500 parsed rows. */
+  function buildGrid() {
+    var node = document.getElementById("dz-episodes"), grid = document.getElementById("episodes");
+    if (!node || !grid) return;
+    episodes = JSON.parse(node.textContent || "[]");
+    var html = [], oc = +grid.dataset.outcomeCol;
+    for (var i = 0; i < episodes.length; i++) {
+      var e = episodes[i], cells = "";
+      for (var c = 0; c < e.c.length; c++) cells += (c === oc ? '<td class="outcome">' : "<td>") + esc(e.c[c]) + "</td>";
+      html.push('<tr class="ep ' + e.o + '" data-idx="' + i + '" data-key="' + esc(e.k) + '" data-outcome="' + e.o + '" data-scene="' +
+        esc(e.s) + '" data-run="' + esc(e.r) + '">' + cells + '<td><button class="open" type="button">open</button></td></tr>');
+    }
+    grid.tBodies[0].innerHTML = html.join("");
+  }
 
   function traj(key) {
     if (trajectories === null) {
@@ -88,13 +108,14 @@
     td.colSpan = tr.children.length;
     var wrap = document.createElement("div");
     wrap.className = "detailwrap";
-    wrap.appendChild(videoOrNote(tr.dataset.video, tr.dataset.novideo, 720));
+    var e = episodes[+tr.dataset.idx];
+    wrap.appendChild(videoOrNote(e.v, e.nv, 720));
     var t = traj(tr.dataset.key);
     if (t) wrap.appendChild(trajectoryPlot(t));
     else { var n = document.createElement("div"); n.className = "novideo"; n.textContent = "no trajectory file for this episode"; wrap.appendChild(n); }
     var info = document.createElement("pre");
     info.className = "episodeinfo";
-    info.textContent = JSON.stringify(JSON.parse(tr.dataset.info || "{}"), null, 1);
+    info.textContent = JSON.stringify(e.i, null, 1);
     wrap.appendChild(info);
     td.appendChild(wrap); d.appendChild(td);
     tr.after(d);
@@ -116,6 +137,7 @@
   function valueOf(id) { var n = document.getElementById(id); return n ? n.value : ""; }
 
   function init() {
+    buildGrid();
     ["f-outcome", "f-scene", "f-run"].forEach(function (id) {
       var n = document.getElementById(id);
       if (n) n.addEventListener("change", applyFilters);
@@ -138,7 +160,9 @@
       });
     });
     applyFilters();
-    window.dzReport = { ready: true, readyAt: performance.now() };
+    window.dzReport = { ready: true, readyAt: performance.now(), paintedAt: null };
+    // The frame after this one has painted the grid: the page is usable.
+    requestAnimationFrame(function () { setTimeout(function () { window.dzReport.paintedAt = performance.now(); }, 0); });
     document.documentElement.dataset.ready = "1";
   }
 
