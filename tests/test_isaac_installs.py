@@ -330,3 +330,21 @@ def test_3_0_release_launcher_lives_in_sim_launcher_and_viz_is_a_comma_list(inst
     assert parser.parse_args(["--viz", "kit,newton"]).visualizer == "kit,newton"
     make(num_envs=1)
     assert world.launched and "isaaclab_tasks.utils.sim_launcher" in sys.modules
+
+
+def test_api_reset_of_every_env_uses_the_installed_signatures_default():
+    """Bug 2 in isolation: the 3.0.0 release's ``reset`` keeps 2.2's signature and counts ``env_ids``."""
+
+    class Release:
+        def reset(self, seed=None, env_ids=None, options=None):
+            return len(range(4)) if env_ids is None else len(env_ids), seed  # a slice: TypeError
+
+    class Develop:
+        def reset(self, env_ids=slice(None), *, seed=None, options=None):
+            return env_ids, seed
+
+    api = compat.IsaacLabApi((3, 0))
+    assert api.reset(Release(), seed=5) == (4, 5)
+    assert api.reset(Develop(), seed=5) == (slice(None), 5)
+    ids = torch.tensor([1, 3])
+    assert api.reset(Release(), env_ids=ids) == (2, None)
