@@ -135,3 +135,25 @@ def test_flags_reach_the_transport_config():
     transport = config.transport_config()
     assert (transport.retry_server_errors, transport.request_timeout) == (2, 30.0)
     assert (config.server_max_sessions, config.server_idle_timeout) == (4, 0.0)
+
+
+def test_preflight_failures_leave_no_run_directory(capsys, tmp_path):
+    """An unreachable server: one error line, exit status 1, no run directory (nothing written at all)."""
+    root = tmp_path / "runs"
+    assert cli.main(["--server", "ws://127.0.0.1:1/v1/realtime/robot/openpi", "--output-root", str(root)]) == 1
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and errors[0].startswith("dz-gym-eval: error: --server ws://127.0.0.1:1/"), err
+    assert not root.exists()
+
+
+def test_preflight_backend_not_importable(capsys, tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("isaaclab") is not None:
+        pytest.skip("Isaac Lab is importable here")
+    root = tmp_path / "runs"
+    assert cli.main(["--backend", "isaac", "--output-root", str(root)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("dz-gym-eval: error: --backend isaac: Isaac Lab is not importable")
+    assert not root.exists()

@@ -306,6 +306,20 @@ def test_server_failures_are_recorded_per_episode(tmp_path, capsys):
     assert summary["overall"]["success_at_end"]["n"] == 4 - len(errored)
 
 
+def test_open_loop_horizon_longer_than_the_chunk(capsys, tmp_path):
+    """The hold server sends 24-row chunks: a horizon of 30 is a usage error once the first chunk arrives,
+    and the run directory (no episode ran) is removed, so no config.json records 30."""
+    root = tmp_path / "runs"
+    with start_server_thread("hold") as server:
+        argv = [*BASE, "--no-video", "--open-loop-horizon", "30", "--server", server.url + cli.DEFAULT_PATH]
+        assert cli.main([*argv, "--output-root", str(root)]) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and errors[0].startswith("dz-gym-eval: error: --open-loop-horizon: 30"), err
+    assert "24" in errors[0] and "Traceback" not in err
+    assert not any(root.iterdir())
+
+
 def test_killed_and_restarted_server(tmp_path):
     """The server dies after the first finished episode and comes back on the same port ~1 s later."""
     server = start_server_process(["--policy", "hold", "--quiet"])

@@ -115,3 +115,43 @@ def test_summarize_empty_run():
     assert summary["env_steps_per_s"] is None
     assert not math.isnan(summary["env_steps"])
     results.format_table(summary)
+
+
+def test_rates_come_from_the_counts_reported():
+    """An interrupted run took more steps than its rows hold: the rate uses the steps it reports next to it."""
+    rows = [_row(1, 0), _row(1, 1)]
+    summary = results.summarize(rows, planned={1: 4}, wall_s=4.0, stepped=60, busy_s={"ws://a": 1.0})
+    assert summary["env_steps"] == 48 and summary["env_steps_taken"] == 60
+    assert summary["env_steps_per_s"] == pytest.approx(summary["env_steps_taken"] / summary["wall_s"])
+    assert summary["server_utilization_per_server"]["ws://a"] == pytest.approx(
+        summary["server_busy_s"]["ws://a"] / summary["wall_s"]
+    )
+
+
+def test_table_states_completed_and_errored_without_trailing_spaces():
+    rows = [_row(1, 0), _row(1, 1, error="server error: boom"), _row(1, 2)]
+    table = results.format_table(results.summarize(rows, planned={1: 3}, wall_s=1.0))
+    assert "2/3 completed, 1 errored" in table
+    assert all(line == line.rstrip() for line in table.splitlines())
+    clean = results.format_table(results.summarize([_row(1, 0)], planned={1: 1}, wall_s=1.0))
+    assert "errored" not in clean and all(line == line.rstrip() for line in clean.splitlines())
+
+
+def test_progress_lines_when_stderr_is_not_a_terminal():
+    import io
+
+    from dz_gym.eval.progress import Progress
+
+    stream = io.StringIO()  # not a TTY: no bars, periodic lines instead
+    progress = Progress(3, 30, enabled=None, stream=stream, heartbeat_s=3600.0)
+    assert progress.mode == "lines" and not progress.enabled
+    latencies = []
+    progress.on_latency = latencies.append
+    progress.steps(2, last_latency_ms=25.0)
+    progress.episode(success_at_end=False, errored=True)
+    line = progress.status_line(elapsed_s=1.0)
+    assert line == "progress: 1/3 episodes (success 0/0, 1 errored), 2 env steps, 2.0 env-steps/s, last chunk 25 ms"
+    assert latencies == [25.0]
+    progress.close()
+    assert progress._thread is not None and not progress._thread.is_alive()
+    assert Progress(1, 1, enabled=False, stream=io.StringIO()).mode == "off"

@@ -445,7 +445,8 @@ def _evaluate(
         summary["interrupted"] = True
     except Exception as exc:  # noqa: BLE001 - one line for the user; the summary is already written
         if _is_horizon_error(exc):
-            _say(f"dz-gym-eval: error: --open-loop-horizon: {_first_line(exc)}")
+            text = _flag_message(ValueError(_first_line(exc)))
+            _say(f"dz-gym-eval: error: {text if text.startswith('--') else '--open-loop-horizon: ' + text}")
             if created and not run_dir.read_rows():
                 shutil.rmtree(run_dir.path, ignore_errors=True)  # nothing ran: leave nothing behind
             else:
