@@ -193,7 +193,7 @@ def evaluate(
                         simulated_delay=config.simulated_delay,
                         max_stale_steps=config.max_stale_steps,
                     )
-                    for i in range(len(servers)):
+                    for i in range(min(len(servers), wrapper.num_envs)):  # env i talks to server i % len
                         server_metadata.setdefault(wrapper.server_url(i), _metadata_dict(wrapper.server_metadata[i]))
                     runner = SceneRunner(
                         wrapper,
