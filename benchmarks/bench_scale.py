@@ -40,7 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_eval  # noqa: E402  (the bound, s_N, the one-env loop and the one-process run)
 
-from dz_gym.eval.shards.driver import RayOptions, connect, evaluate_sharded  # noqa: E402
+from dz_gym.eval.shards.driver import connect, evaluate_sharded  # noqa: E402
+from dz_gym.eval.shards.options import RayOptions  # noqa: E402
 from dz_gym.eval.shards.plan import cpus_per_shard, env_workers, plan_shards  # noqa: E402
 
 HORIZON = bench_eval.HORIZON

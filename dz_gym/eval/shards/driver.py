@@ -29,14 +29,15 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from dz_gym.envs import droid
 from dz_gym.eval.config import EvalConfig
 from dz_gym.eval.evaluate import build_summary, remaining_episodes, versions
 from dz_gym.eval.progress import Progress
 from dz_gym.eval.rundir import RunDir, _write_atomic
 from dz_gym.eval.runner import RunControl
+from dz_gym.eval.signals import interruptible, shielded
 from dz_gym.eval.shards import require_ray
 from dz_gym.eval.shards.collector import Collector
+from dz_gym.eval.shards.options import RayOptions
 from dz_gym.eval.shards.plan import Shard, cpus_per_shard, default_shard_count, env_workers, plan_shards, shard_servers
 from dz_gym.eval.shards.worker import TOKEN_FILE, ShardWorker
 
@@ -46,44 +47,6 @@ FORWARDED_ENV = ("MUJOCO_GL", "PYOPENGL_PLATFORM")  # the simulator's rendering 
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's node address is 127.0.0.1 (read at import)
 DRAIN_BATCH = 64
 CALL_TIMEOUT_S = 60.0
-
-
-@dataclasses.dataclass
-class RayOptions:
-    """How to run on Ray (none of it changes results).
-
-    ``address``: ``"local"`` (a private Ray instance on this machine) or a cluster address (``"auto"``,
-    ``"HOST:6379"``, ``"ray://HOST:10001"``). ``shards``: default one per node (MuJoCo) or per GPU (Isaac Lab).
-    ``servers_per_shard``: each shard uses its own group of that many ``--server`` URLs. ``shard_cpus``: CPUs
-    per MuJoCo shard (default: its env slots, at most a node's CPUs), also its env worker count.
-    ``resources``: custom Ray resources every shard asks for. ``max_restarts``: new actors per shard after
-    its actor died. ``local_cpus``: CPUs of the ``local`` instance (default: all). ``ship_files``: send
-    trajectories and videos back as bytes (True), or have shards write them into the run directory (False: it
-    must be on a file system every node shares); default: write directly from the nodes that see the run
-    directory (a token file written by the driver tells), ship from the others.
-    """
-
-    address: str = "local"
-    shards: int | None = None
-    servers_per_shard: int | None = None
-    shard_cpus: float | None = None
-    resources: Mapping[str, float] = dataclasses.field(default_factory=dict)
-    max_restarts: int = 2
-    local_cpus: int | None = None
-    ship_files: bool | None = None
-    poll_s: float = 0.1
-    stop_grace_s: float = 120.0
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.address, str) or not self.address:
-            raise ValueError(f"ray: expected 'local' or a Ray cluster address, got {self.address!r}")
-        if self.shards is not None and (not isinstance(self.shards, int) or self.shards < 1):
-            raise ValueError(f"shards: expected an integer >= 1, got {self.shards!r}")
-        if self.max_restarts < 0:
-            raise ValueError(f"max_restarts: expected an integer >= 0, got {self.max_restarts!r}")
-        for name, amount in self.resources.items():
-            if not name or not amount > 0:
-                raise ValueError(f"resources: expected NAME=AMOUNT with AMOUNT > 0, got {name}={amount}")
 
 
 @dataclasses.dataclass
@@ -325,9 +288,11 @@ class ShardedRun:
         st.scenes = []
 
     def _lost_row(self, st: _ShardState, scene: int, episode: int, local: int, why: str) -> dict[str, Any]:
+        from dz_gym.envs.isaac.tasks import scene_prompt
+
         return {
             "scene": scene, "episode": episode, "seed": self.config.seed + episode, "env": st.shard.start + local,
-            "prompt": droid.scene_spec(scene).prompt, "server": st.servers[local], "session_id": "",
+            "prompt": scene_prompt(scene), "server": st.servers[local], "session_id": "",
             "steps": 0, "max_steps": self.config.max_steps, "ended_by": "error",
             "success_at_end": None, "success_any_step": None, "first_success_step": None,
             "server_calls": 0, "server_errors": 0, "latency_ms": None, "latencies_ms": [],
@@ -388,8 +353,8 @@ class ShardedRun:
 def evaluate_sharded(
     config: EvalConfig,
     run_dir: RunDir,
-    servers: Sequence[str],
-    options: RayOptions,
+    servers: Sequence[str] | None = None,
+    options: RayOptions | None = None,
     *,
     control: RunControl | None = None,
     progress: bool | None = None,
@@ -398,9 +363,15 @@ def evaluate_sharded(
     env_kwargs: Mapping[str, Any] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Run every episode of ``config`` without a row in ``run_dir`` on Ray shards; returns the summary written."""
+    """Run every episode of ``config`` without a row in ``run_dir`` on Ray shards; returns the summary written.
+
+    The arguments are :func:`~dz_gym.eval.evaluate.evaluate`'s (``servers`` default to ``config.servers``),
+    plus ``options`` (default: a private local Ray instance, one shard per node).
+    """
+    servers = list(config.servers if servers is None else servers)
     if not servers:
-        raise ValueError("servers: a sharded run needs at least one policy server URL")
+        raise ValueError("servers: expected at least one policy server URL (in config.servers or the servers argument)")
+    options = options or RayOptions()
     owns_ray = connect(options)
     run_dir.repair_rows()
     rows = run_dir.read_rows()
@@ -423,8 +394,9 @@ def evaluate_sharded(
         run.plan(todo)
         if total:
             say(f"{total} episode(s) on {run.num_shards} shard(s) of {config.num_envs} env(s) in all (Ray)")
-            run.start()
-            run.loop()
+            with interruptible():
+                run.start()
+                run.loop()
         aborted = run.aborted
     except BaseException as exc:  # noqa: BLE001 - record what happened, write the summary, then re-raise
         error = exc
@@ -433,38 +405,48 @@ def evaluate_sharded(
         else:
             aborted = f"{type(exc).__name__}: {_first_line(exc)}"
     finally:
-        if run is not None:
-            try:
-                if run.collector is not None and error is not None:
-                    run.drain()  # rows that arrived before the failure
-            except Exception:  # noqa: BLE001 - the collector may be gone with the cluster
-                pass
-            run.close()
-        bars.close()
-        if run is not None and run.env_steps:
-            segment.update(wall_s=run.loop_wall_s() or time.perf_counter() - t0, env_steps=run.env_steps,
-                           busy_s=dict(run.busy_s), shards=run.num_shards, driver_wall_s=time.perf_counter() - t0)
-        if segment["env_steps"]:
-            segments.append(segment)
-        aborted = aborted or control.aborted
-        extra = {
-            "interrupted": control.interrupted and aborted is None,
-            "aborted": aborted,
-            "command": command,
-            "backend": config.backend,
-            "servers": list(servers),
-            "server": dict(server_info or {}),
-            "server_metadata": (run.server_metadata if run is not None else {}) or previous.get("server_metadata", {}),
-            "video_errors": run.video_errors if run is not None else {},
-            "versions": versions(),
-            "shards": run.shards_summary() if run is not None else previous.get("shards"),
-        }
-        summary = build_summary(config, run_dir, segments=segments, extra=extra)
-        run_dir.write_summary(summary)
+        with shielded():
+            summary = _finish(config, run_dir, servers, run, control, bars, segments, segment, previous, t0,
+                              aborted, error, command, server_info)
         if owns_ray:
             require_ray().shutdown()
     if error is not None:
         raise error
+    return summary
+
+
+def _finish(config: EvalConfig, run_dir: RunDir, servers: list[str], run: ShardedRun | None, control: RunControl,
+            bars: Progress, segments: list[dict[str, Any]], segment: dict[str, Any], previous: Mapping[str, Any],
+            t0: float, aborted: str | None, error: BaseException | None, command: str,
+            server_info: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Drain what arrived, stop every actor, write ``summary.json`` (the ``finally`` of :func:`evaluate_sharded`)."""
+    if run is not None:
+        try:
+            if run.collector is not None and error is not None:
+                run.drain()  # rows that arrived before the failure
+        except Exception:  # noqa: BLE001 - the collector may be gone with the cluster
+            pass
+        run.close()
+    bars.close()
+    if run is not None and run.env_steps:
+        segment.update(wall_s=run.loop_wall_s() or time.perf_counter() - t0, env_steps=run.env_steps,
+                       busy_s=dict(run.busy_s), shards=run.num_shards, driver_wall_s=time.perf_counter() - t0)
+        segments.append(segment)
+    aborted = aborted or control.aborted
+    extra = {
+        "interrupted": control.interrupted and aborted is None,
+        "aborted": aborted,
+        "command": command,
+        "backend": config.backend,
+        "servers": list(servers),
+        "server": dict(server_info or {}),
+        "server_metadata": (run.server_metadata if run is not None else {}) or previous.get("server_metadata", {}),
+        "video_errors": run.video_errors if run is not None else {},
+        "versions": versions(),
+        "shards": run.shards_summary() if run is not None else previous.get("shards"),
+    }
+    summary = build_summary(config, run_dir, segments=segments, extra=extra)
+    run_dir.write_summary(summary)
     return summary
 
 

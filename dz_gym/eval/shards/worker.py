@@ -257,7 +257,6 @@ class ShardWorker:
         from dz_gym.eval.evaluate import default_env_factory
         from dz_gym.eval.runner import RunControl, SceneRunner
         from dz_gym.eval.video import VideoRecorder
-        from dz_gym.transport import TransportConfig
         from dz_gym.wrapper import DreamZeroPolicyWrapper
 
         config = EvalConfig.from_dict(spec["config"])
@@ -286,7 +285,7 @@ class ShardWorker:
                 env,
                 server=list(spec["servers"]),
                 open_loop_horizon=config.open_loop_horizon,
-                transport=TransportConfig(request_timeout=config.request_timeout, auth_env=config.auth_env),
+                transport=config.transport_config(),
                 prefetch=config.prefetch,
                 simulated_delay=config.simulated_delay,
                 max_stale_steps=config.max_stale_steps,

@@ -1,0 +1,121 @@
+"""How a sharded run is placed on Ray (:class:`RayOptions`) and the ``dz-gym-eval`` flags that set it.
+
+None of these settings changes results, so none is saved in ``config.json``: a resumed run may use other
+shards, nodes or none at all. Parsing the flags does not import Ray; a missing Ray is a usage error of
+``--ray`` (one line, exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+from collections.abc import Mapping
+
+from dz_gym.cli_types import integer, number
+
+
+@dataclasses.dataclass
+class RayOptions:
+    """How to run on Ray (none of it changes results).
+
+    ``address``: ``"local"`` (a private Ray instance on this machine) or a cluster address (``"auto"``,
+    ``"HOST:6379"``, ``"ray://HOST:10001"``). ``shards``: default one per node (MuJoCo) or per GPU (Isaac Lab).
+    ``servers_per_shard``: each shard uses its own group of that many server URLs. ``shard_cpus``: CPUs per
+    MuJoCo shard (default: one per env slot, at most its share of a node), also its env worker count.
+    ``resources``: custom Ray resources every shard asks for (to place shards on the nodes that have them).
+    ``max_restarts``: new actors per shard after its actor died. ``local_cpus``: CPUs of the ``local``
+    instance (default: all). ``ship_files``: send trajectories and videos back as bytes (True), or have shards
+    write them into the run directory (False: it must be on a file system every node shares); default: write
+    directly from the nodes that see the run directory (a token file written by the driver tells), ship from
+    the others. ``poll_s``: how often the driver drains rows; ``stop_grace_s``: how long shards get to stop
+    after a stop request before they are killed.
+    """
+
+    address: str = "local"
+    shards: int | None = None
+    servers_per_shard: int | None = None
+    shard_cpus: float | None = None
+    resources: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    max_restarts: int = 2
+    local_cpus: int | None = None
+    ship_files: bool | None = None
+    poll_s: float = 0.1
+    stop_grace_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.address, str) or not self.address.strip():
+            raise ValueError(f"ray: expected 'local' or a Ray cluster address, got {self.address!r}")
+        for name in ("shards", "servers_per_shard"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
+        if self.shard_cpus is not None and not self.shard_cpus > 0:
+            raise ValueError(f"shard_cpus: expected a number > 0, got {self.shard_cpus!r}")
+        if not isinstance(self.max_restarts, int) or self.max_restarts < 0:
+            raise ValueError(f"shard_restarts: expected an integer >= 0, got {self.max_restarts!r}")
+        for name, amount in self.resources.items():
+            if not name or name in ("CPU", "GPU") or not amount > 0:
+                raise ValueError(f"ray_resource: expected NAME=AMOUNT (a custom resource, AMOUNT > 0), got {name}={amount}")
+
+
+def add_ray_args(parser: argparse.ArgumentParser) -> None:
+    """The ``scale-out on Ray`` flags of ``dz-gym-eval``."""
+    group = parser.add_argument_group("scale-out on Ray (see docs/ray.md)")
+    group.add_argument(
+        "--ray", metavar="ADDRESS",
+        help="run the envs as shards on a Ray cluster: 'local' (a private Ray on this machine), 'auto' or HOST:PORT "
+        "of a running cluster; --num-envs is the total over all shards (needs the ray extra)",
+    )
+    group.add_argument("--shards", type=integer, metavar="K", help="shards (default: one per Ray node; one per GPU on Isaac Lab)")
+    group.add_argument(
+        "--servers-per-shard", type=integer, metavar="M",
+        help="each shard uses its own M of the --server URLs, in order (shard j: the (j*M)th to the (j*M+M-1)th); "
+        "default: envs are spread over all servers as in one process",
+    )
+    group.add_argument("--shard-cpus", type=number, metavar="C", help="CPUs (and simulator workers) per shard on MuJoCo")
+    group.add_argument(
+        "--ray-resource", action="append", metavar="NAME=AMOUNT",
+        help="a custom Ray resource every shard asks for (repeatable): places shards on the nodes that have it",
+    )
+    group.add_argument("--shard-restarts", type=integer, metavar="R", help="new actors for a shard whose actor died (default 2)")
+    group.add_argument(
+        "--ship-files", action=argparse.BooleanOptionalAction, default=None,
+        help="send trajectories and videos back to this machine (default: only from nodes that do not see the run directory)",
+    )
+
+
+def ray_options_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace, num_envs: int) -> RayOptions | None:
+    """:class:`RayOptions` from the flags (None without ``--ray``); bad flags end in ``parser.error``."""
+    names = ("shards", "servers_per_shard", "shard_cpus", "ray_resource", "shard_restarts", "ship_files")
+    if args.ray is None:
+        given = [n for n in names if getattr(args, n, None) is not None]
+        if given:
+            parser.error(f"--{given[0].replace('_', '-')}: only with --ray ADDRESS|local")
+        return None
+    if importlib.util.find_spec("ray") is None:
+        from dz_gym.eval.shards import MISSING_RAY
+
+        parser.error(f"--ray: {MISSING_RAY}")
+    resources = {}
+    for item in args.ray_resource or ():
+        name, sep, amount = item.partition("=")
+        try:
+            resources[name.strip()] = float(amount) if sep else 1.0
+        except ValueError:
+            parser.error(f"--ray-resource: expected NAME=AMOUNT, got {item!r}")
+    if args.shards is not None and args.shards > num_envs:
+        parser.error(f"--shards: expected at most --num-envs={num_envs} shards (each needs an env), got {args.shards}")
+    try:
+        return RayOptions(
+            address=args.ray,
+            shards=args.shards,
+            servers_per_shard=args.servers_per_shard,
+            shard_cpus=args.shard_cpus,
+            resources=resources,
+            max_restarts=2 if args.shard_restarts is None else args.shard_restarts,
+            ship_files=args.ship_files,
+        )
+    except ValueError as exc:
+        field, _, rest = str(exc).partition(":")
+        parser.error(f"--{field.replace('_', '-')}:{rest}")
