@@ -50,7 +50,7 @@ EXIT_OK, EXIT_ABORTED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 FLAG_FIELDS = (
     "scenes", "num_envs", "episodes", "seed", "backend", "policy", "max_steps", "open_loop_horizon", "prefetch",
     "simulated_delay", "max_stale_steps", "max_errors", "request_timeout", "retry_server_errors",
-    "server_max_sessions", "server_idle_timeout", "auth_env", "video",
+    "server_max_sessions", "server_idle_timeout", "auth_env", "video", "report",
 )
 _FLAG_OF_FIELD = {"scenes": "--scene", "servers": "--server"}
 
@@ -153,6 +153,10 @@ def build_parser(isaac_args: bool | None = None) -> argparse.ArgumentParser:
     out.add_argument("--output-root", type=Path, help=f"where run directories are created (default {DEFAULT_OUTPUT_ROOT})")
     out.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue RUN_DIR without redoing finished episodes")
     out.add_argument("--video", action=argparse.BooleanOptionalAction, default=None, help="write per-episode mp4 videos (default on)")
+    out.add_argument(
+        "--report", action=argparse.BooleanOptionalAction, default=None,
+        help="write report.html (dz-gym-report) into the run directory at the end, also after Ctrl-C and on resume (default on)",
+    )
     out.add_argument(
         "--max-errors", type=integer,
         help="abort after more errored episodes than this (default 10%% of the episodes, at least 5)",

@@ -92,6 +92,7 @@ class EvalConfig:
     server_idle_timeout: float = 30.0  # vLLM-Omni closes a connection idle this long; 0: the servers have none
     auth_env: str | None = None  # NAME of the environment variable holding the servers' API token
     video: bool = True
+    report: bool = True  # write report.html into the run directory at the end (dz_gym.report)
     version: int = CONFIG_VERSION
 
     @classmethod

@@ -244,6 +244,10 @@ def evaluate(
             }
             summary = build_summary(config, run_dir, segments=segments, extra=extra)
             run_dir.write_summary(summary)
+            if getattr(config, "report", True):
+                from dz_gym.report import write_report_safely
+
+                write_report_safely(run_dir.path, say)
     if error is not None:
         raise error
     return summary

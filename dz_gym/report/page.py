@@ -126,6 +126,13 @@ def _details(title: str, data: Any) -> str:
     return f"<details><summary>{escape(title)}</summary><pre>{escape(text)}</pre></details>"
 
 
+def _state_detail(text: str, limit: int = 240) -> str:
+    """The state's one-line reason; a long one (an abort's traceback) folds into a details element."""
+    if len(text) <= limit:
+        return f'<p class="muted">{escape(text)}</p>'
+    return f'<details class="muted"><summary>{escape(text[:limit])}…</summary><pre>{escape(text)}</pre></details>'
+
+
 def header_block(view: RunView, suffix: str = "") -> str:
     s = view.summary
     segments = s.get("segments") or []
@@ -156,7 +163,8 @@ def header_block(view: RunView, suffix: str = "") -> str:
     return (
         f'<div class="runhead" id="run{suffix}"><h2>Run{label}: <span class="runname">{escape(view.name)}</span> '
         f'<span class="state state-{view.state.replace(" ", "-")}" id="run-state{suffix}">{escape(view.state)}</span></h2>'
-        f'<p class="muted">{escape(view.state_detail)}</p>{recomputed}<dl class="facts">{dl}</dl>'
+        + _state_detail(view.state_detail)
+        + f'{recomputed}<dl class="facts">{dl}</dl>'
         + _details("server metadata", s.get("server_metadata"))
         + _details("configuration", s.get("config") or view.config)
         + _details("versions", versions)
@@ -201,7 +209,7 @@ def episode_grid(views: Sequence[RunView], videos: _Videos) -> str:
     a 500-row table parsed as HTML is laid out again and again while it streams in, several times slower)."""
     multi = len(views) > 1 or any(r.get("arm") for v in views for r in v.rows)
     columns = (["run"] if multi else []) + [
-        "scene", "episode", "seed", "env", "outcome", "success any step", "steps", "server calls", "latency p50 (ms)", "ended by", "",
+        "scene", "episode", "seed", "env", "outcome", "any step", "steps", "calls", "p50 ms", "ended by", "",
     ]
     head = "<tr>" + "".join(f"<th>{escape(c)}</th>" for c in columns) + "</tr>"
     entries = []
