@@ -33,9 +33,8 @@ from dz_gym.envs.base import BatchedDroidEnv
 from dz_gym.envs.isaac import checks, launch, tasks
 from dz_gym.envs.isaac.build import MilestoneProbe, parse_task_cfg
 from dz_gym.envs.isaac.config import keep_one_dome_light, patch_env_cfg
+from dz_gym.envs.isaac.mila import MilaEpisodes
 from dz_gym.envs.isaac.state import DEFAULT_TCP_BODIES, StateProbe, TaskState
-
-NOT_REACHED = -1  # a milestone's first step while it has not been reached
 # Spacing of the env grid when N > 1 (sim-evals: 7 m). With 7 m, each env's table also gets about 5 % more
 # light from its neighbours' sphere lights (inverse square) and the 104-degree external cameras can see the
 # neighbouring robots; at 30 m both are below 1 %. Physics is env-local, so spacing changes nothing else.
@@ -77,13 +76,14 @@ class IsaacDroidEnv(BatchedDroidEnv):
         self.task = task
         shape = tuple(int(v) for v in image_shape) if image_shape is not None else droid.ISAAC_IMAGE_SHAPE
         device = device or getattr(app_args, "device", None) or "cuda:0"
-        super().__init__(num_envs, shape, task.scene or 1, device=str(device))
+        super().__init__(num_envs, shape, task.scene or 1, device=str(device), seed=seed)
         self.scene = task.scene_spec()
         if not isinstance(settle_steps, (int, np.integer)) or settle_steps < 0:
             raise ValueError(f"settle_steps: expected an integer >= 0, got {settle_steps!r}")
         self.settle_steps = int(settle_steps)
         self._close_app_on_close = close_app_on_close
         self._closed = True  # until built
+        self._milestones: MilestoneProbe | None = None
 
         # Everything that can fail fast, before a minutes-long start of Isaac Sim.
         checks.check_packages()
@@ -144,55 +144,50 @@ class IsaacDroidEnv(BatchedDroidEnv):
         self.device = str(self.isaac_env.device)
         self.max_episode_length = int(self.isaac_env.max_episode_length)
         self.step_dt = float(self.isaac_env.step_dt)
-        self._seed_base = None if seed is None else int(seed)
-        self._episode_seed = np.arange(self.num_envs, dtype=np.int64) + (self._seed_base or 0)
-        self._episode_step = np.zeros(self.num_envs, dtype=np.int64)
-        self._success_any = np.zeros(self.num_envs, dtype=bool)
-        self._milestone_steps = np.full((len(task.milestones), self.num_envs), NOT_REACHED, dtype=np.int64)
-        self._start_z = np.full(self.num_envs, np.nan)  # the object's height at the episode's start (fallback)
+        self._mila = MilaEpisodes(task, self.num_envs) if task.is_mila else None
         self._started = False
+        self._last_obs = None
 
     # -- Gymnasium API --------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        """Reset every env, or ``options["env_ids"]``; see the module docstring for the hold step."""
+        """Reset every env, or ``options["env_ids"]`` (or ``options["reset_mask"]``); see the module
+        docstring for the hold step."""
         self._check_open()
-        env_ids = self._env_ids(None if not options else options.get("env_ids"))
+        book = self.episodes
+        env_ids = book.resolve_reset_ids(options)
+        seeds = book.reset_seeds(env_ids, seed)
         full = env_ids.size == self.num_envs
-        if seed is None and not self._started and self._seed_base is not None:
-            seed = self._seed_base
-        for i in env_ids.tolist():
-            fallback = (int(seed) + i) if seed is not None else int(self._episode_seed[i]) + (self.num_envs if self._started else 0)
-            self._episode_seed[i] = self._take_seed(i, fallback)
-
         env = self.isaac_env
+        obs = None
         if not self._started:
             # sim-evals resets twice: the first render cycle runs before the materials have loaded.
-            self.api.reset(env, seed=seed)
+            obs, _ = self.api.reset(env, seed=seed)
             self._started = True
         if full:
             obs, _ = self.api.reset(env, seed=seed)
-        else:
+        elif env_ids.size:
             ids = self._torch.as_tensor(env_ids, dtype=self._torch.int64, device=self.device)
             obs, _ = self.api.reset(env, env_ids=ids)
+        elif obs is None:
+            obs = self._last_obs  # an empty selection resets nothing
         fresh = np.ones(self.num_envs, dtype=bool)
         if full and self.settle_steps:
             obs = self._settle(obs)
         else:
             fresh[env_ids] = False  # no hold step since their reset: the frame may show the last episode
-        self._episode_step[env_ids] = 0
-        self._success_any[env_ids] = False
-        self._milestone_steps[:, env_ids] = NOT_REACHED
-        self._start_z[env_ids] = np.nan
         state = self._probe.read(env)
-        flags = self._milestones.read(env) if self._milestones is not None else None
-        success = self._success(state, flags)
-        self._success_any[env_ids] |= success[env_ids]
-        info = self._info(state, success, np.zeros(self.num_envs, dtype=bool), self._episode_seed.copy(), fresh, flags)
+        info = book.record_reset(env_ids, seeds, state.for_episodes(), fresh)
+        if self._mila is not None:
+            self._mila.start(env_ids)
+            selected = np.zeros(self.num_envs, dtype=bool)
+            selected[env_ids] = True
+            info.update(self._mila.record(self._flags(self._milestones.read(env), state), book.episode_step, selected))
+        self._last_obs = obs
         return obs, info
 
     def step(self, action):
         """Step every env once with ``(N,8)`` actions; done envs are reset inside (same-step autoreset)."""
-        self._check_open()
+        self._check_started()
         obs, _, terminated, truncated, _ = self.isaac_env.step(self._torch_action(action))
         # Isaac Lab returns the termination manager's own buffers, which its next compute() clears in place:
         # copy them before anything else steps the sim (the hold step after a lock-step time-out does).
@@ -201,30 +196,25 @@ class IsaacDroidEnv(BatchedDroidEnv):
         if state is None:  # an Isaac Lab without the termination manager would land here
             raise RuntimeError("isaac: the task-state probe did not run during step()")
         self._probe.latest = None
-        flags = None
-        if self._milestones is not None:
-            flags, self._milestones.latest = self._milestones.latest, None
-        success = self._success(state, flags)
-        self._episode_step += 1
-        self._success_any |= success
         time_outs = _to_numpy(truncated).astype(bool).reshape(-1)
-        done = _to_numpy(terminated).astype(bool).reshape(-1) | time_outs
+        done_ids = np.flatnonzero(_to_numpy(terminated).astype(bool).reshape(-1) | time_outs)
         fresh = np.ones(self.num_envs, dtype=bool)
-        info = self._info(state, success, time_outs, self._episode_seed.copy(), fresh, flags)
-
-        done_ids = np.flatnonzero(done)
+        settle = done_ids.size == self.num_envs and self.settle_steps > 0
+        if done_ids.size and not settle:
+            fresh[done_ids] = False
+        book = self.episodes
+        info = book.record_step(state.for_episodes(), time_outs, fresh)
+        if self._mila is not None:
+            flags, self._milestones.latest = self._milestones.latest, None
+            info.update(self._mila.record(self._flags(flags, state), book.episode_step))
         if done_ids.size:
-            for i in done_ids.tolist():
-                self._episode_seed[i] = self._take_seed(i, int(self._episode_seed[i]) + self.num_envs)
-            self._episode_step[done_ids] = 0
-            self._success_any[done_ids] = False
-            self._milestone_steps[:, done_ids] = NOT_REACHED
-            self._start_z[done_ids] = np.nan
-            if done_ids.size == self.num_envs and self.settle_steps:
+            book.start(done_ids, book.next_seeds(done_ids))
+            if self._mila is not None:
+                self._mila.start(done_ids)
+            if settle:
                 obs = self._settle(obs)
-            else:
-                fresh[done_ids] = False
-        reward = self._torch.as_tensor(success, dtype=self._torch.float32, device=self.device)
+        reward = self._torch.as_tensor(info["success"], dtype=self._torch.float32, device=self.device)
+        self._last_obs = obs
         return obs, reward, terminated, truncated, info
 
     def close(self):
@@ -240,6 +230,12 @@ class IsaacDroidEnv(BatchedDroidEnv):
                 launch.close_app()
 
     # -- internals ------------------------------------------------------------------------------------
+    def _flags(self, flags, state: TaskState) -> np.ndarray:
+        """sim-evals' MILA milestone flags ``(N, M)``, or the same checks from the poses without them."""
+        if flags is not None:
+            return flags
+        return self._mila.fallback_flags(state.object_pos, state.container_pos, state.tcp_pos, state.gripper)
+
     def _settle(self, obs):
         """Hold steps after a reset of every env, then zero Isaac Lab's episode counters."""
         for _ in range(self.settle_steps):
@@ -252,82 +248,9 @@ class IsaacDroidEnv(BatchedDroidEnv):
 
     def _hold_action(self, obs):
         policy = obs[droid.POLICY_GROUP]
-        arm = policy[droid.JOINT_KEY].to(self._torch.float32)
-        gripper = (policy[droid.GRIPPER_KEY] > droid.GRIPPER_CLOSE_THRESHOLD).to(self._torch.float32)
+        arm = policy[droid.OBS_JOINT_KEY].to(self._torch.float32)
+        gripper = (policy[droid.OBS_GRIPPER_KEY] > droid.GRIPPER_CLOSE_THRESHOLD).to(self._torch.float32)
         return self._torch.cat([arm, gripper.reshape(-1, 1)], dim=1)
-
-
-    def _env_ids(self, env_ids) -> np.ndarray:
-        if env_ids is None:
-            return np.arange(self.num_envs)
-        ids = np.atleast_1d(_to_numpy(env_ids)).astype(np.int64).reshape(-1)
-        if ids.size == 0 or ids.min() < 0 or ids.max() >= self.num_envs or np.unique(ids).size != ids.size:
-            raise ValueError(f"options['env_ids']: expected distinct ids in [0, {self.num_envs}), got {ids.tolist()}")
-        return np.sort(ids)
-
-    def _success(self, state: TaskState, flags) -> np.ndarray:
-        """MILA tasks: sim-evals' final milestone (its own flag; the fallback check without its buffer);
-        DROID scenes: the shared placement check."""
-        if self.task.is_mila:
-            if flags is None:
-                flags = self._fallback_flags(state)
-            return np.asarray(flags[:, -1], dtype=bool)
-        return state.success(self.scene.success)
-
-    def _fallback_flags(self, state: TaskState) -> np.ndarray:
-        """sim-evals' MILA checks from the poses (centre distances, no orientation), for a sim-evals
-        without the milestone buffer; in order, sticky over the episode like sim-evals' own."""
-        t = self.task.thresholds
-        obj, target = state.object_pos, state.container_pos
-        xy = np.hypot(obj[:, 0] - target[:, 0], obj[:, 1] - target[:, 1])
-        unknown = np.isnan(self._start_z)
-        self._start_z[unknown] = obj[unknown, 2]
-        start_z = self._start_z
-        released = state.gripper < t.release_gripper_threshold
-        checks = [
-            np.linalg.norm(state.tcp_pos - obj, axis=1) < t.reach_distance,
-            obj[:, 2] > start_z + t.lift_height,
-            (xy < t.target_xy_radius) & (obj[:, 2] > target[:, 2] + t.above_target_height),
-            (xy < t.target_xy_radius) & (obj[:, 2] < target[:, 2] + t.in_target_height) & released,
-        ]
-        flags = self._milestone_steps.T != NOT_REACHED
-        previous = np.ones(self.num_envs, dtype=bool)
-        for index, now in enumerate(checks):
-            flags[:, index] |= now & previous
-            previous = flags[:, index]
-        return flags
-
-    def _milestones_info(self, flags) -> dict[str, np.ndarray]:
-        """``{name: (N,) first episode step reached, -1 not yet}``: the generic names (reached, lifted,
-        above_target, placed) and, for MILA tasks, the task's own names with the same values."""
-        if flags is not None:
-            newly = np.asarray(flags, dtype=bool).T & (self._milestone_steps == NOT_REACHED)
-            self._milestone_steps[newly] = np.broadcast_to(self._episode_step, self._milestone_steps.shape)[newly]
-        out = {name: self._milestone_steps[i].copy() for i, name in enumerate(tasks.GENERIC_MILESTONES)}
-        if self.task.is_mila:
-            out.update({name: self._milestone_steps[i].copy() for i, name in enumerate(self.task.milestones)})
-        return out
-
-    def _info(self, state: TaskState, success, time_outs, seeds, fresh, flags=None) -> dict[str, np.ndarray]:
-        info = {
-            "success": success.astype(bool),
-            "success_any_step": self._success_any.copy(),
-            "time_outs": time_outs,
-            "episode_seed": seeds,
-            "episode_step": self._episode_step.copy(),
-            "object_pos": state.object_pos,
-            "container_pos": state.container_pos,
-            "images_fresh": fresh,
-        }
-        if self.task.is_mila:
-            if flags is None:
-                flags = self._fallback_flags(state)
-            info["milestones"] = self._milestones_info(flags)
-        return info
-
-    def _check_open(self):
-        if self._closed:
-            raise RuntimeError("isaac: the env is closed")
 
 
 def _to_numpy(value) -> np.ndarray:

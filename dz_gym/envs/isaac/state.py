@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from dz_gym.envs import droid
+from dz_gym.envs import droid, episodes
 from dz_gym.envs.isaac.compat import IsaacLabApi
 
 # The Robotiq 2F-85 inner finger links of sim-evals' robot USD; their midpoint stands for the tool
@@ -33,9 +33,9 @@ class TaskState:
     object_speed: np.ndarray
     gripper: np.ndarray  # (N,) finger_joint / (pi/4): 0 open, 1 closed
 
-    def success(self, criteria: droid.SuccessCriteria) -> np.ndarray:
-        """The shared DROID placement check, ``(N,)`` bool."""
-        return droid.placement_success(criteria, self.object_pos, self.container_pos, self.object_speed, self.tcp_pos)
+    def for_episodes(self) -> episodes.TaskState:
+        """The record :class:`~dz_gym.envs.episodes.Episodes` takes (success and milestone checks)."""
+        return episodes.TaskState(self.object_pos, self.container_pos, self.tcp_pos, self.object_speed)
 
 
 class StateProbe:
