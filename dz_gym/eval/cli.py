@@ -165,6 +165,9 @@ def build_parser(isaac_args: bool | None = None) -> argparse.ArgumentParser:
         "--progress", action=argparse.BooleanOptionalAction, default=None,
         help="progress bars (default: bars when stderr is a TTY, else a progress line every 30 s)",
     )
+    from dz_gym.eval.shards.options import add_ray_args
+
+    add_ray_args(p)
     p.add_argument("--only-scene", type=integer, action="append", help=argparse.SUPPRESS)  # per-scene child process
     if isaac_args is None:
         isaac_args = importlib.util.find_spec("isaaclab") is not None
@@ -342,6 +345,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(isaac_args=isaac_flags_wanted(argv))
     args = parser.parse_args(argv)
     config, run_dir, _ = resolve_config(parser, args)
+    from dz_gym.eval.shards.options import ray_options_from_args
+
+    args.ray_options = ray_options_from_args(parser, args, config.num_envs)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     from dz_gym.eval.evaluate import python_command
 
@@ -378,7 +384,7 @@ def _main(
         return EXIT_INTERRUPTED
 
     per_process = args.process_per_scene if args.process_per_scene is not None else config.backend == "isaac"
-    if per_process and not args.only_scene and len(config.scenes) > 1:
+    if per_process and not args.only_scene and len(config.scenes) > 1 and args.ray is None:  # shards: a process each
         if run_dir is None:
             run_dir = RunDir.create(args.output_root or DEFAULT_OUTPUT_ROOT, config)
             _say(f"dz-gym-eval: run directory {run_dir.path}")
@@ -443,6 +449,7 @@ def _evaluate(
             server_info=server_info,
             only_scenes=args.only_scene,
             env_kwargs={"app_args": args} if config.backend == "isaac" else None,
+            ray_options=getattr(args, "ray_options", None),
         )
     except KeyboardInterrupt:
         summary = run_dir.read_summary() or {"interrupted": True}

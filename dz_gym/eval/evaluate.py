@@ -125,6 +125,7 @@ def evaluate(
     only_scenes: Sequence[int] | None = None,
     env_kwargs: Mapping[str, Any] | None = None,
     log: Callable[[str], None] | None = None,
+    ray_options: Any = None,
 ) -> dict[str, Any]:
     """Run every episode of ``config`` that has no row in ``run_dir`` yet; returns the summary written.
 
@@ -135,13 +136,22 @@ def evaluate(
     ``control`` carries the stop request and the error budget (a fresh one when None); ``progress`` turns
     the bars on/off (None: bars on a TTY, else a progress line every 30 s); ``only_scenes`` restricts this
     call to some scenes (a process per scene); ``command`` and ``server_info`` are recorded in the summary;
-    ``log`` receives the lines for the user (default: above the progress bars, on stderr).
+    ``log`` receives the lines for the user (default: above the progress bars, on stderr);
+    ``ray_options`` (a :class:`~dz_gym.eval.shards.options.RayOptions`) runs the episodes as shards on a Ray
+    cluster instead, with the same rows and the same run directory (``docs/ray.md``).
 
     Raises what ended the run early (after writing the summary): ``KeyboardInterrupt`` on a repeated stop
     signal, or the simulator's/wrapper's error (the summary then says ``aborted``).
     """
     from dz_gym.wrapper import DreamZeroPolicyWrapper
 
+    if ray_options is not None:  # K shards on a Ray cluster (dz_gym.eval.shards); Ray is imported only there
+        if env_factory is not None or only_scenes is not None:
+            raise ValueError("ray_options: a sharded run builds its envs in its shards (no env_factory, only_scenes)")
+        from dz_gym.eval.shards.driver import evaluate_sharded
+
+        return evaluate_sharded(config, run_dir, servers, ray_options, control=control, progress=progress,
+                                command=command, server_info=server_info, env_kwargs=env_kwargs, log=log)
     servers = list(config.servers if servers is None else servers)
     if not servers:
         raise ValueError("servers: expected at least one policy server URL (in config.servers or the servers argument)")
