@@ -566,3 +566,34 @@ def test_runner_surface_validates_its_inputs():
         DreamZeroPolicyWrapper(ToyDroidEnv(2), server="ws://127.0.0.1:1", client=MemoryPolicyClient(HoldPolicy(), 2))
     with pytest.raises(ValueError, match="client: expected 2 sessions"):
         DreamZeroPolicyWrapper(ToyDroidEnv(2), client=MemoryPolicyClient(HoldPolicy(), 3))
+
+
+def test_pypi_openpi_server_on_a_bare_url_gives_no_single_session_warning():
+    """openpi-server 0.1.0 (openpi's own server) serving DreamZero's metadata on a URL without a path: its
+    replies carry server_timing, so it is not mistaken for DreamZero's single-session server."""
+    pytest.importorskip("openpi_server")
+    from test_interop_openpi_server import OpenpiServerThread
+
+    class Hold:
+        def infer(self, obs: dict) -> dict:
+            actions = np.zeros((droid.ACTION_HORIZON, droid.ACTION_DIM), dtype=np.float32)
+            actions[:, :7] = np.asarray(obs["observation/joint_position"])
+            return {"actions": actions}
+
+        def reset(self) -> None:
+            pass
+
+    transport = TransportConfig(open_timeout=3, request_timeout=10, close_timeout=1, connect_retries=10, retry_backoff=0.05)
+    with OpenpiServerThread(Hold(), metadata=dict(DREAMZERO_METADATA)) as server, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        env = DreamZeroPolicyWrapper(
+            IsaacDroidStandIn(scene=1, num_envs=2, image_shape=(90, 160)), server=server.url, transport=transport
+        )
+        try:
+            env.reset(seed=0)
+            for _ in range(9):
+                _, _, _, _, info = env.step()
+                assert info["policy_error"].tolist() == [None, None]
+            assert env.server_notes == []
+        finally:
+            env.close()
