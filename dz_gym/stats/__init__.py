@@ -1,0 +1,32 @@
+"""Statistics for evaluating policies: success-rate intervals, paired A/B comparison, sequential stopping.
+
+Pure functions and small state machines, no I/O:
+
+- :mod:`~dz_gym.stats.proportions`: Wilson interval, Newcombe's paired-difference interval;
+- :mod:`~dz_gym.stats.exact`: exact McNemar p-value, Holm adjustment;
+- :mod:`~dz_gym.stats.sequential`: an anytime-valid sequential test on discordant pairs;
+- :mod:`~dz_gym.stats.comparison`: rows of two arms -> the comparison JSON and its printed table.
+"""
+
+from dz_gym.stats.comparison import compare_rows, format_comparison, pair_rows, split_arms
+from dz_gym.stats.exact import binomial_half_two_sided_p, holm_adjust, mcnemar_exact_p
+from dz_gym.stats.proportions import Z95, PairedCounts, paired_difference_interval, wilson_interval
+from dz_gym.stats.sequential import DEFAULT_ALTERNATIVES, SequentialDecision, SequentialPairTest, log_e_values
+
+__all__ = [
+    "DEFAULT_ALTERNATIVES",
+    "PairedCounts",
+    "SequentialDecision",
+    "SequentialPairTest",
+    "Z95",
+    "binomial_half_two_sided_p",
+    "compare_rows",
+    "format_comparison",
+    "holm_adjust",
+    "log_e_values",
+    "mcnemar_exact_p",
+    "pair_rows",
+    "paired_difference_interval",
+    "split_arms",
+    "wilson_interval",
+]

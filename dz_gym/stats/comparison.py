@@ -1,0 +1,238 @@
+"""Paired comparison of two arms from episode rows: the JSON of ``dz-gym-compare`` (pure, no I/O).
+
+Rows are the dicts of ``episodes.jsonl``. Two runs with the same ``--seed`` give, for every (scene, seed),
+one outcome per arm: a *pair*. :func:`compare_rows` pairs the rows of arm A and arm B by (scene, seed) (or
+splits one run's rows by their ``arm`` field, ``"a"`` / ``"b"``) and, per scene and overall, for the final
+success (``success_at_end``), the success at any step (``success_any_step``) and each milestone present in the
+rows (``milestones``: name -> first step or null), reports:
+
+- ``pairs``: pairs used; ``errored_pairs``: pairs left out because either episode errored; ``missing``:
+  pairs left out because a row lacks the metric (milestones of older runs);
+- ``a``, ``b``: successes of each arm over the pairs used; ``both``, ``neither``, ``a_only``, ``b_only``;
+- ``diff``: ``(b - a) / pairs``; ``ci95``: Newcombe's hybrid score interval for it
+  (:func:`dz_gym.stats.proportions.paired_difference_interval`);
+- ``p_value``: exact McNemar two-sided p-value on the discordant pairs; per scene also ``p_holm``, Holm-adjusted
+  over the scenes of that metric;
+- ``verdict``: ``"b_better"``, ``"a_better"`` or ``"no_difference_detected"`` at ``alpha`` (per scene on
+  ``p_holm``).
+
+The pooled ``overall`` entry sums the scenes' tables: under "no difference" every discordant pair is B-only
+with probability 1/2 whatever its scene, so the pooled McNemar test is valid across scenes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from dz_gym.stats.exact import holm_adjust, mcnemar_exact_p
+from dz_gym.stats.proportions import PairedCounts, paired_difference_interval
+
+__all__ = ["PRIMARY_METRIC", "SCHEMA", "compare_rows", "format_comparison", "pair_rows", "split_arms"]
+
+SCHEMA = "dz-gym-compare/1"
+PRIMARY_METRIC = "success_at_end"
+SUCCESS_METRICS = ("success_at_end", "success_any_step")
+MILESTONE_PREFIX = "milestones."
+ARMS = ("a", "b")
+
+
+def split_arms(rows: Iterable[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
+    """Rows of one A/B run split by their ``arm`` field; one-line error when a row has none or another value."""
+    arms: dict[str, list[Mapping[str, Any]]] = {"a": [], "b": []}
+    for row in rows:
+        arm = row.get("arm")
+        if arm not in arms:
+            where = f"scene {row.get('scene')!r} seed {row.get('seed')!r}"
+            raise ValueError(f"episode row ({where}): 'arm' expected 'a' or 'b' in an A/B run, got {arm!r}")
+        arms[arm].append(row)
+    return arms["a"], arms["b"]
+
+
+def _key(row: Mapping[str, Any], arm: str) -> tuple[int, int]:
+    for name in ("scene", "seed"):
+        value = row.get(name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"episode row of arm {arm.upper()}: {name!r} expected an int, got {value!r}")
+    return row["scene"], row["seed"]
+
+
+def pair_rows(
+    rows_a: Iterable[Mapping[str, Any]], rows_b: Iterable[Mapping[str, Any]]
+) -> tuple[list[tuple[Mapping[str, Any], Mapping[str, Any]]], dict[str, int]]:
+    """Pairs ``(row_a, row_b)`` with the same (scene, seed), sorted by it, and the unpaired counts per arm.
+
+    A (scene, seed) that appears twice in one arm is an error (its pair would be ambiguous).
+    """
+    by_arm: dict[str, dict[tuple[int, int], Mapping[str, Any]]] = {}
+    for arm, rows in zip(ARMS, (rows_a, rows_b)):
+        table: dict[tuple[int, int], Mapping[str, Any]] = {}
+        for row in rows:
+            key = _key(row, arm)
+            if key in table:
+                raise ValueError(f"arm {arm.upper()}: scene {key[0]} seed {key[1]} appears twice (expected one row per seed)")
+            table[key] = row
+        by_arm[arm] = table
+    common = sorted(set(by_arm["a"]) & set(by_arm["b"]))
+    unpaired = {arm: len(set(by_arm[arm]) - set(common)) for arm in ARMS}
+    return [(by_arm["a"][k], by_arm["b"][k]) for k in common], unpaired
+
+
+def _errored(row: Mapping[str, Any]) -> bool:
+    return row.get("error") is not None
+
+
+def _outcome(row: Mapping[str, Any], metric: str) -> bool | None:
+    """The row's success for ``metric`` (``None`` when the row does not carry it)."""
+    if metric.startswith(MILESTONE_PREFIX):
+        milestones = row.get("milestones")
+        name = metric[len(MILESTONE_PREFIX):]
+        if not isinstance(milestones, Mapping) or name not in milestones:
+            return None
+        return milestones[name] is not None
+    value = row.get(metric)
+    return None if value is None else bool(value)
+
+
+def _milestone_names(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+    names: list[str] = []
+    for row in rows:
+        milestones = row.get("milestones")
+        if isinstance(milestones, Mapping):
+            names.extend(str(name) for name in milestones if str(name) not in names)
+    return names
+
+
+def _verdict(counts: PairedCounts, p_value: float, alpha: float) -> str:
+    if p_value <= alpha and counts.b_only != counts.a_only:
+        return "b_better" if counts.b_only > counts.a_only else "a_better"
+    return "no_difference_detected"
+
+
+def _entry(counts: PairedCounts, errored: int, missing: int, alpha: float) -> dict[str, Any]:
+    interval = paired_difference_interval(counts)
+    p_value = mcnemar_exact_p(counts.a_only, counts.b_only)
+    return {
+        "pairs": counts.n,
+        "errored_pairs": errored,
+        "missing": missing,
+        "a": counts.a,
+        "b": counts.b,
+        "both": counts.both,
+        "neither": counts.neither,
+        "a_only": counts.a_only,
+        "b_only": counts.b_only,
+        "diff": counts.diff,
+        "ci95": None if interval is None else [interval[0], interval[1]],
+        "p_value": p_value,
+        "verdict": _verdict(counts, p_value, alpha),
+    }
+
+
+def _metric_table(pairs: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]], metric: str, scenes: Sequence[int],
+                  alpha: float) -> dict[str, Any]:  # fmt: skip
+    per_scene: dict[int, list[tuple[bool, bool]]] = {s: [] for s in scenes}
+    errored = dict.fromkeys(scenes, 0)
+    missing = dict.fromkeys(scenes, 0)
+    for row_a, row_b in pairs:
+        scene = row_a["scene"]
+        if _errored(row_a) or _errored(row_b):
+            errored[scene] += 1
+            continue
+        a, b = _outcome(row_a, metric), _outcome(row_b, metric)
+        if a is None or b is None:
+            missing[scene] += 1
+            continue
+        per_scene[scene].append((a, b))
+    table: dict[str, Any] = {}
+    for scene in scenes:
+        table[str(scene)] = _entry(PairedCounts.from_pairs(per_scene[scene]), errored[scene], missing[scene], alpha)
+    adjusted = holm_adjust([table[str(s)]["p_value"] if table[str(s)]["pairs"] else None for s in scenes])
+    for scene, p_holm in zip(scenes, adjusted):
+        entry = table[str(scene)]
+        entry["p_holm"] = 1.0 if p_holm is None else p_holm
+        entry["verdict"] = _verdict(PairedCounts(entry["both"], entry["a_only"], entry["b_only"], entry["neither"]),
+                                    entry["p_holm"], alpha)  # fmt: skip
+    everything = [pair for scene in scenes for pair in per_scene[scene]]
+    table["overall"] = _entry(PairedCounts.from_pairs(everything), sum(errored.values()), sum(missing.values()), alpha)
+    return table
+
+
+def compare_rows(
+    rows_a: Iterable[Mapping[str, Any]],
+    rows_b: Iterable[Mapping[str, Any]] | None = None,
+    *,
+    alpha: float = 0.05,
+    labels: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The comparison JSON of arm B against arm A (see the module docstring).
+
+    ``rows_b`` ``None``: ``rows_a`` are the rows of one A/B run, split by their ``arm`` field. ``labels``:
+    ``{"a": ..., "b": ...}`` names shown for the arms (run directories, policies).
+
+    Layout: ``{"schema", "alpha", "arms", "metric", "scenes", "metrics", "unpaired"}`` where ``scenes`` is the
+    primary metric's table (``success_at_end``): scene id (as a string) and ``"overall"`` -> entry, and
+    ``metrics`` maps every metric name (``success_at_end``, ``success_any_step``, ``milestones.<name>``) to
+    such a table.
+    """
+    if not 0.0 < float(alpha) < 1.0:
+        raise ValueError(f"alpha: expected a number in (0, 1), got {alpha!r}")
+    if rows_b is None:
+        rows_a, rows_b = split_arms(rows_a)
+    rows_a, rows_b = list(rows_a), list(rows_b)
+    pairs, unpaired = pair_rows(rows_a, rows_b)
+    scenes = sorted({row_a["scene"] for row_a, _ in pairs})
+    milestones = [n for n in _milestone_names(r for pair in pairs for r in pair)]
+    metrics = [*SUCCESS_METRICS, *(MILESTONE_PREFIX + name for name in milestones)]
+    tables = {metric: _metric_table(pairs, metric, scenes, float(alpha)) for metric in metrics}
+    return {
+        "schema": SCHEMA,
+        "alpha": float(alpha),
+        "arms": {arm: (labels or {}).get(arm, arm.upper()) for arm in ARMS},
+        "metric": PRIMARY_METRIC,
+        "scenes": tables[PRIMARY_METRIC],
+        "metrics": tables,
+        "unpaired": unpaired,
+        "note": "diff = B - A over pairs with the same scene and seed; errored pairs are left out and counted; "
+        "ci95: Newcombe hybrid score interval; p_value: exact McNemar; p_holm: Holm-adjusted over scenes",
+    }
+
+
+def _pct(k: int, n: int) -> str:
+    return f"{k}/{n}" if not n else f"{k}/{n} {100 * k / n:.0f}%"
+
+
+def _fmt_p(p: float) -> str:
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def _lines(table: Mapping[str, Any], scene_keys: Sequence[str]) -> list[tuple[str, ...]]:
+    out = []
+    for key in scene_keys:
+        e = table[key]
+        ci = "-" if e["ci95"] is None else f"{e['diff']:+.2f} [{e['ci95'][0]:+.2f}, {e['ci95'][1]:+.2f}]"
+        verdict = {"b_better": "B better", "a_better": "A better"}.get(e["verdict"], "-")
+        out.append((key, str(e["pairs"]), str(e["errored_pairs"]), _pct(e["a"], e["pairs"]), _pct(e["b"], e["pairs"]),
+                    str(e["a_only"]), str(e["b_only"]), ci, _fmt_p(e["p_value"]),
+                    _fmt_p(e["p_holm"]) if "p_holm" in e else "", verdict))  # fmt: skip
+    return out
+
+
+def format_comparison(result: Mapping[str, Any]) -> str:
+    """The printed tables: one block per metric, one line per scene and the pooled ``overall`` line."""
+    header = ("scene", "pairs", "errored", "A", "B", "A only", "B only", "B - A [95% CI]", "p", "p Holm", "")
+    blocks = [f"A = {result['arms']['a']}", f"B = {result['arms']['b']}"]
+    for metric, table in result["metrics"].items():
+        keys = [k for k in table if k != "overall"] + ["overall"]
+        lines = _lines(table, keys)
+        widths = [max(len(header[i]), *(len(line[i]) for line in lines)) for i in range(len(header))]
+        blocks.append("")
+        blocks.append(f"{metric} (paired by scene and seed, alpha {result['alpha']:g})")
+        blocks.append("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip())
+        blocks.append("  ".join("-" * w for w in widths).rstrip())
+        blocks.extend("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
+    unpaired = result.get("unpaired") or {}
+    if any(unpaired.values()):
+        blocks.append("")
+        blocks.append(f"unpaired episodes left out: A {unpaired.get('a', 0)}, B {unpaired.get('b', 0)}")
+    return "\n".join(blocks)
