@@ -80,7 +80,7 @@ class _Link:
         self.server = server
         self.fault: Fault | None = None
         self.budget: int | None = None  # bytes still forwarded to the client before a stall/reset
-        self.frozen = asyncio.Event()  # never set: what a stalled or half-open pump waits on
+        self.frozen = asyncio.Event()  # what a stalled or half-open pump waits on; set only by release()
         self.done = asyncio.Event()
         self.bytes_up = 0
         self.bytes_down = 0
@@ -155,6 +155,35 @@ class FaultProxy:
         if not done.wait(5):
             raise RuntimeError("FaultProxy.inject: the proxy loop did not answer within 5 s")
 
+    def active(self) -> list[int]:
+        """Indices of the connections still forwarding (or held by a fault), in accept order."""
+        with self._lock:
+            return [link.index for link in self._links if not link.done.is_set()]
+
+    def clear(self, index: int) -> None:
+        """Disarm connection ``index``'s fault (added latency or a slow reader end; a stall or half-open link
+        stays held until :meth:`release`)."""
+        with self._lock:
+            link = self._links[index]
+
+        def disarm() -> None:
+            if link.fault is not None and link.fault.kind in ("latency", "slow_reader"):
+                link.fault = None
+
+        self.loop.call_soon_threadsafe(disarm)
+
+    def release(self, index: int) -> None:
+        """End connection ``index`` now: both sides are reset (a stalled or half-open link goes away)."""
+        with self._lock:
+            link = self._links[index]
+
+        def abort() -> None:
+            for writer in (link.client, link.server):
+                writer.transport.abort()
+            link.frozen.set()
+
+        self.loop.call_soon_threadsafe(abort)
+
     def inject_next(self, fault: Fault) -> None:
         """Arm ``fault`` on the next connection accepted (from its first byte)."""
         with self._lock:
@@ -199,7 +228,8 @@ class FaultProxy:
             fault = link.fault
             if fault is not None:
                 if fault.kind == "half_open":
-                    await link.frozen.wait()  # drop everything, close nothing
+                    await link.frozen.wait()  # drop everything, close nothing (until released)
+                    return
                 if fault.kind == "latency" and fault.latency_s > 0:
                     await asyncio.sleep(fault.latency_s)
                 if fault.kind == "slow_reader" and upstream:
@@ -215,7 +245,8 @@ class FaultProxy:
                         if fault.kind == "reset":
                             link.reset_client()
                             return
-                        await link.frozen.wait()  # stall: the rest of the frame never comes
+                        await link.frozen.wait()  # stall: the rest of the frame never comes (until released)
+                        return
                     link.budget -= len(data)
             writer.write(data)
             await writer.drain()
