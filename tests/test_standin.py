@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dz_gym.envs import droid  # noqa: E402
+from dz_gym.envs import droid, episodes  # noqa: E402
 from dz_gym.testing.isaac_standin import (  # noqa: E402
     IsaacDroidStandIn,
     decode_stamp,
@@ -19,16 +19,7 @@ from dz_gym.testing.isaac_standin import (  # noqa: E402
 from dz_gym.preprocess import resize_with_pad  # noqa: E402
 
 SMALL = (72, 128)
-INFO_KEYS = {
-    "success",
-    "success_any_step",
-    "time_outs",
-    "episode_seed",
-    "episode_step",
-    "object_pos",
-    "container_pos",
-    "images_fresh",
-}
+INFO_KEYS = set(episodes.INFO_KEYS)
 HOME = np.asarray(droid.HOME_JOINT_POSITIONS, dtype=np.float32)
 
 
@@ -55,7 +46,8 @@ def test_isaac_contract_shapes_and_types():
     assert terminated.dtype == torch.bool and truncated.dtype == torch.bool
     assert tuple(terminated.shape) == tuple(truncated.shape) == (3,)
     assert set(info) == INFO_KEYS
-    assert all(np.asarray(value).shape[0] == 3 for value in info.values())
+    arrays = [v for value in info.values() for v in (value.values() if isinstance(value, dict) else [value])]
+    assert all(np.asarray(value).shape[0] == 3 for value in arrays)
     assert info["object_pos"].shape == info["container_pos"].shape == (3, 3)
     assert env.unwrapped is env and env.unwrapped.num_envs == 3
     assert env.device == "cpu" and env.max_episode_length == droid.MAX_EPISODE_LENGTH == 450
@@ -127,7 +119,7 @@ def test_per_env_time_outs_autoreset_in_the_same_step_and_stay_isolated():
     assert not np.allclose(obs["policy"][droid.JOINT_KEY][2].numpy(), HOME)
     # Seeds of the following episodes: + num_envs per episode.
     assert info["episode_seed"].tolist() == [100 + 3 * 2, 101 + 3, 102 + 3]
-    assert env._episode_seed.tolist() == [100 + 3 * 3, 101 + 3 * 2, 102 + 3]
+    assert env.episode_seed.tolist() == [100 + 3 * 3, 101 + 3 * 2, 102 + 3]
 
 
 def test_default_time_out_is_max_episode_length():
@@ -242,7 +234,7 @@ def test_partial_reset_with_isaac_keywords_and_options():
     env.set_episode_seeds([2], [777])
     _, info = env.reset(env_ids=np.array([2]))
     assert info["episode_seed"][2] == 777
-    for bad in ([3], [0, 0], [], np.array([0.5])):
+    for bad in ([3], [0, 0], np.array([0.5])):
         with pytest.raises(ValueError, match="env_ids: expected"):
             env.reset(env_ids=bad)
 
@@ -256,7 +248,7 @@ def test_same_inputs_give_identical_outputs():
         for _ in range(6):
             obs, reward, _, truncated, info = env.step(actions(2, HOME + rng.normal(0, 0.2, 7), rng.uniform()))
             frames.append({k: v.clone() for k, v in obs["policy"].items()})
-            infos.append((reward.tolist(), truncated.tolist(), {k: np.asarray(v).tolist() for k, v in info.items()}))
+            infos.append((reward.tolist(), truncated.tolist(), repr(info)))  # repr: NaN quaternions compare equal
         return frames, infos
 
     (frames_a, infos_a), (frames_b, infos_b) = rollout(), rollout()

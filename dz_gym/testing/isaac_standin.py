@@ -13,7 +13,8 @@ benchmarked on any CPU:
   ``info`` describes the state the step reached (the keys of :mod:`dz_gym.envs.base`, numpy arrays);
 - ``reset(seed=None, env_ids=None, options=None)`` (Isaac Lab 2.2's keywords; ``options={"env_ids": ...}``
   as in the base contract works too), ``episode_length_buf``, ``num_envs``, ``device``,
-  ``max_episode_length``, ``unwrapped``;
+  ``max_episode_length``, ``unwrapped``; episode bookkeeping (seeds, counters, success at any step,
+  milestones, the ``info`` keys) is the shared :class:`~dz_gym.envs.episodes.Episodes` of every backend;
 - ``scene[name].data.root_pos_w`` ``(N,3)`` world-frame positions of the scene's object and container
   under their Isaac names (``rubiks_cube``, ``_24_bowl``, ...), ``scene["robot"]``, and
   ``scene.env_origins`` ``(N,3)`` on Isaac Lab's grid; ``scene.prompt`` and the other
@@ -38,7 +39,9 @@ only by the success schedule), rendering (no lights, materials or camera models;
 ignored and every view is redrawn, as the Isaac backend does), the Kit app and its start-up time, the
 double reset for materials, the stale first frame after a reset (IsaacLab#6394) and the hold step that
 works around it, Isaac Lab 2.2's env-0 proprio bug and its one-term observation space, 3.0's
-``ProxyArray`` asset data and ``reset(env_ids=slice)`` signature, ``final_obs``, and per-step cost: a
+``ProxyArray`` asset data and ``reset(env_ids=slice)`` signature, ``final_obs``, sim-evals' layouts and
+MILA tasks (the stand-in modules of :mod:`dz_gym.testing.isaac_stubs` model those, behind the real
+backend), and per-step cost: a
 step takes about half a millisecond of CPU at N=8 with 720x1280 views (the views are not rewritten, only
 their stamp blocks), so a benchmark of the wrapper on it measures the wrapper.
 """
@@ -53,6 +56,7 @@ import numpy as np
 
 from dz_gym.envs import droid
 from dz_gym.envs.base import BatchedDroidEnv
+from dz_gym.envs.episodes import TaskState
 from dz_gym.preprocess import padded_geometry
 
 # Grey blocks along the top-left of every view: a marker, then the encoded values (one byte each).
@@ -242,7 +246,7 @@ class IsaacDroidStandIn(BatchedDroidEnv):
         block = stamp_block_size(*shape)
         if block * (len(STAMP_FIELDS) + 2) > shape[1] or block * 3 > shape[0]:
             raise ValueError(f"image_shape: {shape} is too small for the stamp blocks")
-        super().__init__(num_envs, shape, scene, device=str(torch.device(device)))
+        super().__init__(num_envs, shape, scene, device=str(torch.device(device)), seed=seed)
         if isinstance(max_episode_length, bool) or not isinstance(max_episode_length, (int, np.integer)):
             raise ValueError(f"max_episode_length: expected an integer >= 1, got {max_episode_length!r}")
         if max_episode_length < 1:
@@ -274,14 +278,7 @@ class IsaacDroidStandIn(BatchedDroidEnv):
         self._home = torch.tensor(droid.HOME_JOINT_POSITIONS, dtype=torch.float32, device=dev)
         self._joints = self._home.repeat(n, 1)
         self._gripper = torch.zeros(n, 1, dtype=torch.float32, device=dev)
-        self._episode = np.full(n, -1, dtype=np.int64)  # episodes started per env (0 after the first reset)
-        self._episode_seed = np.arange(n, dtype=np.int64) + (0 if seed is None else int(seed))
-        self._seed_base = seed
-        self._episode_step = np.zeros(n, dtype=np.int64)
-        self._success_any = np.zeros(n, dtype=bool)
         self._placed = np.zeros(n, dtype=bool)
-        self._started = False
-        self._closed = False
 
         self._stamp_block = block
         backgrounds = {camera: self._background(c) for c, camera in enumerate(droid.CAMERA_KEYS)}
@@ -300,30 +297,17 @@ class IsaacDroidStandIn(BatchedDroidEnv):
         the reset.
         """
         self._check_open()
-        if env_ids is None and options:
-            env_ids = options.get("env_ids")
-        ids = self._env_ids(env_ids)
-        if seed is None and not self._started and self._seed_base is not None:
-            seed = int(self._seed_base)
-        for i in ids.tolist():
-            if seed is not None:
-                fallback = int(seed) + i
-            else:
-                fallback = int(self._episode_seed[i]) + (self.num_envs if self._started else 0)
-            self._episode_seed[i] = self._take_seed(i, fallback)
-        self._started = True
+        book = self.episodes
+        ids = book.resolve_reset_ids(options, env_ids)
+        seeds = book.reset_seeds(ids, seed)
         self._reset_envs(ids)
         self._update_scene()
-        success = self._success_now()
-        self._success_any[ids] |= success[ids]
-        info = self._info(success, np.zeros(self.num_envs, dtype=bool), self._episode_seed.copy())
+        info = book.record_reset(ids, seeds, self._task_state())
         return self._observe(), info
 
     def step(self, action):
         """Step every env once with ``(N,8)`` actions; timed-out envs are reset inside the step."""
-        self._check_open()
-        if not self._started:
-            raise RuntimeError("standin: call reset() before step()")
+        self._check_started()
         torch = self._torch
         action = self._torch_action(action)
         target_arm = action[:, : droid.ARM_DOF]
@@ -332,23 +316,21 @@ class IsaacDroidStandIn(BatchedDroidEnv):
         self._gripper += self.joint_alpha * (target_gripper - self._gripper)
         self._gripper.clamp_(0.0, 1.0)
         self.episode_length_buf += 1
-        self._episode_step += 1
-        self._placed |= (self.success_steps >= 0) & (self._episode_step >= self.success_steps)
+        book = self.episodes
+        step = book.episode_step + 1
+        self._placed |= (self.success_steps >= 0) & (step >= self.success_steps)
         self._update_scene()
 
-        success = self._success_now()
-        self._success_any |= success
         lengths = torch.as_tensor(self.episode_lengths, device=self.device)
         truncated = self.episode_length_buf >= lengths
         terminated = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
         time_outs = truncated.cpu().numpy()
-        info = self._info(success, time_outs, self._episode_seed.copy())
-        reward = torch.as_tensor(success, dtype=torch.float32, device=self.device)
+        info = book.record_step(self._task_state(), time_outs)
+        reward = torch.as_tensor(info["success"], dtype=torch.float32, device=self.device)
 
         done = np.flatnonzero(time_outs)
         if done.size:
-            for i in done.tolist():
-                self._episode_seed[i] = self._take_seed(i, int(self._episode_seed[i]) + self.num_envs)
+            book.start(done, book.next_seeds(done))
             self._reset_envs(done)
             self._update_scene()
         return self._observe(), reward, terminated, truncated, info
@@ -364,9 +346,6 @@ class IsaacDroidStandIn(BatchedDroidEnv):
         self._joints[index] = self._home
         self._gripper[index] = 0.0
         self.episode_length_buf[index] = 0
-        self._episode[ids] += 1
-        self._episode_step[ids] = 0
-        self._success_any[ids] = False
         self._placed[ids] = (self.success_steps[ids] == 0)
 
     def _local_state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -379,9 +358,9 @@ class IsaacDroidStandIn(BatchedDroidEnv):
         tcp = obj + np.array([0.0, 0.0, TCP_CLEARANCE])
         return obj, container, tcp
 
-    def _success_now(self) -> np.ndarray:
+    def _task_state(self) -> TaskState:
         obj, container, tcp = self._local_state()
-        return droid.placement_success(self.spec.success, obj, container, np.zeros(self.num_envs), tcp)
+        return TaskState(obj, container, tcp, np.zeros(self.num_envs))
 
     def _update_scene(self) -> None:
         torch = self._torch
@@ -420,7 +399,7 @@ class IsaacDroidStandIn(BatchedDroidEnv):
     def _stamp_values(self):
         """``(N, fields)`` uint8 block values of the current state; the camera column is filled per view."""
         n = self.num_envs
-        episode = np.maximum(self._episode, 0) % 65536
+        episode = np.maximum(self.episodes.episode_count - 1, 0) % 65536
         step = self.episode_length_buf.cpu().numpy() % 65536
         joint0 = self._joints[:, 0].cpu().numpy()
         gripper = self._gripper[:, 0].cpu().numpy()
@@ -461,33 +440,3 @@ class IsaacDroidStandIn(BatchedDroidEnv):
         policy[droid.GRIPPER_KEY] = self._gripper.clone()
         return {droid.POLICY_GROUP: policy}
 
-    def _info(self, success: np.ndarray, time_outs: np.ndarray, seeds: np.ndarray) -> dict[str, np.ndarray]:
-        obj, container, _ = self._local_state()
-        return {
-            "success": success.astype(bool),
-            "success_any_step": self._success_any.copy(),
-            "time_outs": np.asarray(time_outs, dtype=bool),
-            "episode_seed": seeds,
-            "episode_step": self._episode_step.copy(),
-            "object_pos": obj,
-            "container_pos": container,
-            "images_fresh": np.ones(self.num_envs, dtype=bool),
-        }
-
-
-    def _env_ids(self, env_ids) -> np.ndarray:
-        if env_ids is None or isinstance(env_ids, slice):
-            return np.arange(self.num_envs)[env_ids if isinstance(env_ids, slice) else slice(None)]
-        if hasattr(env_ids, "detach"):
-            env_ids = env_ids.detach().cpu().numpy()
-        ids = np.atleast_1d(np.asarray(env_ids))
-        if ids.dtype.kind not in "iu":
-            raise ValueError(f"env_ids: expected integer env ids, got dtype {ids.dtype}")
-        ids = ids.astype(np.int64).reshape(-1)
-        if ids.size == 0 or ids.min() < 0 or ids.max() >= self.num_envs or np.unique(ids).size != ids.size:
-            raise ValueError(f"env_ids: expected distinct ids in [0, {self.num_envs}), got {ids.tolist()}")
-        return np.sort(ids)
-
-    def _check_open(self):
-        if self._closed:
-            raise RuntimeError("standin: the env is closed")
