@@ -48,15 +48,21 @@ def toy_run(
     max_steps: int = 12,
     video: bool = True,
     fail_seed: int | None = 4,
+    control=None,
+    run_dir: RunDir | None = None,
 ) -> RunDir:
-    """A finished run directory under ``root`` (see the module docstring)."""
+    """A run directory under ``root`` (see the module docstring), finished unless ``control`` stops it;
+    ``run_dir`` resumes an existing one."""
     config = EvalConfig(scenes=list(scenes), episodes=episodes, num_envs=num_envs, max_steps=max_steps, video=video)
-    run_dir = RunDir.create(root, config)
+    run_dir = run_dir or RunDir.create(root, config)
     policy = FailOnSeed(fail_seed) if fail_seed is not None else HoldPolicy()
 
     def factory(scene, cfg):
         return ToyDroidEnv(cfg.num_envs, scene=scene, max_episode_length=cfg.max_steps)
 
     with start_server_thread(policy) as server:
-        evaluate(config, run_dir, [server.url + PATH], env_factory=factory, progress=False, command="toy run for the report tests")
+        evaluate(
+            config, run_dir, [server.url + PATH], env_factory=factory, control=control, progress=False,
+            command="toy run for the report tests",
+        )
     return run_dir

@@ -182,3 +182,21 @@ def test_write_report_is_atomic_and_returns_the_path(run, tmp_path):
     path = write_report(run.path, out_dir=tmp_path / "elsewhere")
     assert path == tmp_path / "elsewhere" / "report.html" and path.is_file()
     assert not list((tmp_path / "elsewhere").glob(".*tmp"))
+
+
+@pytest.mark.slow
+def test_dz_gym_eval_writes_the_report_unless_told_not_to(tmp_path):
+    """A real run on the embedded simulator against the embedded reference server."""
+    pytest.importorskip("mujoco")
+    from dz_gym.eval import cli as eval_cli
+
+    base = ["--num-envs", "1", "--episodes", "1", "--max-steps", "4", "--no-progress", "--no-video"]
+    assert eval_cli.main([*base, "--output-root", str(tmp_path / "with")]) == 0
+    (run_path,) = (tmp_path / "with").iterdir()
+    html = (run_path / "report.html").read_text()
+    summary = json.loads((run_path / "summary.json").read_text())
+    assert rate_text(summary["overall"]["success_at_end"]).split(" ")[0] in html
+    assert "--no-video" in html  # the page says why there are no videos
+    assert eval_cli.main([*base, "--no-report", "--output-root", str(tmp_path / "without")]) == 0
+    (run_path,) = (tmp_path / "without").iterdir()
+    assert (run_path / "summary.json").is_file() and not (run_path / "report.html").exists()

@@ -13,6 +13,7 @@ import json
 import pytest
 
 from browser import browser, open_page  # noqa: F401 - fixtures
+from dz_gym.eval.runner import RunControl
 from dz_gym.report import write_report
 from dz_gym.report.paired import paired_comparison
 from report_runs import toy_run
@@ -138,4 +139,20 @@ def test_two_runs_compared(tmp_path, open_page):
     page.wait_for_function("Array.from(document.querySelectorAll('#discordant video')).every(v => v.readyState >= 1)", timeout=20_000)
     page.select_option("#f-run", "B")
     assert len(visible_keys(page)) == 6 and all(k.startswith("b:") for k in visible_keys(page))
+    assert_clean(watch)
+
+
+def test_evaluator_writes_the_report_after_a_stop_and_on_resume(tmp_path, open_page):
+    control = RunControl()
+    control.on_row = lambda row: control.stop.set() if control.rows_written >= 2 else None
+    run_dir = toy_run(tmp_path, scenes=(1,), episodes=6, num_envs=2, max_steps=8, fail_seed=None, control=control)
+    page, watch = open_page(run_dir.path / "report.html")  # written by the evaluator, not by this test
+    assert page.inner_text("#run-state").strip() == "interrupted"
+    done = len(run_dir.read_rows())
+    assert 2 <= done < 6 and page.inner_text("#shown-count") == f"showing {done} of {done} episodes"
+    assert_clean(watch)
+    toy_run(tmp_path, scenes=(1,), episodes=6, num_envs=2, max_steps=8, fail_seed=None, run_dir=run_dir)
+    page, watch = open_page(run_dir.path / "report.html")
+    assert page.inner_text("#run-state").strip() == "complete"
+    assert page.inner_text("#shown-count") == "showing 6 of 6 episodes"
     assert_clean(watch)
