@@ -1,20 +1,23 @@
 """Check the batched Isaac Lab DROID env against ``num_envs=1``: same scene, same actions, same observations.
 
-For a machine with Isaac Lab 2.2, sim-evals (with its assets) and an RTX GPU::
+For a machine with Isaac Lab 2.2 (or 3.0), sim-evals (with its assets) and an RTX GPU::
 
     python examples/isaac_check_batched.py --scene 1 --num-envs 4 --steps 60 [Isaac Lab launcher flags]
+    python examples/isaac_check_batched.py --task place_spoon_in_sink --num-envs 4 --steps 60   # a MILA task
 
 Isaac Sim starts once per process, so this runs two child processes: the reference with ``num_envs=1`` and
 the batched env with ``num_envs=N``. Both reset, then follow the same open-loop action sequence (small
 sine offsets around the home pose, the gripper closing and opening), and record per step the joints, the
-gripper, the object and container positions (env-local) and each camera pooled to at most 45x80 pixels.
+gripper, the object and container positions (env-local), the success check and the first step of each
+milestone (for a MILA task: sim-evals' own milestones), and each camera pooled to at most 45x80 pixels.
 Every env of the batched run is then compared with the reference, one line per quantity, and the script
 prints PASS (exit 0) or FAIL (exit 1).
 
 What a FAIL points at: ``arm_joint_pos``/``gripper_pos`` differing by env suggests the proprio terms are not
 batched; images brighter or darker than the reference suggest lighting that differs per env (the global
 sphere light, summed dome lights, or neighbours' lights: try a larger ``--env-spacing``); object positions
-differing suggest the env origins are not subtracted.
+differing suggest the env origins are not subtracted; ``success``/``milestones`` differing with equal poses
+suggest the task's checks are not batched.
 """
 
 from __future__ import annotations
@@ -30,8 +33,11 @@ import numpy as np
 
 HOME = (0.0, -0.2 * math.pi, 0.0, -0.8 * math.pi, 0.0, 0.6 * math.pi, 0.0)
 POOLED = (45, 80)
-QUANTITIES = ("arm_joint_pos", "gripper_pos", "object_pos", "container_pos", "images")
+QUANTITIES = ("arm_joint_pos", "gripper_pos", "object_pos", "container_pos", "success", "milestones", "images")
+MILESTONES = ("reached", "lifted", "above_target", "placed")
 DEFAULT_TOLERANCES = {
+    "success": 0.0,  # exactly equal
+    "milestones": 0.0,  # first step of each milestone, exactly equal
     "arm_joint_pos": 1e-3,  # rad
     "gripper_pos": 1e-2,  # closure, 0..1
     "object_pos": 5e-3,  # m
@@ -77,6 +83,11 @@ def record(env, steps: int) -> dict[str, np.ndarray]:
         rows["gripper_pos"].append(policy["gripper_pos"].cpu().numpy())
         rows["object_pos"].append(np.asarray(info["object_pos"]))
         rows["container_pos"].append(np.asarray(info["container_pos"]))
+        rows["success"].append(np.asarray(info["success"], dtype=np.float64))
+        milestones = info.get("milestones") or {}
+        rows["milestones"].append(
+            np.stack([np.asarray(milestones.get(name, np.full(env.num_envs, -1))) for name in MILESTONES], axis=1)
+        )
         rows["images"].append(pooled_images(policy))
     return {name: np.stack(values) for name, values in rows.items()}  # (steps, N, ...)
 
@@ -119,7 +130,8 @@ def run_role(args, role: str, out: Path, **env_kwargs) -> None:
     if args.env_spacing is not None:
         kwargs["env_spacing"] = args.env_spacing
     kwargs.update(env_kwargs)
-    env = dz_gym.make_droid_env(backend="isaac", scene=args.scene, num_envs=num_envs, **kwargs)
+    scene = args.task if args.task is not None else args.scene
+    env = dz_gym.make_droid_env(backend="isaac", scene=scene, num_envs=num_envs, **kwargs)
     try:
         data = record(env, args.steps)
     finally:
@@ -129,7 +141,10 @@ def run_role(args, role: str, out: Path, **env_kwargs) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from dz_gym.envs.isaac.tasks import TASKS
+
     parser.add_argument("--scene", type=int, default=1, choices=(1, 2, 3))
+    parser.add_argument("--task", choices=tuple(TASKS), help="a sim-evals task by name instead of --scene (MILA tasks too)")
     parser.add_argument("--num-envs", type=int, default=4)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--env-spacing", type=float, default=None, help="metres between envs (default: the backend's)")

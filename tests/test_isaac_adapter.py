@@ -582,6 +582,8 @@ def test_check_batched_example_fails_when_an_env_differs(capsys):
         "gripper_pos": rng.uniform(size=(5, 1, 1)),
         "object_pos": rng.normal(size=(5, 1, 3)),
         "container_pos": rng.normal(size=(5, 1, 3)),
+        "success": rng.uniform(size=(5, 1)) > 0.5,
+        "milestones": rng.integers(-1, 5, size=(5, 1, 4)),
         "images": rng.integers(0, 255, size=(5, 1, 3, 4, 6, 3), dtype=np.uint8),
     }
     batched = {name: np.repeat(value, 2, axis=1) for name, value in reference.items()}
@@ -589,6 +591,9 @@ def test_check_batched_example_fails_when_an_env_differs(capsys):
     batched["arm_joint_pos"][:, 1, 0] += 0.01  # env 1 sees env 0's joints, say
     batched["images"][:, 1] = np.clip(batched["images"][:, 1].astype(int) + 20, 0, 255).astype(np.uint8)
     results = {name: ok for name, _, _, ok in example.compare(reference, batched)}
-    assert results == {"arm_joint_pos": False, "gripper_pos": True, "object_pos": True, "container_pos": True, "images": False}
+    assert results == {
+        "arm_joint_pos": False, "gripper_pos": True, "object_pos": True, "container_pos": True, "success": True,
+        "milestones": True, "images": False,
+    }
     assert not example.report(example.compare(reference, batched), 2)
     assert capsys.readouterr().out.strip().endswith("FAIL")

@@ -348,3 +348,26 @@ def test_api_reset_of_every_env_uses_the_installed_signatures_default():
     assert api.reset(Develop(), seed=5) == (slice(None), 5)
     ids = torch.tensor([1, 3])
     assert api.reset(Release(), env_ids=ids) == (2, None)
+
+
+def test_check_batched_example_covers_a_mila_task(install, tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "isaac_check_batched.py"
+    spec = importlib.util.spec_from_file_location("isaac_check_batched", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    outputs = {}
+    for role in ("reference", "batched"):
+        world = install("2.2", layout="per_scene", mila=True)
+        args = example.build_parser().parse_args(
+            ["--task", "stack_red_bowl_into_grey_bowl", "--num-envs", "3", "--steps", "30", "--device", "cpu", "--skip-gpu-check"]
+        )
+        outputs[role] = tmp_path / f"{role}.npz"
+        example.run_role(args, role, outputs[role], image_shape=SMALL)
+        assert ("cfg.set_task", "stack_red_bowl_into_grey_bowl") in world.calls
+    reference, batched = dict(np.load(outputs["reference"])), dict(np.load(outputs["batched"]))
+    assert batched["milestones"].shape == (30, 3, 4) and reference["milestones"].shape == (30, 1, 4)
+    assert example.report(example.compare(reference, batched), 3)
+    assert capsys.readouterr().out.strip().endswith("PASS")
