@@ -173,3 +173,35 @@ def test_missing_ray_is_one_clear_line(monkeypatch):
     with pytest.raises(RayMissingError) as info:
         require_ray()
     assert str(info.value) == MISSING_RAY and "\n" not in MISSING_RAY and 'pip install "dz-gym[ray]"' in MISSING_RAY
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--shards", "2"], "--shards: only with --ray ADDRESS|local"),
+        (["--ray", "local", "--num-envs", "2", "--shards", "3"], "--shards: expected at most --num-envs=2 shards"),
+        (["--ray", "local", "--ray-resource", "gpu_node=x"], "--ray-resource: expected NAME=AMOUNT"),
+        (["--ray", "local", "--shard-restarts", "-1"], "--shard-restarts: expected an integer >= 0"),
+        (["--ray", "local", "--servers-per-shard", "0"], "--servers-per-shard: expected an integer >= 1"),
+    ],
+)
+def test_bad_ray_flags_exit_2_with_one_line(capsys, argv, needle):
+    from dz_gym.eval import cli
+
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--backend", "mujoco", *argv])
+    err = capsys.readouterr().err.strip()
+    assert info.value.code == 2 and needle in err and len(err.splitlines()) == 1, err
+
+
+def test_ray_flag_without_ray_installed_is_a_usage_error(capsys, monkeypatch):
+    import importlib.util
+
+    from dz_gym.eval import cli
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a, **k: None if name == "ray" else real(name, *a, **k))
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--backend", "mujoco", "--ray", "local"])
+    err = capsys.readouterr().err.strip()
+    assert info.value.code == 2 and 'pip install "dz-gym[ray]"' in err and len(err.splitlines()) == 1

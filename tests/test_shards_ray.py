@@ -4,12 +4,18 @@ a shard killed mid-run loses nothing (re-run by a new actor, or recorded as erro
 request (what the first Ctrl-C does) then a resume completes the run with the same rows.
 
 One cluster and one reference server for the module; every run is short (2 envs, 6 episodes of 16 steps).
+The in-process stop + resume and the beyond-restarts case are marked slow (the CLI test covers Ctrl-C + resume
+in every environment).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -21,6 +27,7 @@ for _key, _value in LOOPBACK_ENV.items():  # read by Ray at import: node address
 pytest.importorskip("mujoco")
 ray = pytest.importorskip("ray")
 
+from dz_gym.eval import cli  # noqa: E402
 from dz_gym.eval.config import EvalConfig  # noqa: E402
 from dz_gym.eval.evaluate import evaluate  # noqa: E402
 from dz_gym.eval.rundir import RunDir  # noqa: E402
@@ -36,7 +43,7 @@ VOLATILE = {"env", "session_id", "server", "started_at", "wall_s", "latency_ms",
 
 
 def config(**kw) -> EvalConfig:
-    values = dict(scenes=[1], episodes=6, num_envs=2, max_steps=16, video=False, policy="reference")
+    values = dict(scenes=[1], episodes=6, num_envs=2, max_steps=16, video=False, report=False, policy="reference")
     values.update(kw)
     return EvalConfig(**values)
 
@@ -133,6 +140,7 @@ def test_a_killed_shard_loses_nothing(cluster, server, one_process, tmp_path):
     assert summary["complete"] and summary["aborted"] is None
 
 
+@pytest.mark.slow
 def test_a_shard_lost_beyond_its_restarts_is_recorded_errored(cluster, server, tmp_path):
     control = RunControl(None)
     control.on_row, state = _kill_shard_after_its_first_row(tmp_path, 1)
@@ -146,6 +154,7 @@ def test_a_shard_lost_beyond_its_restarts_is_recorded_errored(cluster, server, t
     assert summary["overall"]["errored"] == len(errored) and summary["complete"]
 
 
+@pytest.mark.slow
 def test_stop_then_resume_equals_an_uninterrupted_run(cluster, server, one_process, tmp_path):
     control = RunControl(config().error_budget)
 
@@ -163,3 +172,40 @@ def test_stop_then_resume_equals_an_uninterrupted_run(cluster, server, one_proce
     assert rows[: len(first)] == first  # finished rows are kept as they were
     assert stable(rows) == stable(one_process.read_rows())
     assert len(resumed["segments"]) == 2
+
+
+def test_cli_ctrl_c_then_resume_on_the_cluster(cluster, server, one_process, tmp_path):
+    """dz-gym-eval --ray ADDRESS in a process of its own: Ctrl-C stops every shard (exit 130, summary written,
+    finished rows kept), then --resume on the same cluster completes the run with the one-process rows."""
+    flags = ["--server", server, "--ray", cluster.address, "--shards", "2", "--num-envs", "2", "--episodes", "6",
+             "--max-steps", "16", "--no-video", "--no-report", "--no-progress"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dz_gym.eval.cli", *flags, "--output-root", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        rows_file = None
+        while time.monotonic() < deadline and proc.poll() is None:
+            found = list(tmp_path.glob("*/episodes.jsonl"))
+            if found and found[0].read_text().count("\n") >= 1:
+                rows_file = found[0]
+                break
+            time.sleep(0.05)
+        assert rows_file is not None, "no episode finished in time"
+        os.killpg(proc.pid, signal.SIGINT)  # like Ctrl-C in a terminal: the whole process group gets it
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    assert proc.returncode == 130, err[-2000:]
+    run = RunDir(rows_file.parent)
+    summary = json.loads((run.path / "summary.json").read_text())
+    first = run.read_rows()
+    assert summary["interrupted"] and not summary["complete"] and summary["shards"]["count"] == 2
+    assert 1 <= len(first) < 6 and "INTERRUPTED" in out
+    assert cli.main(["--resume", str(run.path), "--ray", cluster.address, "--shards", "2", "--no-progress"]) == 0
+    rows = run.read_rows()
+    assert len(rows) == 6 and rows[: len(first)] == first
+    assert stable(rows) == stable(one_process.read_rows())

@@ -408,6 +408,10 @@ def evaluate_sharded(
         with shielded():
             summary = _finish(config, run_dir, servers, run, control, bars, segments, segment, previous, t0,
                               aborted, error, command, server_info)
+            if getattr(config, "report", False):
+                from dz_gym.report import write_report_safely
+
+                write_report_safely(run_dir.path, say)
         if owns_ray:
             require_ray().shutdown()
     if error is not None:
