@@ -206,7 +206,10 @@ def _soak(args: argparse.Namespace, server: Any, proxy: ProxyProcess, duration: 
         f"server pid {server.pid} ({args.workers} workers, {args.latency_ms:g} ms), proxy pid {proxy.process.pid}",
         flush=True,
     )
-    print(f"{'t_s':>7} {'requests':>9} {'errors':>7} {'reconn':>7} {'rss_mb':>8} {'fds':>5} {'srv_sockets':>11}", flush=True)
+    print(
+        f"{'t_s':>7} {'requests':>9} {'errors':>7} {'reconn':>7} {'rss_mb':>8} {'fds':>5} {'srv_sockets':>11}",
+        flush=True,
+    )
     pool = SessionPool(f"ws://127.0.0.1:{proxy.port}", args.sessions, config)
     try:
         pool.connect()
@@ -247,7 +250,8 @@ def _soak(args: argparse.Namespace, server: Any, proxy: ProxyProcess, duration: 
         while pending or paused:
             wake = min(paused.values(), default=math.inf) - time.monotonic()
             done, _ = concurrent.futures.wait(
-                list(pending), timeout=max(0.0, min(config.request_bound(), wake)),
+                list(pending),
+                timeout=max(0.0, min(config.request_bound(), wake)),
                 return_when=concurrent.futures.FIRST_COMPLETED,
             )
             now = time.monotonic()
@@ -278,8 +282,10 @@ def _soak(args: argparse.Namespace, server: Any, proxy: ProxyProcess, duration: 
                 samples.append((now - start, rss_mb(), open_fds(), open_sockets(server.pid)))
                 t, rss, fds, srv = samples[-1]
                 reconnects = sum(r[2] for r in rows) + counts["session_reconnects"]
-                print(f"{t:7.0f} {len(rows):9d} {sum(errors.values()):7d} {reconnects:7d} {rss:8.1f} {fds:5d} {srv:11d}",
-                      flush=True)
+                print(
+                    f"{t:7.0f} {len(rows):9d} {sum(errors.values()):7d} {reconnects:7d} {rss:8.1f} {fds:5d} {srv:11d}",
+                    flush=True,
+                )
                 next_sample = now + args.sample_s
         elapsed = time.monotonic() - start
     finally:
@@ -306,21 +312,28 @@ def _report(args: argparse.Namespace, result: dict, warmup: float) -> int:
     fd_slope = slope_per_10_min([(s[0], s[2]) for s in steady])
     ok_rows = sum(r[1] for r in rows)
     print()
-    print(f"requests: {len(rows)} in {elapsed:.0f} s ({len(rows) / elapsed:.1f}/s), {ok_rows} ok, "
-          f"errors {dict(result['errors'])}")
-    print(f"faults: {dict(result['faults'])}; re-sends on fresh connections: {sum(r[2] for r in rows)}, "
-          f"server-error retries: {sum(r[3] for r in rows)}, session reconnects: {result['session_reconnects']}")
+    print(
+        f"requests: {len(rows)} in {elapsed:.0f} s ({len(rows) / elapsed:.1f}/s), {ok_rows} ok, "
+        f"errors {dict(result['errors'])}"
+    )
+    print(
+        f"faults: {dict(result['faults'])}; re-sends on fresh connections: {sum(r[2] for r in rows)}, "
+        f"server-error retries: {sum(r[3] for r in rows)}, session reconnects: {result['session_reconnects']}"
+    )
     if steady:
-        print(f"after the {warmup / 60:.1f} min warm-up: RSS {steady[0][1]:.1f} -> {steady[-1][1]:.1f} MB, "
-              f"slope {rss_slope:+.2f} MB per 10 min; fds {steady[0][2]} -> {steady[-1][2]}, "
-              f"slope {fd_slope:+.2f} per 10 min")
+        print(
+            f"after the {warmup / 60:.1f} min warm-up: RSS {steady[0][1]:.1f} -> {steady[-1][1]:.1f} MB, "
+            f"slope {rss_slope:+.2f} MB per 10 min; fds {steady[0][2]} -> {steady[-1][2]}, "
+            f"slope {fd_slope:+.2f} per 10 min"
+        )
     baseline = result["server_baseline"]
     checks = {
         "RSS slope < 1 MB per 10 min": rss_slope < 1.0,
         "open fds flat (slope < 1 per 10 min)": abs(fd_slope) < 1.0,
         "no row lost (one row per request sent)": len(rows) == result["sent"],
         "no request processed twice": result["duplicates"] == 0,
-        f"server sockets back to baseline ({baseline}; now {result['server_after']})": result["server_after"] <= baseline,
+        f"server sockets back to baseline ({baseline}; now {result['server_after']})": result["server_after"]
+        <= baseline,
         "most requests succeeded (> 90 %)": ok_rows > 0.9 * len(rows),
     }
     exit_code = 0

@@ -24,7 +24,13 @@ CFG = TransportConfig(open_timeout=3, request_timeout=5, close_timeout=1, connec
 
 
 def stamped(stamp: str) -> dict:
-    return {JOINT_KEY: np.zeros(7), "prompt": "p", "session_id": stamp.split("-")[0], "endpoint": "infer", STAMP_KEY: stamp}
+    return {
+        JOINT_KEY: np.zeros(7),
+        "prompt": "p",
+        "session_id": stamp.split("-")[0],
+        "endpoint": "infer",
+        STAMP_KEY: stamp,
+    }
 
 
 @pytest.mark.parametrize("sessions", [4, 6])

@@ -110,9 +110,9 @@ class FaultProxy:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="dz-gym-fault-proxy", daemon=True)
         self._thread.start()
-        self._server = asyncio.run_coroutine_threadsafe(
-            asyncio.start_server(self._handle, bind, 0), self.loop
-        ).result(10)
+        self._server = asyncio.run_coroutine_threadsafe(asyncio.start_server(self._handle, bind, 0), self.loop).result(
+            10
+        )
         self.port: int = self._server.sockets[0].getsockname()[1]
         self._stopped = False
 
@@ -214,7 +214,9 @@ class FaultProxy:
                 writer.close()
             link.done.set()
 
-    async def _pump(self, link: _Link, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, upstream: bool) -> None:
+    async def _pump(
+        self, link: _Link, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, upstream: bool
+    ) -> None:
         while True:
             fault = link.fault
             size = 65536

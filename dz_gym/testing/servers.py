@@ -28,8 +28,8 @@ import os
 import re
 import select
 import socket
-import time
 import threading
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 

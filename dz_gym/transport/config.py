@@ -117,13 +117,15 @@ class TransportConfig:
             )
         if not isinstance(self.auth_scheme, str) or not _SCHEME.match(self.auth_scheme):
             raise ValueError(
-                f"TransportConfig.auth_scheme: expected one word such as 'Api-Key' or 'Bearer', got {self.auth_scheme!r}"
+                "TransportConfig.auth_scheme: expected one word such as 'Api-Key' or 'Bearer', "
+                f"got {self.auth_scheme!r}"
             )
         if self.compression not in (None, "deflate"):
             raise ValueError(f"TransportConfig.compression: expected None or 'deflate', got {self.compression!r}")
         if self.ssl_context is not None and not isinstance(self.ssl_context, ssl.SSLContext):
             raise ValueError(
-                f"TransportConfig.ssl_context: expected an ssl.SSLContext or None, got {type(self.ssl_context).__name__}"
+                "TransportConfig.ssl_context: expected an ssl.SSLContext or None, "
+                f"got {type(self.ssl_context).__name__}"
             )
 
     def backoff(self, attempt: int) -> float:
@@ -151,7 +153,9 @@ class TransportConfig:
         if not token.strip():
             raise ValueError(f"TransportConfig.auth_env: environment variable {self.auth_env} is not set or is empty")
         if any(c in token for c in "\r\n\0"):
-            raise ValueError(f"TransportConfig.auth_env: environment variable {self.auth_env} holds a line break or NUL")
+            raise ValueError(
+                f"TransportConfig.auth_env: environment variable {self.auth_env} holds a line break or NUL"
+            )
         return {"Authorization": f"{self.auth_scheme} {token.strip()}"}
 
 

@@ -74,7 +74,11 @@ class _RedactAuthorization(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args
-        if isinstance(args, tuple) and len(args) == 2 and str(args[0]).lower() in ("authorization", "proxy-authorization"):
+        if (
+            isinstance(args, tuple)
+            and len(args) == 2
+            and str(args[0]).lower() in ("authorization", "proxy-authorization")
+        ):
             record.args = (args[0], "<redacted>")
         return True
 
@@ -115,8 +119,14 @@ class Outcome:
 
     @classmethod
     def failed(
-        cls, index: int, error: DzGymError, *, stamps: _Stamps | None = None, request_bytes: int = 0,
-        reconnects: int = 0, retries: int = 0,
+        cls,
+        index: int,
+        error: DzGymError,
+        *,
+        stamps: _Stamps | None = None,
+        request_bytes: int = 0,
+        reconnects: int = 0,
+        retries: int = 0,
     ) -> Outcome:
         """The outcome of a request that ended with ``error`` (the one place failure outcomes are built)."""
         now = time.perf_counter()
@@ -391,7 +401,9 @@ class AsyncSession:
                 try:
                     reply = await self._attempt(payload, "infer", stamps, parse_infer_response)
                     assert stamps.sent_at is not None and stamps.received_at is not None
-                    return Outcome(index, reply, None, stamps.sent_at, stamps.received_at, len(payload), reconnects, retries)
+                    return Outcome(
+                        index, reply, None, stamps.sent_at, stamps.received_at, len(payload), reconnects, retries
+                    )
                 except _Unprocessed as exc:
                     error: DzGymError = exc.error
                     again = resends < cfg.resend_unprocessed
