@@ -23,6 +23,7 @@ from dz_gym.transport import (
     Outcome,
     PartialConnectError,
     SessionPool,
+    SessionState,
     TransportConfig,
     validate_url,
 )
@@ -126,14 +127,16 @@ def test_async_session_handshake_infer_reset_close():
 
     async def scenario(url):
         session = AsyncSession(url, FAST)
-        assert not session.connected and session.metadata is None
+        assert not session.connected and session.metadata is None and session.state is SessionState.IDLE
         meta = await session.connect()
         assert meta.image_resolution == (180, 320) and session.metadata is meta and session.connected
+        assert session.state is SessionState.OPEN and session.last_error is None
         first = await session.infer(request(1))
         second = await session.infer(packb(request(2)))  # pre-encoded bytes pass straight through
         status = await session.reset("abc")
         await session.close()
         await session.close()  # idempotent
+        assert session.state is SessionState.CLOSED
         return first, second, status, session.connected
 
     with ServerThread(replying(reply)) as server:
