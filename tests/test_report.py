@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import math
 import re
 
 import numpy as np
@@ -107,54 +106,19 @@ def test_interrupted_and_aborted_states():
     assert load.run_state({"complete": False}, rows, False)[0] == "incomplete"
 
 
-def test_mcnemar_exact_matches_the_binomial_test():
-    assert paired.mcnemar_exact(0, 0) == 1.0
-    assert paired.mcnemar_exact(0, 5) == pytest.approx(2 / 32)
-    assert paired.mcnemar_exact(3, 3) == 1.0
-    scipy_stats = pytest.importorskip("scipy.stats")
-    for a_only, b_only in [(1, 7), (10, 3), (0, 12), (4, 6)]:
-        expected = scipy_stats.binomtest(b_only, a_only + b_only, 0.5).pvalue
-        assert paired.mcnemar_exact(a_only, b_only) == pytest.approx(expected, rel=1e-9)
-
-
-def test_newcombe_interval_properties():
-    # Identical arms: the interval is symmetric around 0.
-    lo, hi = paired.newcombe_paired(5, 3, 3, 9)
-    assert lo == pytest.approx(-hi) and lo < 0 < hi
-    # It contains the estimate, stays in [-1, 1], and narrows as n grows at the same proportions.
-    for both, a_only, b_only, neither in [(0, 0, 10, 0), (10, 0, 0, 0), (2, 1, 6, 3), (20, 10, 60, 30)]:
-        n = both + a_only + b_only + neither
-        diff = (b_only - a_only) / n
-        lo, hi = paired.newcombe_paired(both, a_only, b_only, neither)
-        assert -1 <= lo <= diff <= hi <= 1
-    small = paired.newcombe_paired(2, 1, 6, 3)
-    large = paired.newcombe_paired(20, 10, 60, 30)
-    assert large[1] - large[0] < small[1] - small[0]
-    # Large n: close to the Wald interval for paired proportions.
-    both, a_only, b_only, neither = 400, 100, 150, 350
-    n = 1000
-    diff = (b_only - a_only) / n
-    se = math.sqrt((a_only + b_only) / n - diff**2) / math.sqrt(n)
-    lo, hi = paired.newcombe_paired(both, a_only, b_only, neither)
-    assert lo == pytest.approx(diff - 1.96 * se, abs=0.004) and hi == pytest.approx(diff + 1.96 * se, abs=0.004)
-
-
-def test_paired_comparison_pairs_by_scene_and_seed():
-    def row(scene, seed, ok, error=None, arm=None):
-        r = {"scene": scene, "seed": seed, "episode": seed, "success_at_end": None if error else ok, "error": error}
-        if arm:
-            r["arm"] = arm
-        return r
+def test_discordant_pairs_follow_the_comparison():
+    def row(scene, seed, ok, error=None):
+        return {"scene": scene, "seed": seed, "episode": seed, "success_at_end": None if error else ok, "error": error}
 
     a = [row(1, 0, True), row(1, 1, False), row(1, 2, True), row(2, 0, False), row(2, 1, True, error="x"), row(2, 5, True)]
     b = [row(1, 0, True), row(1, 1, True), row(1, 2, False), row(2, 0, True), row(2, 1, True), row(2, 9, True)]
-    out = paired.paired_comparison(a, b)
-    assert out["scenes"]["1"]["pairs"] == 3 and out["scenes"]["2"]["pairs"] == 1
-    o = out["overall"]
-    assert (o["both"], o["a_only"], o["b_only"], o["neither"]) == (1, 1, 2, 0)
-    assert o["diff"] == pytest.approx(1 / 4) and o["p_value"] == pytest.approx(paired.mcnemar_exact(1, 2))
-    assert out["unpaired"] == {"only_a": 1, "only_b": 1, "errored": 1}
-    assert {(d["scene"], d["seed"], d["which"]) for d in o["discordant"]} == {(1, 1, "b_only"), (1, 2, "a_only"), (2, 0, "b_only")}
+    out = paired.compare(a, b)
+    overall = out["scenes"]["overall"]
+    assert (overall["pairs"], overall["both"], overall["a_only"], overall["b_only"], overall["neither"]) == (4, 1, 1, 2, 0)
+    assert overall["errored_pairs"] == 1
+    found = {(ra["scene"], ra["seed"], which) for which, ra, _ in out["discordant"]}
+    assert found == {(1, 1, "b_only"), (1, 2, "a_only"), (2, 0, "b_only")}
+    assert len(out["discordant"]) == overall["a_only"] + overall["b_only"]
     arms = paired.split_arms([dict(r, arm="a") for r in a] + [dict(r, arm="b") for r in b])
     assert arms is not None and len(arms[0]) == len(a) and paired.split_arms(a) is None
 

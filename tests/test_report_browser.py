@@ -15,7 +15,7 @@ import pytest
 from browser import browser, open_page  # noqa: F401 - fixtures
 from dz_gym.eval.runner import RunControl
 from dz_gym.report import write_report
-from dz_gym.report.paired import paired_comparison
+from dz_gym.stats.comparison import compare_rows
 from report_runs import toy_run
 
 pytestmark = pytest.mark.timeout(240)
@@ -125,7 +125,7 @@ def test_two_runs_compared(tmp_path, open_page):
     run_b = toy_run(tmp_path / "b", scenes=(1,), episodes=6, num_envs=3, max_steps=4, fail_seed=5)
     path = write_report(run_a.path, run_b.path, out_dir=tmp_path / "ab")
     page, watch = open_page(path)
-    expected = paired_comparison(run_a.read_rows(), run_b.read_rows())["overall"]
+    expected = compare_rows(run_a.read_rows(), run_b.read_rows())["scenes"]["overall"]
     assert (expected["pairs"], expected["b_only"], expected["a_only"]) == (5, 2, 0)
     cells = page.eval_on_selector_all('#paired tr[data-scope="overall"] td', "tds => tds.map(t => t.innerText)")
     assert cells[:5] == [str(expected[k]) for k in ("pairs", "both", "a_only", "b_only", "neither")]

@@ -255,38 +255,43 @@ def _json_script(data: Any) -> str:
 
 def comparison_block(rows_a: Sequence[Mapping[str, Any]], rows_b: Sequence[Mapping[str, Any]], view_a: RunView, view_b: RunView, videos: _Videos, names: tuple[str, str]) -> str:
     """Paired 2x2 tables, difference with interval and p-value per scene, discordant pairs' videos."""
-    cmp = compare(rows_a, rows_b)
+    cmp = compare(rows_a, rows_b, labels={"a": names[0], "b": names[1]})
     head = (
         "<tr><th>scene</th><th>pairs</th><th>both</th><th>A only</th><th>B only</th><th>neither</th>"
-        "<th>A</th><th>B</th><th>B - A (Newcombe 95% CI)</th><th>p (exact McNemar)</th></tr>"
+        "<th>A</th><th>B</th><th>B - A (95% CI)</th><th>p (exact McNemar)</th><th>p Holm</th><th>verdict</th></tr>"
     )
     body = []
-    for scope, entry in [*cmp["scenes"].items(), ("overall", cmp["overall"])]:
+    table = cmp["scenes"]
+    for scope in [k for k in table if k != "overall"] + ["overall"]:
+        entry = table[scope]
         n = entry["pairs"]
-        diff = "-" if entry["diff"] is None else f"{100 * entry['diff']:+.1f} pts [{100 * entry['ci95'][0]:+.1f}, {100 * entry['ci95'][1]:+.1f}]"
-        p = "-" if entry["p_value"] is None else f"{entry['p_value']:.3g}"
+        diff = "-" if entry["diff"] is None or entry["ci95"] is None else (
+            f"{100 * entry['diff']:+.1f} pts [{100 * entry['ci95'][0]:+.1f}, {100 * entry['ci95'][1]:+.1f}]"
+        )
+        p = "-" if not n else f"{entry['p_value']:.3g}"
+        holm = "" if scope == "overall" or not n else f"{entry['p_holm']:.3g}"
+        verdict = str(entry.get("verdict", "")).replace("_", " ")
         body.append(
             f'<tr data-scope="{escape(scope)}"><th>{escape(scope)}</th><td>{n}</td><td>{entry["both"]}</td><td>{entry["a_only"]}</td>'
             f'<td>{entry["b_only"]}</td><td>{entry["neither"]}</td><td>{entry["a"]}/{n}</td><td>{entry["b"]}/{n}</td>'
-            f'<td class="diff">{diff}</td><td class="p">{p}</td></tr>'
+            f'<td class="diff">{diff}</td><td class="p">{p}</td><td class="p">{holm}</td><td>{escape(verdict)}</td></tr>'
         )
-    unpaired = cmp["unpaired"]
+    overall = table["overall"]
+    unpaired = cmp.get("unpaired") or {}
     note = (
-        f'<p class="muted">A = {escape(names[0])}, B = {escape(names[1])}. Pairs: same scene and seed, neither errored '
-        f'({unpaired["errored"]} pair(s) with an errored episode left out; {unpaired["only_a"]} episode(s) only in A, '
-        f'{unpaired["only_b"]} only in B). Outcome: success at the end.</p>'
+        f'<p class="muted">A = {escape(names[0])}, B = {escape(names[1])}. Pairs: same scene and seed; '
+        f'{overall.get("errored_pairs", 0)} pair(s) with an errored episode left out; {unpaired.get("a", 0)} episode(s) only in A, '
+        f'{unpaired.get("b", 0)} only in B. Outcome: success at the end (alpha {cmp.get("alpha", 0.05)}). '
+        f"The same numbers as dz-gym-compare.</p>"
     )
-    ia = {(int(r["scene"]), int(r["seed"])): r for r in rows_a}
-    ib = {(int(r["scene"]), int(r["seed"])): r for r in rows_b}
     pairs = []
-    for d in cmp["overall"]["discordant"]:
-        ra, rb = ia[(d["scene"], d["seed"])], ib[(d["scene"], d["seed"])]
+    for which, ra, rb in cmp["discordant"]:
         sa, wa = videos.src(view_a, ra)
         sb, wb = videos.src(view_b, rb)
-        who = "A only" if d["which"] == "a_only" else "B only"
+        who = "A only" if which == "a_only" else "B only"
         pairs.append(
             f'<li class="pair" data-a="{escape(sa)}" data-b="{escape(sb)}" data-novideo-a="{escape(wa)}" data-novideo-b="{escape(wb)}">'
-            f'<b>scene {d["scene"]}, seed {d["seed"]}</b>: {who} succeeded '
+            f'<b>scene {ra["scene"]}, seed {ra["seed"]}</b>: {who} succeeded '
             f'<button class="pairopen" type="button">show videos</button><div class="pairvids"></div></li>'
         )
     discordant = f'<ul class="pairs" id="discordant">{"".join(pairs)}</ul>' if pairs else '<p class="muted">No discordant pairs.</p>'
