@@ -371,3 +371,27 @@ def test_check_batched_example_covers_a_mila_task(install, tmp_path, capsys):
     assert batched["milestones"].shape == (30, 3, 4) and reference["milestones"].shape == (30, 1, 4)
     assert example.report(example.compare(reference, batched), 3)
     assert capsys.readouterr().out.strip().endswith("PASS")
+
+
+def test_mila_task_on_the_embedded_simulator_is_a_usage_error(capsys):
+    from dz_gym.eval import cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--backend", "mujoco", "--task", "place_spoon_in_sink"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "--backend isaac" in err and "Traceback" not in err
+
+
+def test_task_flag_sets_scenes_prompts_and_the_default_horizon():
+    from dz_gym.eval import cli
+
+    parser = cli.build_parser(isaac_args=False)
+    args = parser.parse_args(["--backend", "isaac", "--task", "place_spoon_in_sink", "--task", "stack_red_bowl_into_grey_bowl",
+                              "--scene", "1"])
+    config, _, _ = cli.resolve_config(parser, args)
+    assert config.scenes == [1, 101, 103] and config.max_steps == 600
+    args = parser.parse_args(["--backend", "isaac", "--task", "place_spoon_in_sink", "--max-steps", "50"])
+    assert cli.resolve_config(parser, args)[0].max_steps == 50
+    from dz_gym.eval.evaluate import build_summary  # noqa: F401  (prompts of task ids come from the task table)
+
+    assert tasks.scene_prompt(101) == "Pick up the spoon and place it in the sink."
