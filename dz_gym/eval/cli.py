@@ -227,6 +227,11 @@ def resolve_config(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
             parser.error(str(exc))
         given["scenes"] = list(given.get("scenes") or []) + [task.key for task in named]
         given.setdefault("max_steps", max(task.max_steps for task in named))
+        mila = [task.name for task in named if task.is_mila]
+        if mila and given.get("backend") == "mujoco":
+            parser.error(f"--task {mila[0]}: a sim-evals MILA task, only on --backend isaac")
+        if mila and given.get("backend") in (None, "auto"):
+            given["backend"] = "isaac"  # the only backend that has them
     if "scenes" in given:
         given["scenes"] = list(dict.fromkeys(given["scenes"]))
     servers = _servers_from_flags(parser, args)
