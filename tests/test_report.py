@@ -164,3 +164,18 @@ def test_dz_gym_eval_writes_the_report_unless_told_not_to(tmp_path):
     assert eval_cli.main([*base, "--no-report", "--output-root", str(tmp_path / "without")]) == 0
     (run_path,) = (tmp_path / "without").iterdir()
     assert (run_path / "summary.json").is_file() and not (run_path / "report.html").exists()
+
+
+def test_milestone_funnel():
+    from dz_gym.report.page import funnel_table
+
+    def row(scene, error=None, **steps):
+        names = ("reached", "lifted", "above_target", "placed")
+        return {"scene": scene, "error": error, "milestones": None if error else {n: steps.get(n) for n in names}}
+
+    rows = [row(1, reached=3, lifted=9, above_target=30, placed=41), row(1, reached=5), row(2, reached=2, lifted=8), row(2, error="x")]
+    html = funnel_table(rows, [1, 2])
+    cells = re.findall(r'<tr><th>([^<]+)</th>(.*?)</tr>', html)
+    counts = {scene: re.findall(r'<span class="kn">(\d+/\d+)</span>', body) for scene, body in cells}
+    assert counts == {"1": ["2/2", "1/2", "1/2", "1/2"], "2": ["1/1", "1/1", "0/1", "0/1"], "overall": ["3/3", "2/3", "1/3", "1/3"]}
+    assert "No milestones" in funnel_table([{"scene": 1, "error": None}], [1])

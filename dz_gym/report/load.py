@@ -7,7 +7,7 @@ are recomputed from the rows with :func:`dz_gym.eval.results.summarize`, and the
 
 Trajectories are shrunk for the page: at most :data:`TRAJ_POINTS` samples in time (evenly spaced steps), joints
 and gripper quantized to 8 bits within the episode's own range, plus the exact list of steps that called the
-server. That keeps one episode near 1.5 kB of base64, so 500 episodes stay inline in one file; the page decodes
+server. That keeps one 450-step episode near 1.7 kB of JSON, so 500 episodes stay inline in one file; the page decodes
 an episode only when it is opened.
 """
 

@@ -93,12 +93,17 @@ def funnel_table(rows: Sequence[Mapping[str, Any]], scenes: Sequence[Any]) -> st
     """Milestones reached per scene (only when rows carry ``milestones``)."""
     if not any(isinstance(r.get("milestones"), Mapping) for r in rows):
         return '<p class="muted" data-empty="funnel">No milestones in these rows (the simulator did not report them).</p>'
-    head = "<tr><th>scene</th>" + "".join(f"<th>{m.replace('_', ' ')}</th>" for m in MILESTONES) + "</tr>"
+    names = [m for m in MILESTONES if any(isinstance(r.get("milestones"), Mapping) and m in r["milestones"] for r in rows)]
+    for r in rows:  # other simulators' milestones, in the order the rows give them
+        for m in r.get("milestones") or {} if isinstance(r.get("milestones"), Mapping) else {}:
+            if m not in names:
+                names.append(str(m))
+    head = "<tr><th>scene</th>" + "".join(f"<th>{escape(m.replace('_', ' '))}</th>" for m in names) + "</tr>"
     body = []
     for scene in [*scenes, "overall"]:
         subset = rows if scene == "overall" else [r for r in rows if str(r["scene"]) == str(scene)]
         cells = []
-        for name, k, n in plots.funnel_rows(subset, MILESTONES):
+        for name, k, n in plots.funnel_rows(subset, names):
             width = 100 * k / n if n else 0
             cells.append(f'<td><span class="kn">{k}/{n}</span> {pct(k / n if n else None)}<span class="fbar" style="width:{width:.0f}%"></span></td>')
         body.append(f"<tr><th>{escape(str(scene))}</th>{''.join(cells)}</tr>")
