@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("mujoco")
 
-from dz_gym.envs import droid  # noqa: E402
+from dz_gym.envs import droid, episodes  # noqa: E402
 from dz_gym.envs.mujoco import make_env  # noqa: E402
 from dz_gym.envs.mujoco.expert import ScriptedExpert, run_episodes  # noqa: E402
 
@@ -24,6 +24,10 @@ def test_expert_succeeds_on_every_scene(scene_id):
         assert result["success"].all(), result
         assert result["success_any_step"].all()
         assert np.all((result["steps_to_success"] > 50) & (result["steps_to_success"] < HORIZON))
+        # milestones come in order, and "placed" is the first successful step
+        steps = np.stack([result["milestones"][name] for name in episodes.MILESTONES])
+        assert (steps > 0).all() and (np.diff(steps, axis=0) > 0).all(), steps
+        np.testing.assert_array_equal(result["milestones"]["placed"], result["steps_to_success"])
         # the episode ended by time-out and autoreset: the expert starts over on the next episode
         state = env.privileged_state()
         assert state["episode_count"].tolist() == [2, 2] and state["episode_step"].tolist() == [0, 0]
@@ -46,6 +50,7 @@ def test_holding_still_fails():
             *_, info = env.step(hold)
             any_success |= info["success_any_step"]
         assert not any_success.any()
+        assert all((info["milestones"][name] == -1).all() for name in episodes.MILESTONES)
     finally:
         env.close()
 

@@ -187,6 +187,33 @@ def test_lazy_rendering_keeps_last_frame_of_masked_envs(env2):
     assert info["images_fresh"].all()
 
 
+def test_frames_are_read_only_views_until_the_next_render_or_copies_on_request():
+    for workers in (0, 1):
+        env = make_env(scene=1, num_envs=2, seed=0, num_workers=workers)
+        try:
+            obs, _ = env.reset()
+            frame = obs["policy"]["wrist_cam"]
+            with pytest.raises(ValueError, match="read-only"):
+                frame[0, 0, 0, 0] = 1
+            kept = frame.copy()
+            env.set_render_mask(np.zeros(2, dtype=bool))
+            new, *_, info = env.step(hold_action(env))
+            assert not info["images_fresh"].any()
+            assert np.shares_memory(new["policy"]["wrist_cam"], frame)  # handed out again, not copied
+            np.testing.assert_array_equal(new["policy"]["wrist_cam"], kept)
+        finally:
+            env.close()
+        np.testing.assert_array_equal(frame, kept)  # still readable after close
+    env = make_env(scene=1, num_envs=1, seed=0, num_workers=0, frame_views=False)
+    try:
+        obs, _ = env.reset()
+        new, *_ = env.step(hold_action(env))
+        assert obs["policy"]["wrist_cam"].flags.writeable
+        assert not np.shares_memory(new["policy"]["wrist_cam"], obs["policy"]["wrist_cam"])
+    finally:
+        env.close()
+
+
 def test_perturb_nudge_and_drop(env2):
     env2.reset(seed=4)
     before = env2.privileged_state()["object_pos"].copy()
@@ -290,3 +317,4 @@ def test_broken_egl_falls_back_to_osmesa_in_workers_and_errors_clearly_in_proces
     inline = subprocess.run([sys.executable, str(script), "0"], env=env, capture_output=True, text=True, timeout=120)
     last = inline.stdout.strip().splitlines()[-1]
     assert last == "OK 1" or (last.startswith("ERROR rendering:") and "libegl1" in last and "libosmesa6" in last), last
+

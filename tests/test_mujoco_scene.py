@@ -102,3 +102,20 @@ def test_container_sizes_fit_the_success_thresholds():
         rest_height = floor + layout.object_rest_z
         assert criteria.z_min <= rest_height <= criteria.z_max
         assert criteria.xy_radius < layout.container_radius + 0.01
+
+
+def test_object_box_is_the_objects_bounding_box():
+    cube, can = scene.build_model(1), scene.build_model(2)
+    assert scene.object_box(1).half_extents == tuple(cube.geom("cube").size.tolist())
+    radius, half_height = can.geom("can").size[:2]
+    assert scene.object_box(2).half_extents == (radius, radius, half_height)
+    box = scene.object_box(3)
+    lower = np.subtract(box.center, box.half_extents)
+    upper = np.add(box.center, box.half_extents)
+    corners = []
+    for start, end, r in scene.banana_segments():
+        for point in (start, end):
+            corners += [point - r, point + r]
+            assert np.all(point - r >= lower - 1e-12) and np.all(point + r <= upper + 1e-12)
+    np.testing.assert_allclose(np.min(corners, axis=0), lower, atol=1e-12)  # tight
+    np.testing.assert_allclose(np.max(corners, axis=0), upper, atol=1e-12)

@@ -24,6 +24,13 @@ import mujoco
 import numpy as np
 
 from dz_gym.envs import droid
+from dz_gym.envs.mujoco.kinematics import Kinematics
+from dz_gym.envs.mujoco.poses import intrinsics, invert_pose, pose_from_mujoco
+
+__all__ = [
+    "CAMERA_NAMES", "EXTERNAL_CAMERAS", "EXTERNAL_FOVY_DEG", "WRIST_CAMERA", "CameraCalibration",
+    "add_external_cameras", "camera_calibration", "intrinsics", "invert_pose", "pose_from_mujoco", "wrist_camera_pose",
+]  # fmt: skip
 
 EXTERNAL_FOVY_DEG = math.degrees(2 * math.atan(3.024 / 2 / 2.1))  # 71.5
 # (name, position, quaternion w x y z in MuJoCo's camera convention: looks along -z, y up).
@@ -33,9 +40,6 @@ EXTERNAL_CAMERAS = (
 )
 WRIST_CAMERA = "wrist_cam"
 CAMERA_NAMES = droid.CAMERA_KEYS  # render order: external_cam, external_cam_2, wrist_cam
-
-# MuJoCo/OpenGL camera axes (x right, y up, z backward) -> OpenCV axes (x right, y down, z forward).
-_GL_TO_CV = np.diag([1.0, -1.0, -1.0])
 
 
 @dataclass(frozen=True)
@@ -65,29 +69,6 @@ class CameraCalibration:
         return np.where(cam[..., 2:3] > 0, uv, np.nan)
 
 
-def invert_pose(pose: np.ndarray) -> np.ndarray:
-    """Inverse of a 4x4 rigid transform."""
-    out = np.eye(4)
-    out[:3, :3] = pose[:3, :3].T
-    out[:3, 3] = -pose[:3, :3].T @ pose[:3, 3]
-    return out
-
-
-def intrinsics(fovy_deg: float, image_shape: tuple[int, int]) -> np.ndarray:
-    """K of a MuJoCo camera with vertical FOV ``fovy_deg`` rendered at ``image_shape`` (square pixels)."""
-    height, width = image_shape
-    focal = (height / 2) / math.tan(math.radians(fovy_deg) / 2)
-    return np.array([[focal, 0.0, (width - 1) / 2], [0.0, focal, (height - 1) / 2], [0.0, 0.0, 1.0]])
-
-
-def pose_from_mujoco(position: np.ndarray, xmat: np.ndarray) -> np.ndarray:
-    """4x4 world-from-camera (OpenCV axes) from a MuJoCo camera's world position and 3x3 orientation."""
-    pose = np.eye(4)
-    pose[:3, :3] = np.asarray(xmat, dtype=np.float64).reshape(3, 3) @ _GL_TO_CV
-    pose[:3, 3] = position
-    return pose
-
-
 def add_external_cameras(spec: mujoco.MjSpec) -> None:
     """Add the two fixed external cameras of the rig to a scene spec's worldbody."""
     for name, pos, quat in EXTERNAL_CAMERAS:
@@ -108,8 +89,6 @@ def camera_calibration(image_shape: tuple[int, int] = droid.DEFAULT_EMBEDDED_IMA
     The external cameras are fixed. The wrist camera's entry holds its intrinsics and its pose at the
     DROID home pose; use :func:`wrist_camera_pose` for its pose at other joint positions.
     """
-    from dz_gym.envs.mujoco.kinematics import Kinematics
-
     height, width = int(image_shape[0]), int(image_shape[1])
     out = {
         name: CameraCalibration(name, intrinsics(EXTERNAL_FOVY_DEG, (height, width)), _external_pose(pos, quat), height, width)
@@ -128,6 +107,4 @@ def camera_calibration(image_shape: tuple[int, int] = droid.DEFAULT_EMBEDDED_IMA
 
 def wrist_camera_pose(joint_positions: np.ndarray) -> np.ndarray:
     """World-from-camera (4x4, OpenCV axes) of the wrist camera at arm joint positions ``(7,)``."""
-    from dz_gym.envs.mujoco.kinematics import Kinematics
-
     return Kinematics.shared().camera_pose(joint_positions)

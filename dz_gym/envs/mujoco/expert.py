@@ -196,13 +196,15 @@ def run_episodes(env, expert: ScriptedExpert, max_steps: int | None = None) -> d
     """Run one episode per env with ``expert`` (envs must start together); returns per-env results.
 
     Result keys: ``success`` (at the last step), ``success_any_step``, ``steps_to_success`` (first step
-    with success, -1 if none), ``episode_seed``.
+    with success, -1 if none), ``episode_seed``, ``milestones`` (name -> first step, -1 if never; see
+    ``dz_gym.envs.episodes``).
     """
     steps = env.max_episode_length if max_steps is None else int(max_steps)
     n = env.num_envs
     first = np.full(n, -1, dtype=np.int64)
     any_step = np.zeros(n, dtype=bool)
     last = np.zeros(n, dtype=bool)
+    milestones: dict[str, np.ndarray] = {}
     seeds = env.privileged_state()["episode_seed"].copy()
     env.set_render_mask(np.zeros(n, dtype=bool))
     for t in range(1, steps + 1):
@@ -211,7 +213,9 @@ def run_episodes(env, expert: ScriptedExpert, max_steps: int | None = None) -> d
         first[newly] = t
         any_step |= info["success_any_step"]
         last = info["success"].copy()
+        milestones = info["milestones"]
         if truncated.any():
             break
     env.set_render_mask(None)
-    return {"success": last, "success_any_step": any_step, "steps_to_success": first, "episode_seed": seeds}
+    return {"success": last, "success_any_step": any_step, "steps_to_success": first, "episode_seed": seeds,
+            "milestones": milestones}

@@ -28,7 +28,7 @@ import numpy as np
 
 from dz_gym.envs import droid
 from dz_gym.envs.mujoco import robot
-from dz_gym.envs.mujoco.cameras import pose_from_mujoco
+from dz_gym.envs.mujoco.poses import pose_from_mujoco
 
 
 @dataclass(frozen=True)

@@ -133,9 +133,9 @@ def object_box(scene: int) -> ObjectBox:
         return ObjectBox((0.0, 0.0, 0.0), (CUBE_HALF,) * 3)
     if scene_id == 2:
         return ObjectBox((0.0, 0.0, 0.0), (CAN_RADIUS, CAN_RADIUS, CAN_HALF_HEIGHT))
-    points = np.array([p for start, end, _ in banana_segments() for p in (start, end)])
-    radius = max(BANANA_RADII)
-    lower, upper = points.min(axis=0) - radius, points.max(axis=0) + radius
+    segments = banana_segments()
+    lower = np.min([np.minimum(a, b) - r for a, b, r in segments], axis=0)
+    upper = np.max([np.maximum(a, b) + r for a, b, r in segments], axis=0)
     return ObjectBox(tuple(((lower + upper) / 2).tolist()), tuple(((upper - lower) / 2).tolist()))
 
 
