@@ -220,7 +220,7 @@ def _lines(table: Mapping[str, Any], scene_keys: Sequence[str]) -> list[tuple[st
 
 def format_comparison(result: Mapping[str, Any]) -> str:
     """The printed tables: one block per metric, one line per scene and the pooled ``overall`` line."""
-    header = ("scene", "pairs", "errored", "A", "B", "A only", "B only", "B - A [95% CI]", "p", "p Holm", "")
+    header = ("scene", "pairs", "errored", "A", "B", "A only", "B only", "B - A [95% CI]", "p", "p Holm", "verdict")
     blocks = [f"A = {result['arms']['a']}", f"B = {result['arms']['b']}"]
     for metric, table in result["metrics"].items():
         keys = [k for k in table if k != "overall"] + ["overall"]

@@ -1,0 +1,164 @@
+"""``dz-gym-compare``: is policy B better than policy A? A paired comparison of two evaluation runs.
+
+    dz-gym-compare RUN_A RUN_B [--json FILE] [--force] [--alpha 0.05]
+    dz-gym-compare RUN                 # one A/B run whose rows carry ``arm`` ("a" / "b")
+
+Rows are paired by (scene, seed): two runs with the same ``--seed`` ran the same initial conditions, so
+only the policy differs within a pair. The statistics are :func:`dz_gym.stats.comparison.compare_rows`; this
+module reads the run directories, checks that the runs are comparable, prints the table and writes the JSON.
+
+Two runs are comparable when they used the same simulator backend, the same steps per episode, the same
+open-loop horizon (actions executed per chunk) and the same prompt per scene; otherwise the comparison is
+refused with one line naming the setting (exit 2) unless ``--force``, which records the differences in the
+JSON under ``problems``. Other result-changing settings that differ (e.g. ``prefetch``) are listed under
+``differences`` and printed as a note: comparing them may be the point of the A/B.
+
+Exit codes: 0 compared, 2 usage error or runs not comparable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dz_gym.stats.comparison import compare_rows, format_comparison
+
+__all__ = ["build_parser", "comparability", "load_run", "main"]
+
+CONFIG_FILE = "config.json"
+ROWS_FILE = "episodes.jsonl"
+# Settings that make two runs measure different things: refuse unless --force.
+MUST_MATCH = {"backend": "backend", "max_steps": "max steps", "open_loop_horizon": "horizon (--open-loop-horizon)"}
+# Settings that change outcomes but may be what an A/B compares: reported, not refused.
+MAY_DIFFER = ("prefetch", "simulated_delay", "max_stale_steps")
+
+
+class RunError(ValueError):
+    """A run directory that cannot be read as a dz-gym-eval run (one line)."""
+
+
+def load_run(path: str | os.PathLike) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``(config, rows)`` of a run directory; the config is the raw ``config.json`` dict."""
+    run = Path(path)
+    config_path = run / CONFIG_FILE
+    if not config_path.is_file():
+        raise RunError(f"{path}: not a dz-gym-eval run directory (no {CONFIG_FILE})")
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise RunError(f"{config_path}: unreadable ({exc})") from None
+    if not isinstance(config, dict):
+        raise RunError(f"{config_path}: expected a JSON object")
+    # Same reader as the evaluator's resume (a truncated last line is skipped with a warning).
+    from dz_gym.eval.rundir import RunDir
+
+    try:
+        rows = RunDir(run).read_rows()
+    except (OSError, ValueError) as exc:
+        raise RunError(str(exc)) from None
+    if not rows:
+        raise RunError(f"{path}: no finished episodes in {ROWS_FILE}")
+    return config, rows
+
+
+def _prompts(rows: Sequence[Mapping[str, Any]]) -> dict[int, set[str]]:
+    prompts: dict[int, set[str]] = {}
+    for row in rows:
+        if isinstance(row.get("prompt"), str):
+            prompts.setdefault(row["scene"], set()).add(row["prompt"])
+    return prompts
+
+
+def comparability(
+    config_a: Mapping[str, Any], rows_a: Sequence[Mapping[str, Any]],
+    config_b: Mapping[str, Any], rows_b: Sequence[Mapping[str, Any]],
+) -> tuple[list[str], list[str]]:  # fmt: skip
+    """``(problems, differences)``: settings that make the runs not comparable, and other differing settings."""
+    problems = []
+    for key, name in MUST_MATCH.items():
+        if key in config_a and key in config_b and config_a[key] != config_b[key]:
+            problems.append(f"{name} differs: A {config_a[key]!r}, B {config_b[key]!r}")
+    prompts_a, prompts_b = _prompts(rows_a), _prompts(rows_b)
+    for scene in sorted(set(prompts_a) & set(prompts_b)):
+        if prompts_a[scene] != prompts_b[scene]:
+            a, b = sorted(prompts_a[scene]), sorted(prompts_b[scene])
+            problems.append(f"prompt of scene {scene} differs: A {a[0]!r}, B {b[0]!r}")
+    differences = [
+        f"{key}: A {config_a.get(key)!r}, B {config_b.get(key)!r}"
+        for key in MAY_DIFFER
+        if config_a.get(key) != config_b.get(key)
+    ]
+    return problems, differences
+
+
+def _label(config: Mapping[str, Any], path: str) -> str:
+    servers = config.get("servers") or []
+    who = ", ".join(servers) if servers else f"policy {config.get('policy', '?')}"
+    return f"{path} ({who})"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dz-gym-compare",
+        description="Paired A/B comparison of two dz-gym-eval runs (or of one A/B run): is B better than A?",
+    )
+    parser.add_argument("runs", nargs="+", metavar="RUN", help="RUN_A RUN_B, or one A/B run directory")
+    parser.add_argument("--json", metavar="FILE", help="also write the comparison as JSON to FILE ('-': stdout)")
+    parser.add_argument("--force", action="store_true", help="compare runs whose settings differ (recorded in the JSON)")
+    parser.add_argument("--alpha", type=float, default=0.05, help="significance level of the verdicts (default 0.05)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if len(args.runs) > 2:
+        parser.error(f"RUN: expected RUN_A RUN_B or one A/B run, got {len(args.runs)} directories")
+    if not 0.0 < args.alpha < 1.0:
+        parser.error(f"--alpha: expected a number in (0, 1), got {args.alpha}")
+    problems: list[str] = []
+    differences: list[str] = []
+    try:
+        if len(args.runs) == 2:
+            (config_a, rows_a), (config_b, rows_b) = load_run(args.runs[0]), load_run(args.runs[1])
+            problems, differences = comparability(config_a, rows_a, config_b, rows_b)
+            if problems and not args.force:
+                parser.error(f"runs not comparable: {'; '.join(problems)} (--force compares them anyway)")
+            labels = {"a": _label(config_a, args.runs[0]), "b": _label(config_b, args.runs[1])}
+            result = compare_rows(rows_a, rows_b, alpha=args.alpha, labels=labels)
+        else:
+            config, rows = load_run(args.runs[0])
+            if not any("arm" in row for row in rows):
+                parser.error(f"{args.runs[0]}: not an A/B run (its rows carry no 'arm'); give two runs: RUN_A RUN_B")
+            arms = config.get("arms") if isinstance(config.get("arms"), Mapping) else {}
+            labels = {arm: f"{args.runs[0]} arm {arm.upper()}" + (f" ({arms[arm]})" if arm in arms else "") for arm in "ab"}
+            result = compare_rows(rows, alpha=args.alpha, labels=labels)
+    except ValueError as exc:
+        parser.error(str(exc))
+    result["runs"] = list(args.runs)
+    result["forced"] = bool(problems)
+    result["problems"] = problems
+    result["differences"] = differences
+    overall = result["scenes"]["overall"]
+    if overall["pairs"] + overall["errored_pairs"] + overall["missing"] == 0:
+        parser.error("no pairs: the runs share no (scene, seed); run both with the same --seed and scenes")
+    text = format_comparison(result)
+    notes = [f"note: not comparable, compared anyway (--force): {p}" for p in problems]
+    notes += [f"note: {d} (this may be what the comparison is about)" for d in differences]
+    if args.json == "-":
+        print(json.dumps(result, indent=2))
+        print("\n".join([text, *notes]), file=sys.stderr)
+    else:
+        print("\n".join([text, *notes]))
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
