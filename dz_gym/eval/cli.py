@@ -26,15 +26,19 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+# Only light imports here: main() installs the signal handler before it imports numpy, the simulator, the
+# transport (seconds on a busy machine), so a Ctrl-C during those imports is a clean stop too.
 from dz_gym.cli_types import OneLineErrorParser, integer, number
-from dz_gym.eval.config import BACKENDS, EvalConfig, default_policy, resume_conflicts
-from dz_gym.eval.results import format_table
-from dz_gym.eval.rundir import RunDir
-from dz_gym.eval.runner import RunControl
 from dz_gym.eval.signals import StopOnSignal, interruptible
+
+if TYPE_CHECKING:
+    from dz_gym.eval.config import EvalConfig
+    from dz_gym.eval.rundir import RunDir
+    from dz_gym.eval.runner import RunControl
 
 __all__ = ["build_parser", "default_policy", "main", "resolve_config"]
 
@@ -61,7 +65,16 @@ def flag_of(field: str) -> str:
 
 
 def _default(field: str) -> Any:
+    from dz_gym.eval.config import EvalConfig
+
     return EvalConfig.default(field)
+
+
+def default_policy(backend: str = "mujoco") -> str:
+    """The embedded server's default policy for ``backend`` (see :func:`dz_gym.eval.config.default_policy`)."""
+    from dz_gym.eval.config import default_policy as policy_for
+
+    return policy_for(backend)
 
 
 def build_parser(isaac_args: bool | None = None) -> argparse.ArgumentParser:
@@ -70,6 +83,8 @@ def build_parser(isaac_args: bool | None = None) -> argparse.ArgumentParser:
     Flags parse values only; :class:`EvalConfig` checks their ranges (one rule, one place) and its defaults
     are the ones ``--help`` shows.
     """
+    from dz_gym.eval.config import BACKENDS
+
     p = OneLineErrorParser(
         prog="dz-gym-eval",
         description="Evaluate an OpenPI/DreamZero policy server on the DROID scenes with batched envs.",
@@ -204,6 +219,8 @@ def _servers_from_flags(parser: argparse.ArgumentParser, args: argparse.Namespac
 
 def _flag_message(exc: ValueError) -> str:
     """EvalConfig's ``field: ...`` error, worded with the flag that sets the field."""
+    from dz_gym.eval.config import EvalConfig
+
     text = str(exc)
     field, sep, rest = text.partition(":")
     if sep and field in EvalConfig.__dataclass_fields__:
@@ -217,6 +234,9 @@ def resolve_config(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     Returns the config, the run directory to resume (or None) and the external servers (None: the
     embedded one). Bad values and result-changing differences on resume end in ``parser.error``.
     """
+    from dz_gym.eval.config import EvalConfig, resume_conflicts
+    from dz_gym.eval.rundir import RunDir
+
     given: dict[str, Any] = {k: getattr(args, k) for k in FLAG_FIELDS if getattr(args, k) is not None}
     if getattr(args, "tasks", None):  # named sim-evals tasks run as scene ids (see dz_gym.envs.isaac.tasks)
         from dz_gym.envs.isaac.tasks import tasks_from_names
@@ -292,6 +312,8 @@ def _exit_code(summary: dict[str, Any]) -> int:
 
 
 def _print_results(run_dir: RunDir, summary: dict[str, Any] | None) -> None:
+    from dz_gym.eval.results import format_table
+
     if summary is not None and "overall" in summary:
         print(format_table(summary))
     print(f"results: {run_dir.path}")
@@ -311,6 +333,8 @@ def _run_scene_processes(argv: list[str], config: EvalConfig, run_dir: RunDir, c
             skip = "=" not in item
             continue
         base.append(item)
+    from dz_gym.eval.runner import RunControl
+
     env = dict(os.environ)
     env[COMMAND_ENV] = command
     control = RunControl()
@@ -345,21 +369,31 @@ def _preflight(config: EvalConfig) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    from dz_gym.envs.isaac.launch import isaac_flags_wanted
+    early_stop = threading.Event()
+    # The handler first: a signal while the heavy modules load or the flags are checked is a clean stop too.
+    with StopOnSignal(early_stop, _say) as signals:
+        try:
+            from dz_gym.envs.isaac.launch import isaac_flags_wanted
 
-    parser = build_parser(isaac_args=isaac_flags_wanted(argv))
-    args = parser.parse_args(argv)
-    config, run_dir, _ = resolve_config(parser, args)
-    from dz_gym.eval.shards.options import ray_options_from_args
+            parser = build_parser(isaac_args=isaac_flags_wanted(argv))
+            args = parser.parse_args(argv)
+            config, run_dir, _ = resolve_config(parser, args)
+            from dz_gym.eval.shards.options import ray_options_from_args
 
-    args.ray_options = ray_options_from_args(parser, args, config.num_envs)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    from dz_gym.eval.evaluate import python_command
+            args.ray_options = ray_options_from_args(parser, args, config.num_envs)
+            logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+            from dz_gym.eval.evaluate import python_command
+            from dz_gym.eval.runner import RunControl
 
-    command = os.environ.get(COMMAND_ENV) or python_command(["dz-gym-eval", *argv])
-    control = RunControl(config.error_budget)
-    with StopOnSignal(control.stop, _say) as signals:
-        return _main(args, argv, config, run_dir, command, control, signals)
+            command = os.environ.get(COMMAND_ENV) or python_command(["dz-gym-eval", *argv])
+            control = RunControl(config.error_budget)
+            signals.stop = control.stop
+            if early_stop.is_set():
+                _say("dz-gym-eval: stopped before the run started; nothing was written")
+                return EXIT_INTERRUPTED
+            return _main(args, argv, config, run_dir, command, control, signals)
+        except KeyboardInterrupt:  # a repeated signal where stopping at once was safe (nothing half-written)
+            return EXIT_INTERRUPTED
 
 
 def _main(
@@ -373,6 +407,8 @@ def _main(
 ) -> int:
     """Preflight, embedded server, run directory, evaluation: in this order, so a failure before the run
     leaves nothing behind; a stop signal at any point ends with exit status 130."""
+    from dz_gym.eval.rundir import RunDir
+
     if args.backend in (None, "auto") and args.resume is None and not args.only_scene:
         why = "Isaac Lab is importable" if config.backend == "isaac" else "Isaac Lab is not importable"
         _say(f"dz-gym-eval: backend {config.backend} (auto: {why})")

@@ -34,7 +34,6 @@ from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata as importlib_metadata
 from typing import Any
 
-from dz_gym.envs import droid
 from dz_gym.eval.capacity import IdleGapCheck, envs_per_server, session_warning
 from dz_gym.eval.config import EvalConfig
 from dz_gym.eval.progress import Progress
