@@ -93,8 +93,8 @@ def one_env_loop(url: str, episodes: int, max_steps: int, scene: int) -> tuple[f
                 if t % HORIZON == 0:
                     request = build_infer_request(
                         images={droid.REQUEST_IMAGE_KEYS[c]: policy[c][0] for c in droid.CAMERA_KEYS},
-                        joint_position=policy[droid.JOINT_KEY][0].astype(np.float64),
-                        gripper_position=policy[droid.GRIPPER_KEY][0].astype(np.float64),
+                        joint_position=policy[droid.OBS_JOINT_KEY][0].astype(np.float64),
+                        gripper_position=policy[droid.OBS_GRIPPER_KEY][0].astype(np.float64),
                         prompt=prompt,
                         session_id=session,
                     )

@@ -15,15 +15,11 @@ from typing import Any
 import numpy as np
 
 from dz_gym.envs import droid
-from dz_gym.preprocess import is_torch_tensor, resize_with_pad_to_numpy
+from dz_gym.preprocess import is_torch_tensor, resize_with_pad_to_numpy, to_numpy
 from dz_gym.protocol import build_infer_request
 
-
-def to_numpy(value: Any) -> np.ndarray:
-    """A host numpy view/copy of a numpy array or torch tensor."""
-    if is_torch_tensor(value):
-        return value.detach().cpu().numpy()
-    return np.asarray(value)
+__all__ = ["build_requests", "contiguous_runs", "hold_actions", "is_torch_tensor", "proprio", "resized_views",
+           "to_numpy", "validate_policy_obs"]  # fmt: skip
 
 
 def validate_policy_obs(policy: Mapping[str, Any], num_envs: int) -> None:
@@ -39,7 +35,7 @@ def validate_policy_obs(policy: Mapping[str, Any], num_envs: int) -> None:
         dtype = str(policy[key].dtype)
         if "uint8" not in dtype:
             raise ValueError(f"obs['policy']['{key}']: expected dtype uint8, got {dtype}")
-    for key, width in ((droid.JOINT_KEY, droid.ARM_DOF), (droid.GRIPPER_KEY, 1)):
+    for key, width in ((droid.OBS_JOINT_KEY, droid.ARM_DOF), (droid.OBS_GRIPPER_KEY, 1)):
         if key not in policy:
             raise ValueError(f"obs['policy']['{key}']: missing (expected ({num_envs}, {width}))")
         shape = tuple(policy[key].shape)
@@ -49,8 +45,8 @@ def validate_policy_obs(policy: Mapping[str, Any], num_envs: int) -> None:
 
 def proprio(policy: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """Joint ``(N,7)`` and gripper ``(N,1)`` positions as host float64 arrays."""
-    joints = to_numpy(policy[droid.JOINT_KEY]).astype(np.float64)
-    gripper = to_numpy(policy[droid.GRIPPER_KEY]).astype(np.float64)
+    joints = to_numpy(policy[droid.OBS_JOINT_KEY]).astype(np.float64)
+    gripper = to_numpy(policy[droid.OBS_GRIPPER_KEY]).astype(np.float64)
     return joints, gripper
 
 

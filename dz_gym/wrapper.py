@@ -573,7 +573,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
 
     @staticmethod
     def _to_env_action(actions: np.ndarray, policy_obs):
-        reference = policy_obs[droid.JOINT_KEY]
+        reference = policy_obs[droid.OBS_JOINT_KEY]
         if is_torch_tensor(reference):
             import torch
 

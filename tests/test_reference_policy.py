@@ -355,8 +355,8 @@ def _env(scene, num_envs, **kwargs):
 def _request(obs, i, scene):
     policy = obs[droid.POLICY_GROUP]
     request = {droid.REQUEST_IMAGE_KEYS[key]: policy[key][i] for key in droid.CAMERA_KEYS}
-    request[droid.REQUEST_JOINT_KEY] = policy[droid.JOINT_KEY][i].astype(np.float64)
-    request[droid.REQUEST_GRIPPER_KEY] = policy[droid.GRIPPER_KEY][i].astype(np.float64)
+    request[droid.REQUEST_JOINT_KEY] = policy[droid.OBS_JOINT_KEY][i].astype(np.float64)
+    request[droid.REQUEST_GRIPPER_KEY] = policy[droid.OBS_GRIPPER_KEY][i].astype(np.float64)
     request["prompt"] = droid.SCENES[scene].prompt
     return request
 
@@ -412,7 +412,7 @@ def test_wrist_view_reads_a_box_yaw_the_external_views_cannot():
         for _ in range(25):
             q = kin.ik(target, yaw=0.0, q_init=q).q
             obs, *_ = env.step(np.concatenate([q, [0.0]])[None])
-        q_now = obs[droid.POLICY_GROUP][droid.JOINT_KEY][0].astype(np.float64)
+        q_now = obs[droid.POLICY_GROUP][droid.OBS_JOINT_KEY][0].astype(np.float64)
         perception = policy.perception(env.image_shape)
         seen = perception.observe_wrist(obs[droid.POLICY_GROUP]["wrist_cam"][0], kin.camera_pose(q_now), "red", 0.05)
     finally:
