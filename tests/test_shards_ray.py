@@ -58,9 +58,11 @@ def cluster():
     from ray.cluster_utils import Cluster
 
     os.environ.setdefault("MUJOCO_GL", "egl")
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"node_a": 1}, "include_dashboard": False})
+    # One declared GPU per node for the Isaac Lab stand-in's shards (num_gpus=1 each); MuJoCo shards ask for none.
+    head = {"num_cpus": 1, "num_gpus": 1, "resources": {"node_a": 1}, "include_dashboard": False}
+    cluster = Cluster(initialize_head=True, head_node_args=head)
     try:
-        cluster.add_node(num_cpus=1, resources={"node_b": 1})
+        cluster.add_node(num_cpus=1, num_gpus=1, resources={"node_b": 1})
         ray.init(address=cluster.address)
         assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}
         yield cluster
@@ -209,3 +211,35 @@ def test_cli_ctrl_c_then_resume_on_the_cluster(cluster, server, one_process, tmp
     rows = run.read_rows()
     assert len(rows) == 6 and rows[: len(first)] == first
     assert stable(rows) == stable(one_process.read_rows())
+
+
+def _isaac_standin_setup() -> None:
+    """Runs first in every shard's actor: serve the Isaac Lab 2.2 stand-in modules in that process."""
+    import tempfile
+    from pathlib import Path
+
+    from dz_gym.testing import isaac_stubs
+
+    isaac_stubs.install("2.2", isaac_stubs.make_sim_evals_checkout(Path(tempfile.mkdtemp()) / "sim-evals"))
+
+
+@pytest.mark.slow
+def test_isaac_shards_one_gpu_each_and_a_fresh_actor_per_scene(cluster, tmp_path):
+    """The Isaac Lab path against the stand-in: one shard per GPU by default, each actor starts its own app
+    (after the user's set-up) and builds one scene, the next scene gets a new actor."""
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the set-up travels by value
+    with start_server_process(["--policy", "hold", "--quiet"]) as srv:
+        cfg = EvalConfig(scenes=[1, 2], episodes=2, num_envs=2, max_steps=16, video=True, report=False,
+                         backend="isaac", servers=[srv.url + PATH])
+        run = RunDir.create(tmp_path, cfg)
+        summary = evaluate_sharded(
+            cfg, run, None, RayOptions(address=cluster.address, worker_setup=_isaac_standin_setup),
+            env_kwargs={"device": "cpu", "check_gpu": False, "image_shape": (4, 6)}, progress=False, log=lambda _: None,
+        )
+    rows = run.read_rows()
+    assert summary["complete"] and summary["aborted"] is None and summary["shards"]["count"] == 2
+    assert sorted((r["scene"], r["episode"]) for r in rows) == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    assert all(r["error"] is None and r["steps"] == 16 and r["shard"] == r["env"] for r in rows)
+    assert len({r["node"] for r in rows}) == 2
+    assert [s["actors"] for s in summary["shards"]["per_shard"]] == [2, 2]  # one per scene
+    assert all((run.path / r["video"]).stat().st_size > 0 for r in rows)

@@ -147,7 +147,7 @@ class ShardedRun:
         st.attempt += 1
         name = actor_name(self.token, st.shard.index, st.attempt)
         remote = self.ray.remote(ShardWorker).options(name=name, **self._actor_options(st.shard))
-        st.actor = remote.remote(self.config.backend, self.env_kwargs.get("app_args"))
+        st.actor = remote.remote(self.config.backend, self.env_kwargs.get("app_args"), self.options.worker_setup)
 
     def _submit(self, st: _ShardState) -> None:
         scene = st.scenes[0]
@@ -342,7 +342,8 @@ class ShardedRun:
     def shards_summary(self) -> dict[str, Any]:
         per_shard = [
             {"shard": st.shard.index, "slots": [st.shard.start, st.shard.stop], "nodes": st.nodes,
-             "host": st.where.get("host"), "restarts": st.restarts, "servers": sorted(set(st.servers))}
+             "host": st.where.get("host"), "actors": st.attempt, "restarts": st.restarts,
+             "servers": sorted(set(st.servers))}
             for st in self.states
         ]
         nodes = sorted({n for st in self.states for n in st.nodes})

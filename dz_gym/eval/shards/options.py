@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from dz_gym.cli_types import integer, number
 
@@ -28,7 +28,9 @@ class RayOptions:
     instance (default: all). ``ship_files``: send trajectories and videos back as bytes (True), or have shards
     write them into the run directory (False: it must be on a file system every node shares); default: write
     directly from the nodes that see the run directory (a token file written by the driver tells), ship from
-    the others. ``poll_s``: how often the driver drains rows; ``stop_grace_s``: how long shards get to stop
+    the others. ``worker_setup``: a function every shard's actor calls first, before it starts Isaac Sim or
+    imports a simulator (e.g. to put a site's packages in place; it travels to the nodes with cloudpickle).
+    ``poll_s``: how often the driver drains rows; ``stop_grace_s``: how long shards get to stop
     after a stop request before they are killed.
     """
 
@@ -40,6 +42,7 @@ class RayOptions:
     max_restarts: int = 2
     local_cpus: int | None = None
     ship_files: bool | None = None
+    worker_setup: Callable[[], None] | None = None
     poll_s: float = 0.1
     stop_grace_s: float = 120.0
 

@@ -235,10 +235,13 @@ def _shard_runner(base_cls):
 
 
 class ShardWorker:
-    """A Ray actor running one shard (see the module docstring). ``app_args``: Isaac Lab's launcher flags."""
+    """A Ray actor running one shard (see the module docstring). ``app_args``: Isaac Lab's launcher flags;
+    ``setup``: called first (``RayOptions.worker_setup``)."""
 
-    def __init__(self, backend: str, app_args=None):
+    def __init__(self, backend: str, app_args=None, setup=None):
         self.backend = backend
+        if setup is not None:  # the user's set-up comes first, before any simulator module is imported
+            setup()
         if backend == "isaac":  # before any torch-dependent import in this process
             from dz_gym.envs.isaac.launch import launch_app
 
