@@ -134,7 +134,11 @@ SCENES: dict[int, SceneSpec] = {
 
 
 def scene_spec(scene: int) -> SceneSpec:
-    """The spec of ``scene``; a clear error for an unknown id."""
+    """The spec of ``scene``; a clear error for an unknown id.
+
+    >>> scene_spec(2).prompt
+    'pick up the can and put it in the mug'
+    """
     try:
         return SCENES[int(scene)]
     except (KeyError, TypeError, ValueError):
@@ -148,7 +152,14 @@ def placement_success(
     object_speed: np.ndarray,
     tcp_pos: np.ndarray,
 ) -> np.ndarray:
-    """Batched success check, ``(N,)`` bool, from env-local positions ``(N,3)`` and speeds ``(N,)``."""
+    """Batched success check, ``(N,)`` bool, from env-local positions ``(N,3)`` and speeds ``(N,)``.
+
+    >>> bowl = np.zeros((2, 3))
+    >>> cube = np.array([[0.01, 0.0, 0.03], [0.01, 0.0, 0.03]])
+    >>> tcp = np.array([[0.0, 0.0, 0.3], [0.01, 0.0, 0.04]])  # the second still holds the cube
+    >>> placement_success(scene_spec(1).success, cube, bowl, np.zeros(2), tcp).tolist()
+    [True, False]
+    """
     object_pos = np.asarray(object_pos, dtype=np.float64).reshape(-1, 3)
     container_pos = np.asarray(container_pos, dtype=np.float64).reshape(-1, 3)
     tcp_pos = np.asarray(tcp_pos, dtype=np.float64).reshape(-1, 3)
