@@ -114,7 +114,8 @@ def load_run(path: str | os.PathLike, *, label: str = "", trajectories: bool = T
     saved = _read_json(run.path / SUMMARY_FILE)
     recomputed = saved is None or int(saved.get("overall", {}).get("episodes", -1)) != len(rows)
     if recomputed:
-        summary = results.summarize(rows, planned=_planned(config))
+        prompts = {int(r["scene"]): str(r["prompt"]) for r in rows if r.get("prompt")}
+        summary = results.summarize(rows, planned=_planned(config), prompts=prompts)
         summary["config"] = config
         if saved is not None:  # keep what rows cannot carry (command, versions, servers, timing)
             for key, value in saved.items():

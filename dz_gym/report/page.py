@@ -138,6 +138,15 @@ def _state_detail(text: str, limit: int = 240) -> str:
     return f'<details class="muted"><summary>{escape(text[:limit])}…</summary><pre>{escape(text)}</pre></details>'
 
 
+def _speed(s: Mapping[str, Any], recomputed: bool) -> str:
+    rate = s.get("env_steps_per_s")
+    if not rate:
+        return "-"
+    if recomputed:  # the rows cannot carry the stepping loop's wall time
+        return f"{rate:.1f} (as of the last summary.json)"
+    return f"{rate:.1f} ({s.get('env_steps', 0)} steps in {plots.format_duration(s.get('wall_s'))})"
+
+
 def header_block(view: RunView, suffix: str = "") -> str:
     s = view.summary
     segments = s.get("segments") or []
@@ -155,7 +164,7 @@ def header_block(view: RunView, suffix: str = "") -> str:
         ("backend", escape(str(s.get("backend") or view.config.get("backend") or "-"))),
         ("policy server", f"{escape(where)} (policy {escape(str(policy))})"),
         ("episodes", f"{len(view.rows)} finished of {s.get('overall', {}).get('planned', '-')} planned"),
-        ("env-steps/s", "-" if not s.get("env_steps_per_s") else f"{s['env_steps_per_s']:.1f} ({s.get('env_steps', 0)} steps in {plots.format_duration(s.get('wall_s'))})"),
+        ("env-steps/s", _speed(s, view.summary_is_recomputed)),
         ("versions", escape(short_versions) or "-"),
     ]
     dl = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts)
