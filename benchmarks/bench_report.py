@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             write_s, size = time_write(run, args.repeat)
             cases[name] = {"write_s": write_s, "bytes": size, "path": run / "report.html"}
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=args.chromium, args=["--no-sandbox", "--disable-gpu"])
+            browser = pw.chromium.launch(executable_path=args.chromium, args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
             try:
                 time_page(browser, blank, 1, episode=False)  # warm the browser's caches
                 base = time_page(browser, blank, args.repeat, episode=False)

@@ -59,7 +59,7 @@ def browser():
     with sync_playwright() as p:
         instance = p.chromium.launch(
             executable_path=executable,
-            args=["--no-sandbox", "--disable-gpu", "--autoplay-policy=no-user-gesture-required"],
+            args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--autoplay-policy=no-user-gesture-required"],
         )
         try:
             yield instance
