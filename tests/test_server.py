@@ -403,3 +403,13 @@ def test_the_pypi_openpi_client_talks_to_every_flavor(flavor):
                 assert "infer_ms" in result["server_timing"]
         finally:
             policy._ws.close()
+
+
+def test_cli_bad_flag_is_one_line(capsys):
+    from dz_gym.server.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--workers", "0"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("dz-gym-serve: error: --workers"), err

@@ -2,7 +2,8 @@
 
 Prints one ready line on stdout once it listens (``dz-gym-serve ready on ws://HOST:PORT (flavor=...,
 policy=..., workers=...)``), logs one line per request on stderr, stops cleanly on SIGINT/SIGTERM and then
-prints a summary line with the request count, busy time and utilization.
+prints a summary line with the request count, busy time and utilization. A bad flag is one line on stderr and
+exit status 2.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import logging
 import signal
 import sys
 
+from dz_gym.cli_types import OneLineErrorParser
 from dz_gym.server.app import FLAVORS, PolicyServer, ServerConfig
 from dz_gym.server.policies import BUILTIN_POLICIES, load_policy, parse_policy_args
 
@@ -20,7 +22,7 @@ __all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="dz-gym-serve",
         description="Reference OpenPI/DreamZero websocket policy server (for tests, demos and throughput work).",
     )
