@@ -3,7 +3,7 @@
 :class:`ToyDroidEnv` follows the contract of :mod:`dz_gym.envs.base` (same-step autoreset, partial reset
 through ``options={"env_ids": ...}``, ``set_episode_seeds``, the ``success``/``episode_seed``/... info keys)
 with trivial dynamics: the joints move half way to the commanded targets each step; the images encode the
-step and the first joint. Success depends only on the episode's seed and step, so every episode's outcome is
+step and the first joint; the episode bookkeeping is the shared one of every backend. Success depends only on the episode's seed and step, so every episode's outcome is
 known in advance (:func:`expected_success`):
 
 - seed % 3 == 0: success from step 3 on (success at end and at any step);
@@ -11,7 +11,8 @@ known in advance (:func:`expected_success`):
 - seed % 3 == 2: never.
 
 It is for tests of what sits above an env (the wrapper, the evaluator's accounting, a user's training loop):
-it has no physics, no cameras and no object, so it says nothing about a policy's behaviour.
+it has no physics and no cameras, and its object jumps into the container and out again without being
+grasped (so the ordered milestones never fire), so it says nothing about a policy's behaviour.
 
 >>> import numpy as np
 >>> env = ToyDroidEnv(2, max_episode_length=4, image_shape=(18, 32))
@@ -22,6 +23,8 @@ it has no physics, no cameras and no object, so it says nothing about a policy's
 ...     obs, reward, terminated, truncated, info = env.step(np.zeros((2, 8), dtype=np.float32))
 >>> info["success"].tolist(), truncated.tolist(), expected_success(3, 4), expected_success(4, 4)
 ([True, True], [True, True], (True, True), (True, True))
+>>> info["episode_seed"].tolist(), env.episode_seed.tolist()   # the step's episodes, the next ones
+([3, 4], [5, 6])
 """
 
 from __future__ import annotations
@@ -30,8 +33,12 @@ import numpy as np
 
 from dz_gym.envs import droid
 from dz_gym.envs.base import BatchedDroidEnv
+from dz_gym.envs.episodes import TaskState
 
 __all__ = ["ToyDroidEnv", "expected_success"]
+
+OBJECT_START = (0.55, 0.12, 0.03)  # env-local, the robot base at the origin, table top z = 0
+CONTAINER_POS = (0.55, -0.15, 0.0)
 
 
 def expected_success(seed: int, steps: int) -> tuple[bool, bool]:
@@ -44,45 +51,52 @@ def expected_success(seed: int, steps: int) -> tuple[bool, bool]:
 
 
 class ToyDroidEnv(BatchedDroidEnv):
-    """``num_envs`` toy envs of ``scene`` (its prompt only); episodes end after ``max_episode_length`` steps.
+    """``num_envs`` toy envs of ``scene``; episodes end after ``max_episode_length`` steps.
 
-    ``partial_resets`` records the env ids of every partial reset, for tests of the callers.
+    Seeds, step counts, success (and its OR over the episode), milestones and the ``info`` dict come from the
+    shared :class:`~dz_gym.envs.episodes.Episodes` bookkeeping, as for every backend: the toy only decides
+    where the object is (in the container exactly when :func:`expected_success` says so, at its start
+    position otherwise). ``partial_resets`` records the env ids of every partial reset, for tests of the
+    callers.
     """
 
-    def __init__(self, num_envs: int, scene: int = 1, max_episode_length: int = 450, image_shape=(180, 320)):
-        super().__init__(num_envs, tuple(image_shape), scene)
+    def __init__(
+        self, num_envs: int, scene: int = 1, max_episode_length: int = 450, image_shape=(180, 320), seed: int | None = None
+    ):
+        super().__init__(num_envs, tuple(image_shape), scene, seed=seed)
         self.max_episode_length = int(max_episode_length)
         self._height, self._width = (int(v) for v in image_shape)
         n = self.num_envs
         self.joints = np.zeros((n, droid.ARM_DOF), dtype=np.float32)
         self.gripper = np.zeros((n, 1), dtype=np.float32)
-        self.seeds = np.zeros(n, dtype=np.int64)
-        self.steps = np.zeros(n, dtype=np.int64)
-        self.success_any = np.zeros(n, dtype=bool)
-        self._fallback = 1_000_000
         self.partial_resets: list[list[int]] = []
-        self._toy_closed = False
-
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` ran."""
-        return self._toy_closed
+        criteria = self.scene.success
+        self._container = np.array(CONTAINER_POS, dtype=np.float64)
+        self._placed_offset = np.array([0.0, 0.0, 0.5 * (criteria.z_min + criteria.z_max)])
+        self._tcp_offset = np.array([0.0, 0.0, criteria.release_distance + 0.1])
 
     def reset_one(self, i: int, seed: int) -> None:
-        """Start env ``i``'s episode with ``seed`` (joints near home, a function of the seed)."""
+        """Put env ``i``'s arm at the start pose of an episode with ``seed`` (near home, a function of it)."""
         rng = np.random.default_rng(seed)
-        self.seeds[i] = seed
-        self.steps[i] = 0
-        self.success_any[i] = False
         self.joints[i] = np.asarray(droid.HOME_JOINT_POSITIONS, dtype=np.float32) + rng.uniform(-0.05, 0.05, 7)
         self.gripper[i] = 0.0
 
+    def _task_state(self, seeds: np.ndarray, steps: np.ndarray) -> TaskState:
+        """The object in the container where the episodes' ``seeds`` and ``steps`` say it succeeds."""
+        placed = np.array([expected_success(int(s), int(t))[0] for s, t in zip(seeds, steps)], dtype=bool)
+        n = self.num_envs
+        container = np.tile(self._container, (n, 1))
+        start = np.tile(np.array(OBJECT_START, dtype=np.float64), (n, 1))
+        obj = np.where(placed[:, None], container + self._placed_offset, start)
+        return TaskState(obj, container, obj + self._tcp_offset, np.zeros(n))
+
     def _obs(self) -> dict:
         n = self.num_envs
+        steps = self.episodes.episode_step
         policy: dict[str, np.ndarray] = {}
         for c, key in enumerate(droid.CAMERA_KEYS):
             img = np.zeros((n, self._height, self._width, 3), dtype=np.uint8)
-            img[:, :, :, 0] = ((self.steps * 7) % 256).astype(np.uint8)[:, None, None]
+            img[:, :, :, 0] = ((steps * 7) % 256).astype(np.uint8)[:, None, None]
             img[:, :, :, 1] = (np.abs(self.joints[:, 0]) * 1000 % 256).astype(np.uint8)[:, None, None]
             img[:, :, :, 2] = 40 * c
             policy[key] = img
@@ -91,48 +105,35 @@ class ToyDroidEnv(BatchedDroidEnv):
         return {droid.POLICY_GROUP: policy}
 
     def reset(self, *, seed=None, options=None):
-        if self._toy_closed:
-            raise RuntimeError("ToyDroidEnv: the env is closed")
-        ids = None if not options else options.get("env_ids")
-        ids = list(range(self.num_envs)) if ids is None else [int(i) for i in np.atleast_1d(ids)]
+        self._check_open()
+        book = self.episodes
+        ids = book.resolve_reset_ids(options)
         if options and options.get("env_ids") is not None:
-            self.partial_resets.append(ids)
-        for i in ids:
-            fallback = (seed + i) if seed is not None else self._next_fallback()
-            self.reset_one(i, self._take_seed(i, fallback))
-        return self._obs(), {}
-
-    def _next_fallback(self) -> int:
-        self._fallback += 1
-        return self._fallback
+            self.partial_resets.append([int(i) for i in ids])
+        seeds = book.reset_seeds(ids, seed)
+        for i, episode_seed in zip(ids, seeds):
+            self.reset_one(int(i), int(episode_seed))
+        now_seeds, now_steps = book.episode_seed.copy(), book.episode_step.copy()
+        now_seeds[ids], now_steps[ids] = seeds, 0
+        info = book.record_reset(ids, seeds, self._task_state(now_seeds, now_steps))
+        return self._obs(), info
 
     def step(self, action):
-        if self._toy_closed:
-            raise RuntimeError("ToyDroidEnv: the env is closed")
-        action = np.asarray(action, dtype=np.float32)
-        if action.shape != (self.num_envs, droid.ACTION_DIM):
-            raise ValueError(f"action: expected shape ({self.num_envs}, {droid.ACTION_DIM}), got {action.shape}")
+        self._check_started()
+        action = self._numpy_action(action).astype(np.float32)
         self.joints += 0.5 * (action[:, : droid.ARM_DOF] - self.joints)
         self.gripper[:, 0] = action[:, -1]
-        self.steps += 1
-        success = np.array([expected_success(int(s), int(t))[0] for s, t in zip(self.seeds, self.steps)], dtype=bool)
-        self.success_any |= success
-        truncated = self.steps >= self.max_episode_length
-        info = {
-            "success": success.copy(),
-            "success_any_step": self.success_any.copy(),
-            "time_outs": truncated.copy(),
-            "episode_seed": self.seeds.copy(),
-            "episode_step": self.steps.copy(),
-            "object_pos": np.tile(np.array([0.5, 0.0, 0.03]), (self.num_envs, 1)),
-            "container_pos": np.tile(np.array([0.5, 0.2, 0.0]), (self.num_envs, 1)),
-            "images_fresh": np.ones(self.num_envs, dtype=bool),
-        }
-        for i in np.flatnonzero(truncated):
-            self.reset_one(int(i), self._take_seed(int(i), self._next_fallback()))
-        reward = np.zeros(self.num_envs, dtype=np.float32)
-        terminated = np.zeros(self.num_envs, dtype=bool)
-        return self._obs(), reward, terminated, truncated, info
+        book = self.episodes
+        time_outs = book.ending_next_step(self.max_episode_length)
+        info = book.record_step(self._task_state(book.episode_seed, book.episode_step + 1), time_outs)
+        done = np.flatnonzero(time_outs)
+        if done.size:
+            seeds = book.next_seeds(done)
+            book.start(done, seeds)
+            for i, episode_seed in zip(done, seeds):
+                self.reset_one(int(i), int(episode_seed))
+        reward = np.asarray(info["success"], dtype=np.float32)
+        return self._obs(), reward, np.zeros(self.num_envs, dtype=bool), time_outs.copy(), info
 
     def close(self):
-        self._toy_closed = True
+        self._closed = True
