@@ -153,17 +153,15 @@ def test_the_release_fails_on_a_slice_as_upstream_does(install):
 
 # -- bug 3: time-outs copied out of the termination manager's in-place buffers ---------------------------
 def test_lock_step_time_out_survives_the_hold_step(install):
-    install("2.2")
+    world = install("2.2")
     env = make(num_envs=2)
     obs, _ = env.reset(seed=0)
-    truncated_at = []
-    for step in range(1, 451):
-        obs, _, terminated, truncated, info = env.step(hold(obs))
-        if bool(truncated.any()):
-            truncated_at.append(step)
-    assert truncated_at == [450]
+    world.env.episode_length_buf[:] = env.max_episode_length - 2  # two steps before sim-evals' time-out
+    obs, _, terminated, truncated, info = env.step(hold(obs))
+    assert not truncated.any() and not info["time_outs"].any()
+    obs, _, terminated, truncated, info = env.step(hold(obs))  # both time out; the hold step follows
     assert truncated.tolist() == [True, True] and info["time_outs"].tolist() == [True, True]
-    assert not terminated.any()
+    assert not terminated.any() and world.env.episode_length_buf.tolist() == [0, 0]
     obs, _, _, truncated, info = env.step(hold(obs))  # the copy is ours: the next step leaves it alone
     assert not truncated.any() and info["episode_seed"].tolist() == [2, 3]
 
@@ -362,13 +360,13 @@ def test_check_batched_example_covers_a_mila_task(install, tmp_path, capsys):
     for role in ("reference", "batched"):
         world = install("2.2", layout="per_scene", mila=True)
         args = example.build_parser().parse_args(
-            ["--task", "stack_red_bowl_into_grey_bowl", "--num-envs", "3", "--steps", "30", "--device", "cpu", "--skip-gpu-check"]
+            ["--task", "stack_red_bowl_into_grey_bowl", "--num-envs", "3", "--steps", "12", "--device", "cpu", "--skip-gpu-check"]
         )
         outputs[role] = tmp_path / f"{role}.npz"
         example.run_role(args, role, outputs[role], image_shape=SMALL)
         assert ("cfg.set_task", "stack_red_bowl_into_grey_bowl") in world.calls
     reference, batched = dict(np.load(outputs["reference"])), dict(np.load(outputs["batched"]))
-    assert batched["milestones"].shape == (30, 3, 4) and reference["milestones"].shape == (30, 1, 4)
+    assert batched["milestones"].shape == (12, 3, 4) and reference["milestones"].shape == (12, 1, 4)
     assert example.report(example.compare(reference, batched), 3)
     assert capsys.readouterr().out.strip().endswith("PASS")
 
@@ -395,3 +393,23 @@ def test_task_flag_sets_scenes_prompts_and_the_default_horizon():
     from dz_gym.eval.evaluate import build_summary  # noqa: F401  (prompts of task ids come from the task table)
 
     assert tasks.scene_prompt(101) == "Pick up the spoon and place it in the sink."
+
+
+@pytest.mark.parametrize("version", ["2.2", "3.0"])
+def test_per_scene_layout_gets_the_multi_env_patches_and_start_up_quirks(install, version):
+    world = install(version, layout="per_scene", scene_dome_light=True)
+    env = make(scene=1, num_envs=3)
+    cfg = world.env.cfg
+    assert cfg.scene.sphere_light.prim_path == "{ENV_REGEX_NS}/sphere_light"
+    assert cfg.observations.policy.arm_joint_pos.func is not isaac_stubs.cfgs.upstream_arm_joint_pos
+    assert sum("infinite light" in change for change in env.patches) == 2
+    obs, _ = env.reset(seed=0)
+    assert len([call for call in world.calls if call[0] == "env.reset"]) == 2  # the double reset
+    action = hold(obs)
+    action[:, 0] = torch.tensor([-0.3, 0.0, 0.3])
+    for _ in range(6):
+        obs, *_ = env.step(action)
+    assert tuple(obs["policy"]["arm_joint_pos"].shape) == (3, 7)
+    assert np.allclose(obs["policy"]["arm_joint_pos"][:, 0].numpy(), [-0.3, 0.0, 0.3], atol=1e-3)
+    irradiance = world.env.irradiance()
+    assert np.allclose(irradiance, irradiance[0], rtol=0.01)  # every env lit as env 0
