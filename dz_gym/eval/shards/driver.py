@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from dz_gym.eval.capacity import IdleGapCheck, envs_per_server, session_warning
 from dz_gym.eval.config import EvalConfig
 from dz_gym.eval.evaluate import build_summary, remaining_episodes, versions
 from dz_gym.eval.progress import Progress
@@ -383,8 +384,16 @@ def evaluate_sharded(
     control.errored = sum(1 for r in rows if r.get("error") is not None)
     todo = remaining_episodes(config, rows)
     total = sum(len(v) for v in todo.values())
-    bars = Progress(total, total * config.max_steps, enabled=progress)
+    say_later: list[Callable[[str], None]] = []  # the same capacity warnings as one process
+    idle_check = IdleGapCheck(
+        envs_per_server(config.num_envs, len(servers)), config.server_idle_timeout, lambda line: say_later[0](line)
+    )
+    bars = Progress(total, total * config.max_steps, enabled=progress, on_latency=idle_check.observe)
     say = log or bars.write
+    say_later.append(say)
+    crowded = session_warning(config.num_envs, servers, config.server_max_sessions)
+    if crowded is not None:
+        say(f"dz-gym-eval: warning: {crowded}")
     run = None
     error: BaseException | None = None
     aborted: str | None = None
