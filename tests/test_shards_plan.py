@@ -162,7 +162,8 @@ def test_outbox_is_thread_safe(tmp_path):
 def test_without_ray_flags_ray_is_not_imported():
     code = (
         "import sys; import dz_gym.eval.cli, dz_gym.eval.evaluate, dz_gym.eval.shards, dz_gym.eval.shards.plan, "
-        "dz_gym.eval.shards.worker, dz_gym.eval.shards.collector; "
+        "dz_gym.eval.shards.worker, dz_gym.eval.shards.collector, dz_gym.eval.shards.options, "
+        "dz_gym.eval.shards.driver; dz_gym.eval.cli.build_parser(isaac_args=False).parse_args(['--num-envs', '2']); "
         "sys.exit(1 if 'ray' in sys.modules else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
