@@ -354,7 +354,8 @@ def _run_scene_processes(argv: list[str], config: EvalConfig, run_dir: RunDir, c
             if code != EXIT_OK:
                 break
     summary = run_dir.read_summary()
-    _print_results(run_dir, summary)
+    if code != EXIT_USAGE:
+        _print_results(run_dir, summary)
     if code == EXIT_OK and (summary is None or not summary.get("complete")):
         code = EXIT_ABORTED
     return code if code in (EXIT_OK, EXIT_ABORTED, EXIT_USAGE, EXIT_INTERRUPTED) else EXIT_ABORTED
@@ -426,12 +427,16 @@ def _main(
 
     per_process = args.process_per_scene if args.process_per_scene is not None else config.backend == "isaac"
     if per_process and not args.only_scene and len(config.scenes) > 1 and args.ray is None:  # shards: a process each
+        created = run_dir is None
         if run_dir is None:
             run_dir = RunDir.create(args.output_root or DEFAULT_OUTPUT_ROOT, config)
             _say(f"dz-gym-eval: run directory {run_dir.path}")
         else:
             run_dir.save_config(config)
-        return _run_scene_processes(argv, config, run_dir, command)
+        code = _run_scene_processes(argv, config, run_dir, command)
+        if code == EXIT_USAGE and created and not run_dir.read_rows():  # a child's horizon error: nothing ran
+            shutil.rmtree(run_dir.path, ignore_errors=True)
+        return code
 
     server = None
     try:
