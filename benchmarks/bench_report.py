@@ -67,8 +67,7 @@ def replicate(source: Path, target: Path, episodes: int) -> Path:
                     base[field] = rel
             out.append(base)
     with open(target / "episodes.jsonl", "w") as f:
-        for row in out:
-            f.write(json.dumps(row) + "\n")
+        f.writelines(json.dumps(row) + "\n" for row in out)
     old = json.loads((source / "summary.json").read_text()) if (source / "summary.json").exists() else {}
     planned = {s: per_scene for s in scenes}
     summary = results.summarize(out, planned=planned, wall_s=old.get("wall_s"), extra={k: v for k, v in old.items() if k in ("command", "backend", "server", "servers", "server_metadata", "versions")})

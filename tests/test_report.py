@@ -8,11 +8,11 @@ import re
 
 import numpy as np
 import pytest
+from report_runs import toy_run
 
 from dz_gym.eval import results
 from dz_gym.report import build_report, cli, load, paired, write_report
 from dz_gym.report.page import rate_text
-from report_runs import toy_run
 
 
 @pytest.fixture(scope="module")

@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from report_runs import toy_run
 
-from browser import browser, open_page  # noqa: F401 - fixtures
 from dz_gym.eval.runner import RunControl
 from dz_gym.report import write_report
 from dz_gym.stats.comparison import compare_rows
-from report_runs import toy_run
 
+pytest_plugins = ["browser"]  # the browser and open_page fixtures (tests/browser.py)
 pytestmark = pytest.mark.timeout(240)
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from dz_gym.report.load import REPORT_FILE, RunView, load_run
 
-__all__ = ["write_report", "write_report_safely", "build_report", "load_run", "RunView", "REPORT_FILE"]
+__all__ = ["REPORT_FILE", "RunView", "build_report", "load_run", "write_report", "write_report_safely"]
 
 logger = logging.getLogger(__name__)
 

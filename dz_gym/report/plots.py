@@ -149,9 +149,9 @@ def format_duration(seconds: float | None) -> str:
         return "-"
     if seconds < 120:
         return f"{seconds:.1f} s"
-    minutes, sec = divmod(int(round(seconds)), 60)
+    minutes, sec = divmod(round(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min {sec:02d} s"
 
 
-__all__ = ["latency_histogram", "steps_rate", "server_load", "success_curve", "funnel_rows", "format_duration", "fmt"]
+__all__ = ["fmt", "format_duration", "funnel_rows", "latency_histogram", "server_load", "steps_rate", "success_curve"]
