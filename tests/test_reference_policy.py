@@ -554,3 +554,116 @@ def test_closed_loop_episodes_mostly_succeed():
             env.close()
     successes = sum(sum(r) for r in results.values())
     assert successes >= 5 and all(any(r) for r in results.values()), results
+
+
+# --------------------------------------------------------------------- reduced skill (reference:skill=S)
+def _first_requests(scene=1, seeds=(3, 4)):
+    env = _env(scene, len(seeds))
+    try:
+        env.set_episode_seeds(range(len(seeds)), list(seeds))
+        obs, _ = env.reset()
+    finally:
+        env.close()
+    return [_request(obs, i, scene) for i in range(len(seeds))]
+
+
+def test_skill_one_is_the_full_policy_and_draws_nothing():
+    from dz_gym.policies.reference import ReferencePolicy
+    from dz_gym.server.policies import load_policy
+
+    requests = _first_requests()
+    full, same, named = ReferencePolicy(), ReferencePolicy(skill=1.0), load_policy("reference:skill=1")
+    assert full.config == same.config == named.config
+    for call in range(3):
+        for i, request in enumerate(requests):
+            chunks = [p.infer(request, session_id=f"s{i}", new_session=call == 0) for p in (full, same, named)]
+            np.testing.assert_array_equal(chunks[0], chunks[1])
+            np.testing.assert_array_equal(chunks[0], chunks[2])
+    with same.sessions.session("s0") as session:
+        assert session.draws is None and session.plan.grasp_offset is None
+
+
+def test_reduced_skill_draws_are_deterministic_per_episode():
+    from dz_gym.policies.reference import ReferencePolicy
+
+    requests = _first_requests()
+    one, two = ReferencePolicy(skill=0.3), ReferencePolicy(skill=0.3)
+    for call in range(4):
+        for i, request in enumerate(requests):
+            a = one.infer(request, session_id=f"x{i}", new_session=call == 0)
+            b = two.infer(request, session_id=f"other-id-{i}", new_session=call == 0)  # ids differ, episodes not
+            np.testing.assert_array_equal(a, b)
+    with one.sessions.session("x0") as s0, two.sessions.session("other-id-0") as t0:
+        assert s0.draws.seed == t0.draws.seed
+        np.testing.assert_allclose(np.linalg.norm(s0.plan.grasp_offset), 0.7 * 0.05)
+    with one.sessions.session("x1") as s1:
+        assert s1.draws.seed != s0.draws.seed  # another episode seed, other draws
+    # A client-sent seed (per-episode policy seed) takes precedence over the observation hash.
+    seeded = dict(requests[0], seed=1234)
+    policy = ReferencePolicy(skill=0.5)
+    policy.infer(seeded, session_id="p", new_session=True)
+    with policy.sessions.session("p") as session:
+        assert session.draws.seed == 1234
+
+
+def test_skill_draws_scale_with_the_knob():
+    from dz_gym.policies.reference.skill import MAX_DROP, MAX_GRASP_OFFSET, SkillDraws, retries_at
+
+    for skill in (0.0, 0.3, 0.6):
+        draws = SkillDraws(skill, seed=42)
+        offsets = np.array([draws.grasp_offset(k) for k in range(200)])
+        np.testing.assert_allclose(np.linalg.norm(offsets, axis=1), (1 - skill) * MAX_GRASP_OFFSET)
+        assert np.std(np.arctan2(offsets[:, 1], offsets[:, 0])) > 1.0  # directions spread around
+        dropped = np.mean([draws.drops(call) for call in range(1, 2001)])
+        assert abs(dropped - (1 - skill) * MAX_DROP) < 0.04
+        np.testing.assert_array_equal(draws.grasp_offset(3), SkillDraws(skill, seed=42).grasp_offset(3))
+    assert not any(SkillDraws(1.0, seed=1).drops(c) for c in range(1, 500))
+    assert [retries_at(s, 4) for s in (0.0, 0.3, 0.6, 1.0)] == [0, 1, 2, 4]
+
+
+def test_dropped_calls_hold_the_arm_and_the_plan():
+    from dz_gym.policies.reference import ReferencePolicy
+
+    request = _first_requests(seeds=(3,))[0]
+    policy = ReferencePolicy(skill=0.0)
+    policy.infer(request, session_id="d", new_session=True)
+    with policy.sessions.session("d") as session:
+        call = next(c for c in range(2, 200) if session.draws.drops(c))
+        session.calls = call - 1  # the next call is a dropped one
+        phase_calls = session.plan.phase_calls
+        gripper = session.last_gripper
+    chunk = policy.infer(request, session_id="d")
+    assert (chunk == chunk[0]).all()
+    np.testing.assert_array_equal(chunk[0, :7], request[droid.REQUEST_JOINT_KEY].astype(np.float32))
+    assert chunk[0, 7] == gripper
+    with policy.sessions.session("d") as session:
+        assert session.plan.phase_calls == phase_calls  # the plan did not advance
+
+
+def test_grasp_offset_shifts_approach_and_descend_targets():
+    planner = Planner(TASKS[1], PlannerConfig(), np.zeros(7), np.array([0.4, 0.0, 0.4]))
+    obj = _track([0.5, 0.1, 0.025])
+    con = _track([0.6, -0.1, 0.02])
+    state = PlannerState(anchor_position=np.array([0.5, 0.1, 0.2]))
+    exact, _ = planner.target(state, obj, con)
+    state.grasp_offset = np.array([0.02, -0.01])
+    shifted, _ = planner.target(state, obj, con)
+    np.testing.assert_allclose(shifted - exact, [0.02, -0.01, 0.0])
+    state.enter(Phase.DESCEND)
+    np.testing.assert_allclose(planner.target(state, obj, con)[0][:2], [0.52, 0.09])
+
+
+def test_skill_is_selected_by_name_and_validated():
+    from dz_gym.server.policies import load_policy, parse_policy_spec
+
+    assert parse_policy_spec("reference:skill=0.3") == ("reference", {"skill": 0.3})
+    assert parse_policy_spec("reference:skill=0.3,max_sessions=8") == ("reference", {"skill": 0.3, "max_sessions": 8})
+    assert parse_policy_spec("dz_gym.server.policies:HoldPolicy") == ("dz_gym.server.policies:HoldPolicy", {})
+    policy = load_policy("reference:skill=0.6", {"max_sessions": 4})
+    assert policy.skill == 0.6 and policy.config.max_retries == 2 and policy.sessions.max_sessions == 4
+    for spec, message in [("reference:skill=1.5", "skill"), ("reference:skill=abc", "skill"), ("reference:", "key=value"),
+                          ("reference:skill", "key=value")]:  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            load_policy(spec)
+    with pytest.raises(ValueError, match="give each once"):
+        load_policy("reference:skill=0.5", {"skill": 0.4})

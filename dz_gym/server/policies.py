@@ -15,6 +15,9 @@ With ``--workers K > 1`` these methods are called from K threads at once.
 ``--policy`` takes a built-in name (see :data:`BUILTIN_POLICIES`; adding one is one line there) or
 ``package.module:factory``; ``--policy-arg key=value`` arguments are passed to the factory as keyword
 arguments, values parsed as JSON when they parse (numbers, ``true``, lists) and kept as strings otherwise.
+A built-in name may carry its arguments inline, ``NAME:key=value[,key=value...]`` (``reference:skill=0.3``),
+so that one string names the policy everywhere a policy name is stored or passed on (``dz-gym-eval
+--policy``, ``config.json``).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ __all__ = [
     "ProbePolicy",
     "load_policy",
     "parse_policy_args",
+    "parse_policy_spec",
     "policy_metadata",
 ]
 
@@ -141,8 +145,30 @@ def parse_policy_args(items: Iterable[str]) -> dict[str, Any]:
     return kwargs
 
 
+def parse_policy_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """``"NAME:k=v,k2=v2"`` of a built-in NAME -> ``(NAME, {k: v, k2: v2})``; any other spec unchanged, ``{}``.
+
+    ``module:factory`` specs are told apart by their part before the colon, which is not a built-in name.
+    """
+    name, sep, rest = spec.partition(":")
+    if not sep or name not in BUILTIN_POLICIES:
+        return spec, {}
+    items = [item for item in rest.split(",") if item.strip()]
+    if not items:
+        raise ValueError(f"--policy: expected {name}:key=value[,key=value...], got {spec!r}")
+    return name, parse_policy_args(items)
+
+
 def load_policy(spec: str, kwargs: Mapping[str, Any] | None = None) -> Any:
-    """Build the policy named ``spec`` (a built-in name or ``module:factory``) with ``kwargs``."""
+    """Build the policy named ``spec`` (a built-in name, ``NAME:k=v,...`` or ``module:factory``) with ``kwargs``.
+
+    Inline arguments of ``spec`` and ``kwargs`` are merged; a key given both ways is an error.
+    """
+    spec, inline = parse_policy_spec(spec)
+    both = sorted(set(inline) & set(kwargs or {}))
+    if both:
+        raise ValueError(f"--policy-arg: {', '.join(both)} also given in --policy {spec}:...; give each once")
+    kwargs = {**inline, **dict(kwargs or {})}
     target = BUILTIN_POLICIES.get(spec, spec)
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:

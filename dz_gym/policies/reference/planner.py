@@ -129,6 +129,7 @@ class PlannerState:
     retreat_z: float = 0.0
     blocked_calls: int = 0  # consecutive calls the descending arm was held above its command
     moves: int = 0  # re-approaches in this attempt (the object moved while descending)
+    grasp_offset: np.ndarray | None = None  # xy error added to the grasp target (reduced skill; None: exact)
     events: list[str] = field(default_factory=list)
 
     def enter(self, phase: Phase, event: str | None = None) -> None:
@@ -200,9 +201,9 @@ class Planner:
                 # Nothing seen: hold briefly, then go to the lookout (the arm may hide the object).
                 return (self.home_tcp.copy() if state.phase_calls >= 2 else None), state.anchor_yaw
             z = max(float(obj.position[2]) + cfg.hover_height, cfg.min_tcp_z)
-            return np.array([obj.position[0], obj.position[1], z]), state.grasp_yaw
+            return self._grasp_point(state, obj, z), state.grasp_yaw
         if phase == Phase.DESCEND:
-            return np.array([obj.position[0], obj.position[1], self.grasp_height(obj)]), state.grasp_yaw
+            return self._grasp_point(state, obj, self.grasp_height(obj)), state.grasp_yaw
         if phase == Phase.LIFT:
             xy = state.lift_xy if state.lift_xy is not None else here[:2]
             return np.array([xy[0], xy[1], cfg.lift_height]), state.anchor_yaw
@@ -219,6 +220,13 @@ class Planner:
             z = max(float(here[2]), cfg.lift_height * 0.75)
             return np.array([here[0], here[1], z]), state.anchor_yaw
         return None, state.anchor_yaw  # CLOSE, RELEASE hold; HOME, DONE are joint targets
+
+    @staticmethod
+    def _grasp_point(state: PlannerState, obj: Track, z: float) -> np.ndarray:
+        """Above or at the object's estimate, shifted by the state's grasp offset when there is one."""
+        if state.grasp_offset is None:
+            return np.array([obj.position[0], obj.position[1], z])
+        return np.array([obj.position[0] + state.grasp_offset[0], obj.position[1] + state.grasp_offset[1], z])
 
     def speed(self, phase: Phase) -> float:
         cfg = self.config

@@ -22,7 +22,7 @@ from __future__ import annotations
 import queue
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 import numpy as np
@@ -33,6 +33,7 @@ from dz_gym.policies.reference.motion import MotionSolver
 from dz_gym.policies.reference.perception import Perception, Track
 from dz_gym.policies.reference.planner import Measurement, Planner, PlannerConfig, PlannerState
 from dz_gym.policies.reference.sessions import SessionStore
+from dz_gym.policies.reference.skill import SkillDraws, check_skill, episode_seed, retries_at
 from dz_gym.policies.reference.tasks import TaskSpec, task_for_prompt
 from dz_gym.protocol import DREAMZERO_METADATA
 
@@ -50,6 +51,8 @@ class Session:
     object: Track = field(default_factory=Track)
     container: Track = field(default_factory=lambda: Track(min_visible=0.7))
     calls: int = 0
+    draws: SkillDraws | None = None  # reduced skill only: this episode's perturbations
+    last_gripper: float = 0.0  # reduced skill only: the gripper command a dropped call holds
 
     def restart(self, task: TaskSpec) -> None:
         self.task = task
@@ -57,6 +60,8 @@ class Session:
         self.object = Track()
         self.container = Track(min_visible=0.7)
         self.calls = 0
+        self.draws = None
+        self.last_gripper = 0.0
 
 
 def _last_frame(request: Mapping[str, Any], key: str) -> np.ndarray:
@@ -86,11 +91,12 @@ class ReferencePolicy:
     """The ``reference`` policy of ``dz-gym-serve`` (see the module docstring).
 
     ``open_loop_horizon``: rows the client executes from each chunk (the plan's state is kept as of
-    that row); ``max_sessions``: sessions remembered at once (least recently used out).
+    that row); ``max_sessions``: sessions remembered at once (least recently used out); ``skill`` in [0, 1]:
+    1 is the full policy, lower values fail more often (:mod:`dz_gym.policies.reference.skill`).
     """
 
     def __init__(self, open_loop_horizon: int = droid.DEFAULT_OPEN_LOOP_HORIZON, max_sessions: int = 64,
-                 horizon: int = droid.ACTION_HORIZON):  # fmt: skip
+                 horizon: int = droid.ACTION_HORIZON, skill: float = 1.0):  # fmt: skip
         if not isinstance(horizon, int) or horizon < 1:
             raise ValueError(f"horizon: expected an integer >= 1, got {horizon!r}")
         if not isinstance(open_loop_horizon, int) or not 1 <= open_loop_horizon <= horizon:
@@ -100,7 +106,11 @@ class ReferencePolicy:
         self.horizon = horizon
         self.open_loop_horizon = open_loop_horizon
         self.sessions: SessionStore[Session] = SessionStore(Session, max_sessions=max_sessions)
-        self.config = PlannerConfig()
+        self.skill = check_skill(skill)
+        config = PlannerConfig()
+        if self.skill < 1.0:
+            config = replace(config, max_retries=retries_at(self.skill, config.max_retries))
+        self.config = config
         self.motion = MotionSolver(min_tcp_z=self.config.min_tcp_z)
         # Kinematics instances are not thread-safe: each call borrows one (one per concurrent call).
         self._kinematics_pool: queue.SimpleQueue = queue.SimpleQueue()
@@ -161,10 +171,19 @@ class ReferencePolicy:
         with self._kinematics() as kin, self.sessions.session(str(session_id), new=bool(new_session)) as session:
             if session.task is None or session.task.scene_id != task.scene_id:
                 session.restart(task)
+            if self.skill < 1.0 and session.draws is None:
+                session.draws = SkillDraws(self.skill, episode_seed(request, EXTERNAL_KEYS[0], droid.REQUEST_JOINT_KEY))
             return self._step(session, perception, kin, images, wrist_image, q, gripper)
 
     def _step(self, session: Session, perception: Perception, kin, images, wrist_image, q: np.ndarray, gripper: float) -> np.ndarray:
         session.calls += 1
+        draws = session.draws
+        if draws is not None and session.calls > 1 and draws.drops(session.calls):
+            # A dropped call: hold the arm and the gripper command; the plan does not advance.
+            row = np.empty(droid.ACTION_DIM, dtype=np.float32)
+            row[: droid.ARM_DOF] = q
+            row[droid.ARM_DOF] = session.last_gripper
+            return np.tile(row, (self.horizon, 1))
         position, rotation = kin.fk(q)
         meas = Measurement(q, gripper, position, MotionSolver.yaw_of(kin, rotation))
         planner = Planner(session.task, self.config, kin.home, self._home_tcp)
@@ -177,7 +196,11 @@ class ReferencePolicy:
             top = float(session.object.position[2]) + session.task.top_above_centre
             seen = perception.observe_wrist(wrist_image, kin.camera_pose(q), session.task.object_colour, top)
             session.object.update_shape(seen)
+        if draws is not None:
+            state.grasp_offset = draws.grasp_offset(state.retries)
         planner.advance(state, meas, session.object, session.container)
+        if draws is not None:  # a failed attempt inside advance starts the next one with its own error
+            state.grasp_offset = draws.grasp_offset(state.retries)
         rows, kept = planner.rollout(state, session.object, session.container, self.horizon, self.open_loop_horizon)
         q_start = state.anchor_joints if state.anchor_joints is not None else q
         actions, joints = self.motion.solve(kin, rows, q_start, exact_rows=self.open_loop_horizon)
@@ -186,6 +209,8 @@ class ReferencePolicy:
         end_position, end_rotation = kin.fk(kept.anchor_joints)
         kept.anchor_position, kept.anchor_yaw = end_position, MotionSolver.yaw_of(kin, end_rotation)
         session.plan = kept
+        if draws is not None:
+            session.last_gripper = float(actions[self.open_loop_horizon - 1, droid.ARM_DOF])
         return actions
 
 
