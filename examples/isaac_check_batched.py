@@ -73,7 +73,9 @@ def record(env, steps: int) -> dict[str, np.ndarray]:
     """Reset, follow :func:`action_sequence` (the same for every env), keep what :data:`QUANTITIES` names."""
     import torch
 
-    obs, info = env.reset(seed=0)
+    # every env runs the episode of seed 0 (the same initial conditions where the task has several)
+    env.set_episode_seeds(np.arange(env.num_envs), np.zeros(env.num_envs, dtype=np.int64))
+    obs, info = env.reset()
     rows: dict[str, list] = {name: [] for name in QUANTITIES}
     for action in action_sequence(steps):
         batch = torch.as_tensor(np.tile(action, (env.num_envs, 1)), dtype=torch.float32, device=env.device)

@@ -413,3 +413,29 @@ def test_per_scene_layout_gets_the_multi_env_patches_and_start_up_quirks(install
     assert np.allclose(obs["policy"]["arm_joint_pos"][:, 0].numpy(), [-0.3, 0.0, 0.3], atol=1e-3)
     irradiance = world.env.irradiance()
     assert np.allclose(irradiance, irradiance[0], rtol=0.01)  # every env lit as env 0
+
+
+def test_mila_initial_conditions_follow_the_episode_seed_whatever_num_envs(install):
+    """sim-evals deals its pose sets round-robin in reset order; dz-gym deals pose set seed % count."""
+    starts = {}
+    for num_envs in (1, 3):
+        world = install("2.2", layout="per_scene", mila=True)
+        env = make(scene="place_spoon_in_sink", num_envs=num_envs)
+        poses = world.env.event_manager.get_term_cfg("reset_initial_conditions").func
+        count = len(poses.initial_conditions)
+        obs, info = env.reset(seed=0)
+        seen = {int(s): info["object_pos"][i].copy() for i, s in enumerate(info["episode_seed"])}
+        for _ in range(2):  # two lock-step autoresets
+            world.env.episode_length_buf[:] = env.max_episode_length - 1
+            obs, _, _, truncated, info = env.step(hold(obs))
+            assert truncated.all()
+            obs, _, _, _, info = env.step(hold(obs))
+            seen.update({int(s): info["object_pos"][i].copy() for i, s in enumerate(info["episode_seed"])})
+        assert poses.current_index == 0 and len(poses.initial_conditions) == count  # restored after each reset
+        starts[num_envs] = seen
+        for seed, pos in seen.items():
+            expected = poses.initial_conditions[seed % count]["spoon"][:3]
+            assert np.allclose(pos, expected, atol=1e-5), (num_envs, seed)
+        env.close()
+    shared = sorted(set(starts[1]) & set(starts[3]))
+    assert shared == [0, 1, 2] and all(np.allclose(starts[1][s], starts[3][s]) for s in shared)

@@ -105,3 +105,48 @@ class MilestoneProbe:
 def _host_bool(tensor) -> np.ndarray:
     value = getattr(tensor, "torch", tensor)
     return value.detach().to("cpu").numpy().astype(bool).copy()
+
+
+class InitialConditions:
+    """sim-evals' ``reset_initial_conditions`` event term, dealt by episode seed instead of round-robin.
+
+    Upstream deals the next pose sets of its ``initial_conditions.json`` to the envs being reset, in reset
+    order, so which initial condition an episode gets depends on ``num_envs`` and on the double reset at
+    start-up. Before every reset dz-gym gives the term, for the envs ``ids`` (ascending, as Isaac Lab
+    passes them) with the next episodes' seeds, the list ``[poses[seed % L] for seed in seeds]`` and
+    ``current_index = 0``; after the reset its own list and counter are restored. Episode ``k`` (seed
+    ``seed + k``) thus starts from pose set ``(seed + k) % L`` whatever ``num_envs``.
+    """
+
+    def __init__(self, term: Any):
+        self.term = term
+        self._saved: tuple[Any, int] | None = None
+
+    @classmethod
+    def find(cls, env: Any) -> "InitialConditions | None":
+        """The term of ``env``'s event manager that holds ``initial_conditions`` and ``current_index``."""
+        manager = getattr(env, "event_manager", None)
+        try:
+            names = list(manager.active_terms.get("reset", []))
+        except AttributeError:
+            return None
+        for name in names:
+            func = getattr(manager.get_term_cfg(name), "func", None)
+            if hasattr(func, "initial_conditions") and hasattr(func, "current_index"):
+                return cls(func)
+        return None
+
+    def deal(self, seeds) -> None:
+        """The envs about to reset (ascending ids) get the pose sets of their episodes' ``seeds``."""
+        poses = self.term.initial_conditions if self._saved is None else self._saved[0]
+        if not poses:
+            return
+        if self._saved is None:
+            self._saved = (self.term.initial_conditions, self.term.current_index)
+        self.term.initial_conditions = [poses[int(seed) % len(poses)] for seed in np.asarray(seeds).reshape(-1)]
+        self.term.current_index = 0
+
+    def restore(self) -> None:
+        if self._saved is not None:
+            self.term.initial_conditions, self.term.current_index = self._saved
+            self._saved = None

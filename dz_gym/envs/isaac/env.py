@@ -31,7 +31,7 @@ import numpy as np
 from dz_gym.envs import droid
 from dz_gym.envs.base import BatchedDroidEnv
 from dz_gym.envs.isaac import checks, launch, tasks
-from dz_gym.envs.isaac.build import MilestoneProbe, parse_task_cfg
+from dz_gym.envs.isaac.build import InitialConditions, MilestoneProbe, parse_task_cfg
 from dz_gym.envs.isaac.config import keep_one_dome_light, patch_env_cfg
 from dz_gym.envs.isaac.mila import MilaEpisodes
 from dz_gym.envs.isaac.state import DEFAULT_TCP_BODIES, StateProbe, TaskState
@@ -145,6 +145,11 @@ class IsaacDroidEnv(BatchedDroidEnv):
         self.max_episode_length = int(self.isaac_env.max_episode_length)
         self.step_dt = float(self.isaac_env.step_dt)
         self._mila = MilaEpisodes(task, self.num_envs) if task.is_mila else None
+        self._initial_conditions = InitialConditions.find(self.isaac_env)
+        self._pending: tuple[np.ndarray, np.ndarray] | None = None  # (ids, seeds) of the in-step autoreset
+        if self._initial_conditions is not None:
+            self._probe.before_reset = self._before_in_step_reset
+            self.patches.append("events.reset_initial_conditions: pose set = episode seed mod count")
         self._started = False
         self._last_obs = None
 
@@ -159,17 +164,25 @@ class IsaacDroidEnv(BatchedDroidEnv):
         full = env_ids.size == self.num_envs
         env = self.isaac_env
         obs = None
-        if not self._started:
-            # sim-evals resets twice: the first render cycle runs before the materials have loaded.
-            obs, _ = self.api.reset(env, seed=seed)
-            self._started = True
-        if full:
-            obs, _ = self.api.reset(env, seed=seed)
-        elif env_ids.size:
-            ids = self._torch.as_tensor(env_ids, dtype=self._torch.int64, device=self.device)
-            obs, _ = self.api.reset(env, env_ids=ids)
-        elif obs is None:
-            obs = self._last_obs  # an empty selection resets nothing
+        try:
+            if not self._started:
+                # sim-evals resets twice: the first render cycle runs before the materials have loaded.
+                if full:
+                    self._deal(env_ids, seeds)
+                obs, _ = self.api.reset(env, seed=seed)
+                self._started = True
+            if full:
+                self._deal(env_ids, seeds)
+                obs, _ = self.api.reset(env, seed=seed)
+            elif env_ids.size:
+                self._deal(env_ids, seeds)
+                ids = self._torch.as_tensor(env_ids, dtype=self._torch.int64, device=self.device)
+                obs, _ = self.api.reset(env, env_ids=ids)
+            elif obs is None:
+                obs = self._last_obs  # an empty selection resets nothing
+        finally:
+            if self._initial_conditions is not None:
+                self._initial_conditions.restore()
         fresh = np.ones(self.num_envs, dtype=bool)
         if full and self.settle_steps:
             obs = self._settle(obs)
@@ -188,7 +201,12 @@ class IsaacDroidEnv(BatchedDroidEnv):
     def step(self, action):
         """Step every env once with ``(N,8)`` actions; done envs are reset inside (same-step autoreset)."""
         self._check_started()
-        obs, _, terminated, truncated, _ = self.isaac_env.step(self._torch_action(action))
+        self._pending = None
+        try:
+            obs, _, terminated, truncated, _ = self.isaac_env.step(self._torch_action(action))
+        finally:
+            if self._initial_conditions is not None:
+                self._initial_conditions.restore()
         # Isaac Lab returns the termination manager's own buffers, which its next compute() clears in place:
         # copy them before anything else steps the sim (the hold step after a lock-step time-out does).
         terminated, truncated = terminated.clone(), truncated.clone()
@@ -208,7 +226,9 @@ class IsaacDroidEnv(BatchedDroidEnv):
             flags, self._milestones.latest = self._milestones.latest, None
             info.update(self._mila.record(self._flags(flags, state), book.episode_step))
         if done_ids.size:
-            book.start(done_ids, book.next_seeds(done_ids))
+            pending, self._pending = self._pending, None
+            dealt = pending is not None and np.array_equal(pending[0], done_ids)
+            book.start(done_ids, pending[1] if dealt else book.next_seeds(done_ids))
             if self._mila is not None:
                 self._mila.start(done_ids)
             if settle:
@@ -230,6 +250,23 @@ class IsaacDroidEnv(BatchedDroidEnv):
                 launch.close_app()
 
     # -- internals ------------------------------------------------------------------------------------
+    def _deal(self, ids, seeds) -> None:
+        if self._initial_conditions is not None:
+            self._initial_conditions.deal(np.asarray(seeds)[np.argsort(ids)] if len(ids) else seeds)
+
+    def _before_in_step_reset(self, env) -> None:
+        """From the state probe, after every other termination term: the envs the step will reset get
+        their next episodes' seeds now, and sim-evals' initial conditions are dealt by those seeds."""
+        manager = getattr(env, "termination_manager", None)
+        if manager is None:
+            return
+        done = (_to_numpy(manager.terminated) | _to_numpy(manager.time_outs)).astype(bool).reshape(-1)
+        ids = np.flatnonzero(done)
+        if ids.size:
+            seeds = self.episodes.next_seeds(ids)
+            self._pending = (ids, seeds)
+            self._deal(ids, seeds)
+
     def _flags(self, flags, state: TaskState) -> np.ndarray:
         """sim-evals' MILA milestone flags ``(N, M)``, or the same checks from the poses without them."""
         if flags is not None:

@@ -47,6 +47,7 @@ class StateProbe:
         self.tcp_bodies = tuple(tcp_bodies)
         self.latest: TaskState | None = None
         self.calls = 0
+        self.before_reset = None  # optional callback(env), called last: every other termination term has run
         self._tcp_ids: list[int] | None = None
         self._finger: int | None = None
 
@@ -54,6 +55,8 @@ class StateProbe:
             # A plain closure (configclass never deep-copies callables), called by the termination manager.
             self.latest = self.read(env)
             self.calls += 1
+            if self.before_reset is not None:
+                self.before_reset(env)
             import torch
 
             return torch.zeros(env.num_envs, dtype=torch.bool, device=env.device)

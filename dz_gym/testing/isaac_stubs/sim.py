@@ -236,6 +236,40 @@ class Scene:
                 entity.reset(ids)
 
 
+class EventManager:
+    """``active_terms`` (mode -> names) and ``get_term_cfg`` of Isaac Lab's event manager."""
+
+    def __init__(self, terms):
+        self._terms = dict(terms)
+
+    @property
+    def active_terms(self):
+        modes: dict[str, list[str]] = {}
+        for name, term in self._terms.items():
+            modes.setdefault(term.mode, []).append(name)
+        return modes
+
+    def get_term_cfg(self, name):
+        if name not in self._terms:
+            raise ValueError(f"Event term '{name}' not found.")
+        return self._terms[name]
+
+
+class TerminationManager:
+    """``terminated``/``time_outs``: the env's buffers themselves, refilled term by term in place."""
+
+    def __init__(self, env):
+        self._env = env
+
+    @property
+    def terminated(self):
+        return self._env._terminated_buf
+
+    @property
+    def time_outs(self):
+        return self._env._truncated_buf
+
+
 class StandInRLEnv(gym.Env):
     """The stand-in of ``isaaclab.envs.ManagerBasedRLEnv`` (see the module docstring)."""
 
@@ -277,7 +311,14 @@ class StandInRLEnv(gym.Env):
         self._reward_terms = {
             name: term for name, term in vars(cfg.rewards).items() if type(term).__name__ == "RewardTermCfg"
         }
-        self._event_terms = [term for term in vars(cfg.events).values() if type(term).__name__ == "EventTermCfg"]
+        self._event_terms = {
+            name: term for name, term in vars(cfg.events).items() if type(term).__name__ == "EventTermCfg"
+        }
+        for term in self._event_terms.values():  # class terms are instantiated by the event manager
+            if isinstance(term.func, type):
+                term.func = term.func(term, self)
+        self.event_manager = EventManager(self._event_terms)
+        self.termination_manager = TerminationManager(self)
         self.observation_dims = {name: tuple(self._term(term).shape[1:]) for name, term in self._obs_terms.items()}
         self.closed = False
 
@@ -472,7 +513,7 @@ class StandInRLEnv(gym.Env):
         return self._compute_obs(), reward, terminated, truncated, {}
 
     def _reset_idx(self, ids):
-        for term in self._event_terms:  # the event manager: reset-mode terms in config order
+        for term in self._event_terms.values():  # the event manager: reset-mode terms in config order
             if term.mode == "reset":
                 self._event_ids(ids)
                 term.func(self, ids, **term.params)

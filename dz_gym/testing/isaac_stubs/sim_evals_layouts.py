@@ -13,9 +13,10 @@ Modelled on sim-evals' ``environments/droid/{__init__,scenes,env_cfg}.py`` at 71
   ``milestones`` reward term (which keeps ``env._mila_milestones_reached`` ``(N, M)``, in order) and a
   ``reset_milestones`` reset event, and sets the episode length to ``max_timesteps`` steps.
 
-Not modelled: the MILA scenes' contents, lights, hidden prims, camera poses and initial-condition files
-(reset restores the table's poses), object orientations (identity), the success hold steps of later
-versions.
+``set_task`` also adds sim-evals' ``reset_initial_conditions`` class event term (pose sets of an
+``initial_conditions.json`` dealt round-robin to the envs reset; the stand-in's file has five object
+positions). Not modelled: the MILA scenes' contents, lights, hidden prims, camera poses, object
+orientations (identity), the success hold steps of later versions.
 """
 
 from __future__ import annotations
@@ -275,6 +276,42 @@ def milestone_reward(env, task_id: str):
     return newly / env.step_dt
 
 
+class reset_initial_conditions:  # noqa: N801 (sim-evals' name)
+    """sim-evals' class event term: deals the next pose sets of a JSON file round-robin to the envs reset
+    (``(current_index + j) % len`` to the j-th id), offset by each env's origin; ``current_index`` advances."""
+
+    def __init__(self, cfg, env):
+        import json
+
+        with open(cfg.params.get("initial_conditions_file", ""), encoding="utf-8") as f:
+            self.initial_conditions = json.load(f)["poses"]
+        self.current_index = 0
+
+    def __call__(self, env, env_ids, initial_conditions_file):
+        ids = torch.as_tensor(env_ids).reshape(-1)
+        if not self.initial_conditions or not ids.numel():
+            return
+        count = len(self.initial_conditions)
+        for j, env_id in enumerate(ids.tolist()):
+            for name, pose in self.initial_conditions[(self.current_index + j) % count].items():
+                entity = env.scene[name]
+                entity.pos[env_id] = torch.tensor(pose[:3], dtype=torch.float32) + env.origins[env_id]
+                entity.vel[env_id] = 0.0
+        self.current_index += ids.numel()
+
+
+def initial_conditions_file(world, task: MilaTask) -> Path:
+    """A stand-in ``initial_conditions.json``: five object positions (env-local), y in 5 cm steps."""
+    import json
+
+    path = Path(world.sim_evals_root) / "configs" / "mila" / task.task_id / "initial_conditions.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    x, y, z = task.bodies[task.object_prim_path]
+    poses = [{task.object_name: [x, y + 0.05 * k, z, 1.0, 0.0, 0.0, 0.0]} for k in range(5)]
+    path.write_text(json.dumps({"instruction": task.language_instruction, "poses": poses}))
+    return path
+
+
 def make_mila_cfg_class(world, droid_env_cfg):
     """``MilaDroidEnvCfg``: the per-scene ``DroidEnvCfg`` plus ``set_task(task_id)``."""
     from dz_gym.testing.isaac_stubs.cfgs import AssetBaseCfg, UsdFileCfg
@@ -294,6 +331,10 @@ def make_mila_cfg_class(world, droid_env_cfg):
                 pos = task.bodies[prim]
                 setattr(self.scene, alias, RigidObjectCfg(prim_path=f"{ENV_NS}/scene/{prim}", init_state=InitialStateCfg(pos=pos)))
             self.rewards.milestones = RewardTermCfg(func=milestone_reward, weight=1.0, params={"task_id": task.task_id})
+            self.events.reset_initial_conditions = EventTermCfg(
+                func=reset_initial_conditions, mode="reset",
+                params={"initial_conditions_file": str(initial_conditions_file(world, task))},
+            )
             self.events.reset_milestones = EventTermCfg(func=reset_milestones, mode="reset")
             self.episode_length_s = task.max_timesteps * self.sim.dt * self.decimation
             self.language_instruction = task.language_instruction
