@@ -15,7 +15,12 @@ Part 3 (cost): the policy's own time per call (median, p99), measured inside the
 the simulator runs on the same cores, against the simulator's own time for the 8 steps one chunk covers
 (measured in the same process), and the evaluator's round-trip latency from part 1.
 
+Part 4 (skill, only with ``--skills``): success at the end against the ``skill`` knob
+(``--policy reference:skill=S``), one ``dz-gym-eval`` run per value on ``--skill-scenes`` with
+``--skill-episodes`` episodes and seeds from 0, with Wilson intervals. ``--skills-only`` runs just this part.
+
     python benchmarks/bench_reference_policy.py [--episodes 24] [--perturbed-episodes 8] [--scenes 1 2 3]
+    python benchmarks/bench_reference_policy.py --skills-only --skills 1 0.6 0.3 0 --skill-episodes 16
 """
 
 from __future__ import annotations
@@ -46,11 +51,13 @@ def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def run_evaluator(scenes: list[int], episodes: int, seed: int, num_envs: int) -> dict:
-    """Run ``dz-gym-eval`` in a subprocess; returns its summary.json."""
+def run_evaluator(scenes: list[int], episodes: int, seed: int, num_envs: int, policy: str | None = None) -> dict:
+    """Run ``dz-gym-eval`` in a subprocess (embedded server with ``policy``); returns its summary.json."""
     with tempfile.TemporaryDirectory() as root:
         cmd = [sys.executable, "-m", "dz_gym.eval.cli", "--num-envs", str(num_envs), "--episodes", str(episodes),
                "--seed", str(seed), "--no-video", "--no-progress", "--output-root", root]  # fmt: skip
+        if policy is not None:
+            cmd += ["--policy", policy]
         for scene in scenes:
             cmd += ["--scene", str(scene)]
         print("$ " + " ".join(cmd[1:]).replace(root, "<tmp>"), flush=True)
@@ -144,8 +151,15 @@ def main() -> None:
     parser.add_argument("--scenes", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--seed", type=int, default=1000)
     parser.add_argument("--skip-eval", action="store_true", help="skip part 1")
+    parser.add_argument("--skills", type=float, nargs="*", default=[], help="part 4: skill values to measure")
+    parser.add_argument("--skill-episodes", type=int, default=16)
+    parser.add_argument("--skill-scenes", type=int, nargs="+", default=[1])
+    parser.add_argument("--skills-only", action="store_true", help="run part 4 only")
     args = parser.parse_args()
     os.environ.setdefault("MUJOCO_GL", "egl")
+    if args.skills_only:
+        run_skills(args)
+        return
 
     rows = []
     latency = None
@@ -199,6 +213,28 @@ def main() -> None:
     print(f"share of the 8-step control period ({8 * droid.STEP_DT * 1e3:.0f} ms): {median / (8 * droid.STEP_DT * 1e3):.1%}")
     if latency:
         print(f"evaluator round trip (part 1): p50 {latency.get('p50', float('nan')):.1f} ms, p99 {latency.get('p99', float('nan')):.1f} ms")
+    if args.skills:
+        run_skills(args)
+
+
+def run_skills(args: argparse.Namespace) -> None:
+    """Part 4: success at the end against ``reference:skill=S``."""
+    if not args.skills:
+        raise SystemExit("--skills: give at least one value in [0, 1]")
+    print(f"Part 4: success vs skill, {args.skill_episodes} episodes per scene and value, seeds 0.."
+          f"{args.skill_episodes - 1}, --num-envs {args.num_envs}", flush=True)  # fmt: skip
+    table = []
+    for skill in args.skills:
+        summary = run_evaluator(args.skill_scenes, args.skill_episodes, 0, args.num_envs, policy=f"reference:skill={skill:g}")
+        for scene in args.skill_scenes:
+            entry = summary[str(scene)]["success_at_end"]
+            table.append((scene, skill, entry["k"], entry["n"], *entry["ci95"]))
+            print(f"  scene {scene} skill {skill:g}: {entry['k']}/{entry['n']} ({summary['bench_wall_s']:.0f} s)", flush=True)
+    print()
+    print("| scene | skill | success at end | Wilson 95% CI |")
+    print("|---|---|---|---|")
+    for scene, skill, k, n, lo, hi in table:
+        print(f"| {scene} | {skill:g} | {k}/{n} ({100 * k / n:.0f}%) | [{100 * lo:.0f}%, {100 * hi:.0f}%] |")
 
 
 if __name__ == "__main__":
