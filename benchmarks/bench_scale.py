@@ -24,6 +24,9 @@ Usage::
 
     MUJOCO_GL=egl python benchmarks/bench_scale.py --sizes 8,64,256 --shards 4 --episode-steps 64
     MUJOCO_GL=egl python benchmarks/bench_scale.py --quick        # N=8, 2 shards, short episodes
+
+``--repeat R`` runs one process and the shards R times in turn per N and prints the medians (for a shared,
+noisy machine).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -108,6 +112,7 @@ def main() -> int:
     parser.add_argument("--baseline-episodes", type=int, default=2, help="episodes of the one-env loop")
     parser.add_argument("--ray", default="local", help="Ray address, or 'local' for a private instance (default)")
     parser.add_argument("--scene", type=int, default=1)
+    parser.add_argument("--repeat", type=int, default=1, help="interleaved runs per N; the table shows medians")
     parser.add_argument("--quick", action="store_true", help="N=8 only, 32-step episodes, one baseline episode")
     args = parser.parse_args()
     if args.quick:
@@ -132,20 +137,25 @@ def main() -> int:
                 url = server.url + bench_eval.PATH
                 if base is None:
                     base, _ = bench_eval.one_env_loop(url, args.baseline_episodes, steps, args.scene)
-                one, s_one = bench_eval.evaluator(url, n, n, steps, args.scene)
-                s_k = shard_step_s(ray, n, k, steps, args.scene)
-                ours = sharded(url, n, k, steps, args.scene, args.ray)
-            seg = ours["segments"][-1]
-            rate_1, rate_k = one["env_steps_per_s"], ours["env_steps_per_s"]
+                runs = []
+                for r in range(args.repeat):  # interleaved, so that a change of the machine's load hits both
+                    one, s_one = bench_eval.evaluator(url, n, n, steps, args.scene)
+                    s_k = shard_step_s(ray, n, k, steps, args.scene)
+                    ours = sharded(url, n, k, steps, args.scene, args.ray)
+                    seg = ours["segments"][-1]
+                    rate_1, rate_k = one["env_steps_per_s"], ours["env_steps_per_s"]
+                    runs.append((rate_1, s_one, rate_k, s_k, seg["driver_wall_s"] - seg["wall_s"]))
+                    print(f"N={n} run {r + 1}/{args.repeat}: one process {rate_1:.1f} env-steps/s (s_N {1e3 * s_one:.1f} ms), "
+                          f"{k} shards {rate_k:.1f} (s {1e3 * s_k:.1f} ms), {rate_k / rate_1:.2f}x", flush=True)
+            rate_1, s_one, rate_k, s_k, startup = (statistics.median(col) for col in zip(*runs))
             b1, bk = bound(n, workers, latency, s_one), bound(n, workers, latency, s_k)
-            rows.append((n, workers, rate_1, b1, s_one, rate_k, bk, s_k, seg["driver_wall_s"] - seg["wall_s"]))
-            print(f"N={n}: one process {rate_1:.1f} env-steps/s (s_N {1e3 * s_one:.1f} ms), {k} shards {rate_k:.1f} "
-                  f"(s {1e3 * s_k:.1f} ms)", flush=True)
+            rows.append((n, workers, rate_1, b1, s_one, rate_k, bk, s_k, startup))
     finally:
         if owns_ray:
             ray.shutdown()
     print()
     print(f"{steps}-step episodes, L={args.latency_ms:.0f} ms, policy hold, Ray {args.ray} with {cpus} CPUs, "
+          f"{'medians of ' + str(args.repeat) + ' runs, ' if args.repeat > 1 else ''}"
           f"one-env loop {base:.1f} env-steps/s")
     head = (f"{'N':>4}  {'W':>4}  {'mode':>9}  {'env-steps/s':>11}  {'bound':>7}  {'of bound':>8}  {'s (ms)':>7}  "
             f"{'vs one-env':>10}  {'vs 1 proc':>9}  {'scaling eff.':>12}  {'start-up':>8}")
