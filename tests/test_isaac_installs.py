@@ -439,3 +439,17 @@ def test_mila_initial_conditions_follow_the_episode_seed_whatever_num_envs(insta
         env.close()
     shared = sorted(set(starts[1]) & set(starts[3]))
     assert shared == [0, 1, 2] and all(np.allclose(starts[1][s], starts[3][s]) for s in shared)
+
+
+def test_mila_without_sim_evals_milestone_buffer_computes_them_from_the_poses(install, monkeypatch):
+    world = install("2.2", layout="per_scene", mila=True)
+    monkeypatch.setattr(sim_evals_layouts, "milestone_reward", lambda env, task_id: torch.zeros(env.num_envs))
+    monkeypatch.setattr(sim_evals_layouts, "reset_milestones", lambda env, env_ids: None)
+    env = make(scene="place_spoon_in_sink", num_envs=2)
+    obs, infos = run_mila_case(world, env, "place_spoon_in_sink", 2)
+    assert getattr(world.env, "_mila_milestones_reached", None) is None and env._mila.fallback_used
+    milestones = infos[-1]["milestones"]
+    assert {key: milestones[key].tolist() for key in tasks.GENERIC_MILESTONES} == {
+        key: [step, step] for key, step in MILA_CASES["place_spoon_in_sink"][1].items()
+    }
+    assert [info["success"].tolist() for info in infos] == [[False, False]] * 3 + [[True, True]]

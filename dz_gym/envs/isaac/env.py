@@ -1,15 +1,18 @@
 """The batched DROID env on Isaac Lab + sim-evals: :class:`IsaacDroidEnv`.
 
-Builds sim-evals' ``DROID`` env for one scene with N envs (patched for N > 1, see
-:mod:`dz_gym.envs.isaac.config`) and exposes it through the :class:`~dz_gym.envs.base.BatchedDroidEnv`
-contract:
+Builds sim-evals' env for one scene or named task with N envs, in whichever sim-evals layout is installed
+(:mod:`dz_gym.envs.isaac.build`), patched for N > 1 (:mod:`dz_gym.envs.isaac.config`), and exposes it
+through the :class:`~dz_gym.envs.base.BatchedDroidEnv` contract; episode bookkeeping is the shared
+``self.episodes`` (:mod:`dz_gym.envs.episodes`), this module keeps only the Isaac calls:
 
 - observations are Isaac Lab's own (torch tensors on the sim device): three ``(N,720,1280,3)`` uint8
   views, ``arm_joint_pos`` ``(N,7)`` and ``gripper_pos`` ``(N,1)`` float32;
 - ``step`` takes ``(N,8)`` actions (numpy or torch; a bool gripper column is turned into 0/1, since
   sim-evals' gripper term inverts bools); ``reward`` is the placement check as float ``(N,)``, 
-  ``terminated``/``truncated`` are Isaac Lab's ``(N,)`` tensors (time-outs only, at 450 steps);
-- ``info`` holds the keys of the base contract, computed from the state *before* the in-step reset;
+  ``terminated``/``truncated`` are copies of Isaac Lab's ``(N,)`` buffers (time-outs only, at 450 steps or
+  a MILA task's ``max_timesteps``);
+- ``info`` holds the keys of the base contract, computed from the state *before* the in-step reset; for a
+  MILA task ``success`` and ``milestones`` are sim-evals' own (:mod:`dz_gym.envs.isaac.mila`);
 - start-up quirks: the first ``reset`` resets twice (materials load on the second render cycle), and
   after every reset of all envs one hold step (arm target = current joints, gripper unchanged) is taken
   and the episode counters zeroed, because the first frame after a reset can show the previous episode
