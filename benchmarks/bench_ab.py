@@ -119,7 +119,7 @@ def main() -> None:
         first = first_rejections(p_a, p_b, horizon, args.sequences, args.alpha, rng)
         ordered = np.sort(first)
         for power in POWERS:
-            cap = int(ordered[int(math.ceil(power * len(ordered))) - 1])
+            cap = int(ordered[math.ceil(power * len(ordered)) - 1])
             if cap > horizon:
                 print(f"| {delta:.1f} | {power:.0%} | {n_fixed[power]} | > {horizon} | - | - | - |")
                 continue

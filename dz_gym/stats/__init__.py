@@ -15,10 +15,10 @@ from dz_gym.stats.sequential import DEFAULT_ALTERNATIVES, SequentialDecision, Se
 
 __all__ = [
     "DEFAULT_ALTERNATIVES",
+    "Z95",
     "PairedCounts",
     "SequentialDecision",
     "SequentialPairTest",
-    "Z95",
     "binomial_half_two_sided_p",
     "compare_rows",
     "format_comparison",

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 Z95 = 1.959963984540054  # two-sided 95 % normal quantile
 
-__all__ = ["PairedCounts", "Z95", "paired_difference_interval", "wilson_interval"]
+__all__ = ["Z95", "PairedCounts", "paired_difference_interval", "wilson_interval"]
 
 
 def _check_count(name: str, value: int) -> int:

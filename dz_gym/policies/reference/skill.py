@@ -80,4 +80,4 @@ class SkillDraws:
 
 def retries_at(skill: float, max_retries: int) -> int:
     """Retries allowed at ``skill`` when the full-skill policy allows ``max_retries``."""
-    return int(round(check_skill(skill) * max_retries))
+    return round(check_skill(skill) * max_retries)
