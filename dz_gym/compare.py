@@ -102,6 +102,19 @@ def _label(config: Mapping[str, Any], path: str) -> str:
     return f"{path} ({who})"
 
 
+def _arm_suffix(config: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], arm: str) -> str:
+    """`` (what arm ``arm`` ran)`` of an A/B run: its policy or servers from the config, else its rows' server."""
+    suffix = "" if arm == "a" else "_b"
+    servers = config.get("servers" + suffix)
+    if isinstance(servers, list) and servers:
+        return f" ({', '.join(map(str, servers))})"
+    policy = config.get("policy" + suffix)
+    if isinstance(policy, str) and policy != "external":
+        return f" (policy {policy})"
+    seen = sorted({str(r["server"]) for r in rows if r.get("arm") == arm and r.get("server")})
+    return f" ({', '.join(seen)})" if seen else ""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dz-gym-compare",
@@ -135,8 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             config, rows = load_run(args.runs[0])
             if not any("arm" in row for row in rows):
                 parser.error(f"{args.runs[0]}: not an A/B run (its rows carry no 'arm'); give two runs: RUN_A RUN_B")
-            arms = config.get("arms") if isinstance(config.get("arms"), Mapping) else {}
-            labels = {arm: f"{args.runs[0]} arm {arm.upper()}" + (f" ({arms[arm]})" if arm in arms else "") for arm in "ab"}
+            labels = {arm: f"{args.runs[0]} arm {arm.upper()}" + _arm_suffix(config, rows, arm) for arm in "ab"}
             result = compare_rows(rows, alpha=args.alpha, labels=labels)
     except ValueError as exc:
         parser.error(str(exc))
