@@ -348,7 +348,8 @@ def test_api_reset_of_every_env_uses_the_installed_signatures_default():
     assert api.reset(Release(), env_ids=ids) == (2, None)
 
 
-def test_check_batched_example_covers_a_mila_task(install, tmp_path, capsys):
+@pytest.mark.parametrize("which", [["--task", "stack_red_bowl_into_grey_bowl"], ["--scene", "2"]])
+def test_check_batched_example_on_the_per_scene_layout(install, tmp_path, capsys, which):
     import importlib.util
     from pathlib import Path
 
@@ -359,12 +360,11 @@ def test_check_batched_example_covers_a_mila_task(install, tmp_path, capsys):
     outputs = {}
     for role in ("reference", "batched"):
         world = install("2.2", layout="per_scene", mila=True)
-        args = example.build_parser().parse_args(
-            ["--task", "stack_red_bowl_into_grey_bowl", "--num-envs", "3", "--steps", "12", "--device", "cpu", "--skip-gpu-check"]
-        )
+        args = example.build_parser().parse_args([*which, "--num-envs", "3", "--steps", "12", "--device", "cpu", "--skip-gpu-check"])
         outputs[role] = tmp_path / f"{role}.npz"
         example.run_role(args, role, outputs[role], image_shape=SMALL)
-        assert ("cfg.set_task", "stack_red_bowl_into_grey_bowl") in world.calls
+        built = world.calls[world.index("parse_env_cfg")][1]
+        assert built == ("DROID-MILA" if which[0] == "--task" else "DROID-CanInMug")
     reference, batched = dict(np.load(outputs["reference"])), dict(np.load(outputs["batched"]))
     assert batched["milestones"].shape == (12, 3, 4) and reference["milestones"].shape == (12, 1, 4)
     assert example.report(example.compare(reference, batched), 3)
