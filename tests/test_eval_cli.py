@@ -157,3 +157,31 @@ def test_preflight_backend_not_importable(capsys, tmp_path):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("dz-gym-eval: error: --backend isaac: Isaac Lab is not importable")
     assert not root.exists()
+
+
+def test_stop_signals_first_stops_second_only_where_safe():
+    """First signal: stop at the next step (no exception). A repeated one raises KeyboardInterrupt only inside
+    an interruptible block and never inside a shielded one (writing results); SIGTERM is worded as such."""
+    import signal
+    import threading
+
+    from dz_gym.eval.signals import StopOnSignal, interruptible, shielded
+
+    said: list[str] = []
+    stop = threading.Event()
+    with StopOnSignal(stop, said.append) as handler:
+        signal.raise_signal(signal.SIGTERM)
+        assert stop.is_set() and "SIGTERM" in said[-1] and "Ctrl-C" not in said[-1]
+        signal.raise_signal(signal.SIGINT)  # outside an interruptible block: noted, no exception
+        assert len(said) == 2 and handler.signals == 2
+        with shielded(), interruptible():
+            signal.raise_signal(signal.SIGINT)  # writing results: never interrupted
+        with pytest.raises(KeyboardInterrupt), interruptible():
+            signal.raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    said.clear()
+    with StopOnSignal(threading.Event(), said.append):
+        signal.raise_signal(signal.SIGINT)
+        assert "Ctrl-C again to stop now" in said[0]
+        with pytest.raises(KeyboardInterrupt), interruptible():
+            signal.raise_signal(signal.SIGINT)
