@@ -155,3 +155,23 @@ def test_progress_lines_when_stderr_is_not_a_terminal():
     progress.close()
     assert progress._thread is not None and not progress._thread.is_alive()
     assert Progress(1, 1, enabled=False, stream=io.StringIO()).mode == "off"
+
+
+def test_video_recorder_keeps_finished_and_deletes_unfinished_videos(tmp_path):
+    """A video still open at close() belongs to an episode that did not end: it is partial and removed."""
+    import numpy as np
+
+    pytest.importorskip("imageio_ffmpeg")
+    from dz_gym.eval.video import VideoRecorder
+
+    recorder = VideoRecorder(fps=15)
+    frame = np.zeros((16, 48, 3), dtype=np.uint8)
+    for key in ("done", "aborted", "open"):
+        recorder.open(key, tmp_path / f"{key}.mp4")
+        recorder.add(key, frame)
+        recorder.add(key, frame)
+    recorder.finish("done")
+    recorder.abort("aborted")
+    recorder.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["done.mp4"]
+    assert recorder.finished == {"done": 2} and not recorder.failed

@@ -67,7 +67,8 @@ class VideoRecorder:
 
     ``open``/``add``/``finish``/``abort`` only enqueue; the writer thread does the work. Errors of one video
     (e.g. a full disk) are logged, that video is dropped, and its key lands in :attr:`failed`; the others
-    carry on. :meth:`close` waits for every queued frame and closes all files.
+    carry on. :meth:`close` waits for every queued frame, closes the finished videos and deletes the ones
+    never finished.
     """
 
     def __init__(self, fps: int = droid.CONTROL_HZ, max_queued_frames: int = 128):
@@ -101,7 +102,9 @@ class VideoRecorder:
         self._put(("abort", key, None))
 
     def close(self, timeout: float | None = 120.0) -> None:
-        """Finish every open video and stop the thread (waits up to ``timeout`` seconds)."""
+        """Write every queued frame, close the finished videos, delete those never finished (partial: their
+        episode did not end, e.g. a second Ctrl-C interrupted the cleanup), and stop the thread (waits up to
+        ``timeout`` seconds)."""
         if self._closed:
             return
         self._closed = True
@@ -139,8 +142,8 @@ class VideoRecorder:
                 with self._lock:
                     self.failed[key] = f"{type(exc).__name__}: {exc}"
                 self._close_writer(key, delete=True, quiet=True)
-        for key in list(self._writers):
-            self._close_writer(key, delete=False, quiet=True)
+        for key in list(self._writers):  # never finished: its episode did not end, so the file is partial
+            self._close_writer(key, delete=True, quiet=True)
 
     def _open(self, key: str, path: Path) -> None:
         import imageio.v2 as imageio
