@@ -40,7 +40,8 @@ def check_servers(servers: Sequence[str], transport: TransportConfig) -> str | N
         pool.connect()
     except PartialConnectError as exc:
         first = min(exc.errors)
-        return f"--server {servers[first]}: {_one_line(exc.errors[first])}"
+        text = _one_line(exc.errors[first])
+        return f"--server: {text}" if servers[first] in text else f"--server {servers[first]}: {text}"
     except DzGymError as exc:
         return f"--server: {_one_line(exc)}"
     finally:
