@@ -10,7 +10,12 @@ else runs (cores / CPU time per env-step): on a shared machine this is the stead
 
 Targets on 2 cores: >= 40 env-steps/s at N=8 with all cameras every step, >= 150 with lazy rendering.
 
-    python benchmarks/bench_sim.py [--scene 1] [--steps 48] [--image-shape 180 320] [--workers N]
+Then s_N, the mean time of one batch step under the evaluator's render pattern (every env's views rendered
+at the step before a request, one step in 8, none otherwise; arms held still) at each ``--sizes`` N, with the
+frames handed out as read-only views (the default) and as per-step copies of every view
+(``frame_views=False``, the behaviour before views), alternated, and their ratio.
+
+    python benchmarks/bench_sim.py [--scene 1] [--steps 48] [--image-shape 180 320] [--workers N] [--sizes 8 16]
 """
 
 from __future__ import annotations
@@ -66,12 +71,35 @@ def measure(scene: int, num_envs: int, lazy: bool, steps: int, image_shape, work
         env.close()
 
 
+def measure_s_n(scene: int, num_envs: int, frame_views: bool, cycles: int, image_shape, workers) -> float:
+    """s_N (seconds per batch step) under the evaluator's render pattern, arms held still."""
+    env = make_env(
+        scene=scene, num_envs=num_envs, seed=0, image_shape=image_shape, num_workers=workers, frame_views=frame_views
+    )
+    try:
+        env.reset()
+        state = env.privileged_state()
+        action = np.hstack([state["joint_pos"], np.zeros((num_envs, 1))])
+        elapsed = 0.0
+        for k in range(-REPLAN_EVERY, cycles * REPLAN_EVERY):  # one warm-up cycle
+            env.set_render_mask(np.full(num_envs, (k + 1) % REPLAN_EVERY == 0))
+            start = time.perf_counter()
+            env.step(action)
+            if k >= 0:
+                elapsed += time.perf_counter() - start
+        return elapsed / (cycles * REPLAN_EVERY)
+    finally:
+        env.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scene", type=int, default=1)
     parser.add_argument("--steps", type=int, default=48, help="timed batch steps per configuration")
     parser.add_argument("--image-shape", type=int, nargs=2, default=(180, 320))
     parser.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core)")
+    parser.add_argument("--sizes", type=int, nargs="*", default=[8, 16], help="N of the s_N rows (none: skip)")
+    parser.add_argument("--cycles", type=int, default=6, help="8-step cycles timed per s_N measurement")
     args = parser.parse_args()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     print(f"scene {args.scene}, {args.image_shape[0]}x{args.image_shape[1]}, 3 cameras, {cores} cores, "
@@ -97,6 +125,15 @@ def main() -> None:
     for name, target, wall, cpu in (("N=8 all", 40, all8, all8_cpu), ("N=8 lazy", 150, lazy8, lazy8_cpu)):
         print(f"target {name} >= {target} env-steps/s on 2 cores: wall clock {'met' if wall >= target else 'not met'} "
               f"({wall:.0f}); idle-CPU bound {'met' if 2 / cpu >= target else 'not met'} ({2 / cpu:.0f})")  # fmt: skip
+
+    for n in args.sizes:
+        views, copies = [], []
+        for _ in range(2):  # alternate, keep the best of each: a busy machine only slows runs down
+            views.append(measure_s_n(args.scene, n, True, args.cycles, tuple(args.image_shape), args.workers))
+            copies.append(measure_s_n(args.scene, n, False, args.cycles, tuple(args.image_shape), args.workers))
+        view, copy = min(views), min(copies)
+        print(f"s_{n} (evaluator's render pattern): frame views {1e3 * view:.2f} ms, per-step copies {1e3 * copy:.2f} ms, "
+              f"copies / views {copy / view:.2f}x")  # fmt: skip
 
 
 if __name__ == "__main__":
