@@ -147,14 +147,19 @@ class Evaluator:
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
         )
         self.err_lines: list[str] = []
+        self.out_lines: list[str] = []
         self._lines: queue.Queue = queue.Queue()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        self._readers = [threading.Thread(target=self._read, daemon=True), threading.Thread(target=self._read_out, daemon=True)]
+        for reader in self._readers:
+            reader.start()
 
     def _read(self):
         for line in self.proc.stderr:
             self._lines.put(line)
         self._lines.put(None)
+
+    def _read_out(self):
+        self.out_lines.extend(self.proc.stdout)
 
     def wait_for_line(self, needle: str) -> str:
         """The first stderr line containing ``needle`` (bounded; fails if the process ends first)."""
@@ -172,13 +177,15 @@ class Evaluator:
         os.killpg(self.proc.pid, signum)  # like Ctrl-C in a terminal: the whole process group gets it
 
     def finish(self) -> tuple[int, str, str]:
+        """Wait (bounded) for the process to end: its exit status, stdout and the whole of stderr."""
         try:
-            out = self.proc.stdout.read()
             self.proc.wait(BOUND_S)
         finally:
             if self.proc.poll() is None:
                 self.proc.kill()
-        self._reader.join(BOUND_S)
+        for reader in self._readers:
+            reader.join(BOUND_S)
+        out = "".join(self.out_lines)
         while not self._lines.empty():
             line = self._lines.get_nowait()
             if line is not None:
