@@ -89,13 +89,13 @@ def shard_step_s(ray, n: int, k: int, max_steps: int, scene: int) -> float:
             ray.kill(p)
 
 
-def sharded(url: str, n: int, k: int, max_steps: int, scene: int, address: str) -> dict:
+def sharded(url: str, n: int, k: int, episodes: int, max_steps: int, scene: int, address: str) -> dict:
     import tempfile
 
     from dz_gym.eval.config import EvalConfig
     from dz_gym.eval.rundir import RunDir
 
-    config = EvalConfig(scenes=[scene], episodes=n, num_envs=n, max_steps=max_steps, video=False)
+    config = EvalConfig(scenes=[scene], episodes=episodes, num_envs=n, max_steps=max_steps, video=False, report=False)
     with tempfile.TemporaryDirectory() as root:
         run_dir = RunDir.create(root, config)
         return evaluate_sharded(config, run_dir, [url], RayOptions(address=address, shards=k), progress=False,
@@ -112,11 +112,15 @@ def main() -> int:
     parser.add_argument("--baseline-episodes", type=int, default=2, help="episodes of the one-env loop")
     parser.add_argument("--ray", default="local", help="Ray address, or 'local' for a private instance (default)")
     parser.add_argument("--scene", type=int, default=1)
+    parser.add_argument(
+        "--episodes-per-env", type=int, default=4,
+        help="episodes per env slot (default 4: the shards' staggered start-up is then a small part of the run)",
+    )
     parser.add_argument("--repeat", type=int, default=1, help="interleaved runs per N; the table shows medians")
     parser.add_argument("--quick", action="store_true", help="N=8 only, 32-step episodes, one baseline episode")
     args = parser.parse_args()
     if args.quick:
-        args.sizes, args.episode_steps, args.baseline_episodes = "8", 32, 1
+        args.sizes, args.episode_steps, args.baseline_episodes, args.episodes_per_env = "8", 32, 1, 2
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     k, steps, latency = args.shards, args.episode_steps, args.latency_ms / 1e3
 
@@ -139,9 +143,9 @@ def main() -> int:
                     base, _ = bench_eval.one_env_loop(url, args.baseline_episodes, steps, args.scene)
                 runs = []
                 for r in range(args.repeat):  # interleaved, so that a change of the machine's load hits both
-                    one, s_one = bench_eval.evaluator(url, n, n, steps, args.scene)
+                    one, s_one = bench_eval.evaluator(url, n, n * args.episodes_per_env, steps, args.scene)
                     s_k = shard_step_s(ray, n, k, steps, args.scene)
-                    ours = sharded(url, n, k, steps, args.scene, args.ray)
+                    ours = sharded(url, n, k, n * args.episodes_per_env, steps, args.scene, args.ray)
                     seg = ours["segments"][-1]
                     rate_1, rate_k = one["env_steps_per_s"], ours["env_steps_per_s"]
                     runs.append((rate_1, s_one, rate_k, s_k, seg["driver_wall_s"] - seg["wall_s"]))
@@ -154,8 +158,8 @@ def main() -> int:
         if owns_ray:
             ray.shutdown()
     print()
-    print(f"{steps}-step episodes, L={args.latency_ms:.0f} ms, policy hold, Ray {args.ray} with {cpus} CPUs, "
-          f"{'medians of ' + str(args.repeat) + ' runs, ' if args.repeat > 1 else ''}"
+    print(f"{steps}-step episodes, {args.episodes_per_env} per env, L={args.latency_ms:.0f} ms, policy hold, "
+          f"Ray {args.ray} with {cpus} CPUs, {'medians of ' + str(args.repeat) + ' runs, ' if args.repeat > 1 else ''}"
           f"one-env loop {base:.1f} env-steps/s")
     head = (f"{'N':>4}  {'W':>4}  {'mode':>9}  {'env-steps/s':>11}  {'bound':>7}  {'of bound':>8}  {'s (ms)':>7}  "
             f"{'vs one-env':>10}  {'vs 1 proc':>9}  {'scaling eff.':>12}  {'start-up':>8}")
