@@ -132,16 +132,24 @@ def test_unknown_task_is_a_usage_error(capsys):
 
 
 # -- bug 2: resets on the 3.0.0 release and on develop -------------------------------------------------
-@pytest.mark.parametrize("release, expected", [("3.0.0", None), ("develop", slice(None))])
-def test_reset_passes_the_env_ids_form_each_3_0_accepts(install, release, expected):
+@pytest.mark.parametrize("release", ["3.0.0", "develop"])
+def test_reset_passes_env_ids_in_the_form_both_3_0_versions_accept(install, release):
     world = install("3.0", release=release)
     env = make(num_envs=2)
     env.reset(seed=3)
     resets = [call[1] for call in world.calls if call[0] == "env.reset"]
-    assert len(resets) == 2 and all(call["env_ids"] == expected and call["seed"] == 3 for call in resets)
+    assert len(resets) == 2
+    assert all(call["env_ids"] == ("tensor", "torch.int64", [0, 1]) and call["seed"] == 3 for call in resets)
     obs, _ = env.reset(options={"env_ids": [1]})
     assert [call[1] for call in world.calls if call[0] == "env.reset"][-1]["env_ids"] == ("tensor", "torch.int64", [1])
     assert tuple(obs["policy"]["arm_joint_pos"].shape) == (2, 7)
+
+
+def test_develop_hands_a_slice_to_sim_evals_terms_which_fail_on_it(install):
+    world = install("3.0", release="develop", layout="per_scene", mila=True)
+    make(scene="place_spoon_in_sink", num_envs=2)
+    with pytest.raises((TypeError, RuntimeError)):  # sim-evals' initial-conditions term: torch.tensor(slice)
+        world.env.reset(env_ids=slice(None))
 
 
 def test_the_release_fails_on_a_slice_as_upstream_does(install):
@@ -330,22 +338,26 @@ def test_3_0_release_launcher_lives_in_sim_launcher_and_viz_is_a_comma_list(inst
     assert world.launched and "isaaclab_tasks.utils.sim_launcher" in sys.modules
 
 
-def test_api_reset_of_every_env_uses_the_installed_signatures_default():
+def test_api_reset_of_every_env_is_an_int_tensor_on_the_device():
     """Bug 2 in isolation: the 3.0.0 release's ``reset`` keeps 2.2's signature and counts ``env_ids``."""
 
     class Release:
+        num_envs, device = 4, "cpu"
+
         def reset(self, seed=None, env_ids=None, options=None):
             return len(range(4)) if env_ids is None else len(env_ids), seed  # a slice: TypeError
 
     class Develop:
+        num_envs, device = 4, "cpu"
+
         def reset(self, env_ids=slice(None), *, seed=None, options=None):
             return env_ids, seed
 
     api = compat.IsaacLabApi((3, 0))
     assert api.reset(Release(), seed=5) == (4, 5)
-    assert api.reset(Develop(), seed=5) == (slice(None), 5)
-    ids = torch.tensor([1, 3])
-    assert api.reset(Release(), env_ids=ids) == (2, None)
+    ids, seed = api.reset(Develop(), seed=5)
+    assert ids.dtype == torch.int64 and ids.tolist() == [0, 1, 2, 3] and seed == 5
+    assert api.reset(Release(), env_ids=torch.tensor([1, 3])) == (2, None)
 
 
 @pytest.mark.parametrize("which", [["--task", "stack_red_bowl_into_grey_bowl"], ["--scene", "2"]])

@@ -116,15 +116,21 @@ class InitialConditions:
     passes them) with the next episodes' seeds, the list ``[poses[seed % L] for seed in seeds]`` and
     ``current_index = 0``; after the reset its own list and counter are restored. Episode ``k`` (seed
     ``seed + k``) thus starts from pose set ``(seed + k) % L`` whatever ``num_envs``.
+
+    Isaac Lab may instantiate class terms only on their first use; until then (the first of the two
+    start-up resets, which the second one overrides) the term deals as upstream does.
     """
 
-    def __init__(self, term: Any):
-        self.term = term
-        self._saved: tuple[Any, int] | None = None
+    TERM_NAME = "reset_initial_conditions"
+
+    def __init__(self, manager: Any, name: str):
+        self.manager = manager
+        self.name = name
+        self._saved: tuple[Any, Any, int] | None = None  # (term, its list, its counter)
 
     @classmethod
     def find(cls, env: Any) -> "InitialConditions | None":
-        """The term of ``env``'s event manager that holds ``initial_conditions`` and ``current_index``."""
+        """sim-evals' term in ``env``'s event manager (by name, or by its ``initial_conditions`` list)."""
         manager = getattr(env, "event_manager", None)
         try:
             names = list(manager.active_terms.get("reset", []))
@@ -132,21 +138,30 @@ class InitialConditions:
             return None
         for name in names:
             func = getattr(manager.get_term_cfg(name), "func", None)
-            if hasattr(func, "initial_conditions") and hasattr(func, "current_index"):
-                return cls(func)
+            if name == cls.TERM_NAME or (hasattr(func, "initial_conditions") and hasattr(func, "current_index")):
+                return cls(manager, name)
         return None
+
+    @property
+    def term(self) -> Any:
+        """The term instance, or None while Isaac Lab has not instantiated the class yet."""
+        func = getattr(self.manager.get_term_cfg(self.name), "func", None)
+        return func if hasattr(func, "initial_conditions") and hasattr(func, "current_index") else None
 
     def deal(self, seeds) -> None:
         """The envs about to reset (ascending ids) get the pose sets of their episodes' ``seeds``."""
-        poses = self.term.initial_conditions if self._saved is None else self._saved[0]
+        term = self.term if self._saved is None else self._saved[0]
+        if term is None:
+            return
+        poses = term.initial_conditions if self._saved is None else self._saved[1]
         if not poses:
             return
         if self._saved is None:
-            self._saved = (self.term.initial_conditions, self.term.current_index)
-        self.term.initial_conditions = [poses[int(seed) % len(poses)] for seed in np.asarray(seeds).reshape(-1)]
-        self.term.current_index = 0
+            self._saved = (term, term.initial_conditions, term.current_index)
+        term.initial_conditions = [poses[int(seed) % len(poses)] for seed in np.asarray(seeds).reshape(-1)]
+        term.current_index = 0
 
     def restore(self) -> None:
         if self._saved is not None:
-            self.term.initial_conditions, self.term.current_index = self._saved
+            term, term.initial_conditions, term.current_index = self._saved[0], self._saved[1], self._saved[2]
             self._saved = None

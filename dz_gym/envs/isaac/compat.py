@@ -19,9 +19,9 @@ reset               ``reset(seed=None, env_ids=None,             the 3.0.0 relea
                     options=None)``                              needs ``None`` (a slice reaches the event
                                                                  manager's ``len``); develop has
                                                                  ``reset(env_ids=slice(None), *, seed=None,
-                                                                 options=None)``. All envs: the default of the
-                                                                 installed signature; some: an int64 tensor
-                                                                 on the device (both accept it)
+                                                                 options=None)``, which hands slices on to
+                                                                 the event terms. Always an int64 tensor on
+                                                                 the device (every version accepts it)
 asset data          torch tensors                                ``ProxyArray`` (``.torch``)
 rerender on reset   ``rerender_on_reset: bool``                  ``num_rerenders_on_reset: int``
 ==================  ===========================================  ============================================
@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
-import inspect
 import re
 import warnings
 from pathlib import Path
@@ -152,13 +151,18 @@ class IsaacLabApi:
 
     # -- stepping ---------------------------------------------------------------------------------
     def reset(self, env: Any, *, env_ids: Any = None, seed: int | None = None):
-        """Reset all envs (``env_ids=None``) or the given ones (an int64 tensor on the env's device).
+        """Reset all envs (``env_ids=None``) or the given ones, always as an int64 tensor on the env's device.
 
-        Always keywords: develop made ``seed`` keyword-only and moved ``env_ids`` first. For all envs the
-        installed ``reset``'s own default is passed (see :func:`all_envs_ids`).
+        That is the one form every version accepts: 2.2 and the 3.0.0 release take ``None`` or a tensor (the
+        release passes a slice on to the event manager, whose ``len(env_ids)`` fails), develop takes a slice
+        or a tensor but hands a slice on to the event terms, and sim-evals' own reset terms (its initial
+        conditions) expect a tensor. Always keywords: develop made ``seed`` keyword-only and moved
+        ``env_ids`` first.
         """
         if env_ids is None:
-            env_ids = all_envs_ids(env)
+            import torch
+
+            env_ids = torch.arange(int(env.num_envs), dtype=torch.int64, device=env.device)
         return env.reset(env_ids=env_ids, seed=seed)
 
     def quat_from_wxyz(self, wxyz) -> tuple[float, float, float, float]:
@@ -203,21 +207,6 @@ class IsaacLabApi:
             return stage
         omni_usd = importlib.import_module("omni.usd")
         return omni_usd.get_context().get_stage()
-
-
-def all_envs_ids(env: Any) -> Any:
-    """The ``env_ids`` that means "every env" to this env's ``reset``: its signature's default.
-
-    2.2 and the 3.0.0 release default to ``None`` (the release passes a slice unchanged to the event
-    manager, whose ``len(env_ids)`` fails); develop defaults to ``slice(None)``. Unknown: ``None``.
-    """
-    try:
-        parameter = inspect.signature(env.reset).parameters.get("env_ids")
-    except (TypeError, ValueError):
-        return None
-    if parameter is None or parameter.default is inspect.Parameter.empty:
-        return None
-    return parameter.default if isinstance(parameter.default, slice) else None
 
 
 @dataclass(frozen=True)

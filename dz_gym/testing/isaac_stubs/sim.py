@@ -532,11 +532,7 @@ class StandInRLEnv(gym.Env):
     def _reset(self, env_ids, seed):
         if seed is not None:
             self.world.log("env.seed", seed)
-        ids = env_ids
-        if env_ids is None:
-            ids = torch.arange(self.num_envs)
-        elif isinstance(env_ids, slice) and isinstance(self, StandInRLEnvDevelop):  # develop normalizes slices
-            ids = torch.arange(self.num_envs)[env_ids]
+        ids = torch.arange(self.num_envs) if env_ids is None else env_ids  # develop: a slice passes through
         self._reset_idx(ids)
         self._rerender_after_reset()
         return self._compute_obs(), {}
@@ -565,7 +561,11 @@ class StandInRLEnv30(StandInRLEnv):
 
 
 class StandInRLEnvDevelop(StandInRLEnv):
-    """Isaac Lab develop: ``reset(env_ids=slice(None), *, seed=None, options=None)``."""
+    """Isaac Lab develop: ``reset(env_ids=slice(None), *, seed=None, options=None)``; its event manager
+    counts a slice and hands it on to the event terms unchanged."""
+
+    def _event_ids(self, ids):
+        return len(range(self.num_envs)[ids]) if isinstance(ids, slice) else len(ids)
 
     def reset(self, env_ids=slice(None), *, seed=None, options=None):
         self.world.log("env.reset", {"seed": seed, "env_ids": _describe(env_ids), "options": options})

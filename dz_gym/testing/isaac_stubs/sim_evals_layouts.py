@@ -288,7 +288,9 @@ class reset_initial_conditions:  # noqa: N801 (sim-evals' name)
         self.current_index = 0
 
     def __call__(self, env, env_ids, initial_conditions_file):
-        ids = torch.as_tensor(env_ids).reshape(-1)
+        if not isinstance(env_ids, torch.Tensor):  # as upstream: torch.tensor(env_ids) (a slice fails)
+            env_ids = torch.tensor(env_ids)
+        ids = env_ids.reshape(-1)
         if not self.initial_conditions or not ids.numel():
             return
         count = len(self.initial_conditions)
