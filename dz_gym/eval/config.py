@@ -114,19 +114,19 @@ class EvalConfig:
             raise _field_error("scenes", exc) from None
         if len(set(self.scenes)) != len(self.scenes):
             raise ValueError(f"scenes: expected distinct scene ids, got {self.scenes}")
-        for name in ("num_envs", "episodes", "open_loop_horizon", "max_steps", "server_max_sessions"):
+        for name in ("num_envs", "episodes", "max_steps", "server_max_sessions"):
             if name == "episodes" and self.episodes is None:
                 self.episodes = self.num_envs
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
-        for name in ("seed", "prefetch"):
-            if not _is_int(getattr(self, name)):
-                raise ValueError(f"{name}: expected an integer, got {getattr(self, name)!r}")
-        for name in ("simulated_delay", "max_stale_steps", "max_errors"):
+        # Types only for the chunk schedule's settings: their ranges are the schedule's rules (_check_schedule).
+        for name in ("seed", "open_loop_horizon", "prefetch", "simulated_delay", "max_stale_steps"):
             value = getattr(self, name)
-            if value is not None and (not _is_int(value) or value < 0):
-                raise ValueError(f"{name}: expected an integer >= 0, got {value!r}")
+            if not _is_int(value) and not (value is None and name in ("simulated_delay", "max_stale_steps")):
+                raise ValueError(f"{name}: expected an integer, got {value!r}")
+        if self.max_errors is not None and (not _is_int(self.max_errors) or self.max_errors < 0):
+            raise ValueError(f"max_errors: expected an integer >= 0, got {self.max_errors!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {self.backend!r}")
         if self.backend == "auto":
