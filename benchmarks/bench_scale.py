@@ -62,8 +62,9 @@ class Probe:
     def __init__(self, num_envs: int, num_workers: int, max_steps: int, scene: int):
         from dz_gym.envs import make_droid_env
 
-        self.env = make_droid_env(backend="mujoco", scene=scene, num_envs=num_envs, seed=0,
-                                  max_episode_length=10_000, num_workers=num_workers)
+        self.env = make_droid_env(
+            backend="mujoco", scene=scene, num_envs=num_envs, seed=0, max_episode_length=10_000, num_workers=num_workers
+        )
 
     def measure(self) -> float:
         return bench_eval.measure_batch_step(self.env)
@@ -98,8 +99,9 @@ def sharded(url: str, n: int, k: int, episodes: int, max_steps: int, scene: int,
     config = EvalConfig(scenes=[scene], episodes=episodes, num_envs=n, max_steps=max_steps, video=False, report=False)
     with tempfile.TemporaryDirectory() as root:
         run_dir = RunDir.create(root, config)
-        return evaluate_sharded(config, run_dir, [url], RayOptions(address=address, shards=k), progress=False,
-                                log=lambda _: None)
+        return evaluate_sharded(
+            config, run_dir, [url], RayOptions(address=address, shards=k), progress=False, log=lambda _: None
+        )
 
 
 def main() -> int:
@@ -113,7 +115,9 @@ def main() -> int:
     parser.add_argument("--ray", default="local", help="Ray address, or 'local' for a private instance (default)")
     parser.add_argument("--scene", type=int, default=1)
     parser.add_argument(
-        "--episodes-per-env", type=int, default=4,
+        "--episodes-per-env",
+        type=int,
+        default=4,
         help="episodes per env slot (default 4: the shards' staggered start-up is then a small part of the run)",
     )
     parser.add_argument("--repeat", type=int, default=1, help="interleaved runs per N; the table shows medians")
@@ -149,8 +153,11 @@ def main() -> int:
                     seg = ours["segments"][-1]
                     rate_1, rate_k = one["env_steps_per_s"], ours["env_steps_per_s"]
                     runs.append((rate_1, s_one, rate_k, s_k, seg["driver_wall_s"] - seg["wall_s"]))
-                    print(f"N={n} run {r + 1}/{args.repeat}: one process {rate_1:.1f} env-steps/s (s_N {1e3 * s_one:.1f} ms), "
-                          f"{k} shards {rate_k:.1f} (s {1e3 * s_k:.1f} ms), {rate_k / rate_1:.2f}x", flush=True)
+                    print(
+                        f"N={n} run {r + 1}/{args.repeat}: one process {rate_1:.1f} env-steps/s (s_N {1e3 * s_one:.1f} ms), "
+                        f"{k} shards {rate_k:.1f} (s {1e3 * s_k:.1f} ms), {rate_k / rate_1:.2f}x",
+                        flush=True,
+                    )
             rate_1, s_one, rate_k, s_k, startup = (statistics.median(col) for col in zip(*runs))
             b1, bk = bound(n, workers, latency, s_one), bound(n, workers, latency, s_k)
             rows.append((n, workers, rate_1, b1, s_one, rate_k, bk, s_k, startup))
@@ -158,25 +165,34 @@ def main() -> int:
         if owns_ray:
             ray.shutdown()
     print()
-    print(f"{steps}-step episodes, {args.episodes_per_env} per env, L={args.latency_ms:.0f} ms, policy hold, "
-          f"Ray {args.ray} with {cpus} CPUs, {'medians of ' + str(args.repeat) + ' runs, ' if args.repeat > 1 else ''}"
-          f"one-env loop {base:.1f} env-steps/s")
-    head = (f"{'N':>4}  {'W':>4}  {'mode':>9}  {'env-steps/s':>11}  {'bound':>7}  {'of bound':>8}  {'s (ms)':>7}  "
-            f"{'vs one-env':>10}  {'vs 1 proc':>9}  {'scaling eff.':>12}  {'start-up':>8}")
+    print(
+        f"{steps}-step episodes, {args.episodes_per_env} per env, L={args.latency_ms:.0f} ms, policy hold, "
+        f"Ray {args.ray} with {cpus} CPUs, {'medians of ' + str(args.repeat) + ' runs, ' if args.repeat > 1 else ''}"
+        f"one-env loop {base:.1f} env-steps/s"
+    )
+    head = (
+        f"{'N':>4}  {'W':>4}  {'mode':>9}  {'env-steps/s':>11}  {'bound':>7}  {'of bound':>8}  {'s (ms)':>7}  "
+        f"{'vs one-env':>10}  {'vs 1 proc':>9}  {'scaling eff.':>12}  {'start-up':>8}"
+    )
     print(head)
     ok = True
     for n, workers, rate_1, b1, s_one, rate_k, bk, s_k, startup in rows:
-        print(f"{n:>4}  {workers:>4}  {'1 process':>9}  {rate_1:>11.1f}  {b1:>7.1f}  {100 * rate_1 / b1:>7.1f}%  "
-              f"{1e3 * s_one:>7.1f}  {rate_1 / base:>9.2f}x  {'':>9}  {'':>12}  {'':>8}")
+        print(
+            f"{n:>4}  {workers:>4}  {'1 process':>9}  {rate_1:>11.1f}  {b1:>7.1f}  {100 * rate_1 / b1:>7.1f}%  "
+            f"{1e3 * s_one:>7.1f}  {rate_1 / base:>9.2f}x  {'':>9}  {'':>12}  {'':>8}"
+        )
         eff = (rate_k / rate_1) / (bk / b1)
-        print(f"{n:>4}  {workers:>4}  {f'{k} shards':>9}  {rate_k:>11.1f}  {bk:>7.1f}  {100 * rate_k / bk:>7.1f}%  "
-              f"{1e3 * s_k:>7.1f}  {rate_k / base:>9.2f}x  {rate_k / rate_1:>8.2f}x  {eff:>12.2f}  {startup:>7.1f}s")
+        print(
+            f"{n:>4}  {workers:>4}  {f'{k} shards':>9}  {rate_k:>11.1f}  {bk:>7.1f}  {100 * rate_k / bk:>7.1f}%  "
+            f"{1e3 * s_k:>7.1f}  {rate_k / base:>9.2f}x  {rate_k / rate_1:>8.2f}x  {eff:>12.2f}  {startup:>7.1f}s"
+        )
         if n >= 64:
             ok &= rate_k >= 0.9 * bk
         else:
             ok &= rate_k >= 0.9 * rate_1
-    print("(bound = 8N / (ceil(N/W) * L + 8 * s); targets: shards >= 90% of bound at N >= 64, >= 0.9x one process "
-          "below)")
+    print(
+        "(bound = 8N / (ceil(N/W) * L + 8 * s); targets: shards >= 90% of bound at N >= 64, >= 0.9x one process below)"
+    )
     print(f"targets {'met' if ok else 'NOT met'}; total {time.perf_counter() - t0:.0f} s")
     return 0 if ok else 1
 

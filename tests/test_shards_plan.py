@@ -99,7 +99,10 @@ class _Recorder:
 
 def _row(episode: int, env: int, video: bool = True) -> dict:
     return {
-        "scene": 1, "episode": episode, "env": env, "trajectory": f"trajectories/scene1_ep{episode:04d}.npz",
+        "scene": 1,
+        "episode": episode,
+        "env": env,
+        "trajectory": f"trajectories/scene1_ep{episode:04d}.npz",
         "video": f"videos/scene1_ep{episode:04d}.mp4" if video else None,
     }
 
@@ -166,7 +169,7 @@ def test_without_ray_flags_ray_is_not_imported():
         "dz_gym.eval.shards.driver; dz_gym.eval.cli.build_parser(isaac_args=False).parse_args(['--num-envs', '2']); "
         "sys.exit(1 if 'ray' in sys.modules else 0)"
     )
-    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
+    assert subprocess.run([sys.executable, "-c", code], timeout=120, check=False).returncode == 0
 
 
 def test_missing_ray_is_one_clear_line(monkeypatch):
@@ -201,7 +204,9 @@ def test_ray_flag_without_ray_installed_is_a_usage_error(capsys, monkeypatch):
     from dz_gym.eval import cli
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a, **k: None if name == "ray" else real(name, *a, **k))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a, **k: None if name == "ray" else real(name, *a, **k)
+    )
     with pytest.raises(SystemExit) as info:
         cli.main(["--backend", "mujoco", "--ray", "local"])
     err = capsys.readouterr().err.strip()

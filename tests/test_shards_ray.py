@@ -38,18 +38,32 @@ from dz_gym.eval.shards.worker import TOKEN_FILE  # noqa: E402
 from dz_gym.server.launch import start_server_process  # noqa: E402
 
 PATH = "/v1/realtime/robot/openpi"
-VOLATILE = {"env", "session_id", "server", "started_at", "wall_s", "latency_ms", "latencies_ms", "video",
-            "trajectory", "shard", "node"}
+VOLATILE = {
+    "env",
+    "session_id",
+    "server",
+    "started_at",
+    "wall_s",
+    "latency_ms",
+    "latencies_ms",
+    "video",
+    "trajectory",
+    "shard",
+    "node",
+}
 
 
 def config(**kw) -> EvalConfig:
-    values = dict(scenes=[1], episodes=6, num_envs=2, max_steps=16, video=False, report=False, policy="reference")
+    values = {"scenes": [1], "episodes": 6, "num_envs": 2, "max_steps": 16, "video": False, "report": False}
+    values["policy"] = "reference"
     values.update(kw)
     return EvalConfig(**values)
 
 
 def stable(rows):
-    return sorted(({k: v for k, v in r.items() if k not in VOLATILE} for r in rows), key=lambda r: (r["scene"], r["episode"]))
+    return sorted(
+        ({k: v for k, v in r.items() if k not in VOLATILE} for r in rows), key=lambda r: (r["scene"], r["episode"])
+    )
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +109,7 @@ def sharded(cluster, server, root, cfg=None, control=None, **options):
 
 
 def test_rows_equal_a_one_process_run_and_come_from_both_nodes(cluster, server, one_process, tmp_path):
-    run, summary = sharded(cluster, server, tmp_path, cfg=config(video=True), ship_files=True)
+    run, _ = sharded(cluster, server, tmp_path, cfg=config(video=True), ship_files=True)
     rows, ref = run.read_rows(), one_process.read_rows()
     assert stable(rows) == stable(ref)
     assert all(r["error"] is None and r["steps"] == 16 for r in rows)
@@ -103,12 +117,17 @@ def test_rows_equal_a_one_process_run_and_come_from_both_nodes(cluster, server, 
     for r in rows:
         assert r["env"] == by_episode[r["episode"]]["env"] == r["episode"] % 2  # the one-process slot
         assert r["shard"] == r["env"]  # two shards of one slot each
-        ours, theirs = np.load(run.path / r["trajectory"]), np.load(one_process.path / by_episode[r["episode"]]["trajectory"])
+        ours, theirs = (
+            np.load(run.path / r["trajectory"]),
+            np.load(one_process.path / by_episode[r["episode"]]["trajectory"]),
+        )
         np.testing.assert_array_equal(ours["actions"], theirs["actions"])
         np.testing.assert_array_equal(ours["joint_pos"], theirs["joint_pos"])
         assert (run.path / r["video"]).stat().st_size > 0  # shipped back from the shard as bytes
     nodes = {r["node"] for r in rows}
-    assert len(nodes) == 2 and {r["node"] for r in rows if r["shard"] == 0} != {r["node"] for r in rows if r["shard"] == 1}
+    assert len(nodes) == 2 and {r["node"] for r in rows if r["shard"] == 0} != {
+        r["node"] for r in rows if r["shard"] == 1
+    }
     on_disk = json.loads((run.path / "summary.json").read_text())
     assert on_disk["shards"]["count"] == 2 and set(on_disk["shards"]["nodes"]) == nodes
     assert on_disk["complete"] and not on_disk["interrupted"] and on_disk["aborted"] is None
@@ -167,8 +186,14 @@ def test_stop_then_resume_equals_an_uninterrupted_run(cluster, server, one_proce
     run, summary = sharded(cluster, server, tmp_path, control=control)
     first = run.read_rows()
     assert summary["interrupted"] and not summary["complete"] and 1 <= len(first) < 6
-    resumed = evaluate_sharded(config(), RunDir.open(run.path), [server],
-                               RayOptions(address=cluster.address, shards=2), progress=False, log=lambda _: None)
+    resumed = evaluate_sharded(
+        config(),
+        RunDir.open(run.path),
+        [server],
+        RayOptions(address=cluster.address, shards=2),
+        progress=False,
+        log=lambda _: None,
+    )
     rows = run.read_rows()
     assert resumed["complete"] and not resumed["interrupted"] and len(rows) == 6
     assert rows[: len(first)] == first  # finished rows are kept as they were
@@ -179,11 +204,29 @@ def test_stop_then_resume_equals_an_uninterrupted_run(cluster, server, one_proce
 def test_cli_ctrl_c_then_resume_on_the_cluster(cluster, server, one_process, tmp_path):
     """dz-gym-eval --ray ADDRESS in a process of its own: Ctrl-C stops every shard (exit 130, summary written,
     finished rows kept), then --resume on the same cluster completes the run with the one-process rows."""
-    flags = ["--server", server, "--ray", cluster.address, "--shards", "2", "--num-envs", "2", "--episodes", "6",
-             "--max-steps", "16", "--no-video", "--no-report", "--no-progress"]
+    flags = [
+        "--server",
+        server,
+        "--ray",
+        cluster.address,
+        "--shards",
+        "2",
+        "--num-envs",
+        "2",
+        "--episodes",
+        "6",
+        "--max-steps",
+        "16",
+        "--no-video",
+        "--no-report",
+        "--no-progress",
+    ]
     proc = subprocess.Popen(
         [sys.executable, "-m", "dz_gym.eval.cli", *flags, "--output-root", str(tmp_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 180
@@ -229,12 +272,25 @@ def test_isaac_shards_one_gpu_each_and_a_fresh_actor_per_scene(cluster, tmp_path
     (after the user's set-up) and builds one scene, the next scene gets a new actor."""
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the set-up travels by value
     with start_server_process(["--policy", "hold", "--quiet"]) as srv:
-        cfg = EvalConfig(scenes=[1, 2], episodes=2, num_envs=2, max_steps=16, video=True, report=False,
-                         backend="isaac", servers=[srv.url + PATH])
+        cfg = EvalConfig(
+            scenes=[1, 2],
+            episodes=2,
+            num_envs=2,
+            max_steps=16,
+            video=True,
+            report=False,
+            backend="isaac",
+            servers=[srv.url + PATH],
+        )
         run = RunDir.create(tmp_path, cfg)
         summary = evaluate_sharded(
-            cfg, run, None, RayOptions(address=cluster.address, worker_setup=_isaac_standin_setup),
-            env_kwargs={"device": "cpu", "check_gpu": False, "image_shape": (4, 6)}, progress=False, log=lambda _: None,
+            cfg,
+            run,
+            None,
+            RayOptions(address=cluster.address, worker_setup=_isaac_standin_setup),
+            env_kwargs={"device": "cpu", "check_gpu": False, "image_shape": (4, 6)},
+            progress=False,
+            log=lambda _: None,
         )
     rows = run.read_rows()
     assert summary["complete"] and summary["aborted"] is None and summary["shards"]["count"] == 2

@@ -22,7 +22,9 @@ class Collector:
         self._latency_ms: float | None = None
         self._stop = False
 
-    def push(self, shard: int, attempt: int, payloads: list[dict[str, Any]], steps: int, latency_ms: float | None) -> bool:
+    def push(
+        self, shard: int, attempt: int, payloads: list[dict[str, Any]], steps: int, latency_ms: float | None
+    ) -> bool:
         """A shard's finished episodes and steps since its last push; returns whether to stop."""
         for payload in payloads:
             self._items.append((int(shard), int(attempt), payload))

@@ -35,12 +35,12 @@ from dz_gym.eval.evaluate import build_summary, remaining_episodes, versions
 from dz_gym.eval.progress import Progress
 from dz_gym.eval.rundir import RunDir, _write_atomic
 from dz_gym.eval.runner import RunControl
-from dz_gym.eval.signals import interruptible, shielded
 from dz_gym.eval.shards import require_ray
 from dz_gym.eval.shards.collector import Collector
 from dz_gym.eval.shards.options import RayOptions
 from dz_gym.eval.shards.plan import Shard, cpus_per_shard, default_shard_count, env_workers, plan_shards, shard_servers
 from dz_gym.eval.shards.worker import TOKEN_FILE, ShardWorker
+from dz_gym.eval.signals import interruptible, shielded
 
 logger = logging.getLogger(__name__)
 
@@ -87,8 +87,18 @@ def connect(options: RayOptions) -> bool:
 class ShardedRun:
     """One sharded run segment (see the module docstring); :func:`evaluate_sharded` is the entry point."""
 
-    def __init__(self, config: EvalConfig, run_dir: RunDir, servers: Sequence[str], options: RayOptions, *,
-                 control: RunControl, bars: Progress, env_kwargs: Mapping[str, Any] | None, say: Callable[[str], None]):
+    def __init__(
+        self,
+        config: EvalConfig,
+        run_dir: RunDir,
+        servers: Sequence[str],
+        options: RayOptions,
+        *,
+        control: RunControl,
+        bars: Progress,
+        env_kwargs: Mapping[str, Any] | None,
+        say: Callable[[str], None],
+    ):
         self.ray = require_ray()
         self.config = config
         self.run_dir = run_dir
@@ -116,8 +126,9 @@ class ShardedRun:
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         gpus = sum(float(n.get("Resources", {}).get("GPU", 0)) for n in nodes)
         self.node_cpus = max((float(n.get("Resources", {}).get("CPU", 0)) for n in nodes), default=1.0)
-        k = self.options.shards or default_shard_count(self.config.num_envs, nodes=len(nodes), gpus=gpus,
-                                                          backend=self.config.backend)
+        k = self.options.shards or default_shard_count(
+            self.config.num_envs, nodes=len(nodes), gpus=gpus, backend=self.config.backend
+        )
         shards = plan_shards(todo, self.config.num_envs, k)
         self.num_shards = k
         self.shards_per_node = -(-k // max(1, len(nodes)))
@@ -176,9 +187,11 @@ class ShardedRun:
 
         _write_atomic(self.run_dir.path / TOKEN_FILE, self.token.encode())
         here = ray.get_runtime_context().get_node_id()
-        self.collector = ray.remote(Collector).options(
-            num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)
-        ).remote()
+        self.collector = (
+            ray.remote(Collector)
+            .options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False))
+            .remote()
+        )
         for st in self.states:
             if st.scenes:
                 self._new_actor(st)
@@ -204,7 +217,9 @@ class ShardedRun:
             if stop_deadline is not None and time.monotonic() > stop_deadline:
                 for st in self.states:
                     if st.ref is not None:
-                        self.say(f"shard {st.shard.index}: did not stop within {self.options.stop_grace_s:.0f} s; killed")
+                        self.say(
+                            f"shard {st.shard.index}: did not stop within {self.options.stop_grace_s:.0f} s; killed"
+                        )
                         self._kill(st)
                         st.ref = None
         self.drain()
@@ -233,8 +248,11 @@ class ShardedRun:
         self.run_dir.append_row(row)
         self.recorded.add(key)
         self.control.record(row)
-        self.bars.episode(row["success_at_end"], row["error"] is not None,
-                          unused_steps=max(0, self.config.max_steps - int(row["steps"])))
+        self.bars.episode(
+            row["success_at_end"],
+            row["error"] is not None,
+            unused_steps=max(0, self.config.max_steps - int(row["steps"])),
+        )
 
     def _finished(self, st: _ShardState) -> None:
         ray = self.ray
@@ -275,7 +293,9 @@ class ShardedRun:
             return  # stopping anyway: the episodes without a row run on --resume
         if st.restarts < self.options.max_restarts:
             st.restarts += 1
-            self.say(f"shard {st.shard.index}: actor lost ({reason}); restart {st.restarts}/{self.options.max_restarts}")
+            self.say(
+                f"shard {st.shard.index}: actor lost ({reason}); restart {st.restarts}/{self.options.max_restarts}"
+            )
             self._new_actor(st)
             self._submit(st)
             return
@@ -292,16 +312,38 @@ class ShardedRun:
         from dz_gym.envs.isaac.tasks import scene_prompt
 
         return {
-            "scene": scene, "episode": episode, "seed": self.config.seed + episode, "env": st.shard.start + local,
-            "prompt": scene_prompt(scene), "server": st.servers[local], "session_id": "",
-            "steps": 0, "max_steps": self.config.max_steps, "ended_by": "error",
-            "success_at_end": None, "success_any_step": None, "first_success_step": None,
-            "server_calls": 0, "server_errors": 0, "latency_ms": None, "latencies_ms": [],
-            "error": why, "error_event": "shard_lost", "error_step": 0, "env_seed": None,
-            "final_object_pos": None, "final_container_pos": None,
-            "started_at": None, "wall_s": 0.0, "trajectory": None, "video": None,
-            "chunk_delays": [], "wait_steps": 0, "stale_steps": 0,
-            "shard": st.shard.index, "node": st.where.get("node"),
+            "scene": scene,
+            "episode": episode,
+            "seed": self.config.seed + episode,
+            "env": st.shard.start + local,
+            "prompt": scene_prompt(scene),
+            "server": st.servers[local],
+            "session_id": "",
+            "steps": 0,
+            "max_steps": self.config.max_steps,
+            "ended_by": "error",
+            "success_at_end": None,
+            "success_any_step": None,
+            "first_success_step": None,
+            "server_calls": 0,
+            "server_errors": 0,
+            "latency_ms": None,
+            "latencies_ms": [],
+            "error": why,
+            "error_event": "shard_lost",
+            "error_step": 0,
+            "env_seed": None,
+            "final_object_pos": None,
+            "final_container_pos": None,
+            "started_at": None,
+            "wall_s": 0.0,
+            "trajectory": None,
+            "video": None,
+            "chunk_delays": [],
+            "wait_steps": 0,
+            "stale_steps": 0,
+            "shard": st.shard.index,
+            "node": st.where.get("node"),
         }
 
     def _note_where(self, st: _ShardState) -> None:
@@ -316,8 +358,8 @@ class ShardedRun:
         if st.actor is not None:
             try:
                 self.ray.kill(st.actor, no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
+            except Exception as exc:  # noqa: BLE001 - already gone
+                logger.debug("shard %d: kill: %s", st.shard.index, exc)
             st.actor = None
 
     def loop_wall_s(self) -> float | None:
@@ -333,8 +375,8 @@ class ShardedRun:
         if self.collector is not None:
             try:
                 self.ray.kill(self.collector, no_restart=True)
-            except Exception:  # noqa: BLE001
-                pass
+            except Exception as exc:  # noqa: BLE001 - already gone
+                logger.debug("collector: kill: %s", exc)
         try:
             (self.run_dir.path / TOKEN_FILE).unlink()
         except OSError:
@@ -342,14 +384,19 @@ class ShardedRun:
 
     def shards_summary(self) -> dict[str, Any]:
         per_shard = [
-            {"shard": st.shard.index, "slots": [st.shard.start, st.shard.stop], "nodes": st.nodes,
-             "host": st.where.get("host"), "actors": st.attempt, "restarts": st.restarts,
-             "servers": sorted(set(st.servers))}
+            {
+                "shard": st.shard.index,
+                "slots": [st.shard.start, st.shard.stop],
+                "nodes": st.nodes,
+                "host": st.where.get("host"),
+                "actors": st.attempt,
+                "restarts": st.restarts,
+                "servers": sorted(set(st.servers)),
+            }
             for st in self.states
         ]
         nodes = sorted({n for st in self.states for n in st.nodes})
-        return {"count": self.num_shards, "nodes": nodes, "per_shard": per_shard,
-                "ray_address": self.options.address}
+        return {"count": self.num_shards, "nodes": nodes, "per_shard": per_shard, "ray_address": self.options.address}
 
 
 def evaluate_sharded(
@@ -397,7 +444,12 @@ def evaluate_sharded(
     run = None
     error: BaseException | None = None
     aborted: str | None = None
-    segment = {"started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "wall_s": 0.0, "env_steps": 0, "busy_s": {}}
+    segment = {
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "wall_s": 0.0,
+        "env_steps": 0,
+        "busy_s": {},
+    }
     t0 = time.perf_counter()
     try:
         run = ShardedRun(config, run_dir, servers, options, control=control, bars=bars, env_kwargs=env_kwargs, say=say)
@@ -416,8 +468,22 @@ def evaluate_sharded(
             aborted = f"{type(exc).__name__}: {_first_line(exc)}"
     finally:
         with shielded():
-            summary = _finish(config, run_dir, servers, run, control, bars, segments, segment, previous, t0,
-                              aborted, error, command, server_info)
+            summary = _finish(
+                config,
+                run_dir,
+                servers,
+                run,
+                control,
+                bars,
+                segments,
+                segment,
+                previous,
+                t0,
+                aborted,
+                error,
+                command,
+                server_info,
+            )
             if getattr(config, "report", False):
                 from dz_gym.report import write_report_safely
 
@@ -429,22 +495,39 @@ def evaluate_sharded(
     return summary
 
 
-def _finish(config: EvalConfig, run_dir: RunDir, servers: list[str], run: ShardedRun | None, control: RunControl,
-            bars: Progress, segments: list[dict[str, Any]], segment: dict[str, Any], previous: Mapping[str, Any],
-            t0: float, aborted: str | None, error: BaseException | None, command: str,
-            server_info: Mapping[str, Any] | None) -> dict[str, Any]:
+def _finish(
+    config: EvalConfig,
+    run_dir: RunDir,
+    servers: list[str],
+    run: ShardedRun | None,
+    control: RunControl,
+    bars: Progress,
+    segments: list[dict[str, Any]],
+    segment: dict[str, Any],
+    previous: Mapping[str, Any],
+    t0: float,
+    aborted: str | None,
+    error: BaseException | None,
+    command: str,
+    server_info: Mapping[str, Any] | None,
+) -> dict[str, Any]:
     """Drain what arrived, stop every actor, write ``summary.json`` (the ``finally`` of :func:`evaluate_sharded`)."""
     if run is not None:
         try:
             if run.collector is not None and error is not None:
                 run.drain()  # rows that arrived before the failure
-        except Exception:  # noqa: BLE001 - the collector may be gone with the cluster
-            pass
+        except Exception as exc:  # noqa: BLE001 - the collector may be gone with the cluster
+            logger.warning("rows not yet collected are lost (their episodes run again on --resume): %s", exc)
         run.close()
     bars.close()
     if run is not None and run.env_steps:
-        segment.update(wall_s=run.loop_wall_s() or time.perf_counter() - t0, env_steps=run.env_steps,
-                       busy_s=dict(run.busy_s), shards=run.num_shards, driver_wall_s=time.perf_counter() - t0)
+        segment.update(
+            wall_s=run.loop_wall_s() or time.perf_counter() - t0,
+            env_steps=run.env_steps,
+            busy_s=dict(run.busy_s),
+            shards=run.num_shards,
+            driver_wall_s=time.perf_counter() - t0,
+        )
         segments.append(segment)
     aborted = aborted or control.aborted
     extra = {

@@ -59,36 +59,53 @@ class RayOptions:
             raise ValueError(f"shard_restarts: expected an integer >= 0, got {self.max_restarts!r}")
         for name, amount in self.resources.items():
             if not name or name in ("CPU", "GPU") or not amount > 0:
-                raise ValueError(f"ray_resource: expected NAME=AMOUNT (a custom resource, AMOUNT > 0), got {name}={amount}")
+                raise ValueError(
+                    f"ray_resource: expected NAME=AMOUNT (a custom resource, AMOUNT > 0), got {name}={amount}"
+                )
 
 
 def add_ray_args(parser: argparse.ArgumentParser) -> None:
     """The ``scale-out on Ray`` flags of ``dz-gym-eval``."""
     group = parser.add_argument_group("scale-out on Ray (see docs/ray.md)")
     group.add_argument(
-        "--ray", metavar="ADDRESS",
+        "--ray",
+        metavar="ADDRESS",
         help="run the envs as shards on a Ray cluster: 'local' (a private Ray on this machine), 'auto' or HOST:PORT "
         "of a running cluster; --num-envs is the total over all shards (needs the ray extra)",
     )
-    group.add_argument("--shards", type=integer, metavar="K", help="shards (default: one per Ray node; one per GPU on Isaac Lab)")
     group.add_argument(
-        "--servers-per-shard", type=integer, metavar="M",
+        "--shards", type=integer, metavar="K", help="shards (default: one per Ray node; one per GPU on Isaac Lab)"
+    )
+    group.add_argument(
+        "--servers-per-shard",
+        type=integer,
+        metavar="M",
         help="each shard uses its own M of the --server URLs, in order (shard j: the (j*M)th to the (j*M+M-1)th); "
         "default: envs are spread over all servers as in one process",
     )
-    group.add_argument("--shard-cpus", type=number, metavar="C", help="CPUs (and simulator workers) per shard on MuJoCo")
     group.add_argument(
-        "--ray-resource", action="append", metavar="NAME=AMOUNT",
+        "--shard-cpus", type=number, metavar="C", help="CPUs (and simulator workers) per shard on MuJoCo"
+    )
+    group.add_argument(
+        "--ray-resource",
+        action="append",
+        metavar="NAME=AMOUNT",
         help="a custom Ray resource every shard asks for (repeatable): places shards on the nodes that have it",
     )
-    group.add_argument("--shard-restarts", type=integer, metavar="R", help="new actors for a shard whose actor died (default 2)")
     group.add_argument(
-        "--ship-files", action=argparse.BooleanOptionalAction, default=None,
+        "--shard-restarts", type=integer, metavar="R", help="new actors for a shard whose actor died (default 2)"
+    )
+    group.add_argument(
+        "--ship-files",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="send trajectories and videos back to this machine (default: only from nodes that do not see the run directory)",
     )
 
 
-def ray_options_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace, num_envs: int) -> RayOptions | None:
+def ray_options_from_args(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, num_envs: int
+) -> RayOptions | None:
     """:class:`RayOptions` from the flags (None without ``--ray``); bad flags end in ``parser.error``."""
     names = ("shards", "servers_per_shard", "shard_cpus", "ray_resource", "shard_restarts", "ship_files")
     if args.ray is None:

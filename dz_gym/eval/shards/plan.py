@@ -78,7 +78,7 @@ def plan_shards(todo: Mapping[int, Sequence[int]], num_envs: int, shards: int) -
         queues: dict[int, tuple[tuple[int, ...], ...]] = {}
         for scene, episodes in todo.items():
             per_slot: list[list[int]] = [[] for _ in range(stop - start)]
-            for k in sorted(set(int(e) for e in episodes)):
+            for k in sorted({int(e) for e in episodes}):
                 if k < 0:
                     raise ValueError(f"episodes: expected indices >= 0, got {k}")
                 g = k % num_envs
@@ -99,7 +99,9 @@ def shard_servers(servers: Sequence[str], shard: Shard, servers_per_shard: int |
     if not isinstance(servers_per_shard, int) or servers_per_shard < 1:
         raise ValueError(f"servers_per_shard: expected an integer >= 1, got {servers_per_shard!r}")
     if servers_per_shard > len(servers):
-        raise ValueError(f"servers_per_shard: expected at most the {len(servers)} servers given, got {servers_per_shard}")
+        raise ValueError(
+            f"servers_per_shard: expected at most the {len(servers)} servers given, got {servers_per_shard}"
+        )
     group = [servers[(shard.index * servers_per_shard + m) % len(servers)] for m in range(servers_per_shard)]
     return [group[i % servers_per_shard] for i in range(shard.num_envs)]
 
@@ -112,7 +114,9 @@ def default_shard_count(num_envs: int, *, nodes: int, gpus: float, backend: str)
     return max(1, min(want, int(num_envs)))
 
 
-def cpus_per_shard(shard_envs: int, node_cpus: float, shards_per_node: int = 1, requested: float | None = None) -> float:
+def cpus_per_shard(
+    shard_envs: int, node_cpus: float, shards_per_node: int = 1, requested: float | None = None
+) -> float:
     """CPUs a MuJoCo shard asks Ray for: one per env, at most its share of a node (``shards_per_node`` shards
     spread over the nodes share one), at least one; or ``requested``."""
     if requested is not None:

@@ -123,8 +123,14 @@ class Outbox:
                 try:
                     files[rel] = (self.root / rel).read_bytes()
                 except OSError as exc:
-                    logger.warning("shard %s: %s of scene %s episode %s unreadable: %s",
-                                   self.meta.get("shard"), field, row["scene"], row["episode"], exc)
+                    logger.warning(
+                        "shard %s: %s of scene %s episode %s unreadable: %s",
+                        self.meta.get("shard"),
+                        field,
+                        row["scene"],
+                        row["episode"],
+                        exc,
+                    )
                     row[field] = None
         return {"row": row, "files": files}
 
@@ -164,8 +170,16 @@ class _Tally:
 class Pusher:
     """Sends the outbox to the driver's collector every ``interval`` s; sets ``stop`` when the driver asks."""
 
-    def __init__(self, collector, shard: int, attempt: int, outbox: Outbox, stop: threading.Event,
-                 interval: float = PUSH_INTERVAL_S, timeout: float = PUSH_TIMEOUT_S):
+    def __init__(
+        self,
+        collector,
+        shard: int,
+        attempt: int,
+        outbox: Outbox,
+        stop: threading.Event,
+        interval: float = PUSH_INTERVAL_S,
+        timeout: float = PUSH_TIMEOUT_S,
+    ):
         self.collector = collector
         self.shard = shard
         self.attempt = attempt
@@ -278,9 +292,17 @@ class ShardWorker:
         env_kwargs = dict(spec.get("env_kwargs") or {})
         if self.backend == "isaac" and self.app_args is not None:
             env_kwargs.setdefault("app_args", self.app_args)
-        out: dict[str, Any] = {"scene": spec["scene"], "env_steps": 0, "wall_s": 0.0, "loop_end": time.time(),
-                               "busy_s": {}, "stopped": False,
-                               "server_metadata": {}, "video_errors": {}, "shared_run_dir": shared}
+        out: dict[str, Any] = {
+            "scene": spec["scene"],
+            "env_steps": 0,
+            "wall_s": 0.0,
+            "loop_end": time.time(),
+            "busy_s": {},
+            "stopped": False,
+            "server_metadata": {},
+            "video_errors": {},
+            "shared_run_dir": shared,
+        }
         env = wrapper = None
         try:
             env = default_env_factory(spec["scene"], config, **env_kwargs)
@@ -308,8 +330,13 @@ class ShardWorker:
                 queues=queues,
             )
             result = runner.run()
-            out.update(env_steps=result.env_steps, wall_s=result.wall_s, busy_s=dict(result.busy_s), stopped=result.stopped,
-                       loop_end=time.time())
+            out.update(
+                env_steps=result.env_steps,
+                wall_s=result.wall_s,
+                busy_s=dict(result.busy_s),
+                stopped=result.stopped,
+                loop_end=time.time(),
+            )
         finally:
             if wrapper is not None:
                 wrapper.close()
@@ -322,8 +349,10 @@ class ShardWorker:
             if not shared and delivered:
                 shutil.rmtree(root, ignore_errors=True)
         if not delivered:
-            raise RuntimeError(f"shard {spec['shard']}: {outbox.pending()} row(s) could not be sent to the driver"
-                               + (f" ({pusher.lost})" if pusher.lost else ""))
+            raise RuntimeError(
+                f"shard {spec['shard']}: {outbox.pending()} row(s) could not be sent to the driver"
+                + (f" ({pusher.lost})" if pusher.lost else "")
+            )
         return out
 
 
