@@ -595,7 +595,7 @@ def test_reduced_skill_draws_are_deterministic_per_episode():
             np.testing.assert_array_equal(a, b)
     with one.sessions.session("x0") as s0, two.sessions.session("other-id-0") as t0:
         assert s0.draws.seed == t0.draws.seed
-        np.testing.assert_allclose(np.linalg.norm(s0.plan.grasp_offset), 0.7 * 0.05)
+        assert np.linalg.norm(s0.plan.grasp_offset) in (0.0, pytest.approx(0.05))
     with one.sessions.session("x1") as s1:
         assert s1.draws.seed != s0.draws.seed  # another episode seed, other draws
     # A client-sent seed (per-episode policy seed) takes precedence over the observation hash.
@@ -611,9 +611,13 @@ def test_skill_draws_scale_with_the_knob():
 
     for skill in (0.0, 0.3, 0.6):
         draws = SkillDraws(skill, seed=42)
-        offsets = np.array([draws.grasp_offset(k) for k in range(200)])
-        np.testing.assert_allclose(np.linalg.norm(offsets, axis=1), (1 - skill) * MAX_GRASP_OFFSET)
-        assert np.std(np.arctan2(offsets[:, 1], offsets[:, 0])) > 1.0  # directions spread around
+        offsets = np.array([draws.grasp_offset(k) for k in range(2000)])
+        radii = np.linalg.norm(offsets, axis=1)
+        missed = radii > 0
+        np.testing.assert_allclose(radii[missed], MAX_GRASP_OFFSET)  # a miss is all or nothing
+        assert abs(missed.mean() - (1 - skill)) < 0.04
+        if missed.any():
+            assert np.std(np.arctan2(offsets[missed, 1], offsets[missed, 0])) > 1.0  # directions spread around
         dropped = np.mean([draws.drops(call) for call in range(1, 2001)])
         assert abs(dropped - (1 - skill) * MAX_DROP) < 0.04
         np.testing.assert_array_equal(draws.grasp_offset(3), SkillDraws(skill, seed=42).grasp_offset(3))

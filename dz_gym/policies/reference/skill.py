@@ -1,13 +1,17 @@
 """Reduced skill for the reference policy: a tunable, reproducible way to make it fail more often.
 
 An A/B comparison on the embedded simulator needs two policies that really differ. ``skill`` S in [0, 1]
-degrades the reference policy in three ways a weaker learned policy also fails, each scaled by ``1 - S``:
+degrades the reference policy in three ways a weaker learned policy also fails:
 
-- **grasp error**: every grasp attempt aims at the object's estimate shifted by ``(1 - S) * MAX_GRASP_OFFSET``
-  in a direction drawn per attempt, so the fingers land on or beside the object;
+- **missed grasps**: each grasp attempt, with probability ``1 - S``, aims ``MAX_GRASP_OFFSET`` away from the
+  object's estimate in a random direction, so the fingers land on or beside the object;
 - **less persistence**: ``round(S * max_retries)`` retries after a failed grasp or placement instead of all;
 - **dropped calls**: with probability ``(1 - S) * MAX_DROP`` a call returns a chunk that holds the arm where
   it is (the plan does not advance), which costs time against the episode's step limit.
+
+A miss is all or nothing (rather than a smaller error at every attempt) so that success falls gradually with
+S instead of dropping off a cliff where the error outgrows the gripper's clearance: with ``r`` retries the
+chance that every attempt misses is ``(1 - S)^(1 + r)``.
 
 At S = 1 nothing is drawn and nothing changes: the policy is bit-identical to the full-skill one.
 
@@ -26,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-MAX_GRASP_OFFSET = 0.05  # metres of grasp error at skill 0 (the cube is 5 cm wide; the gripper opens 8.5 cm)
+MAX_GRASP_OFFSET = 0.05  # metres of grasp error of a missed attempt (the cube is 5 cm wide; the gripper opens 8.5 cm)
 MAX_DROP = 0.3  # probability that a call is dropped at skill 0
 
 __all__ = ["MAX_DROP", "MAX_GRASP_OFFSET", "SkillDraws", "check_skill", "episode_seed", "retries_at"]
@@ -66,10 +70,10 @@ class SkillDraws:
         self.seed = int(seed)
 
     def grasp_offset(self, attempt: int) -> np.ndarray:
-        """The xy grasp error (metres) of grasp attempt ``attempt`` (0-based)."""
+        """The xy grasp error (metres) of grasp attempt ``attempt`` (0-based): zero, or a miss."""
         rng = np.random.default_rng([self.seed, 1, int(attempt)])
-        angle = rng.uniform(0.0, 2 * math.pi)
-        radius = (1.0 - self.skill) * MAX_GRASP_OFFSET
+        missed, angle = rng.random() < 1.0 - self.skill, rng.uniform(0.0, 2 * math.pi)
+        radius = MAX_GRASP_OFFSET if missed else 0.0
         return np.array([radius * math.cos(angle), radius * math.sin(angle)])
 
     def drops(self, call: int) -> bool:
