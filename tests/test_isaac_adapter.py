@@ -18,13 +18,12 @@ import numpy as np
 import pytest
 import torch
 
-from dz_gym.testing import isaac_stubs
-from dz_gym.testing.isaac_stubs import cfgs
-
 import dz_gym
 from dz_gym.envs import droid
 from dz_gym.envs.isaac import checks, compat, launch
 from dz_gym.errors import BackendUnavailable
+from dz_gym.testing import isaac_stubs
+from dz_gym.testing.isaac_stubs import cfgs
 
 SMALL = (4, 6)  # camera resolution for the tests (the stand-in renders constant colours)
 
@@ -373,7 +372,6 @@ def test_a_bool_gripper_command_closes_on_true(world):
 def upstream_env(world, num_envs, dome=True):
     """sim-evals' env exactly as run_eval.py builds it (no dz-gym patches)."""
     import gymnasium as gym
-
     import isaaclab.app
 
     if world.is_v3:

@@ -11,11 +11,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import dz_gym  # noqa: E402
-from dz_gym.envs.isaac import compat, launch, tasks  # noqa: E402
-from dz_gym.errors import BackendUnavailable  # noqa: E402
-from dz_gym.testing import isaac_stubs  # noqa: E402
-from dz_gym.testing.isaac_stubs import sim_evals_layouts  # noqa: E402
+import dz_gym
+from dz_gym.envs.isaac import compat, launch, tasks
+from dz_gym.errors import BackendUnavailable
+from dz_gym.testing import isaac_stubs
+from dz_gym.testing.isaac_stubs import sim_evals_layouts
 
 SMALL = (4, 6)
 
@@ -240,7 +240,7 @@ def run_mila_case(world, env, name, num_envs):
     for pose in poses:
         for i in range(num_envs):
             world.env.teleport(task.object_name, i, pose)
-        obs, reward, terminated, truncated, info = env.step(hold(obs))
+        obs, _, _, _, info = env.step(hold(obs))
         infos.append(info)
     return obs, infos
 
@@ -284,8 +284,8 @@ def test_mila_task_with_several_envs_equals_one_env(install, name):
 def test_mila_milestones_reset_with_the_episode(install):
     world = install("2.2", layout="per_scene", mila=True)
     env = make(scene="place_spoon_in_sink", num_envs=1)
-    obs, infos = run_mila_case(world, env, "place_spoon_in_sink", 1)
-    obs, info = env.reset()
+    run_mila_case(world, env, "place_spoon_in_sink", 1)
+    _, info = env.reset()
     assert all(v.tolist() == [-1] for v in info["milestones"].values()) and not info["success"].any()
 
 
@@ -458,7 +458,7 @@ def test_mila_without_sim_evals_milestone_buffer_computes_them_from_the_poses(in
     monkeypatch.setattr(sim_evals_layouts, "milestone_reward", lambda env, task_id: torch.zeros(env.num_envs))
     monkeypatch.setattr(sim_evals_layouts, "reset_milestones", lambda env, env_ids: None)
     env = make(scene="place_spoon_in_sink", num_envs=2)
-    obs, infos = run_mila_case(world, env, "place_spoon_in_sink", 2)
+    _, infos = run_mila_case(world, env, "place_spoon_in_sink", 2)
     assert getattr(world.env, "_mila_milestones_reached", None) is None and env._mila.fallback_used
     milestones = infos[-1]["milestones"]
     assert {key: milestones[key].tolist() for key in tasks.GENERIC_MILESTONES} == {

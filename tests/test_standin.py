@@ -9,14 +9,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dz_gym.envs import droid, episodes  # noqa: E402
-from dz_gym.testing.isaac_standin import (  # noqa: E402
+from dz_gym.envs import droid, episodes
+from dz_gym.preprocess import resize_with_pad
+from dz_gym.testing.isaac_standin import (
     IsaacDroidStandIn,
     decode_stamp,
     isaac_env_origins,
     joint_byte,
 )
-from dz_gym.preprocess import resize_with_pad  # noqa: E402
 
 SMALL = (72, 128)
 INFO_KEYS = set(episodes.INFO_KEYS)

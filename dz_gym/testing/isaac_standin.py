@@ -49,8 +49,9 @@ their stamp blocks), so a benchmark of the wrapper on it measures the wrapper.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -366,7 +367,7 @@ class IsaacDroidStandIn(BatchedDroidEnv):
         torch = self._torch
         obj, container, _ = self._local_state()
         origins = self.scene.env_origins
-        as_tensor = lambda array: torch.as_tensor(array, dtype=torch.float32, device=self.device)  # noqa: E731
+        as_tensor = lambda array: torch.as_tensor(array, dtype=torch.float32, device=self.device)
         self.scene[self.spec.isaac_object].data.root_pos_w.copy_(as_tensor(obj) + origins)
         self.scene[self.spec.isaac_container].data.root_pos_w.copy_(as_tensor(container) + origins)
         robot = self.scene["robot"].data

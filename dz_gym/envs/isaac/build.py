@@ -129,7 +129,7 @@ class InitialConditions:
         self._saved: tuple[Any, Any, int] | None = None  # (term, its list, its counter)
 
     @classmethod
-    def find(cls, env: Any) -> "InitialConditions | None":
+    def find(cls, env: Any) -> InitialConditions | None:
         """sim-evals' term in ``env``'s event manager (by name, or by its ``initial_conditions`` list)."""
         manager = getattr(env, "event_manager", None)
         try:

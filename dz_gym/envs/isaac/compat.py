@@ -44,9 +44,10 @@ import importlib
 import importlib.util
 import re
 import warnings
-from pathlib import Path
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any
 
 from dz_gym.errors import BackendUnavailable
 

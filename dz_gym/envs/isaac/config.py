@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import importlib
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from dz_gym.envs import droid
 from dz_gym.envs.isaac.compat import IsaacLabApi

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import importlib
 import warnings
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -38,6 +39,7 @@ from dz_gym.envs.isaac.build import InitialConditions, MilestoneProbe, parse_tas
 from dz_gym.envs.isaac.config import keep_one_dome_light, patch_env_cfg
 from dz_gym.envs.isaac.mila import MilaEpisodes
 from dz_gym.envs.isaac.state import DEFAULT_TCP_BODIES, StateProbe, TaskState
+
 # Spacing of the env grid when N > 1 (sim-evals: 7 m). With 7 m, each env's table also gets about 5 % more
 # light from its neighbours' sphere lights (inverse square) and the 104-degree external cameras can see the
 # neighbouring robots; at 30 m both are below 1 %. Physics is env-local, so spacing changes nothing else.

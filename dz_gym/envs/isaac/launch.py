@@ -9,8 +9,8 @@ process-wide state: :func:`launch_app` starts the app (or returns the one alread
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from dz_gym.envs.isaac.compat import IsaacLabApi, detect
 

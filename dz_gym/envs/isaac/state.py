@@ -9,8 +9,9 @@ check needs. Positions are made env-local by subtracting ``scene.env_origins``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -175,8 +175,9 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             spec.submodule_search_locations = [str(self.world.tasks_root)]
         return spec
 
-    def find_distributions(self, context=importlib.metadata.DistributionFinder.Context()):
-        if context.name not in (None, "isaaclab"):
+    def find_distributions(self, context=None):
+        name = getattr(context, "name", None)
+        if name not in (None, "isaaclab"):
             return iter(())
         return iter((_Distribution(self.world.version_string),))
 

@@ -26,7 +26,13 @@ from pathlib import Path
 
 import torch
 
-from dz_gym.testing.isaac_stubs.cfgs import SCENE_BODIES, EventTermCfg, InitialStateCfg, RewardTermCfg, RigidObjectCfg
+from dz_gym.testing.isaac_stubs.cfgs import (
+    SCENE_BODIES,
+    EventTermCfg,
+    InitialStateCfg,
+    RewardTermCfg,
+    RigidObjectCfg,
+)
 
 ENV_NS = "{ENV_REGEX_NS}"
 
@@ -276,7 +282,7 @@ def milestone_reward(env, task_id: str):
     return newly / env.step_dt
 
 
-class reset_initial_conditions:  # noqa: N801 (sim-evals' name)
+class reset_initial_conditions:
     """sim-evals' class event term: deals the next pose sets of a JSON file round-robin to the envs reset
     (``(current_index + j) % len`` to the j-th id), offset by each env's origin; ``current_index`` advances."""
 
