@@ -124,15 +124,16 @@ def test_paired_interval_one_pair():
 
 
 def test_paired_interval_no_discordant_pairs():
-    # 10 pairs, 6 both and 4 neither: d = 0, phi = 1 -> the radicands are (x - y)^2 with x, y the Wilson
-    # half-widths below and above 0.6: the interval is [-(u - p) + (p - l), (u - p) - (p - l)] sorted.
+    # 10 pairs, 6 both and 4 neither: d = 0; A = 24 > n/2 so phi = (24 - 5) / sqrt(6 * 4 * 6 * 4) = 19/24;
+    # both arms have the same Wilson limits, x = p - l below and y = u - p above.
     counts = PairedCounts(6, 0, 0, 4)
     lo, hi = paired_difference_interval(counts)
     wl, wh = wilson_interval(6, 10)
-    below, above = 0.6 - wl, wh - 0.6
-    assert lo == pytest.approx(-abs(below - above))
-    assert hi == pytest.approx(abs(above - below))
-    assert lo <= 0 <= hi
+    x, y = 0.6 - wl, wh - 0.6
+    phi = 19 / 24
+    assert lo == pytest.approx(-math.sqrt(x * x - 2 * phi * x * y + y * y))
+    assert hi == pytest.approx(math.sqrt(y * y - 2 * phi * y * x + x * x))
+    assert lo < 0 < hi
 
 
 def test_paired_interval_all_discordant():
@@ -144,19 +145,38 @@ def test_paired_interval_all_discordant():
     assert 0 < lo < 1
 
 
+def test_paired_interval_matches_the_published_example():
+    # Fagerland, Lydersen & Laake, "Statistical Analysis of Contingency Tables" (2017), ch. 8: complete
+    # response before/after consolidation therapy (Cavo et al. 2012), table [[59, 6], [16, 80]]:
+    # Newcombe square-and-add estimate -0.0621, 95% CI -0.1186 to -0.0046 (to 4 decimals).
+    c = PairedCounts(both=59, a_only=16, b_only=6, neither=80)
+    lo, hi = paired_difference_interval(c)
+    assert round(c.diff, 4) == -0.0621
+    assert (round(lo, 4), round(hi, 4)) == (-0.1186, -0.0046)
+
+
 def test_paired_interval_hand_computed_general():
-    # 20 pairs: both 8, A only 2, B only 7, neither 3. p_b = 15/20, p_a = 10/20.
-    c = PairedCounts(8, 2, 7, 3)
-    n = 20
+    # 22 pairs: both 8, A only 2, B only 7, neither 5. p_b = 15/22, p_a = 10/22; A = 40 - 14 = 26 > n/2 = 11,
+    # so phi = (26 - 11) / sqrt(15 * 7 * 10 * 12).
+    c = PairedCounts(8, 2, 7, 5)
+    n = 22
     pb, pa = 15 / n, 10 / n
     lb, ub = wilson_interval(15, n)
     la, ua = wilson_interval(10, n)
-    phi = (8 * 3 - 2 * 7) / math.sqrt(15 * 5 * 10 * 10)
+    phi = (8 * 5 - 2 * 7 - n / 2) / math.sqrt(15 * 7 * 10 * 12)
     d = pb - pa
     lo = d - math.sqrt((pb - lb) ** 2 - 2 * phi * (pb - lb) * (ua - pa) + (ua - pa) ** 2)
     hi = d + math.sqrt((ub - pb) ** 2 - 2 * phi * (ub - pb) * (pa - la) + (pa - la) ** 2)
     assert paired_difference_interval(c) == pytest.approx((lo, hi))
-    assert c.diff == pytest.approx(0.25)
+    assert c.diff == pytest.approx(5 / 22)
+    # Negative association is used as it is: both 1, A only 7, B only 6, neither 1 (A = 1 - 42 < 0).
+    c = PairedCounts(1, 7, 6, 1)
+    phi = (1 - 42) / math.sqrt(7 * 8 * 8 * 7)
+    pb, pa = 7 / 15, 8 / 15
+    lb, ub = wilson_interval(7, 15)
+    la, ua = wilson_interval(8, 15)
+    lo = (pb - pa) - math.sqrt((pb - lb) ** 2 - 2 * phi * (pb - lb) * (ua - pa) + (ua - pa) ** 2)
+    assert paired_difference_interval(c)[0] == pytest.approx(lo)
 
 
 def test_paired_interval_antisymmetric_under_swapping_arms():

@@ -96,15 +96,17 @@ class PairedCounts:
 
 
 def paired_difference_interval(counts: PairedCounts, z: float = Z95) -> tuple[float, float] | None:
-    """Newcombe's hybrid score interval (method 10) for ``p_b - p_a`` of paired outcomes.
+    """Newcombe's hybrid score ("square-and-add") interval (method 10) for ``p_b - p_a`` of paired outcomes.
 
-    With ``l_i, u_i`` the Wilson limits of each arm's rate ``p_i`` and ``phi`` the correlation of the two
-    arms' outcomes over the pairs (0 when a margin of the table is empty)::
+    With ``l_i, u_i`` the Wilson limits of each arm's rate ``p_i`` and ``d = p_b - p_a``::
 
         lower = d - sqrt((p_b - l_b)^2 - 2 phi (p_b - l_b)(u_a - p_a) + (u_a - p_a)^2)
         upper = d + sqrt((u_b - p_b)^2 - 2 phi (u_b - p_b)(p_a - l_a) + (p_a - l_a)^2)
 
-    where ``d = p_b - p_a``. ``None`` when there are no pairs. The limits lie in [-1, 1].
+    ``phi`` estimates the correlation of the two arms' outcomes with Newcombe's continuity correction: with
+    ``A = both * neither - a_only * b_only`` and ``M`` the product of the four margins, ``phi = (A - n/2) / sqrt(M)``
+    when ``A > n/2``, 0 when ``0 <= A <= n/2``, ``A / sqrt(M)`` when ``A < 0``, and 0 when a margin is empty.
+    ``None`` when there are no pairs. The limits are truncated to [-1, 1].
     """
     n = counts.n
     if n == 0:
@@ -112,12 +114,15 @@ def paired_difference_interval(counts: PairedCounts, z: float = Z95) -> tuple[fl
     p_a, p_b = counts.a / n, counts.b / n
     l_a, u_a = wilson_interval(counts.a, n, z)
     l_b, u_b = wilson_interval(counts.b, n, z)
-    # Correlation of the outcomes: the table's rows are B's outcome, its columns A's.
+    # Correlation of the outcomes (continuity-corrected towards 0 for positive association).
     margins = counts.b * (n - counts.b) * counts.a * (n - counts.a)
-    if margins == 0:
+    cross = counts.both * counts.neither - counts.a_only * counts.b_only
+    if margins == 0 or 0 <= cross <= n / 2:
         phi = 0.0
+    elif cross > n / 2:
+        phi = (cross - n / 2) / math.sqrt(margins)
     else:
-        phi = (counts.both * counts.neither - counts.a_only * counts.b_only) / math.sqrt(margins)
+        phi = cross / math.sqrt(margins)
     d = p_b - p_a
     below = (p_b - l_b) ** 2 - 2 * phi * (p_b - l_b) * (u_a - p_a) + (u_a - p_a) ** 2
     above = (u_b - p_b) ** 2 - 2 * phi * (u_b - p_b) * (p_a - l_a) + (p_a - l_a) ** 2
