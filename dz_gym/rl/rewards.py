@@ -25,8 +25,8 @@ residual action ``a`` in [-1, 1] per step: it keeps the correction small where i
 ...         "milestones": {"reached": np.array([5, 2]), "lifted": np.array([-1, 4]),
 ...                        "above_target": np.array([-1, 7]), "placed": np.array([-1, 9])}}
 >>> reward, first_success = step_reward(config, info, np.array([False, False]))
->>> reward.tolist(), first_success.tolist()
-[[0.10000000149011612, 1.0], [False, True]]
+>>> [round(float(r), 3) for r in reward], first_success.tolist()
+([0.1, 1.0], [False, True])
 >>> step_reward(RewardConfig(mode="sparse"), info, np.array([False, False]))[0].tolist()
 [0.0, 1.0]
 """
