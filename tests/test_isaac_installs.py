@@ -99,6 +99,7 @@ def test_cli_parser_leaves_isaac_lab_alone_for_the_mujoco_backend(install):
     assert "--headless" in build_parser(isaac_args=True).format_help()
 
 
+@pytest.mark.slow  # a real run with the embedded server; the fast check is the parser test above
 def test_dz_gym_eval_mujoco_runs_where_a_source_install_is_importable(install, tmp_path, capsys):
     install("2.2", install="source")
     from dz_gym.eval import cli
@@ -261,7 +262,8 @@ def test_mila_task_selection_prompt_horizon_and_milestones(install, name):
     for own, generic in zip(task.milestones, tasks.GENERIC_MILESTONES):  # the task's own names too
         assert milestones[own].tolist() == milestones[generic].tolist()
     assert [bool(info["success"][0]) for info in infos] == [False, False, False, True]
-    assert tuple(obs["policy"]["arm_joint_pos"].shape) == (1, 7)  # upstream gives (7,) at N=1
+    assert tuple(obs["policy"]["arm_joint_pos"].shape) == (1, 7) and tuple(obs["policy"]["gripper_pos"].shape) == (1, 1)
+    assert tuple(isaac_stubs.cfgs.upstream_arm_joint_pos(world.env).shape) == (7,)  # upstream at N=1: no batch dim
 
 
 @pytest.mark.parametrize("name", list(MILA_CASES))
