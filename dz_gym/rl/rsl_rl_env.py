@@ -80,9 +80,10 @@ class RslRlVecEnv(VecEnv):
             self.reset()
         return self._obs
 
-    def reset(self) -> tuple[TensorDict, dict]:
-        """Reset every env (the runner never calls it: the env resets finished episodes inside ``step``)."""
-        obs, info = self.env.reset(seed=self._seed)
+    def reset(self, seed: int | None = None) -> tuple[TensorDict, dict]:
+        """Reset every env, with ``seed`` (default: the constructor's, for the first reset). The runner never
+        calls it (the env resets finished episodes inside ``step``); evaluation loops do."""
+        obs, info = self.env.reset(seed=self._seed if seed is None else seed)
         self._seed = None
         self._obs = self._tensordict(obs)
         return self._obs, {}
