@@ -83,10 +83,10 @@ def check_assets(scene: int, assets_dir: str | os.PathLike | None = None, files:
         candidates.append(sim_evals_root() / "assets")
     needed = (*(files or (f"scene{int(scene)}.usd",)), ROBOT_USD)
     for folder in candidates:
-        if all((folder / name).is_file() for name in needed):
+        if all((folder / name).exists() for name in needed):
             return folder
     folder = candidates[0]
-    absent = [name for name in needed if not (folder / name).is_file()]
+    absent = [name for name in needed if not (folder / name).exists()]
     raise BackendUnavailable(f"sim-evals assets missing in {folder}: {', '.join(absent)}; {ASSETS_HINT}")
 
 

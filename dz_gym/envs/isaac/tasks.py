@@ -59,7 +59,7 @@ class IsaacTask:
     mila_task: str | None = None
     milestones: tuple[str, ...] = GENERIC_MILESTONES  # the task's own names, in order
     thresholds: MilaThresholds = MilaThresholds()
-    assets: tuple[str, ...] = ()  # files under the assets folder
+    assets: tuple[str, ...] = ()  # files (or folders) under the assets folder that must exist before launch
 
     @property
     def is_mila(self) -> bool:
@@ -87,10 +87,13 @@ def _droid(scene: int, gym_id: str, object_prim: str, container_prim: str) -> Is
     )
 
 
-def _mila(key, task_id, prompt, steps, milestones, obj, target, obj_prim, target_prim, asset, **thresholds) -> IsaacTask:
+def _mila(key, task_id, prompt, steps, milestones, obj, target, obj_prim, target_prim, scene_usd, **thresholds) -> IsaacTask:
     return IsaacTask(
         task_id, MILA_KEY_BASE + key, prompt, steps, MILA_GYM_ID, obj, target, obj_prim, target_prim,
-        mila_task=task_id, milestones=milestones, thresholds=MilaThresholds(**thresholds), assets=(f"mila/{asset}",),
+        mila_task=task_id, milestones=milestones, thresholds=MilaThresholds(**thresholds),
+        # the folder only: sim-evals versions place a task's scene differently (Task1/Task2); set_task names
+        # the file it cannot open
+        assets=("mila",),
     )
 
 
@@ -151,7 +154,7 @@ def detect_layout(package_dir: Path) -> tuple[str, bool]:
 def scene_key(scene: int | str) -> int:
     """A run's scene id: a DROID scene number (1-3) or a named task's key (101-103); a one-line error."""
     if isinstance(scene, bool):
-        raise ValueError(f"expected one of {sorted(BY_KEY)}, got {scene!r}")
+        raise ValueError(f"expected one of {sorted(BY_KEY)}, got {scene!r}")  # noqa: TRY004 (config turns ValueError into a one-line usage error)
     try:
         key = int(scene)
     except (TypeError, ValueError):
