@@ -154,7 +154,7 @@ def detect_layout(package_dir: Path) -> tuple[str, bool]:
 def scene_key(scene: int | str) -> int:
     """A run's scene id: a DROID scene number (1-3) or a named task's key (101-103); a one-line error."""
     if isinstance(scene, bool):
-        raise ValueError(f"expected one of {sorted(BY_KEY)}, got {scene!r}")  # noqa: TRY004 (config turns ValueError into a one-line usage error)
+        raise ValueError(f"expected one of {sorted(BY_KEY)}, got {scene!r}")  # noqa: TRY004 (a usage error)
     try:
         key = int(scene)
     except (TypeError, ValueError):
