@@ -39,7 +39,7 @@ def grasp_frame(scene: int, seed: int, image_shape) -> dict[str, np.ndarray]:
         if obs is None:
             env.set_render_mask(None)
             obs, *_ = env.step(expert.act(env.privileged_state()))
-        return {name: obs["policy"][name][0] for name in droid.CAMERA_KEYS}
+        return {name: np.array(obs["policy"][name][0]) for name in droid.CAMERA_KEYS}  # copies: views end with the env
     finally:
         env.close()
 
@@ -57,9 +57,9 @@ def main() -> None:
         env = make_env(scene=scene, num_envs=args.seeds, seed=args.seed, image_shape=shape, num_workers=0)
         try:
             obs, _ = env.reset()
+            views = {name: np.array(view) for name, view in obs["policy"].items()}  # copies: views end with the env
         finally:
             env.close()
-        views = obs["policy"]
         for name in droid.CAMERA_KEYS:
             Image.fromarray(views[name][0]).save(args.out / f"scene{scene}_{name}.png")
         rows = [np.concatenate([views[name][i] for name in droid.VIDEO_STRIP_KEYS], axis=1) for i in range(args.seeds)]

@@ -7,9 +7,9 @@ import pytest
 
 pytest.importorskip("mujoco")
 
-from dz_gym.envs import droid, episodes  # noqa: E402
-from dz_gym.envs.mujoco import make_env  # noqa: E402
-from dz_gym.envs.mujoco.expert import ScriptedExpert, run_episodes  # noqa: E402
+from dz_gym.envs import droid, episodes
+from dz_gym.envs.mujoco import make_env
+from dz_gym.envs.mujoco.expert import ScriptedExpert, run_episodes
 
 HORIZON = 190  # the expert needs ~110-140 steps; leave time for the object to come to rest
 

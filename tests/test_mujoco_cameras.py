@@ -9,10 +9,10 @@ import pytest
 
 pytest.importorskip("mujoco")
 
-import mujoco  # noqa: E402
+import mujoco
 
-from dz_gym.envs.mujoco import camera_calibration, make_env, scene, wrist_camera_pose  # noqa: E402
-from dz_gym.envs.mujoco.cameras import EXTERNAL_FOVY_DEG, invert_pose  # noqa: E402
+from dz_gym.envs.mujoco import camera_calibration, make_env, scene, wrist_camera_pose
+from dz_gym.envs.mujoco.cameras import EXTERNAL_FOVY_DEG, invert_pose
 
 
 def test_intrinsics_and_rig_geometry():

@@ -9,11 +9,20 @@ import pytest
 
 pytest.importorskip("mujoco")
 
-from dz_gym.envs import droid, make_droid_env  # noqa: E402
-from dz_gym.envs import episodes  # noqa: E402
-from dz_gym.envs.base import BatchedDroidEnv  # noqa: E402
-from dz_gym.envs.mujoco import MujocoDroidEnv, Randomization, RenderingUnavailable, make_env  # noqa: E402
-from dz_gym.envs.mujoco import gl, scene  # noqa: E402
+from dz_gym.envs import (
+    droid,
+    episodes,
+    make_droid_env,
+)
+from dz_gym.envs.base import BatchedDroidEnv
+from dz_gym.envs.mujoco import (
+    MujocoDroidEnv,
+    Randomization,
+    RenderingUnavailable,
+    gl,
+    make_env,
+    scene,
+)
 
 INFO_KEYS = set(episodes.INFO_KEYS)
 

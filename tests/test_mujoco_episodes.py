@@ -8,7 +8,15 @@ import numpy as np
 import pytest
 
 from dz_gym.envs import droid
-from dz_gym.envs.episodes import INFO_KEYS, MILESTONES, Episodes, ObjectBox, TaskState, reach_distance, resolve_env_ids
+from dz_gym.envs.episodes import (
+    INFO_KEYS,
+    MILESTONES,
+    Episodes,
+    ObjectBox,
+    TaskState,
+    reach_distance,
+    resolve_env_ids,
+)
 
 SCENE = droid.scene_spec(1)
 CONTAINER = np.array([0.55, 0.16, 0.0])

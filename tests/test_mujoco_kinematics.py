@@ -9,8 +9,8 @@ import pytest
 
 pytest.importorskip("mujoco")
 
-from dz_gym.envs import droid  # noqa: E402
-from dz_gym.envs.mujoco import Kinematics, make_env  # noqa: E402
+from dz_gym.envs import droid
+from dz_gym.envs.mujoco import Kinematics, make_env
 
 
 @pytest.fixture(scope="module")

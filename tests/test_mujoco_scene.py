@@ -8,8 +8,8 @@ import pytest
 pytest.importorskip("mujoco")
 Image = pytest.importorskip("PIL.Image")
 
-from dz_gym.envs import droid  # noqa: E402
-from dz_gym.envs.mujoco import Randomization, make_env, scene  # noqa: E402
+from dz_gym.envs import droid
+from dz_gym.envs.mujoco import Randomization, make_env, scene
 
 
 def _hue_sat_val(image: np.ndarray) -> np.ndarray:

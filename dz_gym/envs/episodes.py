@@ -67,8 +67,9 @@ Example (no simulator needed)::
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -112,7 +113,7 @@ class TaskState:
         return droid.placement_success(criteria, self.object_pos, self.container_pos, self.object_speed, self.tcp_pos)
 
     @classmethod
-    def resting(cls, object_pos, container_pos, tcp_height: float = 0.3) -> "TaskState":
+    def resting(cls, object_pos, container_pos, tcp_height: float = 0.3) -> TaskState:
         """Objects at rest with the tool centre point ``tcp_height`` above the object (tests, doubles)."""
         object_pos = np.asarray(object_pos, dtype=np.float64).reshape(-1, 3)
         tcp = object_pos + np.array([0.0, 0.0, tcp_height])

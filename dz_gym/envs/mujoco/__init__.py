@@ -17,11 +17,15 @@ from dz_gym.envs.mujoco import gl as _gl
 
 _gl.configure()
 
-from dz_gym.envs.mujoco.cameras import CameraCalibration, camera_calibration, wrist_camera_pose  # noqa: E402
-from dz_gym.envs.mujoco.env import MujocoDroidEnv, make_env  # noqa: E402
-from dz_gym.envs.mujoco.gl import RenderingUnavailable  # noqa: E402
-from dz_gym.envs.mujoco.kinematics import IKResult, Kinematics  # noqa: E402
-from dz_gym.envs.mujoco.scene import Randomization  # noqa: E402
+from dz_gym.envs.mujoco.cameras import (
+    CameraCalibration,
+    camera_calibration,
+    wrist_camera_pose,
+)
+from dz_gym.envs.mujoco.env import MujocoDroidEnv, make_env
+from dz_gym.envs.mujoco.gl import RenderingUnavailable
+from dz_gym.envs.mujoco.kinematics import IKResult, Kinematics
+from dz_gym.envs.mujoco.scene import Randomization
 
 __all__ = [
     "CameraCalibration",

@@ -40,8 +40,20 @@ from dz_gym.envs.base import BatchedDroidEnv
 from dz_gym.envs.episodes import TaskState
 from dz_gym.envs.mujoco import gl
 from dz_gym.envs.mujoco import scene as scene_module
-from dz_gym.envs.mujoco.cameras import CAMERA_NAMES, CameraCalibration, camera_calibration
-from dz_gym.envs.mujoco.sim import RESET, SKIP, STEP, STEP_THEN_RESET, EnvGroup, GroupConfig, buffer_fields
+from dz_gym.envs.mujoco.cameras import (
+    CAMERA_NAMES,
+    CameraCalibration,
+    camera_calibration,
+)
+from dz_gym.envs.mujoco.sim import (
+    RESET,
+    SKIP,
+    STEP,
+    STEP_THEN_RESET,
+    EnvGroup,
+    GroupConfig,
+    buffer_fields,
+)
 from dz_gym.envs.mujoco.worker import Buffers, WorkerPool
 
 MAX_IMAGE_SHAPE = (2160, 3840)
@@ -49,7 +61,7 @@ PERTURB_KINDS = ("nudge", "drop")
 
 # Envs still open at interpreter exit are closed before module teardown (a renderer freed during teardown
 # makes OSMesa print errors; workers get a clean "close" instead of a termination signal).
-_OPEN_ENVS: "weakref.WeakSet[MujocoDroidEnv]" = weakref.WeakSet()
+_OPEN_ENVS: weakref.WeakSet[MujocoDroidEnv] = weakref.WeakSet()
 
 
 @atexit.register

@@ -62,7 +62,7 @@ def create_renderer(model, height: int, width: int):
 
     try:
         renderer = mujoco.Renderer(model, height=height, width=width)
-    except Exception as exc:  # noqa: BLE001 - any GL failure becomes the one clear error
+    except Exception as exc:
         message = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
         raise unavailable(f"{type(exc).__name__}: {message}") from exc
     renderer.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = False

@@ -48,7 +48,7 @@ class IKResult:
 class Kinematics:
     """Forward and inverse kinematics of the robot model without task objects."""
 
-    _shared: "Kinematics | None" = None
+    _shared: Kinematics | None = None
     _shared_lock = threading.Lock()
 
     def __init__(self):
@@ -64,7 +64,7 @@ class Kinematics:
         _, self.home_rotation = self.fk(self.home)
 
     @classmethod
-    def shared(cls) -> "Kinematics":
+    def shared(cls) -> Kinematics:
         """A process-wide instance (for light, single-threaded use such as calibration queries)."""
         with cls._shared_lock:
             if cls._shared is None:
