@@ -34,12 +34,12 @@ def test_isaac_contract_shapes_and_types():
     env = IsaacDroidStandIn(scene=1, num_envs=3, image_shape=SMALL)
     obs, info = env.reset(seed=0)
     policy = obs[droid.POLICY_GROUP]
-    assert set(policy) == set(droid.CAMERA_KEYS) | {droid.JOINT_KEY, droid.GRIPPER_KEY}
+    assert set(policy) == set(droid.CAMERA_KEYS) | {droid.OBS_JOINT_KEY, droid.OBS_GRIPPER_KEY}
     for camera in droid.CAMERA_KEYS:
         assert isinstance(policy[camera], torch.Tensor)
         assert tuple(policy[camera].shape) == (3, *SMALL, 3) and policy[camera].dtype == torch.uint8
-    assert tuple(policy[droid.JOINT_KEY].shape) == (3, 7) and policy[droid.JOINT_KEY].dtype == torch.float32
-    assert tuple(policy[droid.GRIPPER_KEY].shape) == (3, 1) and policy[droid.GRIPPER_KEY].dtype == torch.float32
+    assert tuple(policy[droid.OBS_JOINT_KEY].shape) == (3, 7) and policy[droid.OBS_JOINT_KEY].dtype == torch.float32
+    assert tuple(policy[droid.OBS_GRIPPER_KEY].shape) == (3, 1) and policy[droid.OBS_GRIPPER_KEY].dtype == torch.float32
     assert set(info) == INFO_KEYS
     obs, reward, terminated, truncated, info = env.step(actions(3))
     assert reward.dtype == torch.float32 and tuple(reward.shape) == (3,)
@@ -70,25 +70,25 @@ def test_joints_follow_targets_with_first_order_lag_and_gripper_binarizes():
     alpha = 1.0 - math.exp(-droid.STEP_DT / 0.1)
     target = HOME + 0.5
     obs, *_ = env.step(actions(2, target, gripper=0.6))
-    joints = obs["policy"][droid.JOINT_KEY].numpy()
+    joints = obs["policy"][droid.OBS_JOINT_KEY].numpy()
     np.testing.assert_allclose(joints, np.tile(HOME + alpha * 0.5, (2, 1)), atol=1e-6)
-    np.testing.assert_allclose(obs["policy"][droid.GRIPPER_KEY].numpy(), alpha, atol=1e-6)
+    np.testing.assert_allclose(obs["policy"][droid.OBS_GRIPPER_KEY].numpy(), alpha, atol=1e-6)
     previous = np.abs(joints - target).max()
     for _ in range(12):
         obs, *_ = env.step(actions(2, target, gripper=0.6))
-        error = np.abs(obs["policy"][droid.JOINT_KEY].numpy() - target).max()
+        error = np.abs(obs["policy"][droid.OBS_JOINT_KEY].numpy() - target).max()
         np.testing.assert_allclose(error, previous * (1 - alpha), rtol=1e-3)
         previous = error
     assert previous < 1e-3
-    assert obs["policy"][droid.GRIPPER_KEY].numpy().min() > 0.99
+    assert obs["policy"][droid.OBS_GRIPPER_KEY].numpy().min() > 0.99
     # 0.4 opens; a bool True closes (it becomes 1.0 before the > 0.5 test)
     obs, *_ = env.step(actions(2, target, gripper=0.4))
-    assert obs["policy"][droid.GRIPPER_KEY].numpy().max() < 0.99
+    assert obs["policy"][droid.OBS_GRIPPER_KEY].numpy().max() < 0.99
     bools = torch.zeros(2, droid.ACTION_DIM, dtype=torch.bool)
     bools[:, -1] = True
-    before = obs["policy"][droid.GRIPPER_KEY].clone()
+    before = obs["policy"][droid.OBS_GRIPPER_KEY].clone()
     obs, *_ = env.step(bools)
-    assert (obs["policy"][droid.GRIPPER_KEY] > before).all()
+    assert (obs["policy"][droid.OBS_GRIPPER_KEY] > before).all()
 
 
 def test_per_env_time_outs_autoreset_in_the_same_step_and_stay_isolated():
@@ -115,8 +115,8 @@ def test_per_env_time_outs_autoreset_in_the_same_step_and_stay_isolated():
     # The observation after a time-out already belongs to the next episode: home pose, step 0.
     assert env.episode_length_buf.tolist() == [0, 0, 1]
     assert [decode_stamp(obs["policy"]["external_cam"][i]).episode for i in range(3)] == [3, 2, 1]
-    np.testing.assert_allclose(obs["policy"][droid.JOINT_KEY][0].numpy(), HOME)
-    assert not np.allclose(obs["policy"][droid.JOINT_KEY][2].numpy(), HOME)
+    np.testing.assert_allclose(obs["policy"][droid.OBS_JOINT_KEY][0].numpy(), HOME)
+    assert not np.allclose(obs["policy"][droid.OBS_JOINT_KEY][2].numpy(), HOME)
     # Seeds of the following episodes: + num_envs per episode.
     assert info["episode_seed"].tolist() == [100 + 3 * 2, 101 + 3, 102 + 3]
     assert env.episode_seed.tolist() == [100 + 3 * 3, 101 + 3 * 2, 102 + 3]
@@ -190,7 +190,7 @@ def test_stamps_survive_resize_with_pad(shape):
         for i in range(4):
             stamp = decode_stamp(resized[i], source_shape=droid.ISAAC_IMAGE_SHAPE)
             assert (stamp.env_id, stamp.camera, stamp.step, stamp.episode) == (i, c, 3, 0)
-            joint0 = float(obs["policy"][droid.JOINT_KEY][i, 0])
+            joint0 = float(obs["policy"][droid.OBS_JOINT_KEY][i, 0])
             assert stamp.joint0_byte == joint_byte(joint0)
 
 
@@ -277,7 +277,7 @@ def test_observation_ring_buffers():
     assert obs2["policy"]["wrist_cam"].data_ptr() == obs0["policy"]["wrist_cam"].data_ptr()
     assert decode_stamp(obs0["policy"]["wrist_cam"][0]).step == 2
     assert env.renders == 3
-    assert obs1["policy"][droid.JOINT_KEY].data_ptr() != obs2["policy"][droid.JOINT_KEY].data_ptr()
+    assert obs1["policy"][droid.OBS_JOINT_KEY].data_ptr() != obs2["policy"][droid.OBS_JOINT_KEY].data_ptr()
 
 
 def test_render_mask_is_accepted_and_every_view_is_redrawn():

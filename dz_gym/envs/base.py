@@ -198,11 +198,6 @@ class BatchedDroidEnv(gym.Env):
             raise ValueError("action: expected finite values, got NaN or inf")
         return tensor
 
-    def _take_seed(self, env_id: int, fallback: int) -> int:
-        """The queued seed of ``env_id`` (consumed), else ``fallback``. Transitional: backends that have
-        moved to ``self.episodes`` (``reset_seeds``/``next_seeds``) do not call it."""
-        return self.episodes._queued.pop(int(env_id), int(fallback))
-
 
 def _read_only(array: np.ndarray) -> np.ndarray:
     view = array.view()

@@ -41,9 +41,6 @@ POLICY_GROUP = "policy"
 CAMERA_KEYS = ("external_cam", "external_cam_2", "wrist_cam")
 OBS_JOINT_KEY = "arm_joint_pos"
 OBS_GRIPPER_KEY = "gripper_pos"
-# Former names of the two observation terms, kept until every caller uses OBS_*; do not use in new code.
-JOINT_KEY = OBS_JOINT_KEY
-GRIPPER_KEY = OBS_GRIPPER_KEY
 ISAAC_IMAGE_SHAPE = (720, 1280)
 DEFAULT_EMBEDDED_IMAGE_SHAPE = (180, 320)
 

@@ -437,7 +437,7 @@ class IsaacDroidStandIn(BatchedDroidEnv):
                 frames[camera][region] = torch.as_tensor(row, device=self.device)[:, None]
         self.renders += 1
         policy = {camera: frames[camera] for camera in droid.CAMERA_KEYS}
-        policy[droid.JOINT_KEY] = self._joints.clone()
-        policy[droid.GRIPPER_KEY] = self._gripper.clone()
+        policy[droid.OBS_JOINT_KEY] = self._joints.clone()
+        policy[droid.OBS_GRIPPER_KEY] = self._gripper.clone()
         return {droid.POLICY_GROUP: policy}
 

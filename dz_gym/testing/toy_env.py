@@ -100,8 +100,8 @@ class ToyDroidEnv(BatchedDroidEnv):
             img[:, :, :, 1] = (np.abs(self.joints[:, 0]) * 1000 % 256).astype(np.uint8)[:, None, None]
             img[:, :, :, 2] = 40 * c
             policy[key] = img
-        policy[droid.JOINT_KEY] = self.joints.copy()
-        policy[droid.GRIPPER_KEY] = self.gripper.copy()
+        policy[droid.OBS_JOINT_KEY] = self.joints.copy()
+        policy[droid.OBS_GRIPPER_KEY] = self.gripper.copy()
         return {droid.POLICY_GROUP: policy}
 
     def reset(self, *, seed=None, options=None):

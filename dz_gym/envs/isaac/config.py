@@ -70,7 +70,7 @@ def patch_env_cfg(
     """Apply the multi-env patches to a parsed sim-evals DROID config; returns what was changed, in words."""
     changes: list[str] = []
     policy = cfg.observations.policy
-    for term in (droid.JOINT_KEY, droid.GRIPPER_KEY, *droid.CAMERA_KEYS):
+    for term in (droid.OBS_JOINT_KEY, droid.OBS_GRIPPER_KEY, *droid.CAMERA_KEYS):
         if getattr(policy, term, None) is None:
             raise ValueError(
                 f"sim-evals config: observation term {term!r} missing (needs sim-evals 423e87c or later, see docs/isaac.md)"
