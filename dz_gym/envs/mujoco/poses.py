@@ -8,8 +8,8 @@ z forward), while MuJoCo/OpenGL cameras look along their -z axis with y up. This
 >>> pose = np.eye(4); pose[:3, 3] = (1.0, 2.0, 3.0)
 >>> invert_pose(pose)[:3, 3].tolist()
 [-1.0, -2.0, -3.0]
->>> intrinsics(90.0, (100, 200))[0, 0].round(6)
-np.float64(50.0)
+>>> round(float(intrinsics(90.0, (100, 200))[0, 0]), 6)
+50.0
 """
 
 from __future__ import annotations
