@@ -161,9 +161,19 @@ class ShardedRun:
         remote = self.ray.remote(ShardWorker).options(name=name, **self._actor_options(st.shard))
         st.actor = remote.remote(self.config.backend, self.env_kwargs.get("app_args"), self.options.worker_setup)
 
+    def _queues(self, st: _ShardState, scene: int) -> list[list[int]]:
+        """The shard's per-slot episodes of ``scene`` that have no row yet."""
+        return [[k for k in q if (scene, k) not in self.recorded] for q in st.shard.queues[scene]]
+
+    def _skip_done_scenes(self, st: _ShardState) -> bool:
+        """Drop the shard's leading scenes that have nothing left to run; True when a scene is left."""
+        while st.scenes and not any(self._queues(st, st.scenes[0])):
+            st.scenes.pop(0)
+        return bool(st.scenes)
+
     def _submit(self, st: _ShardState) -> None:
         scene = st.scenes[0]
-        queues = [[k for k in q if (scene, k) not in self.recorded] for q in st.shard.queues[scene]]
+        queues = self._queues(st, scene)
         spec = {
             "config": self.config.to_dict(),
             "shard": st.shard.index,
@@ -193,7 +203,7 @@ class ShardedRun:
             .remote()
         )
         for st in self.states:
-            if st.scenes:
+            if self._skip_done_scenes(st):
                 self._new_actor(st)
                 self._submit(st)
 
@@ -271,14 +281,15 @@ class ShardedRun:
             self._kill(st)
             return
         self._note_where(st)
-        self.spans.append((result["loop_end"] - result["wall_s"], result["loop_end"]))
+        if result["env_steps"]:
+            self.spans.append((result["loop_end"] - result["wall_s"], result["loop_end"]))
         for url, seconds in result["busy_s"].items():
             self.busy_s[url] = self.busy_s.get(url, 0.0) + seconds
         for url, meta in result["server_metadata"].items():
             self.server_metadata.setdefault(url, meta)
         self.video_errors.update(result.get("video_errors", {}))
         st.scenes.pop(0)
-        if result["stopped"] or self.control.stop.is_set() or not st.scenes:
+        if result["stopped"] or self.control.stop.is_set() or not self._skip_done_scenes(st):
             self._kill(st)
             return
         if self.config.backend == "isaac":  # one scene per process
@@ -291,6 +302,8 @@ class ShardedRun:
         self._kill(st)
         if self.control.stop.is_set():
             return  # stopping anyway: the episodes without a row run on --resume
+        if not self._skip_done_scenes(st):
+            return  # every episode of the shard has its row
         if st.restarts < self.options.max_restarts:
             st.restarts += 1
             self.say(
