@@ -154,7 +154,8 @@ def main() -> int:
                     rate_1, rate_k = one["env_steps_per_s"], ours["env_steps_per_s"]
                     runs.append((rate_1, s_one, rate_k, s_k, seg["driver_wall_s"] - seg["wall_s"]))
                     print(
-                        f"N={n} run {r + 1}/{args.repeat}: one process {rate_1:.1f} env-steps/s (s_N {1e3 * s_one:.1f} ms), "
+                        f"N={n} run {r + 1}/{args.repeat}: one process {rate_1:.1f} env-steps/s "
+                        f"(s_N {1e3 * s_one:.1f} ms), "
                         f"{k} shards {rate_k:.1f} (s {1e3 * s_k:.1f} ms), {rate_k / rate_1:.2f}x",
                         flush=True,
                     )
@@ -196,7 +197,8 @@ def main() -> int:
             listed = ", ".join(f"{v:.2f}x" for v in values)
             print(f"N={n}: {k} shards vs one process, run by run: {listed} (median {statistics.median(values):.2f}x)")
     print(
-        "(bound = 8N / (ceil(N/W) * L + 8 * s); targets: shards >= 90% of bound at N >= 64, >= 0.9x one process below (median of runs))"
+        "(bound = 8N / (ceil(N/W) * L + 8 * s); targets: shards >= 90% of bound at N >= 64, "
+        ">= 0.9x one process below (median of runs))"
     )
     print(f"targets {'met' if ok else 'NOT met'}; total {time.perf_counter() - t0:.0f} s")
     return 0 if ok else 1

@@ -99,7 +99,8 @@ def add_ray_args(parser: argparse.ArgumentParser) -> None:
         "--ship-files",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="send trajectories and videos back to this machine (default: only from nodes that do not see the run directory)",
+        help="send trajectories and videos back to this machine "
+        "(default: only from nodes that do not see the run directory)",
     )
 
 
