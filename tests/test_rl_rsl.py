@@ -24,6 +24,15 @@ from dz_gym.testing.memory_client import MemoryPolicyClient  # noqa: E402
 NUM_ENVS, EPISODE, STEPS_PER_ENV, ITERATIONS = 2, 5, 6, 2
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Small networks on a shared 2-core machine: one intra-op thread is many times faster than two."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def train_cfg() -> dict:
     """A small PPO configuration in rsl-rl-lib 5.x's format (class names resolved inside rsl_rl)."""
     return {

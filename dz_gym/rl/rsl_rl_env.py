@@ -48,6 +48,7 @@ class RslRlVecEnv(VecEnv):
         self.cfg = dict(cfg) if cfg is not None else self._default_cfg()
         self._seed = seed
         self._obs: TensorDict | None = None
+        self.last_info: dict[str, Any] = {}  # the residual env's info of the last reset or step
 
     def _default_cfg(self) -> dict[str, Any]:
         env = self.env
@@ -85,6 +86,7 @@ class RslRlVecEnv(VecEnv):
         calls it (the env resets finished episodes inside ``step``); evaluation loops do."""
         obs, info = self.env.reset(seed=self._seed if seed is None else seed)
         self._seed = None
+        self.last_info = info
         self._obs = self._tensordict(obs)
         return self._obs, {}
 
@@ -92,6 +94,7 @@ class RslRlVecEnv(VecEnv):
         if self._obs is None:
             self.reset()
         obs, reward, terminated, truncated, info = self.env.step(actions)
+        self.last_info = info
         self._obs = self._tensordict(obs)
         dones = terminated | truncated
         extras: dict[str, Any] = {"time_outs": truncated}
