@@ -4,8 +4,8 @@ a shard killed mid-run loses nothing (re-run by a new actor, or recorded as erro
 request (what the first Ctrl-C does) then a resume completes the run with the same rows.
 
 One cluster and one reference server for the module; every run is short (2 envs, 6 episodes of 16 steps).
-The in-process stop + resume and the beyond-restarts case are marked slow (the CLI test covers Ctrl-C + resume
-in every environment).
+The in-process stop + resume (the CLI test covers Ctrl-C + resume in every environment) and the Isaac Lab
+stand-in run (its actors import torch) are marked slow.
 """
 
 from __future__ import annotations
@@ -161,7 +161,6 @@ def test_a_killed_shard_loses_nothing(cluster, server, one_process, tmp_path):
     assert summary["complete"] and summary["aborted"] is None
 
 
-@pytest.mark.slow
 def test_a_shard_lost_beyond_its_restarts_is_recorded_errored(cluster, server, tmp_path):
     control = RunControl(None)
     control.on_row, state = _kill_shard_after_its_first_row(tmp_path, 1)
