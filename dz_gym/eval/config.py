@@ -30,7 +30,10 @@ EXTERNAL_POLICY = "external"  # the ``policy`` of a run against servers it did n
 RESULT_KEYS = (
     "backend", "scenes", "seed", "max_steps", "open_loop_horizon", "policy",
     "prefetch", "simulated_delay", "max_stale_steps",
+    "policy_b", "sequential", "alpha", "policy_seed", "num_inference_steps",
 )
+ARMS = ("a", "b")  # the arms of an A/B run: slot 2j runs arm a, slot 2j+1 arm b
+DEFAULT_MAX_EPISODES = 200  # --sequential: pairs (episodes per arm) the test may use by default
 
 
 def _transport_default(name: str) -> Any:
@@ -91,6 +94,13 @@ class EvalConfig:
     server_max_sessions: int = 64  # vLLM-Omni's resident session capacity (MAX_DREAMZERO_SESSIONS)
     server_idle_timeout: float = 30.0  # vLLM-Omni closes a connection idle this long; 0: the servers have none
     auth_env: str | None = None  # NAME of the environment variable holding the servers' API token
+    servers_b: list[str] = dataclasses.field(default_factory=list)  # A/B: arm B's servers (arm A: servers)
+    policy_b: str | None = None  # A/B on the embedded servers: arm B's policy (arm A: policy)
+    sequential: bool = False  # A/B: stop as soon as the anytime-valid test decides (dz_gym.stats.sequential)
+    alpha: float = 0.05  # the sequential test's type-I error
+    max_episodes: int | None = None  # sequential: the most pairs (episodes per arm); None: DEFAULT_MAX_EPISODES
+    policy_seed: bool = False  # send a per-episode ``seed`` (derived from the episode's seed) in each request
+    num_inference_steps: int | None = None  # send ``sampling_params: {num_inference_steps}`` in each request
     video: bool = True
     report: bool = True  # write report.html into the run directory at the end (dz_gym.report)
     version: int = CONFIG_VERSION
@@ -114,9 +124,10 @@ class EvalConfig:
             raise _field_error("scenes", exc) from None
         if len(set(self.scenes)) != len(self.scenes):
             raise ValueError(f"scenes: expected distinct scene ids, got {self.scenes}")
+        self._check_ab()
         for name in ("num_envs", "episodes", "max_steps", "server_max_sessions"):
             if name == "episodes" and self.episodes is None:
-                self.episodes = self.num_envs
+                self.episodes = self._default_episodes()
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
@@ -147,8 +158,67 @@ class EvalConfig:
             self.policy = EXTERNAL_POLICY
         elif self.policy is None:
             self.policy = default_policy(self.backend)
+        self.servers_b = list(self.servers_b)
+        for url in self.servers_b:
+            try:
+                validate_url(url)
+            except ValueError as exc:
+                raise _field_error("servers_b", exc) from None
+        if self.servers_b:
+            if not self.servers:
+                raise ValueError("servers_b: an A/B run against external servers needs arm A's servers too (--server)")
+            if self.policy_b not in (None, EXTERNAL_POLICY):
+                raise ValueError(f"policy_b: only for the embedded servers; an external server serves its own policy, got {self.policy_b!r}")
+            self.policy_b = EXTERNAL_POLICY
+        elif self.policy_b is not None and self.servers:
+            raise ValueError("policy_b: only for the embedded servers; with --server give arm B's servers with --server-b")
         self._check_schedule()
         self.transport_config()
+
+    @property
+    def ab(self) -> bool:
+        """Whether this is an A/B run: every seed runs under arm A and arm B (``docs/eval.md``)."""
+        return bool(self.servers_b) or self.policy_b is not None
+
+    @property
+    def arms(self) -> tuple[str, ...]:
+        """``("a", "b")`` for an A/B run, else ``()``."""
+        return ARMS if self.ab else ()
+
+    @property
+    def sequential_max_pairs(self) -> int:
+        """The most pairs the sequential test may use (``max_episodes``, or its default)."""
+        return self.max_episodes if self.max_episodes is not None else DEFAULT_MAX_EPISODES
+
+    def _default_episodes(self) -> int:
+        """Episodes per scene (per arm) when not given: one per env (pair of envs in an A/B run); with
+        ``sequential``, enough for the test's cap spread over the scenes."""
+        if self.sequential:
+            return -(-self.sequential_max_pairs // len(self.scenes))
+        return self.num_envs // 2 if self.ab else self.num_envs
+
+    def _check_ab(self) -> None:
+        """The A/B settings: an even number of envs, and the sequential flags only where they apply."""
+        for name in ("sequential", "policy_seed"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: expected true or false, got {getattr(self, name)!r}")
+        if self.sequential and not self.ab:
+            raise ValueError("sequential: only for A/B runs (give arm B with --server-b URL or --policy-b NAME)")
+        if not isinstance(self.alpha, (int, float)) or isinstance(self.alpha, bool) or not 0.0 < self.alpha < 1.0:
+            raise ValueError(f"alpha: expected a number in (0, 1), got {self.alpha!r}")
+        if self.alpha != 0.05 and not self.sequential:
+            raise ValueError("alpha: only with --sequential (dz-gym-compare --alpha sets the verdicts' level)")
+        if self.max_episodes is not None:
+            if not self.sequential:
+                raise ValueError("max_episodes: only with --sequential (--episodes sets the episodes of a fixed run)")
+            if not _is_int(self.max_episodes) or self.max_episodes < 1:
+                raise ValueError(f"max_episodes: expected an integer >= 1, got {self.max_episodes!r}")
+        if self.num_inference_steps is not None and (not _is_int(self.num_inference_steps) or self.num_inference_steps < 1):
+            raise ValueError(f"num_inference_steps: expected an integer >= 1, got {self.num_inference_steps!r}")
+        if self.ab and _is_int(self.num_envs) and (self.num_envs < 2 or self.num_envs % 2):
+            raise ValueError(
+                f"num_envs: an A/B run needs an even number of envs (slot 2j runs arm A, 2j+1 arm B), got {self.num_envs}"
+            )
 
     def _check_schedule(self) -> None:
         """The chunk schedule's own rules (prefetch range, delays), checked by the schedule itself."""
@@ -173,10 +243,14 @@ class EvalConfig:
         """Errored episodes tolerated before the run aborts (default: 10 % of the planned, at least 5)."""
         if self.max_errors is not None:
             return self.max_errors
-        return max(5, (self.episodes * len(self.scenes)) // 10)
+        return max(5, (self.episodes * len(self.scenes) * max(1, len(self.arms))) // 10)
 
     def envs_per_server(self) -> int:
-        """Envs sharing the busiest server (slot ``i`` uses server ``i % len(servers)``; one embedded server)."""
+        """Envs sharing the busiest server (slot ``i`` uses server ``i % len(servers)``; one embedded server;
+        in an A/B run each arm's half of the envs shares that arm's servers)."""
+        if self.ab:
+            half = self.num_envs // 2
+            return max(-(-half // max(1, len(self.servers))), -(-half // max(1, len(self.servers_b))))
         return -(-self.num_envs // max(1, len(self.servers)))
 
     def to_dict(self) -> dict[str, Any]:
@@ -200,6 +274,8 @@ def resume_conflicts(saved: EvalConfig, wanted: EvalConfig) -> list[str]:
     for key in RESULT_KEYS:
         if getattr(wanted, key) != getattr(saved, key):
             lines.append(f"{key}: the run used {getattr(saved, key)!r}, got {getattr(wanted, key)!r}")
+    if bool(wanted.ab) != bool(saved.ab):
+        lines.append(f"A/B: the run {'was' if saved.ab else 'was not'} an A/B run (--server-b/--policy-b)")
     if wanted.episodes < saved.episodes:
         lines.append(f"episodes: the run planned {saved.episodes} per scene; a resume may add episodes, not remove them")
     return lines

@@ -8,6 +8,12 @@ that have no row yet, and always (also on Ctrl-C, an exhausted error budget or a
 than it keeps sessions resident (``config.server_max_sessions``) and, from the first replies, when an env may
 wait longer between requests than the servers' idle timeout (``config.server_idle_timeout``).
 
+An A/B run (``config.ab``: ``servers_b``, or ``policy_b`` on the embedded servers) runs every seed under both
+arms on neighbouring env slots, through one :class:`~dz_gym.eval.clients.ArmRouter` (``servers_b``: arm B's
+URLs); with ``config.sequential`` a :class:`~dz_gym.eval.ab.PairTracker` stops starting episodes once the
+sequential test decides. The summary then has ``arms`` (per arm, per scene and overall), ``comparison`` (the
+JSON of ``dz-gym-compare``) and ``sequential`` (the test's decision and why the run stopped).
+
 A repeated stop signal (see :mod:`dz_gym.eval.signals`) may interrupt the stepping loop and the waits on the
 network, never the simulator's start-up or the writing of the results.
 
@@ -59,10 +65,49 @@ def default_env_factory(scene: int, config: EvalConfig, **backend_kwargs: Any):
     return make_droid_env(backend=config.backend, scene=scene, num_envs=config.num_envs, **kwargs)
 
 
-def remaining_episodes(config: EvalConfig, rows: Sequence[Mapping[str, Any]]) -> dict[int, list[int]]:
-    """Per scene, the planned episodes without a row (rows of errored episodes count as done)."""
+def remaining_episodes(config: EvalConfig, rows: Sequence[Mapping[str, Any]]) -> dict[int, list]:
+    """Per scene, the planned episodes without a row (rows of errored episodes count as done); in an A/B
+    run ``(episode, arm)`` items."""
+    if config.ab:
+        done_ab = {(int(r["scene"]), int(r["episode"]), r.get("arm")) for r in rows}
+        return {
+            s: [(k, arm) for k in range(config.episodes) for arm in config.arms if (s, k, arm) not in done_ab]
+            for s in config.scenes
+        }
     done = {(int(r["scene"]), int(r["episode"])) for r in rows}
     return {s: [k for k in range(config.episodes) if (s, k) not in done] for s in config.scenes}
+
+
+def pair_tracker(config: EvalConfig, rows: Sequence[Mapping[str, Any]]):
+    """The :class:`~dz_gym.eval.ab.PairTracker` of an A/B run, rebuilt from its rows (None otherwise)."""
+    if not config.ab:
+        return None
+    from dz_gym.eval.ab import PairTracker
+
+    return PairTracker(sequential=config.sequential, alpha=config.alpha, max_pairs=config.sequential_max_pairs,
+                       rows=rows)  # fmt: skip
+
+
+def _ab_summary(config: EvalConfig, rows: Sequence[Mapping[str, Any]], dropped: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``arms``, ``comparison`` and ``sequential`` of an A/B run's summary (see :func:`evaluate`); ``dropped``:
+    the episodes cut off by the sequential stop (no row)."""
+    from dz_gym.eval.results import summarize_arms
+    from dz_gym.stats.comparison import compare_rows
+
+    labels = {}
+    for arm, servers, policy in (("a", config.servers, config.policy), ("b", config.servers_b, config.policy_b)):
+        labels[arm] = f"arm {arm.upper()} (" + (", ".join(servers) if servers else f"policy {policy}") + ")"
+    out: dict[str, Any] = {"arms": summarize_arms(rows, config.arms, planned={s: config.episodes for s in config.scenes})}
+    out["arms"]["labels"] = labels
+    out["comparison"] = compare_rows(rows, labels=labels)
+    tracker = pair_tracker(config, rows)
+    finished = not any(remaining_episodes(config, rows)[s] for s in config.scenes)
+    out["sequential"] = tracker.summary(rows, planned_pairs=config.episodes * len(config.scenes), finished=finished)
+    if out["sequential"] is not None:
+        out["sequential"]["dropped"] = [dict(d) for d in dropped]
+        if tracker.stopped:
+            out["complete"] = True  # the test decided: the episodes it did not need are not missing
+    return out
 
 
 def versions() -> dict[str, str]:
@@ -105,10 +150,16 @@ def build_summary(
 
     prompts = {s: scene_prompt(s) for s in config.scenes}
     planned = {s: config.episodes for s in config.scenes}
+    if config.ab:
+        planned = {s: config.episodes * len(config.arms) for s in config.scenes}
     fields = dict(extra)
+    dropped = fields.pop("dropped", [])
     fields["segments"] = segments
     fields["config"] = config.to_dict()
-    return summarize(rows, planned=planned, prompts=prompts, wall_s=wall or None, stepped=stepped, busy_s=busy, extra=fields)
+    summary = summarize(rows, planned=planned, prompts=prompts, wall_s=wall or None, stepped=stepped, busy_s=busy, extra=fields)
+    if config.ab:
+        summary.update(_ab_summary(config, rows, dropped))
+    return summary
 
 
 def evaluate(
@@ -125,6 +176,7 @@ def evaluate(
     env_kwargs: Mapping[str, Any] | None = None,
     log: Callable[[str], None] | None = None,
     ray_options: Any = None,
+    servers_b: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Run every episode of ``config`` that has no row in ``run_dir`` yet; returns the summary written.
 
@@ -137,7 +189,8 @@ def evaluate(
     call to some scenes (a process per scene); ``command`` and ``server_info`` are recorded in the summary;
     ``log`` receives the lines for the user (default: above the progress bars, on stderr);
     ``ray_options`` (a :class:`~dz_gym.eval.shards.options.RayOptions`) runs the episodes as shards on a Ray
-    cluster instead, with the same rows and the same run directory (``docs/ray.md``).
+    cluster instead, with the same rows and the same run directory (``docs/ray.md``); ``servers_b``: arm B's
+    URLs of an A/B run (default ``config.servers_b``; the command line passes the second embedded server's).
 
     Raises what ended the run early (after writing the summary): ``KeyboardInterrupt`` on a repeated stop
     signal, or the simulator's/wrapper's error (the summary then says ``aborted``).
@@ -145,6 +198,8 @@ def evaluate(
     from dz_gym.wrapper import DreamZeroPolicyWrapper
 
     if ray_options is not None:  # K shards on a Ray cluster (dz_gym.eval.shards); Ray is imported only there
+        if config.ab:
+            raise ValueError("ray_options: A/B runs (servers_b/policy_b) run in one process, not as Ray shards")
         if env_factory is not None or only_scenes is not None:
             raise ValueError("ray_options: a sharded run builds its envs in its shards (no env_factory, only_scenes)")
         from dz_gym.eval.shards.driver import evaluate_sharded
@@ -154,6 +209,9 @@ def evaluate(
     servers = list(config.servers if servers is None else servers)
     if not servers:
         raise ValueError("servers: expected at least one policy server URL (in config.servers or the servers argument)")
+    servers_b = list(config.servers_b if servers_b is None else servers_b)
+    if config.ab and not servers_b:
+        raise ValueError("servers_b: an A/B run needs arm B's policy server URLs (in config.servers_b or servers_b)")
     factory = env_factory or default_env_factory
     run_dir.repair_rows()
     rows = run_dir.read_rows()
@@ -163,6 +221,10 @@ def evaluate(
         control = RunControl(config.error_budget)
     control.errored = sum(1 for r in rows if r.get("error") is not None)
     todo = remaining_episodes(config, rows)
+    pairs = pair_tracker(config, rows)
+    if pairs is not None and pairs.stopped:
+        todo = {s: [] for s in todo}  # the sequential test has decided (a resumed run): nothing left to run
+    dropped: list[dict[str, Any]] = list((previous.get("sequential") or {}).get("dropped", []))
     scenes = [s for s in config.scenes if only_scenes is None or s in only_scenes]
     total = sum(len(todo[s]) for s in scenes)
     say_later: list[Callable[[str], None]] = []
@@ -184,7 +246,7 @@ def evaluate(
         for scene in scenes:
             if not todo[scene]:
                 continue
-            if control.stop.is_set():
+            if control.stop.is_set() or (pairs is not None and pairs.stopped):
                 break
             say(f"scene {scene}: {len(todo[scene])} episode(s) on {config.num_envs} env(s)")
             env = factory(scene, config, **dict(env_kwargs or {}))  # not interruptible: workers start whole
@@ -193,16 +255,17 @@ def evaluate(
                 with interruptible():
                     if control.stop.is_set():
                         break
+                    client = _client(config, servers, servers_b)
                     wrapper = DreamZeroPolicyWrapper(
                         env,
-                        server=list(servers),
+                        **({"client": client} if client is not None else
+                           {"server": list(servers), "transport": config.transport_config()}),
                         open_loop_horizon=config.open_loop_horizon,
-                        transport=config.transport_config(),
                         prefetch=config.prefetch,
                         simulated_delay=config.simulated_delay,
                         max_stale_steps=config.max_stale_steps,
                     )
-                    for i in range(min(len(servers), wrapper.num_envs)):  # env i talks to server i % len
+                    for i in range(wrapper.num_envs):  # one entry per server URL
                         server_metadata.setdefault(wrapper.server_url(i), _metadata_dict(wrapper.server_metadata[i]))
                     runner = SceneRunner(
                         wrapper,
@@ -214,8 +277,11 @@ def evaluate(
                         control=control,
                         recorder=recorder,
                         progress=bars,
+                        pairs=pairs,
+                        on_episode_start=getattr(client, "begin_episode", None),
                     )
                     result = runner.run()
+                    dropped.extend(result.dropped)
             finally:
                 with shielded():
                     if wrapper is not None:
@@ -246,6 +312,8 @@ def evaluate(
                 "command": command,
                 "backend": config.backend,
                 "servers": list(servers),
+                **({"servers_b": list(servers_b)} if config.ab else {}),
+                "dropped": dropped,
                 "server": dict(server_info or {}),
                 "server_metadata": server_metadata or previous.get("server_metadata", {}),
                 "video_errors": dict(recorder.failed) if recorder is not None else {},
@@ -260,6 +328,16 @@ def evaluate(
     if error is not None:
         raise error
     return summary
+
+
+def _client(config: EvalConfig, servers: Sequence[str], servers_b: Sequence[str]):
+    """The policy client of an A/B run or of a run that sends sampling fields; None: the wrapper's default."""
+    if not (config.ab or config.policy_seed or config.num_inference_steps is not None):
+        return None
+    from dz_gym.eval.clients import build_client
+
+    return build_client(servers, servers_b if config.ab else (), config.num_envs, config.transport_config(),
+                        policy_seed=config.policy_seed, num_inference_steps=config.num_inference_steps)  # fmt: skip
 
 
 def python_command(argv: Sequence[str] | None = None) -> str:

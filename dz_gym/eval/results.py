@@ -9,6 +9,11 @@ Errored episodes (a server error, a lost connection or a timeout during the epis
 are excluded from the success denominators: their success fields are ``null`` in the rows. A success rate is
 reported as ``{"k", "n", "rate", "ci95": [lo, hi]}`` with the Wilson score interval (z = 1.96), which stays
 inside [0, 1] and is sensible at k = 0 and k = n.
+
+Milestones: where rows carry ``milestones`` (name -> first step or null), each group has a funnel
+``milestones: {name: rate}``: the completed episodes that reached each milestone, over the completed episodes
+whose row carries it. An A/B run's rows carry ``arm``: :func:`summarize_arms` gives the same groups per arm,
+and :func:`format_table` prints one line per scene and arm, then the paired comparison.
 """
 
 from __future__ import annotations
@@ -120,10 +125,33 @@ def check_row(row: Mapping[str, Any]) -> None:
             raise ValueError(f"episode row: {key!r} expected true/false, got {value!r}")
 
 
+def milestone_funnel(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]] | None:
+    """Per milestone (in the rows' order), the completed episodes that reached it with a Wilson interval;
+    None when no completed row carries milestones.
+
+    >>> rows = [{"error": None, "milestones": {"reached": 3, "lifted": None}},
+    ...         {"error": None, "milestones": {"reached": 5, "lifted": 9}}]
+    >>> {name: (r["k"], r["n"]) for name, r in milestone_funnel(rows).items()}
+    {'reached': (2, 2), 'lifted': (1, 2)}
+    """
+    done = [r for r in rows if r.get("error") is None and isinstance(r.get("milestones"), Mapping)]
+    if not done:
+        return None
+    names: list[str] = []
+    for r in done:
+        names.extend(str(n) for n in r["milestones"] if str(n) not in names)
+    funnel = {}
+    for name in names:
+        having = [r for r in done if name in r["milestones"]]
+        funnel[name] = rate(sum(r["milestones"][name] is not None for r in having), len(having))
+    return funnel
+
+
 def _group(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     ok = [r for r in rows if r["error"] is None]
     latencies = [v for r in rows for v in r.get("latencies_ms") or ()]
-    return {
+    funnel = milestone_funnel(rows)
+    return ({"milestones": funnel} if funnel is not None else {}) | {
         "episodes": len(rows),
         "completed": len(ok),
         "errored": len(rows) - len(ok),
@@ -164,6 +192,9 @@ def summarize(
     summary: dict[str, Any] = {"scenes": scenes}
     for scene in scenes:
         entry = _group([r for r in rows if r["scene"] == scene])
+        task = next((r["task"] for r in rows if r["scene"] == scene and r.get("task")), None)
+        if task is not None:
+            entry["task"] = task
         if prompts and scene in prompts:
             entry["prompt"] = prompts[scene]
         if planned is not None:
@@ -193,6 +224,27 @@ def summarize(
     return summary
 
 
+def summarize_arms(
+    rows: Sequence[Mapping[str, Any]], arms: Sequence[str], *, planned: Mapping[int, int] | None = None
+) -> dict[str, Any]:
+    """Per arm of an A/B run: ``{"scenes", "<scene>": group, "overall": group}`` as in :func:`summarize`
+    (``planned``: episodes per scene and arm)."""
+    scenes = sorted({r["scene"] for r in rows} | set(planned or {}))
+    out: dict[str, Any] = {}
+    for arm in arms:
+        mine = [r for r in rows if r.get("arm") == arm]
+        entry: dict[str, Any] = {"scenes": scenes}
+        for scene in scenes:
+            entry[str(scene)] = _group([r for r in mine if r["scene"] == scene])
+            if planned is not None:
+                entry[str(scene)]["planned"] = int(planned.get(scene, 0))
+        entry["overall"] = _group(mine)
+        if planned is not None:
+            entry["overall"]["planned"] = int(sum(planned.values()))
+        out[arm] = entry
+    return out
+
+
 def _fmt_rate(entry: Mapping[str, Any]) -> str:
     if entry["n"] == 0:
         return "-"
@@ -212,9 +264,17 @@ def format_table(summary: Mapping[str, Any]) -> str:
     The episodes column says ``k/n completed, m errored`` where some episodes errored.
     """
     header = ("scene", "episodes", "success@end [95% CI]", "success@any [95% CI]", "calls", "p50 ms")
-    lines = []
+    arms = summary.get("arms")
+    groups: list[tuple[str, Mapping[str, Any]]] = []
     for key in [str(s) for s in summary.get("scenes", [])] + ["overall"]:
-        entry = summary[key]
+        task = summary.get(key, {}).get("task")
+        name = f"{key} {task}" if task and key.isdigit() and int(key) > 100 else key  # MILA tasks by name
+        if isinstance(arms, Mapping):
+            groups.extend((f"{name} {arm.upper()}", arms[arm][key]) for arm in ("a", "b") if arm in arms)
+        else:
+            groups.append((name, summary[key]))
+    lines = []
+    for key, entry in groups:
         latency = entry.get("latency_ms")
         lines.append(
             (
@@ -245,4 +305,25 @@ def format_table(summary: Mapping[str, Any]) -> str:
         out.append(", ".join(tail))
     if summary["overall"]["errored"]:
         out.append(f"note: {ERRORED_NOTE}")
+    funnel = summary["overall"].get("milestones") if not isinstance(arms, Mapping) else None
+    if funnel:
+        out.append("milestones: " + ", ".join(f"{name} {_fmt_rate(r)}" for name, r in funnel.items()))
+    if isinstance(arms, Mapping):
+        for arm in ("a", "b"):
+            arm_funnel = arms.get(arm, {}).get("overall", {}).get("milestones")
+            if arm_funnel:
+                out.append(f"milestones {arm.upper()}: " + ", ".join(f"{n} {_fmt_rate(r)}" for n, r in arm_funnel.items()))
+    comparison = summary.get("comparison")
+    if isinstance(comparison, Mapping) and comparison.get("metrics"):
+        from dz_gym.stats.comparison import format_comparison
+
+        out.append("")
+        out.append(format_comparison({**comparison, "metrics": {k: v for k, v in comparison["metrics"].items()
+                                                                if k in ("success_at_end", "success_any_step")}}))  # fmt: skip
+    sequential = summary.get("sequential")
+    if isinstance(sequential, Mapping):
+        out.append(f"sequential test: {sequential.get('why')} [stopped by: {sequential.get('stopped_by')}]")
+        if sequential.get("unpaired") or sequential.get("dropped"):
+            out.append(f"left out of the comparison: {len(sequential.get('unpaired') or [])} episode(s) without a twin, "
+                       f"{len(sequential.get('dropped') or [])} dropped at the stop (no row)")  # fmt: skip
     return "\n".join(out)

@@ -5,7 +5,8 @@ Layout (paths inside rows and the summary are relative to the run directory)::
     RUN_DIR/
       config.json                      the EvalConfig (what --resume reloads)
       episodes.jsonl                   one row per finished episode, appended and flushed per episode
-      trajectories/scene1_ep0003.npz   per-episode arrays (actions, joints, gripper, server calls, latencies)
+      trajectories/scene1_ep0003.npz   per-episode arrays (actions, joints, gripper, server calls, latencies,
+                                       poses and milestones); an A/B run's files end in _a / _b
       videos/scene1_ep0003.mp4         per-episode video strip (right | wrist | left), 15 fps
       summary.json                     per scene and overall results, rewritten at the end of every run segment
 
@@ -36,9 +37,10 @@ ROWS_FILE = "episodes.jsonl"
 SUMMARY_FILE = "summary.json"
 
 
-def episode_name(scene: int, episode: int) -> str:
-    """The stem shared by an episode's trajectory and video: ``scene1_ep0003``."""
-    return f"scene{int(scene)}_ep{int(episode):04d}"
+def episode_name(scene: int, episode: int, arm: str | None = None) -> str:
+    """The stem shared by an episode's trajectory and video: ``scene1_ep0003`` (``scene1_ep0003_b`` for arm
+    B of an A/B run)."""
+    return f"scene{int(scene)}_ep{int(episode):04d}" + (f"_{arm}" if arm else "")
 
 
 def _to_json(value: Any) -> Any:
@@ -152,15 +154,15 @@ class RunDir:
             _write_atomic(path, keep)
 
     # -- per-episode files --------------------------------------------------------------------------
-    def trajectory_relpath(self, scene: int, episode: int) -> str:
-        return f"trajectories/{episode_name(scene, episode)}.npz"
+    def trajectory_relpath(self, scene: int, episode: int, arm: str | None = None) -> str:
+        return f"trajectories/{episode_name(scene, episode, arm)}.npz"
 
-    def video_relpath(self, scene: int, episode: int) -> str:
-        return f"videos/{episode_name(scene, episode)}.mp4"
+    def video_relpath(self, scene: int, episode: int, arm: str | None = None) -> str:
+        return f"videos/{episode_name(scene, episode, arm)}.mp4"
 
-    def save_trajectory(self, scene: int, episode: int, arrays: Mapping[str, np.ndarray]) -> str:
+    def save_trajectory(self, scene: int, episode: int, arrays: Mapping[str, np.ndarray], arm: str | None = None) -> str:
         """Write one episode's arrays (compressed npz, atomically); returns the relative path."""
-        rel = self.trajectory_relpath(scene, episode)
+        rel = self.trajectory_relpath(scene, episode, arm)
         path = self.path / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.stem}.tmp.npz")

@@ -20,6 +20,18 @@ key sessions per connection, such as vLLM-Omni).
 The runner uses only the wrapper's public surface: ``set_idle``, ``render_policy``, ``episode_stats``,
 ``server_url``, ``ensure_connected``, ``session_ids``, ``last_obs`` and the step's ``info``.
 
+A/B runs (``arms``): episode ``k`` runs twice, under arm A on slot ``2j`` and under arm B on slot ``2j + 1``
+with ``j = k % (num_envs / 2)`` (:func:`plan_queues`): the two runs of a seed are on neighbouring slots, at
+about the same time, in the same batch. Rows then carry ``arm``. With a
+:class:`~dz_gym.eval.ab.PairTracker` that stops (the sequential test decided), no new episode starts; an
+episode in progress whose twin has already run or is running finishes, one whose twin has not started is
+dropped (no row; listed in ``SceneResult.dropped``), so no pair is left half-finished by the stop.
+
+Rows also carry ``task`` (the name of the scene's task, e.g. ``place_spoon_in_sink`` for scene 101) and
+``milestones`` (name -> first episode step reached, or null; from ``info["milestones"]``, every name the env
+reports, including a task's own); trajectories keep the milestones' first steps and the poses they are
+checked on (``object_pos``, ``container_pos``, ``tcp_pos``).
+
 Per finished episode the runner writes, in order: the trajectory file, the video (closed in the background)
 and its row in ``episodes.jsonl``. A stop request (Ctrl-C) or an exhausted error budget ends the scene at the
 next step boundary; episodes in progress are dropped (no row; their partial videos are deleted) and run again
@@ -48,6 +60,21 @@ from dz_gym.records import EpisodeStats
 from dz_gym.requests import proprio, to_numpy
 
 logger = logging.getLogger(__name__)
+
+
+def plan_queues(work: Iterable[tuple[int, str | None]], num_envs: int) -> list[deque[tuple[int, str | None]]]:
+    """Per env slot, its ``(episode, arm)`` items in order: without an arm, episode ``k`` goes to slot
+    ``k % num_envs``; in an A/B run to slot ``2 (k % P) + (arm == "b")`` with ``P = num_envs // 2``."""
+    queues: list[deque[tuple[int, str | None]]] = [deque() for _ in range(int(num_envs))]
+    pairs = int(num_envs) // 2
+    for k, arm in sorted(set((int(e), a) for e, a in work), key=lambda item: (item[0], item[1] or "")):
+        if arm is None:
+            queues[k % num_envs].append((k, None))
+        else:
+            if arm not in ("a", "b") or pairs < 1:
+                raise ValueError(f"arm: expected 'a' or 'b' with at least 2 envs, got {arm!r} on {num_envs}")
+            queues[2 * (k % pairs) + (arm == "b")].append((k, arm))
+    return queues
 
 
 def slot_queues(episodes: Iterable[int], num_envs: int) -> list[deque[int]]:
@@ -97,6 +124,7 @@ class SceneResult:
     wall_s: float = 0.0  # from the first reset to the end of the loop
     busy_s: dict[str, float] = dataclasses.field(default_factory=dict)  # per server URL
     stopped: bool = False  # ended by a stop request or the error budget
+    dropped: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # cut off by a sequential stop
     intervals: dict[str, list[tuple[float, float]]] = dataclasses.field(default_factory=dict)  # per URL
 
 
@@ -125,6 +153,10 @@ class _Episode:
     started_at: float
     t0: float
     video_key: str | None
+    arm: str | None = None
+    task: str | None = None
+    milestones: dict[str, int] | None = None  # the latest info["milestones"] of this slot
+    tcp_pos: list = dataclasses.field(default_factory=list)
     actions: list = dataclasses.field(default_factory=list)
     joints: list = dataclasses.field(default_factory=list)
     gripper: list = dataclasses.field(default_factory=list)
@@ -152,11 +184,32 @@ def _column(info: Mapping[str, Any], key: str) -> np.ndarray | None:
     return None if value is None else to_numpy(value)
 
 
+def _milestone_columns(info: Mapping[str, Any]) -> dict[str, np.ndarray] | None:
+    """``info["milestones"]`` as name -> ``(N,)`` int64 host arrays (None when the env reports none)."""
+    value = info.get("milestones")
+    if not isinstance(value, Mapping):
+        return None
+    return {str(name): np.asarray(to_numpy(steps), dtype=np.int64).reshape(-1) for name, steps in value.items()}
+
+
+def task_name(scene: int) -> str | None:
+    """The task name of a scene id (``DROID-CubeInBowl`` for scene 1, ``place_spoon_in_sink`` for 101)."""
+    try:
+        from dz_gym.envs.isaac.tasks import task_for
+
+        return task_for(int(scene)).name
+    except (ImportError, ValueError):
+        return None
+
+
 class SceneRunner:
     """Run the given episodes of one scene on ``wrapper`` (a :class:`~dz_gym.wrapper.DreamZeroPolicyWrapper`).
 
     ``episodes`` are the episode indices still to run (all of them for a fresh run, the missing ones on
-    resume); each runs on slot ``k % num_envs`` with seed ``seed + k``.
+    resume); each runs on slot ``k % num_envs`` with seed ``seed + k``. In an A/B run they are ``(episode,
+    arm)`` items placed by :func:`plan_queues`. ``pairs`` (A/B): the :class:`~dz_gym.eval.ab.PairTracker` fed
+    with every row; ``on_episode_start(slot, seed)``: called as each episode starts (per-episode request
+    fields).
     """
 
     def __init__(
@@ -171,6 +224,8 @@ class SceneRunner:
         control: RunControl,
         recorder: VideoRecorder | None = None,
         progress: Progress | None = None,
+        pairs: Any = None,
+        on_episode_start: Callable[[int, int], None] | None = None,
     ):
         self.wrapper = wrapper
         self.base = wrapper.unwrapped
@@ -178,26 +233,35 @@ class SceneRunner:
             raise TypeError("env: the evaluator needs set_episode_seeds() (see dz_gym.envs.base) for per-episode seeds")
         self.num_envs = int(wrapper.num_envs)
         self.scene = int(scene)
-        self.episodes = sorted(int(k) for k in episodes)
+        work = [(int(e), None) if not isinstance(e, tuple) else (int(e[0]), e[1]) for e in episodes]
+        self.episodes = sorted({k for k, _ in work})
+        self._todo = set(work)
         self.seed = int(seed)
         self.max_steps = int(max_steps)
         self.run_dir = run_dir
         self.control = control
         self.recorder = recorder
         self.progress = progress
-        self._queues = slot_queues(self.episodes, self.num_envs)
+        self._queues = plan_queues(work, self.num_envs)
         self._current: list[_Episode | None] = [None] * self.num_envs
         self._warned_seed = False
+        self.pairs = pairs
+        self.on_episode_start = on_episode_start
+        self.task = task_name(self.scene)
+        self._started: set[tuple[int, str | None]] = set()
+        self._drain = False  # the sequential test stopped: start nothing new
+        self._result: SceneResult | None = None
 
     # -- the loop -------------------------------------------------------------------------------------
     def run(self) -> SceneResult:
         result = SceneResult(self.scene)
+        self._result = result
         wrapper = self.wrapper
         first = [i for i in range(self.num_envs) if self._queues[i]]
         if not first:
             return result
         try:
-            self.base.set_episode_seeds(first, [self.seed + self._queues[i][0] for i in first])
+            self.base.set_episode_seeds(first, [self.seed + self._queues[i][0][0] for i in first])
             wrapper.render_policy = "all" if self.recorder is not None else "due"
             self._set_idle()
             t0 = time.perf_counter()
@@ -245,6 +309,8 @@ class SceneRunner:
         events = info["integrity_event"]
         success = _column(info, "success")
         success_any = _column(info, "success_any_step")
+        milestones = _milestone_columns(info)
+        tcp_pos = _column(info, "tcp_pos")
         env_seed = _column(info, "episode_seed")
         object_pos = _column(info, "object_pos")
         container_pos = _column(info, "container_pos")
@@ -271,6 +337,10 @@ class SceneRunner:
                 ep.object_pos.append(object_pos[i].astype(np.float32))
             if container_pos is not None:
                 ep.container_pos.append(container_pos[i].astype(np.float32))
+            if tcp_pos is not None:
+                ep.tcp_pos.append(tcp_pos[i].astype(np.float32))
+            if milestones is not None:
+                ep.milestones = {name: int(steps[i]) for name, steps in milestones.items()}
             if env_seed is not None and ep.env_seed is None:
                 ep.env_seed = int(env_seed[i])
                 if ep.env_seed != ep.seed and not self._warned_seed:
@@ -299,12 +369,34 @@ class SceneRunner:
                 starts.append((i, self._queues[i].popleft()))
                 if not done[i]:
                     to_reset.append(i)
+        if self._drain:  # the sequential test stopped with one of these rows: no new episodes
+            starts, to_reset = [], []
+            self._drop_unpaired()
         if to_reset:
             wrapper.reset(options={"env_ids": np.asarray(to_reset, dtype=np.int64)})
-        for i, k in starts:
-            self._start(i, k)
+        for i, item in starts:
+            self._start(i, item)
         if finished:
             self._set_idle()
+
+    def _drop_unpaired(self) -> None:
+        """After a sequential stop: clear every queue and drop each running episode whose twin has not
+        started (it could never be paired); running pairs finish."""
+        for queue in self._queues:
+            queue.clear()
+        for i, ep in enumerate(self._current):
+            if ep is None or ep.arm is None:
+                continue
+            twin = (ep.episode, "b" if ep.arm == "a" else "a")
+            if twin in self._started or twin not in self._todo:  # running, finished, or done before a resume
+                continue
+            if self.recorder is not None and ep.video_key is not None:
+                self.recorder.abort(ep.video_key)
+            self._current[i] = None
+            if self._result is not None:
+                self._result.dropped.append({"scene": ep.scene, "episode": ep.episode, "seed": ep.seed, "arm": ep.arm,
+                                             "steps": ep.steps})  # fmt: skip
+        self._set_idle()
 
     def _account_busy(self, result: SceneResult, info: Mapping[str, Any]) -> None:
         """Record each reply's request interval per server; a server is counted busy while any request of
@@ -316,15 +408,19 @@ class SceneRunner:
             result.intervals.setdefault(url, []).append((float(sent[i]), float(received[i])))
 
     # -- episode boundaries ---------------------------------------------------------------------------
-    def _start(self, slot: int, episode: int) -> None:
-        """Begin episode ``episode`` on ``slot`` (its env was just reset) and queue the slot's next seed."""
+    def _start(self, slot: int, item: tuple[int, str | None]) -> None:
+        """Begin ``item`` (episode, arm) on ``slot`` (its env was just reset) and queue the slot's next seed."""
+        episode, arm = item
+        self._started.add((episode, arm))
         if self._queues[slot]:
-            self.base.set_episode_seeds([slot], [self.seed + self._queues[slot][0]])
+            self.base.set_episode_seeds([slot], [self.seed + self._queues[slot][0][0]])
+        if self.on_episode_start is not None:
+            self.on_episode_start(slot, self.seed + episode)
         self._ensure_connected(slot)
         key = None
         if self.recorder is not None:
-            key = episode_name(self.scene, episode)
-            self.recorder.open(key, self.run_dir.path / self.run_dir.video_relpath(self.scene, episode))
+            key = episode_name(self.scene, episode, arm)
+            self.recorder.open(key, self.run_dir.path / self.run_dir.video_relpath(self.scene, episode, arm))
         self._current[slot] = _Episode(
             scene=self.scene,
             episode=episode,
@@ -336,6 +432,8 @@ class SceneRunner:
             started_at=time.time(),
             t0=time.perf_counter(),
             video_key=key,
+            arm=arm,
+            task=self.task,
         )
 
     def _ensure_connected(self, slot: int) -> None:
@@ -352,11 +450,11 @@ class SceneRunner:
     ) -> None:
         ep = self._current[slot]
         self._current[slot] = None
-        trajectory = self.run_dir.save_trajectory(self.scene, ep.episode, self._arrays(ep))
+        trajectory = self.run_dir.save_trajectory(self.scene, ep.episode, self._arrays(ep), ep.arm)
         video = None
         if self.recorder is not None:
             self.recorder.finish(ep.video_key)
-            video = self.run_dir.video_relpath(self.scene, ep.episode)
+            video = self.run_dir.video_relpath(self.scene, ep.episode, ep.arm)
         row = self._row(ep, error, event, ended_by, trajectory, video)
         row["chunk_delays"] = list(stats.delays) if stats is not None else []
         row["wait_steps"] = int(stats.wait_steps) if stats is not None else 0
@@ -365,6 +463,8 @@ class SceneRunner:
         row["retries"] = int(stats.retries) if stats is not None else 0
         self.run_dir.append_row(row)
         self.control.record(row)
+        if self.pairs is not None and self.pairs.add(row):
+            self._drain = True
         if self.progress is not None:
             self.progress.episode(row["success_at_end"], error is not None, unused_steps=self.max_steps - ep.steps)
 
@@ -384,14 +484,24 @@ class SceneRunner:
             arrays["object_pos"] = np.stack(ep.object_pos).astype(np.float32)
         if ep.container_pos:
             arrays["container_pos"] = np.stack(ep.container_pos).astype(np.float32)
+        if ep.tcp_pos:
+            arrays["tcp_pos"] = np.stack(ep.tcp_pos).astype(np.float32)
+        if ep.milestones is not None:  # first step per milestone, -1 where never reached
+            arrays["milestone_names"] = np.asarray(list(ep.milestones), dtype=np.str_)
+            arrays["milestone_first_step"] = np.asarray(list(ep.milestones.values()), dtype=np.int64)
         return arrays
 
     def _row(self, ep: _Episode, error, event, ended_by, trajectory, video) -> dict[str, Any]:
         latencies = [round(float(v), 3) for v in ep.latency_ms if np.isfinite(v)]
         errored = error is not None
         first_success = next((t + 1 for t, ok in enumerate(ep.success) if ok), None)
-        return {
+        row: dict[str, Any] = {"arm": ep.arm} if ep.arm is not None else {}
+        milestones = None
+        if ep.milestones is not None:
+            milestones = {name: (step if step >= 0 else None) for name, step in ep.milestones.items()}
+        return row | {
             "scene": ep.scene,
+            "task": ep.task,
             "episode": ep.episode,
             "seed": ep.seed,
             "env": ep.env,
@@ -404,6 +514,7 @@ class SceneRunner:
             "success_at_end": None if errored else bool(ep.success[-1]),
             "success_any_step": None if errored else bool(ep.success_any),
             "first_success_step": None if errored else first_success,
+            "milestones": milestones,
             "server_calls": int(sum(ep.called)),
             "server_errors": ep.server_errors,
             "latency_ms": latency_stats(latencies),

@@ -45,6 +45,7 @@ __all__ = [
     "parse_metadata",
     "parse_request",
     "parse_reset_response",
+    "sampling_fields",
 ]
 
 RESET_SUCCESSFUL = "reset successful"
@@ -246,6 +247,31 @@ def build_infer_request(
     if endpoint is not None:
         request["endpoint"] = endpoint
     return request
+
+
+def sampling_fields(seed: int | None = None, num_inference_steps: int | None = None) -> dict[str, Any]:
+    """The optional request fields vLLM-Omni 0.30 passes on to its engine: ``seed`` (an int; the sampling
+    noise of the request) and ``sampling_params: {"num_inference_steps": N}``; absent ones are left out.
+
+    Other servers ignore keys they do not know (DreamZero's own server, openpi); ``build_infer_request``
+    takes the result as ``extra``.
+
+    >>> sampling_fields(7, 4)
+    {'seed': 7, 'sampling_params': {'num_inference_steps': 4}}
+    >>> sampling_fields()
+    {}
+    """
+    fields: dict[str, Any] = {}
+    if seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= int(seed) < 2**63:
+            raise InvalidRequest(f"seed: expected an integer in [0, 2**63), got {seed!r}")
+        fields["seed"] = int(seed)
+    if num_inference_steps is not None:
+        steps = num_inference_steps
+        if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or int(steps) < 1:
+            raise InvalidRequest(f"num_inference_steps: expected an integer >= 1, got {steps!r}")
+        fields["sampling_params"] = {"num_inference_steps": int(steps)}
+    return fields
 
 
 def build_reset_request(session_id: str | None = None) -> dict:
