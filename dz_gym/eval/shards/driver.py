@@ -557,6 +557,10 @@ def _finish(
     }
     summary = build_summary(config, run_dir, segments=segments, extra=extra)
     run_dir.write_summary(summary)
+    if getattr(config, "report", True):  # report.html, as evaluate() writes it (dz_gym.report)
+        from dz_gym.report import write_report_safely
+
+        write_report_safely(run_dir.path)
     return summary
 
 
