@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     n = args.num_envs
     length = args.steps + 2  # one episode per loop and round: no resets inside the timed steps
-    make = lambda: dz_gym.make_droid_env(  # noqa: E731
+    make = lambda: dz_gym.make_droid_env(
         backend="mujoco", scene=1, num_envs=n, seed=0, num_workers=args.workers, max_episode_length=length
     )
     bare = make()
@@ -139,9 +139,11 @@ def main(argv: list[str] | None = None) -> int:
         mean_step = (statistics.median(cached) * (HORIZON - 1) + statistics.median(request)) / HORIZON
         return statistics.median(cached), statistics.median(request), n / mean_step
 
-    base_cached, base_request, base_rate = summary(results["bare"])
+    base_cached, _, base_rate = summary(results["bare"])
     print(f"N={n}, {args.rounds} rounds x {args.steps} steps per loop, interleaved; medians")
-    print(f"{'loop':<14} {'cached step ms':>15} {'request step ms':>16} {'env-steps/s':>12} {'cached vs bare':>15} {'rate vs bare':>13}")
+    print(
+        f"{'loop':<14} {'cached step ms':>15} {'request step ms':>16} {'env-steps/s':>12} {'cached vs bare':>15} {'rate vs bare':>13}"
+    )
     worst = 0.0
     for name in ("bare", "wrapper", "residual"):
         cached, request, rate = summary(results[name])

@@ -89,7 +89,9 @@ def report(label: str, outcomes: np.ndarray, seconds: float) -> None:
 
     k, total = int(outcomes.sum()), int(outcomes.size)
     lo, hi = wilson_interval(k, total)
-    print(f"{label}: success {k}/{total} = {k / total:.1%} (95% Wilson {lo:.1%}-{hi:.1%}) in {seconds:.0f} s", flush=True)
+    print(
+        f"{label}: success {k}/{total} = {k / total:.1%} (95% Wilson {lo:.1%}-{hi:.1%}) in {seconds:.0f} s", flush=True
+    )
 
 
 def run(server_url: str, args: argparse.Namespace) -> None:

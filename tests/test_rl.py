@@ -16,13 +16,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dz_gym.envs import droid  # noqa: E402
-from dz_gym.rl.residual import DEFAULT_RESIDUAL_SCALE, ResidualEnv  # noqa: E402
-from dz_gym.rl.rewards import RewardConfig, step_reward  # noqa: E402
-from dz_gym.server.policies import HoldPolicy, ProbePolicy  # noqa: E402
-from dz_gym.testing.memory_client import MemoryPolicyClient  # noqa: E402
-from dz_gym.testing.toy_env import ToyDroidEnv, expected_success  # noqa: E402
-from dz_gym.wrapper import DreamZeroPolicyWrapper  # noqa: E402
+from dz_gym.envs import droid
+from dz_gym.rl.residual import DEFAULT_RESIDUAL_SCALE, ResidualEnv
+from dz_gym.rl.rewards import RewardConfig, step_reward
+from dz_gym.server.policies import HoldPolicy, ProbePolicy
+from dz_gym.testing.memory_client import MemoryPolicyClient
+from dz_gym.testing.toy_env import ToyDroidEnv, expected_success
+from dz_gym.wrapper import DreamZeroPolicyWrapper
 
 HORIZON = droid.DEFAULT_OPEN_LOOP_HORIZON
 
@@ -129,7 +129,7 @@ def test_zero_residual_executes_the_proposal_and_a_residual_is_added_bounded():
 
 
 def test_same_step_resets_final_observations_and_outcomes():
-    env, client = toy_residual(num_envs=3, episode_length=10)  # seeds 0, 1, 2: success at 3, 2, never
+    env, _ = toy_residual(num_envs=3, episode_length=10)  # seeds 0, 1, 2: success at 3, 2, never
     try:
         obs, _ = env.reset(seed=0)
         sessions = env.wrapper.session_ids
@@ -242,6 +242,6 @@ def test_importing_dz_gym_does_not_import_the_rl_extra():
 def test_reward_module_examples():
     import doctest
 
-    import dz_gym.rl.rewards as rewards
+    from dz_gym.rl import rewards
 
     assert doctest.testmod(rewards).failed == 0

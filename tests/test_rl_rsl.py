@@ -11,15 +11,15 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("rsl_rl")
 pytest.importorskip("mujoco")
 
-from rsl_rl.env import VecEnv  # noqa: E402
-from rsl_rl.runners import OnPolicyRunner  # noqa: E402
-from tensordict import TensorDict  # noqa: E402
+from rsl_rl.env import VecEnv
+from rsl_rl.runners import OnPolicyRunner
+from tensordict import TensorDict
 
-from dz_gym.envs import droid  # noqa: E402
-from dz_gym.rl.residual import make_residual_env  # noqa: E402
-from dz_gym.rl.rsl_rl_env import OBS_GROUPS, RslRlVecEnv  # noqa: E402
-from dz_gym.server.policies import HoldPolicy  # noqa: E402
-from dz_gym.testing.memory_client import MemoryPolicyClient  # noqa: E402
+from dz_gym.envs import droid
+from dz_gym.rl.residual import make_residual_env
+from dz_gym.rl.rsl_rl_env import OBS_GROUPS, RslRlVecEnv
+from dz_gym.server.policies import HoldPolicy
+from dz_gym.testing.memory_client import MemoryPolicyClient
 
 NUM_ENVS, EPISODE, STEPS_PER_ENV, ITERATIONS = 2, 5, 6, 2
 

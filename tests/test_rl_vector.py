@@ -7,17 +7,17 @@ import pytest
 
 pytest.importorskip("torch")
 
-import gymnasium as gym  # noqa: E402
-from gymnasium.utils import env_checker  # noqa: E402
-from gymnasium.vector import AutoresetMode  # noqa: E402
-from gymnasium.vector.utils import batch_space  # noqa: E402
+import gymnasium as gym
+from gymnasium.utils import env_checker
+from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import batch_space
 
-from dz_gym.rl.residual import ResidualEnv  # noqa: E402
-from dz_gym.rl.vector import ResidualVectorEnv  # noqa: E402
-from dz_gym.server.policies import HoldPolicy  # noqa: E402
-from dz_gym.testing.memory_client import MemoryPolicyClient  # noqa: E402
-from dz_gym.testing.toy_env import ToyDroidEnv  # noqa: E402
-from dz_gym.wrapper import DreamZeroPolicyWrapper  # noqa: E402
+from dz_gym.rl.residual import ResidualEnv
+from dz_gym.rl.vector import ResidualVectorEnv
+from dz_gym.server.policies import HoldPolicy
+from dz_gym.testing.memory_client import MemoryPolicyClient
+from dz_gym.testing.toy_env import ToyDroidEnv
+from dz_gym.wrapper import DreamZeroPolicyWrapper
 
 
 def make_vector(num_envs=2, episode_length=6, groups=("policy",)):

@@ -109,15 +109,22 @@ class ResidualEnv:
         env_length = int(wrapper.max_episode_length)
         if episode_length is None:
             episode_length = env_length - 1
-        if isinstance(episode_length, bool) or not isinstance(episode_length, (int, np.integer)) or not (
-            1 <= episode_length < env_length
+        if (
+            isinstance(episode_length, bool)
+            or not isinstance(episode_length, (int, np.integer))
+            or not (1 <= episode_length < env_length)
         ):
             raise ValueError(
                 f"episode_length: expected an integer in [1, {env_length - 1}] (shorter than the env's "
                 f"max_episode_length {env_length}, so that every final state is observed), got {episode_length!r}"
             )
         scale = np.asarray(residual_scale, dtype=np.float32)
-        if scale.ndim > 1 or scale.size not in (1, droid.ACTION_DIM) or not np.all(np.isfinite(scale)) or np.any(scale < 0):
+        if (
+            scale.ndim > 1
+            or scale.size not in (1, droid.ACTION_DIM)
+            or not np.all(np.isfinite(scale))
+            or np.any(scale < 0)
+        ):
             raise ValueError(
                 f"residual_scale: expected one number >= 0 or {droid.ACTION_DIM} of them, got {residual_scale!r}"
             )
@@ -204,7 +211,7 @@ class ResidualEnv:
         self._obs = self._to_tensors(self._arrays)
         import torch
 
-        as_tensor = lambda a, dtype: torch.as_tensor(a, dtype=dtype, device=self.device)  # noqa: E731
+        as_tensor = lambda a, dtype: torch.as_tensor(a, dtype=dtype, device=self.device)
         return (
             self._obs,
             as_tensor(reward, torch.float32),

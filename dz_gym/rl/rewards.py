@@ -62,8 +62,14 @@ class RewardConfig:
             raise ValueError(f"reward mode: expected one of {', '.join(REWARD_MODES)}, got {self.mode!r}")
         unknown = sorted(set(self.milestone_weights) - set(MILESTONES))
         if unknown:
-            raise ValueError(f"milestone_weights: expected names among {', '.join(MILESTONES)}, got {', '.join(unknown)}")
-        for name, value in [*self.milestone_weights.items(), ("success", self.success), ("residual_cost", self.residual_cost)]:
+            raise ValueError(
+                f"milestone_weights: expected names among {', '.join(MILESTONES)}, got {', '.join(unknown)}"
+            )
+        for name, value in [
+            *self.milestone_weights.items(),
+            ("success", self.success),
+            ("residual_cost", self.residual_cost),
+        ]:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ValueError(f"reward {name}: expected a finite number, got {value!r}")
         if self.residual_cost < 0:

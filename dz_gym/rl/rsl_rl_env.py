@@ -101,7 +101,7 @@ class RslRlVecEnv(VecEnv):
         if "_final_info" in info:
             ended = info["_final_info"]
             final = info["final_info"]
-            as_float = lambda a: torch.as_tensor(a[ended], dtype=torch.float32, device=self.device)  # noqa: E731
+            as_float = lambda a: torch.as_tensor(a[ended], dtype=torch.float32, device=self.device)
             extras["log"] = {
                 "/episode/success": as_float(final["success"]),
                 "/episode/return": as_float(final["return"]),

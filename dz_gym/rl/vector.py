@@ -15,7 +15,7 @@ wrapper's (see :class:`~dz_gym.wrapper.DreamZeroPolicyWrapper`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -31,7 +31,7 @@ __all__ = ["ResidualVectorEnv"]
 class ResidualVectorEnv(VectorEnv):
     """Gymnasium vector view of a :class:`ResidualEnv` (see the module docstring); owns it and closes it."""
 
-    metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
+    metadata: ClassVar[dict[str, Any]] = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
 
     def __init__(self, env: ResidualEnv, groups: Sequence[str] = ("policy",)):
         if not isinstance(env, ResidualEnv):
@@ -72,5 +72,7 @@ class ResidualVectorEnv(VectorEnv):
         self.env.close()
 
     def _flat(self, obs: dict[str, Any]) -> np.ndarray:
-        parts = [obs[g].detach().cpu().numpy() if hasattr(obs[g], "detach") else np.asarray(obs[g]) for g in self.groups]
+        parts = [
+            obs[g].detach().cpu().numpy() if hasattr(obs[g], "detach") else np.asarray(obs[g]) for g in self.groups
+        ]
         return np.concatenate(parts, axis=1).astype(np.float32, copy=False)
