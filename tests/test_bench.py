@@ -27,6 +27,7 @@ from dz_gym.bench.report import build_document, format_run, format_sweep
 from dz_gym.envs import droid
 from dz_gym.protocol import packb, unpackb
 from dz_gym.server.launch import start_server_thread
+from dz_gym.testing.servers import ServerLogWatch
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -433,6 +434,21 @@ def test_errors_by_kind_with_fail_every(flavor, closes, tmp_path):
     # DreamZero-style servers close the connection after an error: the bench reconnects (a new episode)
     # before the next request, i.e. after the 4th and the 8th (the 12th is the last request).
     assert run["reconnects"] == (2 if closes else 0)
+
+
+def test_idle_closed_connections_are_resent_and_counted(tmp_path):
+    """Think time longer than the server's idle timeout: the server closes each idle connection cleanly, the
+    transport re-sends the request on a fresh one, and the run counts those reconnects instead of errors."""
+    out = tmp_path / "idle.json"
+    with start_server_thread("hold", flavor="vllm-omni", idle_timeout_s=0.2) as server:
+        with ServerLogWatch(r"idle for .* closing") as idle:
+            rc = bench("--server", server.url, "--concurrency", 2, "--num-requests", 4, "--think-ms", 400,
+                       "--json", out, "--quiet")
+            closed = idle.count
+    assert rc == 0
+    run = load_json(out)
+    assert run["completed"] == 4 and run["failed"] == 0
+    assert closed > 0 and run["reconnects"] > 0
 
 
 # ---------------------------------------------------------------------------------------------- bounds

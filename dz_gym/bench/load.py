@@ -182,14 +182,16 @@ class _Run:
         await self.ensure_connected(sim)
         payload, first = sim.next_payload()
         sent_at = time.perf_counter()
-        error: DzGymError | None = None
         infer_ms = None
         rows = None
-        try:
-            reply = await sim.session.infer(payload)
-        except DzGymError as exc:
-            error = exc
+        outcome = await sim.session.send(payload, index=sim.index)
+        error, reply = outcome.error, outcome.reply
         received_at = time.perf_counter()
+        if outcome.reconnects:
+            # The transport re-sent the request on a fresh connection (the server had closed the idle one):
+            # the server ran it as the first of a new context.
+            sim.reconnects += outcome.reconnects
+            first = True
         if error is None:
             timing = reply.server_timing or {}
             value = timing.get("infer_ms")
