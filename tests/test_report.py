@@ -166,16 +166,23 @@ def test_dz_gym_eval_writes_the_report_unless_told_not_to(tmp_path):
     assert (run_path / "summary.json").is_file() and not (run_path / "report.html").exists()
 
 
-def test_milestone_funnel():
+def test_milestone_funnel_shows_the_summary():
     from dz_gym.report.page import funnel_table
 
-    def row(scene, error=None, **steps):
+    def row(scene, episode, error=None, **steps):
         names = ("reached", "lifted", "above_target", "placed")
-        return {"scene": scene, "error": error, "milestones": None if error else {n: steps.get(n) for n in names}}
+        return {
+            "scene": scene, "episode": episode, "seed": episode, "env": 0, "session_id": "s", "steps": 50, "server_calls": 7,
+            "success_at_end": None if error else bool(steps.get("placed")), "success_any_step": None if error else bool(steps.get("placed")),
+            "error": error, "milestones": None if error else {n: steps.get(n) for n in names},
+        }
 
-    rows = [row(1, reached=3, lifted=9, above_target=30, placed=41), row(1, reached=5), row(2, reached=2, lifted=8), row(2, error="x")]
-    html = funnel_table(rows, [1, 2])
-    cells = re.findall(r'<tr><th>([^<]+)</th>(.*?)</tr>', html)
-    counts = {scene: re.findall(r"<span class=\"kn\">(\d+/\d+)</span>", body) for scene, body in cells if scene != "scene"}
+    rows = [row(1, 0, reached=3, lifted=9, above_target=30, placed=41), row(1, 1, reached=5), row(2, 0, reached=2, lifted=8), row(2, 1, error="x")]
+    summary = results.summarize(rows)
+    html = funnel_table(summary)
+    cells = re.findall(r'<tr data-scene="([^"]+)">(.*?)</tr>', html)
+    counts = {scene: re.findall(r"<span class=\"kn\">(\d+/\d+)</span>", body) for scene, body in cells}
     assert counts == {"1": ["2/2", "1/2", "1/2", "1/2"], "2": ["1/1", "1/1", "0/1", "0/1"], "overall": ["3/3", "2/3", "1/3", "1/3"]}
-    assert "No milestones" in funnel_table([{"scene": 1, "error": None}], [1])
+    lifted = summary["overall"]["milestones"]["lifted"]
+    assert f"[{100 * lifted['ci95'][0]:.1f}, {100 * lifted['ci95'][1]:.1f}]" in html
+    assert "No milestones" in funnel_table(results.summarize([dict(rows[0], milestones=None)]))

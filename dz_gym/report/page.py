@@ -89,25 +89,33 @@ def results_table(summary: Mapping[str, Any], table_id: str) -> str:
     return f'<table class="results" id="{table_id}"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table>'
 
 
-def funnel_table(rows: Sequence[Mapping[str, Any]], scenes: Sequence[Any]) -> str:
-    """Milestones reached per scene (only when rows carry ``milestones``)."""
-    if not any(isinstance(r.get("milestones"), Mapping) for r in rows):
+def funnel_table(summary: Mapping[str, Any], table_id: str = "funnel") -> str:
+    """Milestones reached per scene and overall, as the summary has them (``milestones``: name -> rate)."""
+    keys = [str(s) for s in summary.get("scenes", [])] + ["overall"]
+    groups = {k: summary[k].get("milestones") for k in keys if isinstance(summary.get(k), Mapping)}
+    names: list[str] = []
+    for funnel in groups.values():
+        for name in funnel or {}:
+            if name not in names:
+                names.append(name)
+    if not names:
         return '<p class="muted" data-empty="funnel">No milestones in these rows (the simulator did not report them).</p>'
-    names = [m for m in MILESTONES if any(isinstance(r.get("milestones"), Mapping) and m in r["milestones"] for r in rows)]
-    for r in rows:  # other simulators' milestones, in the order the rows give them
-        for m in r.get("milestones") or {} if isinstance(r.get("milestones"), Mapping) else {}:
-            if m not in names:
-                names.append(str(m))
     head = "<tr><th>scene</th>" + "".join(f"<th>{escape(m.replace('_', ' '))}</th>" for m in names) + "</tr>"
     body = []
-    for scene in [*scenes, "overall"]:
-        subset = rows if scene == "overall" else [r for r in rows if str(r["scene"]) == str(scene)]
+    for key, funnel in groups.items():
         cells = []
-        for name, k, n in plots.funnel_rows(subset, names):
-            width = 100 * k / n if n else 0
-            cells.append(f'<td><span class="kn">{k}/{n}</span> {pct(k / n if n else None)}<span class="fbar" style="width:{width:.0f}%"></span></td>')
-        body.append(f"<tr><th>{escape(str(scene))}</th>{''.join(cells)}</tr>")
-    return f'<table class="funnel"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table>'
+        for name in names:
+            entry = (funnel or {}).get(name)
+            if not entry or not entry.get("n"):
+                cells.append(f'<td data-milestone="{escape(name)}">-</td>')
+                continue
+            lo, hi = entry["ci95"]
+            cells.append(
+                f'<td data-milestone="{escape(name)}"><span class="kn">{entry["k"]}/{entry["n"]}</span> {pct(entry["rate"])} '
+                f'<span class="iv">[{100 * lo:.1f}, {100 * hi:.1f}]</span><span class="fbar" style="width:{100 * entry["rate"]:.0f}%"></span></td>'
+            )
+        body.append(f'<tr data-scene="{escape(key)}"><th>{escape(key)}</th>{"".join(cells)}</tr>')
+    return f'<table class="funnel" id="{table_id}"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table>'
 
 
 def errored_list(rows: Sequence[Mapping[str, Any]], prefix: str = "") -> str:
@@ -315,6 +323,22 @@ def comparison_block(rows_a: Sequence[Mapping[str, Any]], rows_b: Sequence[Mappi
     )
 
 
+def _arm_summaries(view: RunView) -> list[tuple[str, Mapping[str, Any]]]:
+    """Per arm of an A/B run: the summary's ``arms`` entries (recomputed from the rows when the summary is)."""
+    arms = split_arms(view.rows)
+    if arms is None:
+        return []
+    saved = view.summary.get("arms")
+    if not view.summary_is_recomputed and isinstance(saved, Mapping) and all(isinstance(saved.get(a), Mapping) for a in "ab"):
+        return [(a, saved[a]) for a in "ab"]
+    planned = {int(sc): int(view.config.get("episodes", 0)) for sc in view.summary.get("scenes", [])}
+    return [(arm, results.summarize(rows, planned=planned)) for arm, rows in zip("ab", arms)]
+
+
+def _has_milestones(summary: Mapping[str, Any]) -> bool:
+    return any(isinstance(summary.get(k), Mapping) and summary[k].get("milestones") for k in [*map(str, summary.get("scenes", [])), "overall"])
+
+
 def build_page(views: Sequence[RunView], out_dir: str | os.PathLike) -> str:
     """The whole HTML document for one run (or two, compared) written into ``out_dir``."""
     out = Path(out_dir)
@@ -338,13 +362,12 @@ def build_page(views: Sequence[RunView], out_dir: str | os.PathLike) -> str:
         s = view.summary
         block = [header_block(view, suffix)]
         block.append(f'<h3>Success per scene</h3>{results_table(s, "results-table" + suffix)}')
-        arms = split_arms(view.rows)
-        if arms is not None:
-            planned = {int(sc): int(view.config.get("episodes", 0)) for sc in s.get("scenes", [])}
-            for arm, rows in zip(("a", "b"), arms):
-                per_arm = results.summarize(rows, planned=planned)
-                block.append(f'<h3>Arm {arm} (from episodes.jsonl)</h3>{results_table(per_arm, f"results-table{suffix}-arm-{arm}")}')
-        block.append(f"<h3>Milestones</h3>{funnel_table(view.rows, s.get('scenes', []))}")
+        for arm, per_arm in _arm_summaries(view):
+            label = (s.get("arms") or {}).get("labels", {}).get(arm, "")
+            title = f"Arm {arm.upper()}" + (f": {escape(str(label))}" if label else "")
+            block.append(f'<h3>{title}</h3>{results_table(per_arm, f"results-table{suffix}-arm-{arm}")}')
+            block.append(funnel_table(per_arm, f"funnel{suffix}-arm-{arm}") if _has_milestones(per_arm) else "")
+        block.append(f"<h3>Milestones</h3>{funnel_table(s, 'funnel' + suffix)}")
         block.append(f"<h3>Errored episodes</h3>{errored_list(view.rows, view.label)}")
         note = s.get("note")
         if note:

@@ -135,15 +135,6 @@ def success_curve(rows: Sequence[Mapping[str, Any]], key: str = "success_at_end"
     return ax.svg(title, plot_id)
 
 
-def funnel_rows(rows: Sequence[Mapping[str, Any]], names: Sequence[str]) -> list[tuple[str, int, int]]:
-    """(milestone, episodes that reached it, completed episodes) for each milestone in order."""
-    done = [r for r in rows if r.get("error") is None and isinstance(r.get("milestones"), Mapping)]
-    out = []
-    for name in names:
-        out.append((name, sum(1 for r in done if r["milestones"].get(name) is not None), len(done)))
-    return out
-
-
 def format_duration(seconds: float | None) -> str:
     if seconds is None or not math.isfinite(seconds):
         return "-"
@@ -154,4 +145,4 @@ def format_duration(seconds: float | None) -> str:
     return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min {sec:02d} s"
 
 
-__all__ = ["fmt", "format_duration", "funnel_rows", "latency_histogram", "server_load", "steps_rate", "success_curve"]
+__all__ = ["fmt", "format_duration", "latency_histogram", "server_load", "steps_rate", "success_curve"]
