@@ -461,7 +461,7 @@ def test_mila_without_sim_evals_milestone_buffer_computes_them_from_the_poses(in
     monkeypatch.setattr(sim_evals_layouts, "reset_milestones", lambda env, env_ids: None)
     env = make(scene="place_spoon_in_sink", num_envs=2)
     _, infos = run_mila_case(world, env, "place_spoon_in_sink", 2)
-    assert getattr(world.env, "_mila_milestones_reached", None) is None and env._mila.fallback_used
+    assert getattr(world.env, "_mila_milestones_reached", None) is None and env._fallback.used
     milestones = infos[-1]["milestones"]
     assert {key: milestones[key].tolist() for key in tasks.GENERIC_MILESTONES} == {
         key: [step, step] for key, step in MILA_CASES["place_spoon_in_sink"][1].items()

@@ -41,6 +41,7 @@ rendering and simulator calls; ``dz_gym.envs.episodes`` shows the reset and step
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -48,7 +49,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from dz_gym.envs import droid
-from dz_gym.envs.episodes import Episodes, ObjectBox, check_seed
+from dz_gym.envs.episodes import MILESTONES, Episodes, ObjectBox, check_seed
 from dz_gym.preprocess import to_numpy
 
 
@@ -84,7 +85,8 @@ class BatchedDroidEnv(gym.Env):
     """Base class of the batched DROID backends: spaces, metadata, episode bookkeeping and the hooks.
 
     ``seed`` is the seed of the first ``reset()`` that passes none (random when None); ``object_box``
-    refines the milestones' reach check (see :class:`~dz_gym.envs.episodes.Episodes`).
+    refines the milestones' reach check and ``milestone_names`` names a backend's own milestones (see
+    :class:`~dz_gym.envs.episodes.Episodes`).
     """
 
     metadata: dict[str, Any] = {"render_modes": [], "render_fps": droid.CONTROL_HZ, "autoreset_mode": AutoresetMode.SAME_STEP}
@@ -99,6 +101,7 @@ class BatchedDroidEnv(gym.Env):
         *,
         seed: int | None = None,
         object_box: ObjectBox | None = None,
+        milestone_names: Sequence[str] = MILESTONES,
     ):
         if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
             raise ValueError(f"num_envs: expected an integer >= 1, got {num_envs!r}")
@@ -110,7 +113,7 @@ class BatchedDroidEnv(gym.Env):
         self.max_episode_length = droid.MAX_EPISODE_LENGTH
         self.single_observation_space, self.single_action_space = droid_spaces(image_shape)
         self.observation_space, self.action_space = droid_spaces(image_shape, self.num_envs)
-        self.episodes = Episodes(self.num_envs, self.scene, check_seed(seed), object_box)
+        self.episodes = Episodes(self.num_envs, self.scene, check_seed(seed), object_box, milestone_names)
         self._render_mask: np.ndarray | None = None
         self._closed = False
 

@@ -15,6 +15,11 @@ follows episodes lives here, once, so that all backends agree on names and seman
   (episodes started per env: a change marks a new episode).
 - **success**: the placement check of :mod:`dz_gym.envs.droid` on a :class:`TaskState`, and its OR over
   the episode (``success_any_step``).
+- **a backend's own checks**: a backend whose simulator judges the task itself (sim-evals' MILA tasks)
+  names its milestones (``Episodes(..., milestone_names=...)``, in order, the last one being success) and
+  hands their flags in with the state (``TaskState.milestone_flags``, ``(N, M)`` bool). They then replace
+  the built-in checks below: ``success`` is the final flag, and ``info["milestones"]`` reports each one
+  under its own name and, mapped in order, under the generic names.
 - **milestones** (:data:`MILESTONES`): the first episode step at which each stage of the task was
   reached, checked in order as sim-evals' MILA tasks do (a stage counts only once the one before it has):
 
@@ -67,7 +72,7 @@ Example (no simulator needed)::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,6 +112,9 @@ class TaskState:
     tcp_pos: np.ndarray  # (N,3)
     object_speed: np.ndarray  # (N,) linear speed, m/s
     object_quat: np.ndarray | None = None  # (N,4)
+    # (N, M) bool: the backend's own milestone flags now (see ``Episodes(milestone_names=...)``); None for
+    # the built-in checks
+    milestone_flags: np.ndarray | None = None
 
     def success(self, criteria: droid.SuccessCriteria) -> np.ndarray:
         """The shared DROID placement check, ``(N,)`` bool."""
@@ -211,21 +219,33 @@ class Episodes:
 
     The arrays ``episode_seed``, ``episode_step``, ``episode_count``, ``success_any`` and ``start_pos`` are
     owned here; read them, never write them. ``box`` (the object's box in its body frame) refines the
-    reach check when the backend's :class:`TaskState` carries ``object_quat``.
+    reach check when the backend's :class:`TaskState` carries ``object_quat``. ``milestone_names`` other
+    than :data:`MILESTONES` are a backend's own milestones: every state it records then carries their
+    ``milestone_flags``.
     """
 
-    def __init__(self, num_envs: int, scene: droid.SceneSpec, seed: int | None = None, box: ObjectBox | None = None):
+    def __init__(
+        self,
+        num_envs: int,
+        scene: droid.SceneSpec,
+        seed: int | None = None,
+        box: ObjectBox | None = None,
+        milestone_names: Sequence[str] = MILESTONES,
+    ):
         n = int(num_envs)
         self.num_envs = n
         self.scene = scene
         self.box = box
+        self.milestone_names = tuple(milestone_names)
+        if not self.milestone_names or len(set(self.milestone_names)) != len(self.milestone_names):
+            raise ValueError(f"milestone_names: expected distinct names, got {list(self.milestone_names)}")
         self.initial_seed = check_seed(seed)
         self.episode_seed = np.zeros(n, dtype=np.int64)
         self.episode_step = np.zeros(n, dtype=np.int64)
         self.episode_count = np.zeros(n, dtype=np.int64)
         self.success_any = np.zeros(n, dtype=bool)
         self.start_pos = np.full((n, 3), np.nan)
-        self.milestone_steps = {name: np.full(n, NOT_REACHED, dtype=np.int64) for name in MILESTONES}
+        self.milestone_steps = {name: np.full(n, NOT_REACHED, dtype=np.int64) for name in self.milestone_names}
         self._queued: dict[int, int] = {}
 
     # -- seeds ------------------------------------------------------------------------------------------
@@ -306,20 +326,35 @@ class Episodes:
         self.episode_step += 1
         return self._record(state, to_numpy(time_outs).astype(bool).reshape(-1), images_fresh, None)
 
+    def _checks(self, state: TaskState) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Success ``(N,)`` and each milestone's condition now, in the order of ``milestone_names``."""
+        names = self.milestone_names
+        if state.milestone_flags is not None:
+            flags = np.asarray(state.milestone_flags, dtype=bool).reshape(self.num_envs, -1)
+            if flags.shape[1] != len(names):
+                raise ValueError(f"milestone_flags: expected ({self.num_envs}, {len(names)}) for {list(names)}, got {flags.shape}")
+            return flags[:, -1].copy(), [flags[:, i] for i in range(len(names))]
+        if names != MILESTONES:
+            raise ValueError(f"milestone_flags: the backend's milestones {list(names)} need their flags in every TaskState")
+        success = state.success(self.scene.success)
+        checks = milestone_checks(self.scene, state, self.start_pos[:, 2], success, self.box)
+        return success, [checks[name] for name in MILESTONES]
+
     def _record(self, state: TaskState, time_outs, images_fresh, selected) -> dict[str, Any]:
         n = self.num_envs
-        success = state.success(self.scene.success)
         update = np.ones(n, dtype=bool) if selected is None else selected
         unknown = update & np.isnan(self.start_pos[:, 0])
         self.start_pos[unknown] = np.asarray(state.object_pos, dtype=np.float64)[unknown]
+        success, conditions = self._checks(state)
         self.success_any |= success & update
-        checks = milestone_checks(self.scene, state, self.start_pos[:, 2], success, self.box)
         previous = update
-        for name in MILESTONES:
+        for name, condition in zip(self.milestone_names, conditions):
             steps = self.milestone_steps[name]
-            now = checks[name] & previous & (steps == NOT_REACHED)
+            now = condition & previous & (steps == NOT_REACHED)
             steps[now] = self.episode_step[now]
             previous = update & (steps != NOT_REACHED)
+        milestones = {generic: self.milestone_steps[own].copy() for generic, own in zip(MILESTONES, self.milestone_names)}
+        milestones.update({name: steps.copy() for name, steps in self.milestone_steps.items()})
         quat = state.object_quat
         return {
             "success": success,
@@ -332,6 +367,6 @@ class Episodes:
             "object_start_pos": self.start_pos.copy(),
             "container_pos": np.array(state.container_pos, dtype=np.float64),
             "tcp_pos": np.array(state.tcp_pos, dtype=np.float64),
-            "milestones": {name: steps.copy() for name, steps in self.milestone_steps.items()},
+            "milestones": milestones,
             "images_fresh": np.ones(n, dtype=bool) if images_fresh is None else np.array(images_fresh, dtype=bool),
         }

@@ -70,11 +70,6 @@ class InvalidRequest(ProtocolError, ValueError):
 
 
 # ------------------------------------------------------------------------------------------------ helpers
-def _text_first_line(text: str) -> str:
-    stripped = text.strip()
-    return stripped.splitlines()[-1] if stripped else "(empty)"
-
-
 def _decode_binary(frame: Any, what: str) -> Any:
     if isinstance(frame, memoryview):
         frame = frame.tobytes()

@@ -58,7 +58,7 @@ import numpy as np
 from dz_gym.envs import droid
 from dz_gym.envs.base import BatchedDroidEnv
 from dz_gym.envs.episodes import TaskState
-from dz_gym.preprocess import padded_geometry
+from dz_gym.preprocess import padded_geometry, to_numpy
 
 # Grey blocks along the top-left of every view: a marker, then the encoded values (one byte each).
 STAMP_MARKER = 0xA5
@@ -94,9 +94,7 @@ def decode_stamp(image: Any, source_shape: tuple[int, int] | None = None) -> Sta
     ``source_shape`` is the size the view was drawn at when ``image`` is a resize-with-pad of it (for
     instance the 180x320 view a request carries). Raises ``ValueError`` if the marker block is missing.
     """
-    if hasattr(image, "detach"):
-        image = image.detach().cpu().numpy()
-    image = np.asarray(image)
+    image = to_numpy(image)
     if image.ndim != 3 or image.shape[-1] != 3:
         raise ValueError(f"image: expected shape (H, W, 3), got {image.shape}")
     height, width = image.shape[:2]
@@ -325,7 +323,7 @@ class IsaacDroidStandIn(BatchedDroidEnv):
         lengths = torch.as_tensor(self.episode_lengths, device=self.device)
         truncated = self.episode_length_buf >= lengths
         terminated = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
-        time_outs = truncated.cpu().numpy()
+        time_outs = to_numpy(truncated)
         info = book.record_step(self._task_state(), time_outs)
         reward = torch.as_tensor(info["success"], dtype=torch.float32, device=self.device)
 
@@ -401,9 +399,9 @@ class IsaacDroidStandIn(BatchedDroidEnv):
         """``(N, fields)`` uint8 block values of the current state; the camera column is filled per view."""
         n = self.num_envs
         episode = np.maximum(self.episodes.episode_count - 1, 0) % 65536
-        step = self.episode_length_buf.cpu().numpy() % 65536
-        joint0 = self._joints[:, 0].cpu().numpy()
-        gripper = self._gripper[:, 0].cpu().numpy()
+        step = to_numpy(self.episode_length_buf) % 65536
+        joint0 = to_numpy(self._joints[:, 0])
+        gripper = to_numpy(self._gripper[:, 0])
         columns = [
             np.full(n, STAMP_MARKER),
             np.arange(n) % 256,

@@ -10,7 +10,7 @@ sim-evals.
 - :mod:`~dz_gym.envs.isaac.build`: the task's config in the installed layout, objects from prims, the MILA
   milestone probe and initial conditions by seed;
 - :mod:`~dz_gym.envs.isaac.config`: the multi-env patches to sim-evals' config;
-- :mod:`~dz_gym.envs.isaac.mila`: per-episode success and milestones of MILA tasks from sim-evals' flags;
+- :mod:`~dz_gym.envs.isaac.mila`: MILA milestone checks from the poses when sim-evals lacks its flags;
 - :mod:`~dz_gym.envs.isaac.state`: the task state (object, container, gripper) for the success check;
 - :mod:`~dz_gym.envs.isaac.env`: :class:`IsaacDroidEnv`, the batched env itself.
 

@@ -25,6 +25,7 @@ import numpy as np
 
 from dz_gym.envs.isaac.compat import IsaacLabApi
 from dz_gym.envs.isaac.tasks import MILA_GYM_ID, IsaacTask
+from dz_gym.preprocess import to_numpy
 
 ENV_NS = "{ENV_REGEX_NS}"
 MILESTONE_PROBE_TERM = "dz_gym_milestone_probe"
@@ -103,8 +104,8 @@ class MilestoneProbe:
 
 
 def _host_bool(tensor) -> np.ndarray:
-    value = getattr(tensor, "torch", tensor)
-    return value.detach().to("cpu").numpy().astype(bool).copy()
+    """Milestone flags as a host bool array (a copy; a wrapper with a ``.torch`` view is unwrapped)."""
+    return to_numpy(getattr(tensor, "torch", tensor)).astype(bool)
 
 
 class InitialConditions:

@@ -12,7 +12,8 @@ through the :class:`~dz_gym.envs.base.BatchedDroidEnv` contract; episode bookkee
   ``terminated``/``truncated`` are copies of Isaac Lab's ``(N,)`` buffers (time-outs only, at 450 steps or
   a MILA task's ``max_timesteps``);
 - ``info`` holds the keys of the base contract, computed from the state *before* the in-step reset; for a
-  MILA task ``success`` and ``milestones`` are sim-evals' own (:mod:`dz_gym.envs.isaac.mila`);
+  MILA task ``success`` and ``milestones`` are sim-evals' own flags, handed to ``self.episodes`` with the
+  state (``TaskState.milestone_flags``; :mod:`dz_gym.envs.isaac.mila` when sim-evals lacks them);
 - start-up quirks: the first ``reset`` resets twice (materials load on the second render cycle), and
   after every reset of all envs one hold step (arm target = current joints, gripper unchanged) is taken
   and the episode counters zeroed, because the first frame after a reset can show the previous episode
@@ -37,7 +38,8 @@ from dz_gym.envs.base import BatchedDroidEnv
 from dz_gym.envs.isaac import checks, launch, tasks
 from dz_gym.envs.isaac.build import InitialConditions, MilestoneProbe, parse_task_cfg
 from dz_gym.envs.isaac.config import keep_one_dome_light, patch_env_cfg
-from dz_gym.envs.isaac.mila import MilaEpisodes
+from dz_gym.envs.isaac.mila import MilaFallback
+from dz_gym.preprocess import to_numpy
 from dz_gym.envs.isaac.state import DEFAULT_TCP_BODIES, StateProbe, TaskState
 
 # Spacing of the env grid when N > 1 (sim-evals: 7 m). With 7 m, each env's table also gets about 5 % more
@@ -81,7 +83,7 @@ class IsaacDroidEnv(BatchedDroidEnv):
         self.task = task
         shape = tuple(int(v) for v in image_shape) if image_shape is not None else droid.ISAAC_IMAGE_SHAPE
         device = device or getattr(app_args, "device", None) or "cuda:0"
-        super().__init__(num_envs, shape, task.scene or 1, device=str(device), seed=seed)
+        super().__init__(num_envs, shape, task.scene or 1, device=str(device), seed=seed, milestone_names=task.milestones)
         self.scene = task.scene_spec()
         if not isinstance(settle_steps, (int, np.integer)) or settle_steps < 0:
             raise ValueError(f"settle_steps: expected an integer >= 0, got {settle_steps!r}")
@@ -149,7 +151,7 @@ class IsaacDroidEnv(BatchedDroidEnv):
         self.device = str(self.isaac_env.device)
         self.max_episode_length = int(self.isaac_env.max_episode_length)
         self.step_dt = float(self.isaac_env.step_dt)
-        self._mila = MilaEpisodes(task, self.num_envs) if task.is_mila else None
+        self._fallback = MilaFallback(task, self.num_envs) if task.is_mila else None
         self._initial_conditions = InitialConditions.find(self.isaac_env)
         self._pending: tuple[np.ndarray, np.ndarray] | None = None  # (ids, seeds) of the in-step autoreset
         if self._initial_conditions is not None:
@@ -194,12 +196,10 @@ class IsaacDroidEnv(BatchedDroidEnv):
         else:
             fresh[env_ids] = False  # no hold step since their reset: the frame may show the last episode
         state = self._probe.read(env)
-        info = book.record_reset(env_ids, seeds, state.for_episodes(), fresh)
-        if self._mila is not None:
-            self._mila.start(env_ids)
-            selected = np.zeros(self.num_envs, dtype=bool)
-            selected[env_ids] = True
-            info.update(self._mila.record(self._flags(self._milestones.read(env), state), book.episode_step, selected))
+        if self._fallback is not None:
+            self._fallback.start(env_ids)
+        flags = None if self._milestones is None else self._flags(self._milestones.read(env), state)
+        info = book.record_reset(env_ids, seeds, state.for_episodes(flags), fresh)
         self._last_obs = obs
         return obs, info
 
@@ -219,23 +219,23 @@ class IsaacDroidEnv(BatchedDroidEnv):
         if state is None:  # an Isaac Lab without the termination manager would land here
             raise RuntimeError("isaac: the task-state probe did not run during step()")
         self._probe.latest = None
-        time_outs = _to_numpy(truncated).astype(bool).reshape(-1)
-        done_ids = np.flatnonzero(_to_numpy(terminated).astype(bool).reshape(-1) | time_outs)
+        time_outs = to_numpy(truncated).astype(bool).reshape(-1)
+        done_ids = np.flatnonzero(to_numpy(terminated).astype(bool).reshape(-1) | time_outs)
         fresh = np.ones(self.num_envs, dtype=bool)
         settle = done_ids.size == self.num_envs and self.settle_steps > 0
         if done_ids.size and not settle:
             fresh[done_ids] = False
         book = self.episodes
-        info = book.record_step(state.for_episodes(), time_outs, fresh)
-        if self._mila is not None:
-            flags, self._milestones.latest = self._milestones.latest, None
-            info.update(self._mila.record(self._flags(flags, state), book.episode_step))
+        flags = None
+        if self._milestones is not None:
+            flags, self._milestones.latest = self._flags(self._milestones.latest, state), None
+        info = book.record_step(state.for_episodes(flags), time_outs, fresh)
         if done_ids.size:
             pending, self._pending = self._pending, None
             dealt = pending is not None and np.array_equal(pending[0], done_ids)
             book.start(done_ids, pending[1] if dealt else book.next_seeds(done_ids))
-            if self._mila is not None:
-                self._mila.start(done_ids)
+            if self._fallback is not None:
+                self._fallback.start(done_ids)
             if settle:
                 obs = self._settle(obs)
         reward = self._torch.as_tensor(info["success"], dtype=self._torch.float32, device=self.device)
@@ -265,7 +265,7 @@ class IsaacDroidEnv(BatchedDroidEnv):
         manager = getattr(env, "termination_manager", None)
         if manager is None:
             return
-        done = (_to_numpy(manager.terminated) | _to_numpy(manager.time_outs)).astype(bool).reshape(-1)
+        done = (to_numpy(manager.terminated) | to_numpy(manager.time_outs)).astype(bool).reshape(-1)
         ids = np.flatnonzero(done)
         if ids.size:
             seeds = self.episodes.next_seeds(ids)
@@ -276,7 +276,7 @@ class IsaacDroidEnv(BatchedDroidEnv):
         """sim-evals' MILA milestone flags ``(N, M)``, or the same checks from the poses without them."""
         if flags is not None:
             return flags
-        return self._mila.fallback_flags(state.object_pos, state.container_pos, state.tcp_pos, state.gripper)
+        return self._fallback.flags(state.object_pos, state.container_pos, state.tcp_pos, state.gripper)
 
     def _settle(self, obs):
         """Hold steps after a reset of every env, then zero Isaac Lab's episode counters."""
@@ -294,8 +294,3 @@ class IsaacDroidEnv(BatchedDroidEnv):
         gripper = (policy[droid.OBS_GRIPPER_KEY] > droid.GRIPPER_CLOSE_THRESHOLD).to(self._torch.float32)
         return self._torch.cat([arm, gripper.reshape(-1, 1)], dim=1)
 
-
-def _to_numpy(value) -> np.ndarray:
-    if hasattr(value, "detach"):
-        return value.detach().cpu().numpy()
-    return np.asarray(value)

@@ -101,11 +101,6 @@ def launch_app(
     return _app
 
 
-def running_app() -> RunningApp | None:
-    """The app started by :func:`launch_app` in this process, if it is still open."""
-    return _app if _app is not None and not _app.closed else None
-
-
 def close_app() -> None:
     """Close the app of this process, if one runs."""
     global _closed_once

@@ -17,6 +17,7 @@ import numpy as np
 
 from dz_gym.envs import droid, episodes
 from dz_gym.envs.isaac.compat import IsaacLabApi
+from dz_gym.preprocess import to_numpy
 
 # The Robotiq 2F-85 inner finger links of sim-evals' robot USD; their midpoint stands for the tool
 # centre point (the links' origins, a few centimetres above the pads: good enough for the 6 cm
@@ -34,9 +35,11 @@ class TaskState:
     object_speed: np.ndarray
     gripper: np.ndarray  # (N,) finger_joint / (pi/4): 0 open, 1 closed
 
-    def for_episodes(self) -> episodes.TaskState:
-        """The record :class:`~dz_gym.envs.episodes.Episodes` takes (success and milestone checks)."""
-        return episodes.TaskState(self.object_pos, self.container_pos, self.tcp_pos, self.object_speed)
+    def for_episodes(self, milestone_flags: np.ndarray | None = None) -> episodes.TaskState:
+        """The record :class:`~dz_gym.envs.episodes.Episodes` takes, with a MILA task's milestone flags."""
+        return episodes.TaskState(
+            self.object_pos, self.container_pos, self.tcp_pos, self.object_speed, milestone_flags=milestone_flags
+        )
 
 
 class StateProbe:
@@ -113,4 +116,5 @@ class StateProbe:
 
 
 def _host(tensor) -> np.ndarray:
-    return tensor.detach().to("cpu").double().numpy()
+    """A device tensor as a float64 host array (the success check's precision)."""
+    return to_numpy(tensor).astype(np.float64)

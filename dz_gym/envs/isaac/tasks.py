@@ -137,11 +137,6 @@ def task_for(scene_or_name: int | str) -> IsaacTask:
         raise ValueError(f"scene: expected one of {sorted(BY_KEY)} (or a task name), got {scene_or_name!r}") from None
 
 
-def is_task_key(key: int) -> bool:
-    """Whether ``key`` is a task key beyond the DROID scene numbers (a MILA task)."""
-    return int(key) in BY_KEY and BY_KEY[int(key)].is_mila
-
-
 def detect_layout(package_dir: Path) -> tuple[str, bool]:
     """``(layout, has_mila)`` of the sim-evals package at ``package_dir`` (``.../src/sim_evals``), from its
     files (nothing is imported: sim-evals can only be imported once the app runs)."""

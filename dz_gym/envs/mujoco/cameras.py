@@ -52,11 +52,6 @@ class CameraCalibration:
     height: int
     width: int
 
-    @property
-    def camera_from_world(self) -> np.ndarray:
-        """Inverse of ``world_from_camera``."""
-        return invert_pose(self.world_from_camera)
-
     def project(self, points_world: np.ndarray, world_from_camera: np.ndarray | None = None) -> np.ndarray:
         """Pixel coordinates (..., 2) of world points (..., 3); points behind the camera give NaN."""
         pose = self.world_from_camera if world_from_camera is None else world_from_camera

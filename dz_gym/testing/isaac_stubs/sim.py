@@ -114,9 +114,6 @@ class SimContext:
     def render(self):
         self._env._render()
 
-    def has_rtx_sensors(self):
-        return True
-
 
 class Data:
     pass
