@@ -6,6 +6,8 @@ Examples::
     dz-gym-eval --num-envs 8 --scene 1 --scene 2 --episodes 40 --server ws://gpu-box:8000/v1/realtime/robot/openpi
     dz-gym-eval --host 10.0.0.5 --port 8000 --scene 3        # the reference client's flags
     dz-gym-eval --resume runs/dz_gym_eval/20261130-120000_scene1
+    dz-gym-eval --num-envs 8 --scene 1 --policy reference --policy-b reference:skill=0.3 --sequential
+    dz-gym-eval --server ws://a:8000/v1/realtime/robot/openpi --server-b ws://b:8000/v1/realtime/robot/openpi
 
 Exit status: 0 when every planned episode has a row, 130 after Ctrl-C or SIGTERM (everything finished so far is
 kept and ``summary.json`` says ``"interrupted": true``), 1 when a preflight check failed (nothing is written) or
@@ -55,8 +57,9 @@ FLAG_FIELDS = (
     "scenes", "num_envs", "episodes", "seed", "backend", "policy", "max_steps", "open_loop_horizon", "prefetch",
     "simulated_delay", "max_stale_steps", "max_errors", "request_timeout", "retry_server_errors",
     "server_max_sessions", "server_idle_timeout", "auth_env", "video", "report",
+    "policy_b", "sequential", "alpha", "max_episodes", "policy_seed", "num_inference_steps",
 )
-_FLAG_OF_FIELD = {"scenes": "--scene", "servers": "--server"}
+_FLAG_OF_FIELD = {"scenes": "--scene", "servers": "--server", "servers_b": "--server-b"}
 
 
 def flag_of(field: str) -> str:
@@ -164,6 +167,39 @@ def build_parser(isaac_args: bool | None = None) -> argparse.ArgumentParser:
         "--serve-arg", action="append", default=[], metavar="ARG",
         help="embedded server: extra dz-gym-serve argument, e.g. --serve-arg=--latency-ms=200 (repeatable)",
     )
+    ab = p.add_argument_group(
+        "A/B: every seed under two policies (docs/eval.md; dz-gym-compare RUN reads the run)"
+    )
+    ab.add_argument(
+        "--server-b", dest="servers_b", action="append", metavar="URL",
+        help="arm B's server (repeatable); arm A is --server; env slots alternate A, B on the same seeds",
+    )
+    ab.add_argument(
+        "--policy-b", metavar="NAME",
+        help="embedded servers: arm B's policy (arm A: --policy), e.g. --policy reference --policy-b reference:skill=0.3",
+    )
+    ab.add_argument(
+        "--sequential", action="store_true", default=None,
+        help="stop as soon as an anytime-valid test on the discordant pairs decides which arm is better",
+    )
+    ab.add_argument(
+        "--alpha", type=number,
+        help=f"with --sequential: the test's type-I error, valid at any stopping time (default {_default('alpha'):g})",
+    )
+    ab.add_argument(
+        "--max-episodes", type=integer, metavar="N",
+        help="with --sequential: stop undecided after N pairs (N episodes per arm; default 200); the "
+        "episodes per scene default to N spread over the scenes",
+    )
+    sampling = p.add_argument_group("reproducible sampling (sent in every request; servers that do not know them ignore them)")
+    sampling.add_argument(
+        "--policy-seed", action="store_true", default=None,
+        help="send a per-episode 'seed' derived from the episode's seed (the same in both arms of an A/B run)",
+    )
+    sampling.add_argument(
+        "--num-inference-steps", type=integer, metavar="N",
+        help="send sampling_params {num_inference_steps: N} (vLLM-Omni's diffusion steps)",
+    )
     out = p.add_argument_group("outputs and faults")
     out.add_argument("--output-root", type=Path, help=f"where run directories are created (default {DEFAULT_OUTPUT_ROOT})")
     out.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue RUN_DIR without redoing finished episodes")
@@ -257,6 +293,8 @@ def resolve_config(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     servers = _servers_from_flags(parser, args)
     if servers is not None:
         given["servers"] = servers
+    if getattr(args, "servers_b", None):
+        given["servers_b"] = list(args.servers_b)
     values: dict[str, Any] = {}
     saved: EvalConfig | None = None
     run_dir: RunDir | None = None
@@ -269,11 +307,15 @@ def resolve_config(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         values = saved.to_dict()
         if "servers" in given:
             values["policy"] = None  # external servers now: "external" unless --policy says otherwise
+        if "servers_b" in given:
+            values["policy_b"] = None
     values.update(given)
     try:
         config = EvalConfig(**values)
     except ValueError as exc:
         parser.error(_flag_message(exc))
+    if getattr(args, "alpha", None) is not None and not config.sequential:
+        parser.error("--alpha: only with --sequential (dz-gym-compare --alpha sets the verdicts' level)")
     if saved is not None:
         conflicts = resume_conflicts(saved, config)
         if conflicts:
@@ -285,10 +327,10 @@ def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _start_embedded_server(config: EvalConfig, serve_args: list[str]):
+def _start_embedded_server(policy: str, serve_args: list[str]):
     from dz_gym.server.launch import start_server_process
 
-    argv = ["--policy", config.policy, "--flavor", "vllm-omni", "--quiet", *serve_args]
+    argv = ["--policy", policy, "--flavor", "vllm-omni", "--quiet", *serve_args]
     server = start_server_process(argv, new_session=True)
     return server, server.url + DEFAULT_PATH
 
@@ -365,7 +407,7 @@ def _preflight(config: EvalConfig) -> str | None:
     """Why the run cannot start (one line), or None; nothing is written either way."""
     from dz_gym.eval.preflight import check_backend, check_servers
 
-    return check_backend(config.backend) or check_servers(config.servers, config.transport_config())
+    return check_backend(config.backend) or check_servers(config.servers + config.servers_b, config.transport_config())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -382,6 +424,8 @@ def main(argv: list[str] | None = None) -> int:
             from dz_gym.eval.shards.options import ray_options_from_args
 
             args.ray_options = ray_options_from_args(parser, args, config.num_envs)
+            if args.ray_options is not None and config.ab:
+                parser.error("--ray: A/B runs (--server-b/--policy-b) run in one process; leave out --ray")
             logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
             from dz_gym.eval.evaluate import python_command
             from dz_gym.eval.runner import RunControl
@@ -438,22 +482,34 @@ def _main(
             shutil.rmtree(run_dir.path, ignore_errors=True)
         return code
 
-    server = None
+    started: list = []  # embedded servers (arm A's, then arm B's)
     try:
         servers = list(config.servers)
+        servers_b = list(config.servers_b)
         server_info: dict[str, Any] = {"embedded": not servers}
         if not servers:
+            policies = [config.policy] + ([config.policy_b] if config.ab else [])
+            urls = []
             try:
                 with interruptible():
-                    server, url = _start_embedded_server(config, args.serve_arg)
+                    for policy in policies:  # an A/B run: one server per arm, the same flavor and arguments
+                        server, url = _start_embedded_server(policy, args.serve_arg)
+                        started.append(server)
+                        urls.append(url)
             except KeyboardInterrupt:
                 return EXIT_INTERRUPTED
             except (RuntimeError, OSError, ValueError) as exc:
                 _say(f"dz-gym-eval: error: cannot start the embedded server: {_first_line(exc)}")
                 return EXIT_ABORTED
-            servers = [url]
-            server_info.update(policy=config.policy, flavor="vllm-omni", serve_args=list(args.serve_arg), url=url)
-            _say(f"dz-gym-eval: no --server given; started the embedded reference server (policy {config.policy}) at {url}")
+            servers = urls[:1]
+            servers_b = urls[1:]
+            server_info.update(policy=config.policy, flavor="vllm-omni", serve_args=list(args.serve_arg), url=urls[0])
+            if config.ab:
+                server_info.update(policy_b=config.policy_b, url_b=urls[1])
+                _say(f"dz-gym-eval: no --server given; started two embedded reference servers: arm A (policy "
+                     f"{config.policy}) at {urls[0]}, arm B (policy {config.policy_b}) at {urls[1]}")  # fmt: skip
+            else:
+                _say(f"dz-gym-eval: no --server given; started the embedded reference server (policy {config.policy}) at {urls[0]}")
             if control.stop.is_set():
                 _say("dz-gym-eval: stopped before the run started; nothing was written")
                 return EXIT_INTERRUPTED
@@ -465,9 +521,10 @@ def _main(
             run_dir.save_config(config)
             if not args.only_scene:
                 _say(f"dz-gym-eval: resuming {run_dir.path}")
+        args.servers_b_urls = servers_b
         return _evaluate(args, config, run_dir, servers, server_info, command, control, signals, created)
     finally:
-        if server is not None:
+        for server in reversed(started):
             server.stop()
 
 
@@ -496,6 +553,7 @@ def _evaluate(
             only_scenes=args.only_scene,
             env_kwargs={"app_args": args} if config.backend == "isaac" else None,
             ray_options=getattr(args, "ray_options", None),
+            servers_b=getattr(args, "servers_b_urls", None),
         )
     except KeyboardInterrupt:
         summary = run_dir.read_summary() or {"interrupted": True}

@@ -1,0 +1,283 @@
+"""A/B runs of the evaluator: both arms on the same seeds, interleaved slots, the sequential stop, resume,
+request fields (seed, sampling_params) and milestones in rows."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from dz_gym import compare
+from dz_gym.eval import cli
+from dz_gym.eval.ab import PairTracker, unpaired_rows
+from dz_gym.eval.clients import ArmRouter, RequestFields, arm_of_slot, policy_seed
+from dz_gym.eval.config import EvalConfig
+from dz_gym.eval.evaluate import evaluate
+from dz_gym.eval.results import format_table, milestone_funnel
+from dz_gym.eval.rundir import RunDir
+from dz_gym.eval.runner import RunControl, plan_queues
+from dz_gym.server.launch import start_server_thread
+from dz_gym.server.policies import HoldPolicy
+from dz_gym.testing.memory_client import MemoryPolicyClient
+from dz_gym.testing.toy_env import ToyDroidEnv
+
+PATH = "/v1/realtime/robot/openpi"
+VOLATILE = {"env", "session_id", "server", "started_at", "wall_s", "latency_ms", "latencies_ms"}
+
+
+class GripperToyEnv(ToyDroidEnv):
+    """The toy env where the outcome depends on the policy: the object is placed while the gripper is closed."""
+
+    def _task_state(self, seeds, steps):
+        state = super()._task_state(np.zeros_like(seeds), np.full_like(steps, 3))  # seed 0, step 3: placed
+        start = super()._task_state(np.full_like(seeds, 2), steps)  # seed % 3 == 2: never placed
+        closed = self.gripper[:, 0] > 0.5
+        obj = np.where(closed[:, None], state.object_pos, start.object_pos)
+        return type(state)(obj, state.container_pos, obj + self._tcp_offset, state.object_speed)
+
+
+class RecordingPolicy(HoldPolicy):
+    """Hold, and record each request's session id, ``seed`` and ``sampling_params`` (what the server got)."""
+
+    def __init__(self, gripper: float = 0.0, fail_joint0: float | None = None):
+        super().__init__(gripper=gripper)
+        self.lock = threading.Lock()
+        self.seen: list[tuple[str, object, object]] = []
+        self.fail_joint0 = fail_joint0
+
+    def infer(self, request, *, session_id, new_session):
+        with self.lock:
+            self.seen.append((session_id, request.get("seed"), request.get("sampling_params")))
+        if self.fail_joint0 is not None and abs(float(request["observation/joint_position"][0]) - self.fail_joint0) < 1e-6:
+            raise RuntimeError("injected failure for this episode")
+        return super().infer(request, session_id=session_id, new_session=new_session)
+
+
+def toy_factory(env_cls=ToyDroidEnv):
+    def factory(scene, cfg):
+        return env_cls(cfg.num_envs, scene=scene, max_episode_length=cfg.max_steps)
+
+    return factory
+
+
+def run_ab(root, url_a, url_b, *, env_cls=ToyDroidEnv, control=None, run_dir=None, **fields):
+    fields = {"scenes": [1], "num_envs": 4, "max_steps": 6, "video": False, "report": False, **fields}
+    config = EvalConfig(servers=[url_a], servers_b=[url_b], **fields)
+    run_dir = run_dir or RunDir.create(root, config)
+    summary = evaluate(config, run_dir, env_factory=toy_factory(env_cls), control=control, progress=False)
+    return summary, run_dir
+
+
+@pytest.fixture(scope="module")
+def hold_pair():
+    with start_server_thread("hold") as a, start_server_thread("hold") as b:
+        yield a.url + PATH, b.url + PATH
+
+
+def test_plan_queues_put_both_arms_of_a_seed_on_neighbouring_slots():
+    queues = plan_queues([(k, arm) for k in range(5) for arm in "ab"], 4)
+    assert [list(q) for q in queues] == [[(0, "a"), (2, "a"), (4, "a")], [(0, "b"), (2, "b"), (4, "b")],
+                                         [(1, "a"), (3, "a")], [(1, "b"), (3, "b")]]  # fmt: skip
+    assert [arm_of_slot(i) for i in range(4)] == ["a", "b", "a", "b"]
+    assert [list(q) for q in plan_queues([(0, None), (1, None), (2, None)], 2)] == [[(0, None), (2, None)], [(1, None)]]
+
+
+def test_arm_router_sends_each_slot_to_its_arm():
+    a, b = MemoryPolicyClient(HoldPolicy(), 2, url="memory://a"), MemoryPolicyClient(HoldPolicy(), 2, url="memory://b")
+    router = ArmRouter({"a": a, "b": b})
+    assert router.num_sessions == 4 and len(router.connect()) == 4
+    assert [router.url(i) for i in range(4)] == ["memory://a", "memory://b", "memory://a", "memory://b"]
+    with pytest.raises(ValueError, match="clients"):
+        ArmRouter({"a": a, "b": MemoryPolicyClient(HoldPolicy(), 3)})
+    router.close()
+
+
+def test_a_vs_a_never_rejects(tmp_path, hold_pair):
+    """The same deterministic policy on both arms: every pair concordant, the test runs to its cap."""
+    summary, run_dir = run_ab(tmp_path, *hold_pair, sequential=True, max_episodes=12)
+    rows = run_dir.read_rows()
+    assert sorted(r["arm"] for r in rows) == ["a"] * 12 + ["b"] * 12
+    seq = summary["sequential"]
+    assert seq["reason"] == "max_pairs" and seq["better"] is None and seq["stopped_by"] == "max_episodes"
+    assert seq["a_only"] == seq["b_only"] == 0 and seq["pairs"] == 12 and seq["unpaired"] == [] and seq["dropped"] == []
+    overall = summary["comparison"]["scenes"]["overall"]
+    assert overall["pairs"] == 12 and overall["a_only"] == overall["b_only"] == 0 and overall["verdict"] == "no_difference_detected"
+    assert summary["arms"]["a"]["overall"]["success_at_end"] == summary["arms"]["b"]["overall"]["success_at_end"]
+    # Both runs of a seed are on neighbouring slots and the rows pair up exactly.
+    by_key = {(r["seed"], r["arm"]): r for r in rows}
+    for seed in range(12):
+        a, b = by_key[(seed, "a")], by_key[(seed, "b")]
+        assert b["env"] == a["env"] + 1 and a["env"] % 2 == 0
+        assert {k: v for k, v in a.items() if k not in VOLATILE | {"arm", "trajectory"}} == \
+            {k: v for k, v in b.items() if k not in VOLATILE | {"arm", "trajectory"}}
+        assert a["server"] == hold_pair[0] and b["server"] == hold_pair[1]
+        assert (run_dir.path / a["trajectory"]).is_file() and a["trajectory"].endswith("_a.npz")
+
+
+def test_sequential_stops_early_names_the_better_arm_and_leaves_no_half_pair(tmp_path):
+    """B closes the gripper (the toy places the object), A never does: B better after a few pairs. B fails on
+    one seed, so its slot runs ahead of A's and an episode is in flight without its twin at the stop."""
+    failing_seed = 1
+    joint0 = _joint0(failing_seed)
+    with start_server_thread(RecordingPolicy(0.0)) as a, start_server_thread(RecordingPolicy(1.0, fail_joint0=joint0)) as b:
+        summary, run_dir = run_ab(tmp_path, a.url + PATH, b.url + PATH, env_cls=GripperToyEnv, sequential=True,
+                                  max_episodes=40, max_steps=4)  # fmt: skip
+    rows = run_dir.read_rows()
+    seq = summary["sequential"]
+    assert seq["reason"] == "b_better" and seq["better"] == "b" and seq["stopped_by"] == "decision"
+    assert seq["errored"] == 1 and seq["a_only"] == 0 and seq["b_only"] == seq["pairs"]
+    assert len(rows) < 2 * 40  # stopped early
+    assert summary["complete"] is True and not summary["interrupted"]
+    # No half-finished pair is counted: every row has its twin, except those listed as unpaired; episodes cut
+    # off at the stop have no row and are listed as dropped.
+    assert unpaired_rows(rows) == seq["unpaired"]
+    assert seq["dropped"], "B's slot ran ahead: its episode without a twin is dropped at the stop"
+    dropped = {(d["scene"], d["episode"], d["arm"]) for d in seq["dropped"]}
+    assert not dropped & {(r["scene"], r["episode"], r["arm"]) for r in rows}
+    comparison = summary["comparison"]["scenes"]["overall"]
+    assert comparison["verdict"] == "b_better" and comparison["errored_pairs"] == 1
+    table = format_table(summary)
+    assert "1 A" in table and "1 B" in table and "B better" in table and "stopped by: decision" in table
+    # Resume of a decided run: nothing more runs, the decision stays.
+    again, _ = run_ab(tmp_path, "ws://127.0.0.1:9" + PATH, "ws://127.0.0.1:9" + PATH, env_cls=GripperToyEnv,
+                      sequential=True, max_episodes=40, max_steps=4, run_dir=run_dir)  # fmt: skip
+    assert len(run_dir.read_rows()) == len(rows) and again["sequential"]["reason"] == "b_better"
+
+
+def _joint0(seed: int) -> float:
+    env = ToyDroidEnv(1)
+    env.reset_one(0, seed)
+    return float(env.joints[0, 0])
+
+
+def test_ab_resume_equals_an_uninterrupted_run(tmp_path, hold_pair):
+    full = run_ab(tmp_path / "full", *hold_pair, episodes=5)[1].read_rows()
+    control = RunControl()
+    control.on_row = lambda row: control.stop.set() if control.rows_written >= 3 else None
+    summary, run_dir = run_ab(tmp_path / "cut", *hold_pair, episodes=5, control=control)
+    assert summary["interrupted"] and not summary["complete"]
+    summary, _ = run_ab(tmp_path, *hold_pair, episodes=5, run_dir=run_dir)
+    rows = run_dir.read_rows()
+    assert summary["complete"] and len({(r["episode"], r["arm"]) for r in rows}) == len(rows) == 10
+
+    def stable(rs):
+        return sorted(({k: v for k, v in r.items() if k not in VOLATILE} for r in rs), key=lambda r: (r["episode"], r["arm"]))
+
+    assert stable(rows) == stable(full)
+    assert summary["comparison"]["scenes"]["overall"]["pairs"] == 5
+
+
+def test_dz_gym_compare_reads_an_ab_run(tmp_path, hold_pair, capsys):
+    _, run_dir = run_ab(tmp_path, *hold_pair, episodes=4)
+    out_json = tmp_path / "cmp.json"
+    assert compare.main([str(run_dir.path), "--json", str(out_json)]) == 0
+    result = json.loads(out_json.read_text())
+    assert result["scenes"]["overall"]["pairs"] == 4
+    summary = run_dir.read_summary()
+    assert summary["comparison"]["scenes"] == result["scenes"]
+    assert "arm A" in capsys.readouterr().out
+
+
+def test_policy_seed_and_sampling_params_arrive_at_the_server(tmp_path):
+    policy = RecordingPolicy()
+    with start_server_thread(policy) as server:
+        config = EvalConfig(scenes=[1], episodes=5, num_envs=2, max_steps=12, video=False, report=False,
+                            servers=[server.url + PATH], policy_seed=True, num_inference_steps=4)  # fmt: skip
+        run_dir = RunDir.create(tmp_path, config)
+        evaluate(config, run_dir, env_factory=toy_factory(), progress=False)
+    rows = run_dir.read_rows()
+    seed_of_session = {r["session_id"]: r["seed"] for r in rows}
+    assert len(policy.seen) >= len(rows)
+    for session_id, seed, params in policy.seen:
+        assert seed == policy_seed(seed_of_session[session_id])
+        assert params == {"num_inference_steps": 4}
+    assert len({seed for _, seed, _ in policy.seen}) == 5  # one per episode
+
+
+def test_request_fields_client_adds_only_what_is_asked():
+    inner = MemoryPolicyClient(HoldPolicy(), 1)
+    client = RequestFields(inner, num_inference_steps=2)
+    assert client.fields(0) == {"sampling_params": {"num_inference_steps": 2}}
+    client = RequestFields(inner, policy_seed=True)
+    assert client.fields(0) == {}
+    client.begin_episode(0, 7)
+    assert client.fields(0) == {"seed": policy_seed(7)}
+
+
+def test_rows_carry_task_and_all_milestone_names(tmp_path, hold_pair):
+    summary, run_dir = run_ab(tmp_path, *hold_pair, episodes=2)
+    row = run_dir.read_rows()[0]
+    assert row["task"] == "DROID-CubeInBowl"
+    assert set(row["milestones"]) == {"reached", "lifted", "above_target", "placed"}
+    assert summary["1"]["task"] == "DROID-CubeInBowl"
+    funnel = summary["arms"]["a"]["overall"]["milestones"]
+    assert list(funnel) == ["reached", "lifted", "above_target", "placed"] and funnel["reached"]["n"] == 2
+    with np.load(run_dir.path / row["trajectory"]) as data:
+        names = list(data["milestone_names"])
+        assert names == list(row["milestones"])
+        assert all((s < 0) == (row["milestones"][n] is None) for n, s in zip(names, data["milestone_first_step"]))
+        assert data["tcp_pos"].shape == (row["steps"], 3)
+
+
+def test_milestone_funnel_counts_completed_episodes_only():
+    rows = [{"error": None, "milestones": {"reached": 2, "placed": None}},
+            {"error": "boom", "milestones": {"reached": 1, "placed": 5}},
+            {"error": None, "milestones": {"reached": None, "placed": None}}]  # fmt: skip
+    funnel = milestone_funnel(rows)
+    assert (funnel["reached"]["k"], funnel["reached"]["n"], funnel["placed"]["k"]) == (1, 2, 0)
+    assert funnel["reached"]["ci95"][0] > 0.0 and milestone_funnel([{"error": None}]) is None
+
+
+def test_pair_tracker_feeds_pairs_in_completion_order():
+    rows = [{"scene": 1, "episode": k, "seed": k, "arm": arm, "error": None, "success_at_end": arm == "b"}
+            for k in range(30) for arm in "ab"]  # fmt: skip
+    tracker = PairTracker(sequential=True, alpha=0.05, max_pairs=100)
+    stops = [tracker.add(r) for r in rows]
+    first = stops.index(True)
+    assert rows[first]["arm"] == "b" and tracker.decision.better == "b"
+    rebuilt = PairTracker(sequential=True, alpha=0.05, max_pairs=100, rows=rows[: first + 1])
+    assert rebuilt.stopped and rebuilt.decision == tracker.decision
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--sequential"], "--sequential: only for A/B runs"),
+        (["--policy-b", "hold", "--num-envs", "3"], "--num-envs: an A/B run needs an even number"),
+        (["--policy-b", "hold", "--alpha", "0.1"], "--alpha: only with --sequential"),
+        (["--max-episodes", "5"], "--max-episodes: only with --sequential"),
+        (["--server-b", "ws://127.0.0.1:9/x"], "--server-b: an A/B run against external servers needs"),
+        (["--server", "ws://127.0.0.1:9/x", "--policy-b", "hold"], "--policy-b: only for the embedded servers"),
+        (["--policy-b", "hold", "--ray", "local"], "--ray"),
+    ],
+)
+def test_ab_usage_errors_exit_2(capsys, argv, needle):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--backend", "mujoco", *argv])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_embedded_sequential_ab_names_the_better_arm(tmp_path):
+    """The command of the issue on the embedded simulator (bounded by --max-episodes)."""
+    argv = ["--num-envs", "8", "--scene", "1", "--policy", "reference", "--policy-b", "reference:skill=0.3",
+            "--sequential", "--max-episodes", "40", "--backend", "mujoco", "--no-video", "--no-report",
+            "--output-root", str(tmp_path)]  # fmt: skip
+    env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
+    proc = subprocess.run([sys.executable, "-m", "dz_gym.eval.cli", *argv], env=env, capture_output=True, text=True,
+                          timeout=1500)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (run,) = tmp_path.iterdir()
+    summary = json.loads((run / "summary.json").read_text())
+    seq = summary["sequential"]
+    assert seq["stopped_by"] == "decision" and seq["better"] == "a", seq["why"]
+    assert seq["pairs"] < 40 and len(RunDir(run).read_rows()) < 80
+    assert "A is better" in proc.stdout and "stopped by: decision" in proc.stdout
+    assert unpaired_rows(RunDir(run).read_rows()) == seq["unpaired"]
