@@ -194,11 +194,11 @@ class ResidualEnv:
         terminated = first_success if self.terminate_on_success else np.zeros(self.num_envs, dtype=bool)
         truncated = (self.episode_steps >= self.episode_length) & ~terminated
         done = terminated | truncated
-        arrays = self._observe(obs, info)
         info = dict(info)
         if done.any():
             ids = np.flatnonzero(done)
-            info.update(self._final_entries(arrays, done, success, info))
+            final_arrays = self._observe(obs, info)  # the ended episodes' last observation (all rows)
+            info.update(self._final_entries(final_arrays, done, success, info))
             obs, reset_info = self.wrapper.reset(options={"env_ids": ids})
             self.episode_steps[ids] = 0
             self._succeeded[ids] = False
@@ -211,14 +211,8 @@ class ResidualEnv:
         self._obs = self._to_tensors(self._arrays)
         import torch
 
-        as_tensor = lambda a, dtype: torch.as_tensor(a, dtype=dtype, device=self.device)
-        return (
-            self._obs,
-            as_tensor(reward, torch.float32),
-            as_tensor(terminated, torch.bool),
-            as_tensor(truncated, torch.bool),
-            info,
-        )
+        flags = torch.as_tensor(np.stack([terminated, truncated]), device=self.device)
+        return self._obs, torch.as_tensor(reward, device=self.device), flags[0], flags[1], info
 
     @property
     def observations(self) -> dict[str, Any]:

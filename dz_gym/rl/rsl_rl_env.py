@@ -1,8 +1,8 @@
 """``RslRlVecEnv``: a :class:`~dz_gym.rl.residual.ResidualEnv` as rsl_rl's ``VecEnv`` (``rsl-rl-lib`` >= 5).
 
-Follows ``rsl_rl.env.VecEnv`` of rsl-rl-lib 5.x as its source defines it (the docs of older releases
-describe ``get_observations() -> (obs, extras)`` and a separate privileged-observation call; 5.x returns
-one ``TensorDict`` of observation groups instead):
+Follows ``rsl_rl.env.VecEnv`` of rsl-rl-lib 5.x as its source defines it (checked on 5.5.1; 2.x returned
+``(obs, extras)`` from ``get_observations()`` with the critic's observations in ``extras``; 5.x returns one
+``TensorDict`` of observation groups):
 
 - attributes ``num_envs``, ``num_actions``, ``max_episode_length``, ``episode_length_buf`` (writable: the
   runner's ``init_at_random_ep_len`` writes random lengths into it, which shortens the first episodes),
