@@ -468,7 +468,7 @@ class AsyncSession:
         ws = self._ws
         if self._state is not SessionState.OPEN or ws is None:
             raise self._not_connected()
-        delivery = Delivery.SENT if ws.state is State.OPEN else Delivery.CLOSED_BEFORE_SEND
+        delivery = Delivery.SENT if ws.protocol.state is State.OPEN else Delivery.CLOSED_BEFORE_SEND
         timeout = self._config.request_timeout
         stamps.sent_at = time.perf_counter()
         try:
