@@ -64,6 +64,9 @@ def padded_geometry(in_height: int, in_width: int, height: int, width: int) -> t
     """``(content_height, content_width, top, left)`` of openpi-client's resize-with-pad.
 
     The same float expressions as openpi-client, so the truncations agree for every size.
+
+    >>> padded_geometry(720, 1280, 224, 224)  # a 16:9 view in a square: black bands above and below
+    (126, 224, 49, 0)
     """
     ratio = max(in_width / width, in_height / height)
     resized_height = int(in_height / ratio)
@@ -494,6 +497,15 @@ def resize_with_pad(images: Any, height: int, width: int, *, method: str = "auto
     within one intensity level with ``"torch"`` (identical at power-of-two scale factors on CPU). Returns
     the same kind as the input: a numpy array for numpy, a tensor on the input's device for a tensor. An
     input already ``height x width`` is returned as is (the same object, not a copy).
+
+    >>> views = np.full((2, 3, 720, 1280, 3), 200, dtype=np.uint8)  # (envs, cameras, H, W, RGB)
+    >>> out = resize_with_pad(views, 224, 224, method="exact")
+    >>> out.shape, out.dtype.name
+    ((2, 3, 224, 224, 3), 'uint8')
+    >>> int(out[0, 0, 0, 0, 0]), int(out[0, 0, 112, 112, 0])  # padding, content
+    (0, 200)
+    >>> resize_with_pad(out, 224, 224) is out
+    True
     """
     is_torch, shape = _check(images, height, width, method)
     in_h, in_w = shape[-3], shape[-2]

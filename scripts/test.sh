@@ -8,8 +8,10 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh --test
 export MUJOCO_GL=${MUJOCO_GL:-egl}
 .venv/bin/python -m pytest -q "$@"
+.venv/bin/python -m pytest -q --doctest-modules dz_gym
 if [ "${DZ_GYM_SKIP_ISAAC22:-0}" = 0 ]; then
   echo "== second environment: Isaac Lab 2.2's dependency set (.venv-isaac22) =="
   bash scripts/setup.sh --test --isaac22
   .venv-isaac22/bin/python -m pytest -q -m "not slow" "$@"
+  .venv-isaac22/bin/python -m pytest -q --doctest-modules dz_gym
 fi

@@ -15,6 +15,24 @@ wire never carries pickles. Every malformed input (garbage, truncation, wrong ma
 match the data, nesting or sizes past the bounds) raises :class:`~dz_gym.errors.ProtocolError` with one line.
 
 Decoded arrays are read-only views of the message buffer; copy before writing into them.
+
+Example: a request round trip, and a refused dtype::
+
+    >>> import numpy as np
+    >>> frame = packb({"prompt": "pick", "state": np.arange(3, dtype=np.float32)})
+    >>> message = unpackb(frame, max_bytes=1 << 20)
+    >>> message["prompt"], message["state"].dtype.str, message["state"].tolist()
+    ('pick', '<f4', [0.0, 1.0, 2.0])
+    >>> message["state"].flags.writeable
+    False
+    >>> packb({"x": np.zeros(2, dtype=complex)})
+    Traceback (most recent call last):
+    ...
+    dz_gym.errors.ProtocolError: x: unsupported dtype '<c16' (kind 'c'); expected bool, integer, float or string dtypes
+    >>> unpackb(frame[:-3])  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    dz_gym.errors.ProtocolError: message: ...
 """
 
 from __future__ import annotations
