@@ -54,7 +54,7 @@ def measure(scene: int, num_envs: int, lazy: bool, steps: int, image_shape, work
         expert = ScriptedExpert(scene, num_envs, kinematics=None)
         everyone, nobody = np.ones(num_envs, dtype=bool), np.zeros(num_envs, dtype=bool)
         elapsed = 0.0
-        pids = [p.pid for p in env._pool.procs] if env._pool is not None else []
+        pids = env.worker_pids
         for t in range(-4, steps):  # 4 warm-up steps
             if t == 0:
                 cpu_start = _cpu_seconds(pids)

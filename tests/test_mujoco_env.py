@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -201,6 +202,7 @@ def test_frames_are_read_only_views_until_the_next_render_or_copies_on_request()
         env = make_env(scene=1, num_envs=2, seed=0, num_workers=workers)
         try:
             obs, _ = env.reset()
+            assert len(env.worker_pids) == workers and os.getpid() not in env.worker_pids
             frame = obs["policy"]["wrist_cam"]
             with pytest.raises(ValueError, match="read-only"):
                 frame[0, 0, 0, 0] = 1
@@ -213,6 +215,7 @@ def test_frames_are_read_only_views_until_the_next_render_or_copies_on_request()
         finally:
             env.close()
         np.testing.assert_array_equal(frame, kept)  # still readable after close
+        assert env.worker_pids == []
     env = make_env(scene=1, num_envs=1, seed=0, num_workers=0, frame_views=False)
     try:
         obs, _ = env.reset()

@@ -261,6 +261,12 @@ class MujocoDroidEnv(BatchedDroidEnv):
             pass
 
     # ------------------------------------------------------------------------------------- extras
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of the simulation workers (empty when the envs step in this process or after
+        ``close``): what a benchmark needs to account the CPU time spent outside the caller."""
+        return [proc.pid for proc in self._pool.procs] if self._pool is not None else []
+
     def privileged_state(self) -> dict[str, np.ndarray]:
         """True state of every env now (after any autoreset), for tests and the scripted expert.
 
