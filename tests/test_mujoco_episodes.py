@@ -134,3 +134,28 @@ def test_reach_distance_measures_to_the_rotated_box():
     assert reach_distance(state([0, 0, 0], [0.0, 0.06, 0.0]), box)[0] == pytest.approx(0.06)  # no quat: centre
     s = state([0, 0, 0], [0.06, 0.0, 0.0], quat=quat)
     assert reach_distance(s, box)[0] == pytest.approx(0.05)
+
+
+def test_a_backends_own_milestones_replace_the_built_in_checks():
+    names = ("reached_spoon", "lifted_up_spoon", "above_sink", "completely_in_sink")
+    book = Episodes(2, SCENE, seed=0, milestone_names=names)
+    far = state([REST, REST], [REST + [0, 0, 0.3]] * 2)  # the built-in checks would find nothing here
+
+    def flags(*rows):
+        return TaskState(far.object_pos, far.container_pos, far.tcp_pos, far.object_speed, milestone_flags=np.array(rows))
+
+    info = book.record_reset([0, 1], book.reset_seeds([0, 1], None), flags([0, 0, 0, 0], [1, 0, 0, 0]))
+    assert info["milestones"]["reached"].tolist() == info["milestones"]["reached_spoon"].tolist() == [-1, 0]
+    info = book.record_step(flags([1, 1, 1, 1], [1, 1, 0, 0]), np.zeros(2, dtype=bool))
+    assert info["success"].tolist() == [True, False] and info["success_any_step"].tolist() == [True, False]
+    assert {name: steps.tolist() for name, steps in info["milestones"].items()} == {
+        "reached": [1, 0], "lifted": [1, 1], "above_target": [1, -1], "placed": [1, -1],
+        "reached_spoon": [1, 0], "lifted_up_spoon": [1, 1], "above_sink": [1, -1], "completely_in_sink": [1, -1],
+    }  # fmt: skip
+    info = book.record_step(flags([1, 1, 1, 0], [1, 1, 0, 0]), np.zeros(2, dtype=bool))
+    assert info["success"].tolist() == [False, False] and info["success_any_step"].tolist() == [True, False]
+    assert info["milestones"]["placed"].tolist() == [1, -1]  # the first step stays
+    with pytest.raises(ValueError, match="milestone_flags: expected"):
+        book.record_step(flags([1, 1], [1, 1]), np.zeros(2, dtype=bool))
+    with pytest.raises(ValueError, match="need their flags"):
+        book.record_step(far, np.zeros(2, dtype=bool))
