@@ -229,7 +229,8 @@ def evaluate(
     total = sum(len(todo[s]) for s in scenes)
     say_later: list[Callable[[str], None]] = []
     idle_check = IdleGapCheck(
-        envs_per_server(config.num_envs, len(servers)), config.server_idle_timeout, lambda line: say_later[0](line)
+        config.envs_per_server() if config.ab else envs_per_server(config.num_envs, len(servers)),
+        config.server_idle_timeout, lambda line: say_later[0](line),
     )
     bars = Progress(total, total * config.max_steps, enabled=progress, on_latency=idle_check.observe)
     say = log or bars.write
