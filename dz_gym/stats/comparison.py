@@ -150,6 +150,7 @@ def _metric_table(pairs: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]], 
     adjusted = holm_adjust([table[str(s)]["p_value"] if table[str(s)]["pairs"] else None for s in scenes])
     for scene, p_holm in zip(scenes, adjusted):
         entry = table[str(scene)]
+        entry.pop("verdict")  # re-added after p_holm, on which it now rests
         entry["p_holm"] = 1.0 if p_holm is None else p_holm
         entry["verdict"] = _verdict(PairedCounts(entry["both"], entry["a_only"], entry["b_only"], entry["neither"]),
                                     entry["p_holm"], alpha)  # fmt: skip
