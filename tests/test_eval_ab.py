@@ -27,7 +27,15 @@ from dz_gym.testing.memory_client import MemoryPolicyClient
 from dz_gym.testing.toy_env import ToyDroidEnv
 
 PATH = "/v1/realtime/robot/openpi"
-VOLATILE = {"env", "session_id", "server", "started_at", "wall_s", "latency_ms", "latencies_ms"}
+VOLATILE = {
+    "env",
+    "session_id",
+    "server",
+    "started_at",
+    "wall_s",
+    "latency_ms",
+    "latencies_ms",
+}
 
 
 class GripperToyEnv(ToyDroidEnv):
@@ -53,7 +61,10 @@ class RecordingPolicy(HoldPolicy):
     def infer(self, request, *, session_id, new_session):
         with self.lock:
             self.seen.append((session_id, request.get("seed"), request.get("sampling_params")))
-        if self.fail_joint0 is not None and abs(float(request["observation/joint_position"][0]) - self.fail_joint0) < 1e-6:
+        if (
+            self.fail_joint0 is not None
+            and abs(float(request["observation/joint_position"][0]) - self.fail_joint0) < 1e-6
+        ):
             raise RuntimeError("injected failure for this episode")
         return super().infer(request, session_id=session_id, new_session=new_session)
 
@@ -66,10 +77,23 @@ def toy_factory(env_cls=ToyDroidEnv):
 
 
 def run_ab(root, url_a, url_b, *, env_cls=ToyDroidEnv, control=None, run_dir=None, **fields):
-    fields = {"scenes": [1], "num_envs": 4, "max_steps": 6, "video": False, "report": False, **fields}
+    fields = {
+        "scenes": [1],
+        "num_envs": 4,
+        "max_steps": 6,
+        "video": False,
+        "report": False,
+        **fields,
+    }
     config = EvalConfig(servers=[url_a], servers_b=[url_b], **fields)
     run_dir = run_dir or RunDir.create(root, config)
-    summary = evaluate(config, run_dir, env_factory=toy_factory(env_cls), control=control, progress=False)
+    summary = evaluate(
+        config,
+        run_dir,
+        env_factory=toy_factory(env_cls),
+        control=control,
+        progress=False,
+    )
     return summary, run_dir
 
 
@@ -84,14 +108,25 @@ def test_plan_queues_put_both_arms_of_a_seed_on_neighbouring_slots():
     assert [list(q) for q in queues] == [[(0, "a"), (2, "a"), (4, "a")], [(0, "b"), (2, "b"), (4, "b")],
                                          [(1, "a"), (3, "a")], [(1, "b"), (3, "b")]]  # fmt: skip
     assert [arm_of_slot(i) for i in range(4)] == ["a", "b", "a", "b"]
-    assert [list(q) for q in plan_queues([(0, None), (1, None), (2, None)], 2)] == [[(0, None), (2, None)], [(1, None)]]
+    assert [list(q) for q in plan_queues([(0, None), (1, None), (2, None)], 2)] == [
+        [(0, None), (2, None)],
+        [(1, None)],
+    ]
 
 
 def test_arm_router_sends_each_slot_to_its_arm():
-    a, b = MemoryPolicyClient(HoldPolicy(), 2, url="memory://a"), MemoryPolicyClient(HoldPolicy(), 2, url="memory://b")
+    a, b = (
+        MemoryPolicyClient(HoldPolicy(), 2, url="memory://a"),
+        MemoryPolicyClient(HoldPolicy(), 2, url="memory://b"),
+    )
     router = ArmRouter({"a": a, "b": b})
     assert router.num_sessions == 4 and len(router.connect()) == 4
-    assert [router.url(i) for i in range(4)] == ["memory://a", "memory://b", "memory://a", "memory://b"]
+    assert [router.url(i) for i in range(4)] == [
+        "memory://a",
+        "memory://b",
+        "memory://a",
+        "memory://b",
+    ]
     with pytest.raises(ValueError, match="clients"):
         ArmRouter({"a": a, "b": MemoryPolicyClient(HoldPolicy(), 3)})
     router.close()
@@ -106,15 +141,20 @@ def test_a_vs_a_never_rejects(tmp_path, hold_pair):
     assert seq["reason"] == "max_pairs" and seq["better"] is None and seq["stopped_by"] == "max_episodes"
     assert seq["a_only"] == seq["b_only"] == 0 and seq["pairs"] == 12 and seq["unpaired"] == [] and seq["dropped"] == []
     overall = summary["comparison"]["scenes"]["overall"]
-    assert overall["pairs"] == 12 and overall["a_only"] == overall["b_only"] == 0 and overall["verdict"] == "no_difference_detected"
+    assert (
+        overall["pairs"] == 12
+        and overall["a_only"] == overall["b_only"] == 0
+        and overall["verdict"] == "no_difference_detected"
+    )
     assert summary["arms"]["a"]["overall"]["success_at_end"] == summary["arms"]["b"]["overall"]["success_at_end"]
     # Both runs of a seed are on neighbouring slots and the rows pair up exactly.
     by_key = {(r["seed"], r["arm"]): r for r in rows}
     for seed in range(12):
         a, b = by_key[(seed, "a")], by_key[(seed, "b")]
         assert b["env"] == a["env"] + 1 and a["env"] % 2 == 0
-        assert {k: v for k, v in a.items() if k not in VOLATILE | {"arm", "trajectory"}} == \
-            {k: v for k, v in b.items() if k not in VOLATILE | {"arm", "trajectory"}}
+        assert {k: v for k, v in a.items() if k not in VOLATILE | {"arm", "trajectory"}} == {
+            k: v for k, v in b.items() if k not in VOLATILE | {"arm", "trajectory"}
+        }
         assert a["server"] == hold_pair[0] and b["server"] == hold_pair[1]
         assert (run_dir.path / a["trajectory"]).is_file() and a["trajectory"].endswith("_a.npz")
 
@@ -124,7 +164,10 @@ def test_sequential_stops_early_names_the_better_arm_and_leaves_no_half_pair(tmp
     one seed, so its slot runs ahead of A's and an episode is in flight without its twin at the stop."""
     failing_seed = 1
     joint0 = _joint0(failing_seed)
-    with start_server_thread(RecordingPolicy(0.0)) as a, start_server_thread(RecordingPolicy(1.0, fail_joint0=joint0)) as b:
+    with (
+        start_server_thread(RecordingPolicy(0.0)) as a,
+        start_server_thread(RecordingPolicy(1.0, fail_joint0=joint0)) as b,
+    ):
         summary, run_dir = run_ab(tmp_path, a.url + PATH, b.url + PATH, env_cls=GripperToyEnv, sequential=True,
                                   max_episodes=40, max_steps=4)  # fmt: skip
     rows = run_dir.read_rows()
@@ -166,7 +209,10 @@ def test_ab_resume_equals_an_uninterrupted_run(tmp_path, hold_pair):
     assert summary["complete"] and len({(r["episode"], r["arm"]) for r in rows}) == len(rows) == 10
 
     def stable(rs):
-        return sorted(({k: v for k, v in r.items() if k not in VOLATILE} for r in rs), key=lambda r: (r["episode"], r["arm"]))
+        return sorted(
+            ({k: v for k, v in r.items() if k not in VOLATILE} for r in rs),
+            key=lambda r: (r["episode"], r["arm"]),
+        )
 
     assert stable(rows) == stable(full)
     assert summary["comparison"]["scenes"]["overall"]["pairs"] == 5
@@ -229,7 +275,11 @@ def test_milestone_funnel_counts_completed_episodes_only():
             {"error": "boom", "milestones": {"reached": 1, "placed": 5}},
             {"error": None, "milestones": {"reached": None, "placed": None}}]  # fmt: skip
     funnel = milestone_funnel(rows)
-    assert (funnel["reached"]["k"], funnel["reached"]["n"], funnel["placed"]["k"]) == (1, 2, 0)
+    assert (funnel["reached"]["k"], funnel["reached"]["n"], funnel["placed"]["k"]) == (
+        1,
+        2,
+        0,
+    )
     assert funnel["reached"]["ci95"][0] > 0.0 and milestone_funnel([{"error": None}]) is None
 
 
@@ -248,11 +298,20 @@ def test_pair_tracker_feeds_pairs_in_completion_order():
     ("argv", "needle"),
     [
         (["--sequential"], "--sequential: only for A/B runs"),
-        (["--policy-b", "hold", "--num-envs", "3"], "--num-envs: an A/B run needs an even number"),
+        (
+            ["--policy-b", "hold", "--num-envs", "3"],
+            "--num-envs: an A/B run needs an even number",
+        ),
         (["--policy-b", "hold", "--alpha", "0.1"], "--alpha: only with --sequential"),
         (["--max-episodes", "5"], "--max-episodes: only with --sequential"),
-        (["--server-b", "ws://127.0.0.1:9/x"], "--server-b: an A/B run against external servers needs"),
-        (["--server", "ws://127.0.0.1:9/x", "--policy-b", "hold"], "--policy-b: only for the embedded servers"),
+        (
+            ["--server-b", "ws://127.0.0.1:9/x"],
+            "--server-b: an A/B run against external servers needs",
+        ),
+        (
+            ["--server", "ws://127.0.0.1:9/x", "--policy-b", "hold"],
+            "--policy-b: only for the embedded servers",
+        ),
         (["--policy-b", "hold", "--ray", "local"], "--ray"),
     ],
 )
@@ -273,7 +332,7 @@ def test_embedded_sequential_ab_names_the_better_arm(tmp_path):
             "--no-report", "--output-root", str(tmp_path)]  # fmt: skip
     env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
     proc = subprocess.run([sys.executable, "-m", "dz_gym.eval.cli", *argv], env=env, capture_output=True, text=True,
-                          timeout=1500)  # fmt: skip
+                          timeout=1500, check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     (run,) = tmp_path.iterdir()
     summary = json.loads((run / "summary.json").read_text())
@@ -286,7 +345,10 @@ def test_embedded_sequential_ab_names_the_better_arm(tmp_path):
 
 def test_resume_keeps_a_run_ab_or_not(capsys, tmp_path):
     plain = RunDir.create(tmp_path / "plain", EvalConfig(backend="mujoco", num_envs=2))
-    ab = RunDir.create(tmp_path / "ab", EvalConfig(backend="mujoco", num_envs=2, policy_b="reference:skill=0.3"))
+    ab = RunDir.create(
+        tmp_path / "ab",
+        EvalConfig(backend="mujoco", num_envs=2, policy_b="reference:skill=0.3"),
+    )
     for argv, needle in (([str(plain.path), "--policy-b", "hold"], "A/B: the run was not an A/B run"),
                          ([str(ab.path), "--policy-b", "hold"], "policy_b: the run used 'reference:skill=0.3'")):  # fmt: skip
         with pytest.raises(SystemExit) as exc:

@@ -44,8 +44,15 @@ def unpaired_rows(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for key in sorted(by_key):
         arms = by_key[key]
         if len(arms) == 1:
-            (arm, row), = arms.items()
-            out.append({"scene": row["scene"], "episode": row["episode"], "seed": row["seed"], "arm": arm})
+            ((arm, row),) = arms.items()
+            out.append(
+                {
+                    "scene": row["scene"],
+                    "episode": row["episode"],
+                    "seed": row["seed"],
+                    "arm": arm,
+                }
+            )
     return out
 
 
@@ -88,7 +95,9 @@ class PairTracker:
             self.test.update([(_outcome(a), _outcome(b))])
         return self.stopped
 
-    def summary(self, rows: Iterable[Mapping[str, Any]], *, planned_pairs: int, finished: bool) -> dict[str, Any] | None:
+    def summary(
+        self, rows: Iterable[Mapping[str, Any]], *, planned_pairs: int, finished: bool
+    ) -> dict[str, Any] | None:
         """``summary.json``'s ``sequential`` entry (None without ``--sequential``): the test's settings and
         decision, why the run stopped (``stopped_by``) and the episodes left without a twin.
 

@@ -137,7 +137,13 @@ class RequestFields(_Delegate):
     :meth:`begin_episode`); ``num_inference_steps``: send ``sampling_params``.
     """
 
-    def __init__(self, inner: PolicyClient, *, policy_seed: bool = False, num_inference_steps: int | None = None):
+    def __init__(
+        self,
+        inner: PolicyClient,
+        *,
+        policy_seed: bool = False,
+        num_inference_steps: int | None = None,
+    ):
         self._inner = inner
         self._seeds: list[int | None] = [None] * inner.num_sessions
         self._policy_seed = bool(policy_seed)

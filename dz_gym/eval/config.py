@@ -201,7 +201,7 @@ class EvalConfig:
         """The A/B settings: an even number of envs, and the sequential flags only where they apply."""
         for name in ("sequential", "policy_seed"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name}: expected true or false, got {getattr(self, name)!r}")
+                raise ValueError(f"{name}: expected true or false, got {getattr(self, name)!r}")  # noqa: TRY004
         if self.sequential and not self.ab:
             raise ValueError("sequential: only for A/B runs (give arm B with --server-b URL or --policy-b NAME)")
         if not isinstance(self.alpha, (int, float)) or isinstance(self.alpha, bool) or not 0.0 < self.alpha < 1.0:

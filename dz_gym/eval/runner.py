@@ -67,7 +67,7 @@ def plan_queues(work: Iterable[tuple[int, str | None]], num_envs: int) -> list[d
     ``k % num_envs``; in an A/B run to slot ``2 (k % P) + (arm == "b")`` with ``P = num_envs // 2``."""
     queues: list[deque[tuple[int, str | None]]] = [deque() for _ in range(int(num_envs))]
     pairs = int(num_envs) // 2
-    for k, arm in sorted(set((int(e), a) for e, a in work), key=lambda item: (item[0], item[1] or "")):
+    for k, arm in sorted({(int(e), a) for e, a in work}, key=lambda item: (item[0], item[1] or "")):
         if arm is None:
             queues[k % num_envs].append((k, None))
         else:
