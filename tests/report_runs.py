@@ -66,3 +66,19 @@ def toy_run(
             command="toy run for the report tests",
         )
     return run_dir
+
+
+def toy_ab_run(root: Path, *, episodes: int = 4, num_envs: int = 2, max_steps: int = 6, fail_seed_b: int = 2) -> RunDir:
+    """A finished A/B run (rows with ``arm``): arm A holds, arm B holds but fails every request of one seed."""
+
+    def factory(scene, cfg):
+        return ToyDroidEnv(cfg.num_envs, scene=scene, max_episode_length=cfg.max_steps)
+
+    with start_server_thread(HoldPolicy()) as a, start_server_thread(FailOnSeed(fail_seed_b)) as b:
+        config = EvalConfig(
+            scenes=[1], episodes=episodes, num_envs=num_envs, max_steps=max_steps, video=True,
+            servers=[a.url + PATH], servers_b=[b.url + PATH],
+        )
+        run_dir = RunDir.create(root, config)
+        evaluate(config, run_dir, env_factory=factory, progress=False, command="toy A/B run for the report tests")
+    return run_dir

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from report_runs import toy_run
+from report_runs import toy_ab_run, toy_run
 
 from dz_gym.eval.runner import RunControl
 from dz_gym.report import write_report
@@ -155,4 +155,23 @@ def test_evaluator_writes_the_report_after_a_stop_and_on_resume(tmp_path, open_p
     page, watch = open_page(run_dir.path / "report.html")
     assert page.inner_text("#run-state").strip() == "complete"
     assert page.inner_text("#shown-count") == "showing 6 of 6 episodes"
+    assert_clean(watch)
+
+
+def test_ab_run(tmp_path, open_page):
+    run_dir = toy_ab_run(tmp_path)
+    summary = json.loads((run_dir.path / "summary.json").read_text())
+    page, watch = open_page(run_dir.path / "report.html")  # written by the evaluator
+    for arm in ("a", "b"):
+        for key in ["1", "overall"]:
+            cell = f'#results-table-arm-{arm} tr[data-scene="{key}"] td[data-field="success_at_end"]'
+            assert " ".join(page.inner_text(cell).split()) == rate_shown(summary["arms"][arm][key]["success_at_end"])
+    expected = summary["comparison"]["scenes"]["overall"]
+    assert (expected["pairs"], expected["errored_pairs"]) == (3, 1)
+    cells = page.eval_on_selector_all('#paired tr[data-scope="overall"] td', "tds => tds.map(t => t.innerText)")
+    assert cells[:5] == [str(expected[k]) for k in ("pairs", "both", "a_only", "b_only", "neither")]
+    assert cells[8] == f"{expected['p_value']:.3g}"
+    page.select_option("#f-run", "B")
+    page.select_option("#f-outcome", "errored")
+    assert visible_keys(page) == ["b:scene1_ep0002"]
     assert_clean(watch)
