@@ -39,8 +39,8 @@ from dz_gym.envs.isaac import checks, launch, tasks
 from dz_gym.envs.isaac.build import InitialConditions, MilestoneProbe, parse_task_cfg
 from dz_gym.envs.isaac.config import keep_one_dome_light, patch_env_cfg
 from dz_gym.envs.isaac.mila import MilaFallback
-from dz_gym.preprocess import to_numpy
 from dz_gym.envs.isaac.state import DEFAULT_TCP_BODIES, StateProbe, TaskState
+from dz_gym.preprocess import to_numpy
 
 # Spacing of the env grid when N > 1 (sim-evals: 7 m). With 7 m, each env's table also gets about 5 % more
 # light from its neighbours' sphere lights (inverse square) and the 104-degree external cameras can see the
