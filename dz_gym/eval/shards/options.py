@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 
 from dz_gym.cli_types import integer, number
 
+AB_NOT_SHARDED = "A/B runs (--server-b/--policy-b) keep each pair's two slots in one batch; run them without --ray"
+
 
 @dataclasses.dataclass
 class RayOptions:
@@ -104,16 +106,18 @@ def add_ray_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def ray_options_from_args(
-    parser: argparse.ArgumentParser, args: argparse.Namespace, num_envs: int
-) -> RayOptions | None:
-    """:class:`RayOptions` from the flags (None without ``--ray``); bad flags end in ``parser.error``."""
+def ray_options_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace, config) -> RayOptions | None:
+    """:class:`RayOptions` from the flags (None without ``--ray``) for the run ``config`` (an ``EvalConfig``, or
+    its ``num_envs``); bad flags end in ``parser.error``."""
+    num_envs = config if isinstance(config, int) else config.num_envs
     names = ("shards", "servers_per_shard", "shard_cpus", "ray_resource", "shard_restarts", "ship_files")
     if args.ray is None:
         given = [n for n in names if getattr(args, n, None) is not None]
         if given:
             parser.error(f"--{given[0].replace('_', '-')}: only with --ray ADDRESS|local")
         return None
+    if getattr(config, "ab", False):
+        parser.error(f"--ray: {AB_NOT_SHARDED}")
     if importlib.util.find_spec("ray") is None:
         from dz_gym.eval.shards import MISSING_RAY
 

@@ -235,17 +235,25 @@ class Pusher:
         return False
 
 
-def _shard_runner(base_cls):
-    """``SceneRunner`` taking the shard's explicit per-slot queues (global slot order kept on local slots)."""
+def _slot_items(queues: list[list[int]]):
+    """The runner's per-slot work items for the shard's explicit per-slot episode lists (each slot's episodes
+    in order, in the item format of :func:`dz_gym.eval.runner.plan_queues`)."""
+    from dz_gym.eval.runner import plan_queues
 
-    class ShardSceneRunner(base_cls):
-        def __init__(self, *args, queues, **kwargs):
-            super().__init__(*args, **kwargs)
-            if not hasattr(self, "_queues"):
-                raise TypeError("SceneRunner: per-slot episode queues are not supported by this version")
-            self._queues = [deque(q) for q in queues]
+    return [plan_queues([(k, None) for k in q], 1)[0] for q in queues]
 
-    return ShardSceneRunner
+
+def _keep_slots(runner, queues: list[list[int]]) -> None:
+    """Make ``runner`` run each local slot's own episodes. Its own placement (``k % num_envs``) is already the
+    shard's when the shards have equal widths; otherwise its queues are replaced by the shard's."""
+    from dz_gym.eval.runner import plan_queues
+
+    mine = _slot_items(queues)
+    if [list(q) for q in plan_queues([(k, None) for q in queues for k in q], len(queues))] == [list(q) for q in mine]:
+        return
+    if not hasattr(runner, "_queues"):
+        raise TypeError("SceneRunner: per-slot episode queues are not supported by this version")
+    runner._queues = mine
 
 
 class ShardWorker:
@@ -306,18 +314,22 @@ class ShardWorker:
         env = wrapper = None
         try:
             env = default_env_factory(spec["scene"], config, **env_kwargs)
+            client = _request_fields_client(config, list(spec["servers"]))
             wrapper = DreamZeroPolicyWrapper(
                 env,
-                server=list(spec["servers"]),
+                **(
+                    {"client": client}
+                    if client is not None
+                    else {"server": list(spec["servers"]), "transport": config.transport_config()}
+                ),
                 open_loop_horizon=config.open_loop_horizon,
-                transport=config.transport_config(),
                 prefetch=config.prefetch,
                 simulated_delay=config.simulated_delay,
                 max_stale_steps=config.max_stale_steps,
             )
             for i, meta_i in enumerate(wrapper.server_metadata):
                 out["server_metadata"].setdefault(wrapper.server_url(i), _metadata_dict(meta_i))
-            runner = _shard_runner(SceneRunner)(
+            runner = SceneRunner(
                 wrapper,
                 scene=spec["scene"],
                 episodes=[k for q in queues for k in q],
@@ -327,8 +339,9 @@ class ShardWorker:
                 control=control,
                 recorder=recorder,
                 progress=_Tally(outbox),
-                queues=queues,
+                on_episode_start=getattr(client, "begin_episode", None),
             )
+            _keep_slots(runner, queues)
             result = runner.run()
             out.update(
                 env_steps=result.env_steps,
@@ -354,6 +367,20 @@ class ShardWorker:
                 + (f" ({pusher.lost})" if pusher.lost else "")
             )
         return out
+
+
+def _request_fields_client(config: EvalConfig, servers: list[str]):
+    """The client that adds the run's sampling fields to every request (as one process does), or None when the
+    run sends none (the wrapper's default client)."""
+    policy_seed = bool(getattr(config, "policy_seed", False))
+    steps = getattr(config, "num_inference_steps", None)
+    if not policy_seed and steps is None:
+        return None
+    from dz_gym.eval.clients import build_client
+
+    return build_client(
+        servers, (), len(servers), config.transport_config(), policy_seed=policy_seed, num_inference_steps=steps
+    )
 
 
 def _sees_run_dir(path: str, token: str) -> bool:
