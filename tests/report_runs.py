@@ -82,3 +82,29 @@ def toy_ab_run(root: Path, *, episodes: int = 4, num_envs: int = 2, max_steps: i
         run_dir = RunDir.create(root, config)
         evaluate(config, run_dir, env_factory=factory, progress=False, command="toy A/B run for the report tests")
     return run_dir
+
+
+def replicated_run(source: RunDir, target: Path, episodes: int) -> RunDir:
+    """A run directory of ``episodes`` rows made of ``source``'s (new episode numbers and seeds; the rows keep
+    pointing at the source's trajectories and videos through relative paths), with its summary recomputed."""
+    import json
+    import os
+
+    from dz_gym.eval import results
+
+    rows = source.read_rows()
+    target.mkdir(parents=True)
+    config = json.loads((source.path / "config.json").read_text())
+    config.update(scenes=[1], episodes=episodes)
+    (target / "config.json").write_text(json.dumps(config))
+    out = []
+    for k in range(episodes):
+        row = dict(rows[k % len(rows)], scene=1, episode=k, seed=k)
+        for field in ("trajectory", "video"):
+            if row.get(field):
+                row[field] = os.path.relpath(source.path / row[field], target)
+        out.append(row)
+    (target / "episodes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in out))
+    summary = results.summarize(out, planned={1: episodes})
+    (target / "summary.json").write_text(json.dumps(summary))
+    return RunDir(target)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from report_runs import toy_ab_run, toy_run
+from report_runs import replicated_run, toy_ab_run, toy_run
 
 from dz_gym.eval.runner import RunControl
 from dz_gym.report import write_report
@@ -174,4 +174,20 @@ def test_ab_run(tmp_path, open_page):
     page.select_option("#f-run", "B")
     page.select_option("#f-outcome", "errored")
     assert visible_keys(page) == ["b:scene1_ep0002"]
+    assert_clean(watch)
+
+
+def test_many_episodes_are_all_listed_and_filtered(run, tmp_path, open_page):
+    big = replicated_run(run, tmp_path / "big", 250)  # more rows than the script builds before the first paint
+    path = write_report(big.path)
+    page, watch = open_page(path)
+    rows = big.read_rows()
+    assert len(visible_keys(page)) == 250 and page.inner_text("#shown-count") == "showing 250 of 250 episodes"
+    page.select_option("#f-outcome", "failure")
+    expected = sorted(f"scene1_ep{r['episode']:04d}" for r in rows if r["error"] is None and not r["success_at_end"])
+    assert sorted(visible_keys(page)) == expected
+    last = expected[-1]
+    page.click(f'#episodes tr[data-key="{last}"] button.open')
+    page.wait_for_selector(f'tr.detail[data-for="{last}"] video')
+    assert page.locator(f'tr.detail[data-for="{last}"] svg.traj').count() == 1
     assert_clean(watch)

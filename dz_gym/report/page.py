@@ -23,7 +23,6 @@ from dz_gym.report import plots
 from dz_gym.report.load import RunView, episode_key, outcome
 from dz_gym.report.paired import compare, split_arms
 
-MILESTONES = ("reached", "lifted", "above_target", "placed")
 INFO_KEYS = (
     "prompt", "session_id", "server", "first_success_step", "wait_steps", "stale_steps", "error", "error_event", "error_step",
     "milestones", "reconnects", "retries", "shard", "node", "wall_s", "started_at",

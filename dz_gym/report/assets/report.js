@@ -9,19 +9,29 @@
     return String(s).replace(/[&<>"]/g, function (c) { return { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" }[c]; });
   }
 
-  /* The grid's rows in one pass (one layout), instead of streaming 500 parsed rows. */
-  function buildGrid() {
+  var FIRST_ROWS = 60;  // rows built before the first paint; the rest follow in the next tasks
+
+  function rowHtml(i, oc) {
+    var e = episodes[i], cells = "";
+    for (var c = 0; c < e.c.length; c++) cells += (c === oc ? '<td class="outcome">' : "<td>") + esc(e.c[c]) + "</td>";
+    return '<tr class="ep ' + e.o + '" data-idx="' + i + '" data-key="' + esc(e.k) + '" data-outcome="' + e.o + '" data-scene="' +
+      esc(e.s) + '" data-run="' + esc(e.r) + '">' + cells + '<td><button class="open" type="button">open</button></td></tr>';
+  }
+
+  /* The grid's rows from inline JSON: the first screen at once, the rest in chunks of 200 after it painted
+     (500 rows streamed as parsed HTML are laid out again and again while they arrive). */
+  function buildGrid(done) {
     var node = document.getElementById("dz-episodes"), grid = document.getElementById("episodes");
-    if (!node || !grid) return;
+    if (!node || !grid) { done(); return; }
     episodes = JSON.parse(node.textContent || "[]");
-    var html = [], oc = +grid.dataset.outcomeCol;
-    for (var i = 0; i < episodes.length; i++) {
-      var e = episodes[i], cells = "";
-      for (var c = 0; c < e.c.length; c++) cells += (c === oc ? '<td class="outcome">' : "<td>") + esc(e.c[c]) + "</td>";
-      html.push('<tr class="ep ' + e.o + '" data-idx="' + i + '" data-key="' + esc(e.k) + '" data-outcome="' + e.o + '" data-scene="' +
-        esc(e.s) + '" data-run="' + esc(e.r) + '">' + cells + '<td><button class="open" type="button">open</button></td></tr>');
+    var oc = +grid.dataset.outcomeCol, body = grid.tBodies[0], next = 0;
+    function chunk(size) {
+      var html = [], end = Math.min(episodes.length, next + size);
+      for (; next < end; next++) html.push(rowHtml(next, oc));
+      body.insertAdjacentHTML("beforeend", html.join(""));
+      if (next < episodes.length) setTimeout(function () { chunk(200); }, 0); else done();
     }
-    grid.tBodies[0].innerHTML = html.join("");
+    chunk(FIRST_ROWS);
   }
 
   function traj(key) {
@@ -137,7 +147,7 @@
   function valueOf(id) { var n = document.getElementById(id); return n ? n.value : ""; }
 
   function init() {
-    buildGrid();
+    window.dzReport = { ready: false, readyAt: null, paintedAt: null, startedAt: performance.now() };
     ["f-outcome", "f-scene", "f-run"].forEach(function (id) {
       var n = document.getElementById(id);
       if (n) n.addEventListener("change", applyFilters);
@@ -159,11 +169,14 @@
         b.textContent = "hide videos";
       });
     });
-    applyFilters();
-    window.dzReport = { ready: true, readyAt: performance.now(), paintedAt: null };
-    // The frame after this one has painted the grid: the page is usable.
+    // Usable: the frame after the first rows were built has painted (filters and buttons already work).
     requestAnimationFrame(function () { setTimeout(function () { window.dzReport.paintedAt = performance.now(); }, 0); });
-    document.documentElement.dataset.ready = "1";
+    buildGrid(function () {
+      applyFilters();  // also for a filter chosen while rows were still being added
+      window.dzReport.ready = true;
+      window.dzReport.readyAt = performance.now();
+      document.documentElement.dataset.ready = "1";
+    });
   }
 
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", init); else init();
