@@ -72,7 +72,16 @@ def replicate(source: Path, target: Path, episodes: int) -> Path:
         f.writelines(json.dumps(row) + "\n" for row in out)
     old = json.loads((source / "summary.json").read_text()) if (source / "summary.json").exists() else {}
     planned = {s: per_scene for s in scenes}
-    summary = results.summarize(out, planned=planned, wall_s=old.get("wall_s"), extra={k: v for k, v in old.items() if k in ("command", "backend", "server", "servers", "server_metadata", "versions")})
+    summary = results.summarize(
+        out,
+        planned=planned,
+        wall_s=old.get("wall_s"),
+        extra={
+            k: v
+            for k, v in old.items()
+            if k in ("command", "backend", "server", "servers", "server_metadata", "versions")
+        },
+    )
     summary["config"] = config
     summary["complete"] = len(out) == per_scene * len(scenes)
     (target / "summary.json").write_text(json.dumps(summary))
@@ -101,7 +110,9 @@ def time_page(browser, path: Path, repeat: int, *, episode: bool = True) -> dict
         context = browser.new_context(viewport={"width": 1400, "height": 1000})
         page = context.new_page()
         page.goto(path.resolve().as_uri())
-        page.wait_for_function("document.readyState === 'complete' && (!document.getElementById('episodes') || (window.dzReport && window.dzReport.paintedAt !== null && window.dzReport.ready))")
+        page.wait_for_function(
+            "document.readyState === 'complete' && (!document.getElementById('episodes') || (window.dzReport && window.dzReport.paintedAt !== null && window.dzReport.ready))"
+        )
         fcp = page.evaluate("(performance.getEntriesByName('first-contentful-paint')[0] || {}).startTime || null")
         paint.append(fcp / 1000.0 if fcp is not None else float("nan"))
         ready = page.evaluate("window.dzReport ? window.dzReport.paintedAt : null")
@@ -153,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
             write_s, size = time_write(run, args.repeat)
             cases[name] = {"write_s": write_s, "bytes": size, "path": run / "report.html"}
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=args.chromium, args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
+            browser = pw.chromium.launch(
+                executable_path=args.chromium, args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"]
+            )
             try:
                 time_page(browser, blank, 1, episode=False)  # warm the browser's caches
                 base = time_page(browser, blank, args.repeat, episode=False)
@@ -162,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 browser.close()
     print(f"blank page: first paint {base['first_paint_s'] * 1000:.0f} ms (the browser's floor)")
-    print(f"{'case':<14} {'page size':>10} {'write':>9} {'first paint':>12} {'usable':>9} {'all rows':>9} {'open episode':>13}")
+    print(
+        f"{'case':<14} {'page size':>10} {'write':>9} {'first paint':>12} {'usable':>9} {'all rows':>9} {'open episode':>13}"
+    )
     for name, c in cases.items():
         print(
             f"{name:<14} {c['bytes'] / 1024:>8.0f} kB {c['write_s'] * 1000:>6.0f} ms {c['first_paint_s'] * 1000:>9.0f} ms "

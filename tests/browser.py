@@ -36,7 +36,12 @@ class PageWatch:
         self.page = page
         self.errors: list[str] = []
         self.requests: list[str] = []
-        page.on("console", lambda msg: self.errors.append(f"console.{msg.type}: {msg.text}") if msg.type in ("error", "warning") else None)
+        page.on(
+            "console",
+            lambda msg: (
+                self.errors.append(f"console.{msg.type}: {msg.text}") if msg.type in ("error", "warning") else None
+            ),
+        )
         page.on("pageerror", lambda exc: self.errors.append(f"pageerror: {exc}"))
         page.on("requestfailed", lambda req: self.errors.append(f"request failed: {req.url}"))
         page.on("request", lambda req: self.requests.append(req.url))
@@ -59,7 +64,12 @@ def browser():
     with sync_playwright() as p:
         instance = p.chromium.launch(
             executable_path=executable,
-            args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--autoplay-policy=no-user-gesture-required"],
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--autoplay-policy=no-user-gesture-required",
+            ],
         )
         try:
             yield instance

@@ -62,7 +62,12 @@ def toy_run(
 
     with start_server_thread(policy) as server:
         evaluate(
-            config, run_dir, [server.url + PATH], env_factory=factory, control=control, progress=False,
+            config,
+            run_dir,
+            [server.url + PATH],
+            env_factory=factory,
+            control=control,
+            progress=False,
             command="toy run for the report tests",
         )
     return run_dir
@@ -76,8 +81,13 @@ def toy_ab_run(root: Path, *, episodes: int = 4, num_envs: int = 2, max_steps: i
 
     with start_server_thread(HoldPolicy()) as a, start_server_thread(FailOnSeed(fail_seed_b)) as b:
         config = EvalConfig(
-            scenes=[1], episodes=episodes, num_envs=num_envs, max_steps=max_steps, video=True,
-            servers=[a.url + PATH], servers_b=[b.url + PATH],
+            scenes=[1],
+            episodes=episodes,
+            num_envs=num_envs,
+            max_steps=max_steps,
+            video=True,
+            servers=[a.url + PATH],
+            servers_b=[b.url + PATH],
         )
         run_dir = RunDir.create(root, config)
         evaluate(config, run_dir, env_factory=factory, progress=False, command="toy A/B run for the report tests")

@@ -110,11 +110,24 @@ def test_discordant_pairs_follow_the_comparison():
     def row(scene, seed, ok, error=None):
         return {"scene": scene, "seed": seed, "episode": seed, "success_at_end": None if error else ok, "error": error}
 
-    a = [row(1, 0, True), row(1, 1, False), row(1, 2, True), row(2, 0, False), row(2, 1, True, error="x"), row(2, 5, True)]
+    a = [
+        row(1, 0, True),
+        row(1, 1, False),
+        row(1, 2, True),
+        row(2, 0, False),
+        row(2, 1, True, error="x"),
+        row(2, 5, True),
+    ]
     b = [row(1, 0, True), row(1, 1, True), row(1, 2, False), row(2, 0, True), row(2, 1, True), row(2, 9, True)]
     out = paired.compare(a, b)
     overall = out["scenes"]["overall"]
-    assert (overall["pairs"], overall["both"], overall["a_only"], overall["b_only"], overall["neither"]) == (4, 1, 1, 2, 0)
+    assert (overall["pairs"], overall["both"], overall["a_only"], overall["b_only"], overall["neither"]) == (
+        4,
+        1,
+        1,
+        2,
+        0,
+    )
     assert overall["errored_pairs"] == 1
     found = {(ra["scene"], ra["seed"], which) for which, ra, _ in out["discordant"]}
     assert found == {(1, 1, "b_only"), (1, 2, "a_only"), (2, 0, "b_only")}
@@ -172,17 +185,34 @@ def test_milestone_funnel_shows_the_summary():
     def row(scene, episode, error=None, **steps):
         names = ("reached", "lifted", "above_target", "placed")
         return {
-            "scene": scene, "episode": episode, "seed": episode, "env": 0, "session_id": "s", "steps": 50, "server_calls": 7,
-            "success_at_end": None if error else bool(steps.get("placed")), "success_any_step": None if error else bool(steps.get("placed")),
-            "error": error, "milestones": None if error else {n: steps.get(n) for n in names},
+            "scene": scene,
+            "episode": episode,
+            "seed": episode,
+            "env": 0,
+            "session_id": "s",
+            "steps": 50,
+            "server_calls": 7,
+            "success_at_end": None if error else bool(steps.get("placed")),
+            "success_any_step": None if error else bool(steps.get("placed")),
+            "error": error,
+            "milestones": None if error else {n: steps.get(n) for n in names},
         }
 
-    rows = [row(1, 0, reached=3, lifted=9, above_target=30, placed=41), row(1, 1, reached=5), row(2, 0, reached=2, lifted=8), row(2, 1, error="x")]
+    rows = [
+        row(1, 0, reached=3, lifted=9, above_target=30, placed=41),
+        row(1, 1, reached=5),
+        row(2, 0, reached=2, lifted=8),
+        row(2, 1, error="x"),
+    ]
     summary = results.summarize(rows)
     html = funnel_table(summary)
     cells = re.findall(r'<tr data-scene="([^"]+)">(.*?)</tr>', html)
     counts = {scene: re.findall(r"<span class=\"kn\">(\d+/\d+)</span>", body) for scene, body in cells}
-    assert counts == {"1": ["2/2", "1/2", "1/2", "1/2"], "2": ["1/1", "1/1", "0/1", "0/1"], "overall": ["3/3", "2/3", "1/3", "1/3"]}
+    assert counts == {
+        "1": ["2/2", "1/2", "1/2", "1/2"],
+        "2": ["1/1", "1/1", "0/1", "0/1"],
+        "overall": ["3/3", "2/3", "1/3", "1/3"],
+    }
     lifted = summary["overall"]["milestones"]["lifted"]
     assert f"[{100 * lifted['ci95'][0]:.1f}, {100 * lifted['ci95'][1]:.1f}]" in html
     assert "No milestones" in funnel_table(results.summarize([dict(rows[0], milestones=None)]))

@@ -28,7 +28,9 @@ def rate_shown(entry) -> str:
 
 
 def visible_keys(page) -> list[str]:
-    return page.eval_on_selector_all("#episodes tr.ep", "rows => rows.filter(r => r.offsetParent !== null).map(r => r.dataset.key)")
+    return page.eval_on_selector_all(
+        "#episodes tr.ep", "rows => rows.filter(r => r.offsetParent !== null).map(r => r.dataset.key)"
+    )
 
 
 def assert_clean(watch) -> None:
@@ -55,7 +57,10 @@ def test_numbers_equal_summary_json(run, open_page):
             assert shown == rate_shown(summary[key][field]), (key, field)
         assert page.inner_text(f'{row} td[data-field="errored"]') == str(summary[key]["errored"])
         assert page.inner_text(f'{row} td[data-field="server_calls"]') == str(summary[key]["server_calls"])
-        assert page.inner_text(f'{row} td[data-field="episodes"]') == f"{summary[key]['episodes']} / {summary[key]['planned']}"
+        assert (
+            page.inner_text(f'{row} td[data-field="episodes"]')
+            == f"{summary[key]['episodes']} / {summary[key]['planned']}"
+        )
     assert "toy run for the report tests" in page.inner_text("#run")
     errors = page.inner_text("ul.errors")
     assert errors.count("scene") == summary["overall"]["errored"] == 2 and "server_error" in errors
@@ -74,14 +79,18 @@ def test_filters_change_the_episodes_shown(run, open_page):
     errored = sorted(f"scene{r['scene']}_ep{r['episode']:04d}" for r in rows if r["error"] is not None)
     assert sorted(visible_keys(page)) == errored and len(errored) == 2
     page.select_option("#f-outcome", "success")
-    assert sorted(visible_keys(page)) == sorted(f"scene{r['scene']}_ep{r['episode']:04d}" for r in rows if r["success_at_end"])
+    assert sorted(visible_keys(page)) == sorted(
+        f"scene{r['scene']}_ep{r['episode']:04d}" for r in rows if r["success_at_end"]
+    )
     page.select_option("#f-scene", "2")
     expected = sorted(f"scene2_ep{r['episode']:04d}" for r in rows if r["success_at_end"] and r["scene"] == 2)
     assert sorted(visible_keys(page)) == expected and expected
     assert page.inner_text("#shown-count") == f"showing {len(expected)} of 12 episodes"
     page.select_option("#f-outcome", "failure")
     page.select_option("#f-scene", "")
-    assert sorted(visible_keys(page)) == sorted(f"scene{r['scene']}_ep{r['episode']:04d}" for r in rows if r["error"] is None and not r["success_at_end"])
+    assert sorted(visible_keys(page)) == sorted(
+        f"scene{r['scene']}_ep{r['episode']:04d}" for r in rows if r["error"] is None and not r["success_at_end"]
+    )
     assert_clean(watch)
 
 
@@ -96,7 +105,10 @@ def test_video_plays_and_trajectory_is_drawn(run, open_page):
     video = f'tr.detail[data-for="{key}"] video'
     page.wait_for_selector(video)
     page.eval_on_selector(video, "v => v.play()")
-    page.wait_for_function(f"(() => {{ const v = document.querySelector('{video}'); return v.readyState >= 2 && v.currentTime > 0; }})()", timeout=20_000)
+    page.wait_for_function(
+        f"(() => {{ const v = document.querySelector('{video}'); return v.readyState >= 2 && v.currentTime > 0; }})()",
+        timeout=20_000,
+    )
     assert page.eval_on_selector(video, "v => v.error") is None
     traj = f'tr.detail[data-for="{key}"] svg.traj'
     assert page.locator(f"{traj} polyline").count() == 7 + 1  # joints + gripper
@@ -136,7 +148,9 @@ def test_two_runs_compared(tmp_path, open_page):
     pairs.first.locator("button.pairopen").click()
     videos = pairs.first.locator("video")
     assert videos.count() == 2
-    page.wait_for_function("Array.from(document.querySelectorAll('#discordant video')).every(v => v.readyState >= 1)", timeout=20_000)
+    page.wait_for_function(
+        "Array.from(document.querySelectorAll('#discordant video')).every(v => v.readyState >= 1)", timeout=20_000
+    )
     page.select_option("#f-run", "B")
     assert len(visible_keys(page)) == 6 and all(k.startswith("b:") for k in visible_keys(page))
     assert_clean(watch)

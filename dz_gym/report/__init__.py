@@ -27,7 +27,9 @@ __all__ = ["REPORT_FILE", "RunView", "build_report", "load_run", "write_report",
 logger = logging.getLogger(__name__)
 
 
-def build_report(run_dir: str | os.PathLike, run_dir_b: str | os.PathLike | None = None, *, out_dir: str | os.PathLike | None = None) -> str:
+def build_report(
+    run_dir: str | os.PathLike, run_dir_b: str | os.PathLike | None = None, *, out_dir: str | os.PathLike | None = None
+) -> str:
     """The HTML text of the report of ``run_dir`` (compared with ``run_dir_b`` when given), for ``out_dir``."""
     from dz_gym.report.page import build_page
 

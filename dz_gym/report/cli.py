@@ -22,10 +22,24 @@ from dz_gym.report import REPORT_FILE, write_report
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dz-gym-report", description="Write a static HTML report of a dz-gym-eval run (or compare two runs).")
+    p = argparse.ArgumentParser(
+        prog="dz-gym-report", description="Write a static HTML report of a dz-gym-eval run (or compare two runs)."
+    )
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a dz-gym-eval run directory (A in a comparison)")
-    p.add_argument("run_dir_b", type=Path, nargs="?", metavar="RUN_DIR_B", help="a second run to compare with, paired by scene and seed (B)")
-    p.add_argument("-o", "--out-dir", type=Path, metavar="OUT_DIR", help=f"folder for {REPORT_FILE} (default: RUN_DIR; required with two runs)")
+    p.add_argument(
+        "run_dir_b",
+        type=Path,
+        nargs="?",
+        metavar="RUN_DIR_B",
+        help="a second run to compare with, paired by scene and seed (B)",
+    )
+    p.add_argument(
+        "-o",
+        "--out-dir",
+        type=Path,
+        metavar="OUT_DIR",
+        help=f"folder for {REPORT_FILE} (default: RUN_DIR; required with two runs)",
+    )
     return p
 
 

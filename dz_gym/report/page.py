@@ -24,8 +24,24 @@ from dz_gym.report.load import RunView, episode_key, outcome
 from dz_gym.report.paired import compare, split_arms
 
 INFO_KEYS = (
-    "prompt", "session_id", "server", "first_success_step", "wait_steps", "stale_steps", "error", "error_event", "error_step",
-    "milestones", "reconnects", "retries", "shard", "node", "wall_s", "started_at",
+    "arm",
+    "task",
+    "prompt",
+    "session_id",
+    "server",
+    "first_success_step",
+    "wait_steps",
+    "stale_steps",
+    "error",
+    "error_event",
+    "error_step",
+    "milestones",
+    "reconnects",
+    "retries",
+    "shard",
+    "node",
+    "wall_s",
+    "started_at",
 )
 
 
@@ -98,7 +114,9 @@ def funnel_table(summary: Mapping[str, Any], table_id: str = "funnel") -> str:
             if name not in names:
                 names.append(name)
     if not names:
-        return '<p class="muted" data-empty="funnel">No milestones in these rows (the simulator did not report them).</p>'
+        return (
+            '<p class="muted" data-empty="funnel">No milestones in these rows (the simulator did not report them).</p>'
+        )
     head = "<tr><th>scene</th>" + "".join(f"<th>{escape(m.replace('_', ' '))}</th>" for m in names) + "</tr>"
     body = []
     for key, funnel in groups.items():
@@ -126,7 +144,7 @@ def errored_list(rows: Sequence[Mapping[str, Any]], prefix: str = "") -> str:
         where = f"step {r.get('error_step')}" if r.get("error_step") is not None else ""
         items.append(
             f'<li data-key="{escape(episode_key(r, prefix))}"><b>scene {r["scene"]}, episode {r["episode"]} (seed {r["seed"]})</b> '
-            f'<code>{escape(str(r.get("error_event") or "error"))}</code> {escape(where)}: {escape(str(r["error"]))}</li>'
+            f"<code>{escape(str(r.get('error_event') or 'error'))}</code> {escape(where)}: {escape(str(r['error']))}</li>"
         )
     return f'<ul class="errors">{"".join(items)}</ul>'
 
@@ -226,11 +244,21 @@ class _Videos:
 
 
 def episode_grid(views: Sequence[RunView], videos: _Videos) -> str:
-    """Filters, the grid's header, and its rows as inline JSON (the script builds the rows in one pass:
-    a 500-row table parsed as HTML is laid out again and again while it streams in, several times slower)."""
+    """Filters, the grid's header, and its rows as inline JSON (the script builds the rows, the first screen
+    before the first paint: a 500-row table parsed as HTML is laid out again and again while it streams in)."""
     multi = len(views) > 1 or any(r.get("arm") for v in views for r in v.rows)
     columns = (["run"] if multi else []) + [
-        "scene", "episode", "seed", "env", "outcome", "any step", "steps", "calls", "p50 ms", "ended by", "",
+        "scene",
+        "episode",
+        "seed",
+        "env",
+        "outcome",
+        "any step",
+        "steps",
+        "calls",
+        "p50 ms",
+        "ended by",
+        "",
     ]
     head = "<tr>" + "".join(f"<th>{escape(c)}</th>" for c in columns) + "</tr>"
     entries = []
@@ -242,10 +270,29 @@ def episode_grid(views: Sequence[RunView], videos: _Videos) -> str:
             any_step = "-" if r.get("success_any_step") is None else ("yes" if r["success_any_step"] else "no")
             info = {k: r.get(k) for k in INFO_KEYS if r.get(k) is not None}
             cells = ([run] if multi else []) + [
-                r["scene"], r["episode"], r["seed"], r["env"], state, any_step, r["steps"], r["server_calls"],
-                _ms(r.get("latency_ms"), "p50"), str(r.get("ended_by") or "-"),
+                r["scene"],
+                r["episode"],
+                r["seed"],
+                r["env"],
+                state,
+                any_step,
+                r["steps"],
+                r["server_calls"],
+                _ms(r.get("latency_ms"), "p50"),
+                str(r.get("ended_by") or "-"),
             ]
-            entries.append({"k": episode_key(r, view.label), "o": state, "s": str(r["scene"]), "r": run, "v": src, "nv": why, "i": info, "c": cells})
+            entries.append(
+                {
+                    "k": episode_key(r, view.label),
+                    "o": state,
+                    "s": str(r["scene"]),
+                    "r": run,
+                    "v": src,
+                    "nv": why,
+                    "i": info,
+                    "c": cells,
+                }
+            )
     scenes = sorted({int(r["scene"]) for v in views for r in v.rows})
     runs = sorted({(v.label or str(r.get("arm") or "")).upper() for v in views for r in v.rows} - {""})
     scene_opts = "".join(f'<option value="{s}">scene {s}</option>' for s in scenes)
@@ -274,7 +321,14 @@ def _json_script(data: Any) -> str:
     return json.dumps(data, separators=(",", ":"), default=str).replace("<", "\\u003c")
 
 
-def comparison_block(rows_a: Sequence[Mapping[str, Any]], rows_b: Sequence[Mapping[str, Any]], view_a: RunView, view_b: RunView, videos: _Videos, names: tuple[str, str]) -> str:
+def comparison_block(
+    rows_a: Sequence[Mapping[str, Any]],
+    rows_b: Sequence[Mapping[str, Any]],
+    view_a: RunView,
+    view_b: RunView,
+    videos: _Videos,
+    names: tuple[str, str],
+) -> str:
     """Paired 2x2 tables, difference with interval and p-value per scene, discordant pairs' videos."""
     cmp = compare(rows_a, rows_b, labels={"a": names[0], "b": names[1]})
     head = (
@@ -286,23 +340,25 @@ def comparison_block(rows_a: Sequence[Mapping[str, Any]], rows_b: Sequence[Mappi
     for scope in [k for k in table if k != "overall"] + ["overall"]:
         entry = table[scope]
         n = entry["pairs"]
-        diff = "-" if entry["diff"] is None or entry["ci95"] is None else (
-            f"{100 * entry['diff']:+.1f} pts [{100 * entry['ci95'][0]:+.1f}, {100 * entry['ci95'][1]:+.1f}]"
+        diff = (
+            "-"
+            if entry["diff"] is None or entry["ci95"] is None
+            else (f"{100 * entry['diff']:+.1f} pts [{100 * entry['ci95'][0]:+.1f}, {100 * entry['ci95'][1]:+.1f}]")
         )
         p = "-" if not n else f"{entry['p_value']:.3g}"
         holm = "" if scope == "overall" or not n else f"{entry['p_holm']:.3g}"
         verdict = str(entry.get("verdict", "")).replace("_", " ")
         body.append(
             f'<tr data-scope="{escape(scope)}"><th>{escape(scope)}</th><td>{n}</td><td>{entry["both"]}</td><td>{entry["a_only"]}</td>'
-            f'<td>{entry["b_only"]}</td><td>{entry["neither"]}</td><td>{entry["a"]}/{n}</td><td>{entry["b"]}/{n}</td>'
+            f"<td>{entry['b_only']}</td><td>{entry['neither']}</td><td>{entry['a']}/{n}</td><td>{entry['b']}/{n}</td>"
             f'<td class="diff">{diff}</td><td class="p">{p}</td><td class="p">{holm}</td><td>{escape(verdict)}</td></tr>'
         )
     overall = table["overall"]
     unpaired = cmp.get("unpaired") or {}
     note = (
         f'<p class="muted">A = {escape(names[0])}, B = {escape(names[1])}. Pairs: same scene and seed; '
-        f'{overall.get("errored_pairs", 0)} pair(s) with an errored episode left out; {unpaired.get("a", 0)} episode(s) only in A, '
-        f'{unpaired.get("b", 0)} only in B. Outcome: success at the end (alpha {cmp.get("alpha", 0.05)}). '
+        f"{overall.get('errored_pairs', 0)} pair(s) with an errored episode left out; {unpaired.get('a', 0)} episode(s) only in A, "
+        f"{unpaired.get('b', 0)} only in B. Outcome: success at the end (alpha {cmp.get('alpha', 0.05)}). "
         f"The same numbers as dz-gym-compare.</p>"
     )
     pairs = []
@@ -312,10 +368,14 @@ def comparison_block(rows_a: Sequence[Mapping[str, Any]], rows_b: Sequence[Mappi
         who = "A only" if which == "a_only" else "B only"
         pairs.append(
             f'<li class="pair" data-a="{escape(sa)}" data-b="{escape(sb)}" data-novideo-a="{escape(wa)}" data-novideo-b="{escape(wb)}">'
-            f'<b>scene {ra["scene"]}, seed {ra["seed"]}</b>: {who} succeeded '
+            f"<b>scene {ra['scene']}, seed {ra['seed']}</b>: {who} succeeded "
             f'<button class="pairopen" type="button">show videos</button><div class="pairvids"></div></li>'
         )
-    discordant = f'<ul class="pairs" id="discordant">{"".join(pairs)}</ul>' if pairs else '<p class="muted">No discordant pairs.</p>'
+    discordant = (
+        f'<ul class="pairs" id="discordant">{"".join(pairs)}</ul>'
+        if pairs
+        else '<p class="muted">No discordant pairs.</p>'
+    )
     return (
         f'<table class="paired" id="paired"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table>{note}'
         f"<h3>Discordant pairs ({len(pairs)})</h3>{discordant}"
@@ -328,14 +388,21 @@ def _arm_summaries(view: RunView) -> list[tuple[str, Mapping[str, Any]]]:
     if arms is None:
         return []
     saved = view.summary.get("arms")
-    if not view.summary_is_recomputed and isinstance(saved, Mapping) and all(isinstance(saved.get(a), Mapping) for a in "ab"):
+    if (
+        not view.summary_is_recomputed
+        and isinstance(saved, Mapping)
+        and all(isinstance(saved.get(a), Mapping) for a in "ab")
+    ):
         return [(a, saved[a]) for a in "ab"]
     planned = {int(sc): int(view.config.get("episodes", 0)) for sc in view.summary.get("scenes", [])}
     return [(arm, results.summarize(rows, planned=planned)) for arm, rows in zip("ab", arms)]
 
 
 def _has_milestones(summary: Mapping[str, Any]) -> bool:
-    return any(isinstance(summary.get(k), Mapping) and summary[k].get("milestones") for k in [*map(str, summary.get("scenes", [])), "overall"])
+    return any(
+        isinstance(summary.get(k), Mapping) and summary[k].get("milestones")
+        for k in [*map(str, summary.get("scenes", [])), "overall"]
+    )
 
 
 def build_page(views: Sequence[RunView], out_dir: str | os.PathLike) -> str:
@@ -343,7 +410,9 @@ def build_page(views: Sequence[RunView], out_dir: str | os.PathLike) -> str:
     out = Path(out_dir)
     videos = _Videos(out)
     title = " vs ".join(v.name for v in views)
-    parts = [f"<header><h1>dz-gym report</h1><p class=\"muted\">{escape(title)} · written {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}</p>"]
+    parts = [
+        f'<header><h1>dz-gym report</h1><p class="muted">{escape(title)} · written {time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}</p>'
+    ]
     nav = ['<a href="#results">results</a>', '<a href="#plots">plots</a>', '<a href="#grid">episodes</a>']
     pair = None
     if len(views) == 2:
@@ -360,11 +429,11 @@ def build_page(views: Sequence[RunView], out_dir: str | os.PathLike) -> str:
         suffix = f"-{view.label}" if multi else ""
         s = view.summary
         block = [header_block(view, suffix)]
-        block.append(f'<h3>Success per scene</h3>{results_table(s, "results-table" + suffix)}')
+        block.append(f"<h3>Success per scene</h3>{results_table(s, 'results-table' + suffix)}")
         for arm, per_arm in _arm_summaries(view):
             label = (s.get("arms") or {}).get("labels", {}).get(arm, "")
             title = f"Arm {arm.upper()}" + (f": {escape(str(label))}" if label else "")
-            block.append(f'<h3>{title}</h3>{results_table(per_arm, f"results-table{suffix}-arm-{arm}")}')
+            block.append(f"<h3>{title}</h3>{results_table(per_arm, f'results-table{suffix}-arm-{arm}')}")
             block.append(funnel_table(per_arm, f"funnel{suffix}-arm-{arm}") if _has_milestones(per_arm) else "")
         block.append(f"<h3>Milestones</h3>{funnel_table(s, 'funnel' + suffix)}")
         block.append(f"<h3>Errored episodes</h3>{errored_list(view.rows, view.label)}")
@@ -374,14 +443,21 @@ def build_page(views: Sequence[RunView], out_dir: str | os.PathLike) -> str:
         sections.append("".join(block))
     parts.append('<section id="results">' + "".join(sections) + "</section>")
     if pair is not None:
-        parts.append('<section id="compare"><h2>A/B comparison (paired by scene and seed)</h2>' + comparison_block(*pair[:4], videos, pair[4]) + "</section>")
+        parts.append(
+            '<section id="compare"><h2>A/B comparison (paired by scene and seed)</h2>'
+            + comparison_block(*pair[:4], videos, pair[4])
+            + "</section>"
+        )
     plot_html = "".join(
-        (f"<h3>{escape(v.label.upper())}: {escape(v.name)}</h3>" if multi else "") + plots_block(v, f"-{v.label}" if multi else "")
+        (f"<h3>{escape(v.label.upper())}: {escape(v.name)}</h3>" if multi else "")
+        + plots_block(v, f"-{v.label}" if multi else "")
         for v in views
     )
     parts.append(f'<section id="plots"><h2>Plots</h2>{plot_html}</section>')
     no_video = all(v.config.get("video") is False for v in views)
-    video_note = '<p class="warn" id="no-videos">This run has no videos (it was made with --no-video).</p>' if no_video else ""
+    video_note = (
+        '<p class="warn" id="no-videos">This run has no videos (it was made with --no-video).</p>' if no_video else ""
+    )
     parts.append(f'<section id="grid"><h2>Episodes</h2>{video_note}{episode_grid(views, videos)}</section></main>')
     trajectories: dict[str, Any] = {}
     for view in views:

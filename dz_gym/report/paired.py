@@ -22,7 +22,9 @@ def split_arms(rows: Sequence[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any
     return [r for r in rows if r.get("arm") == "a"], [r for r in rows if r.get("arm") == "b"]
 
 
-def discordant_pairs(rows_a: Sequence[Mapping[str, Any]], rows_b: Sequence[Mapping[str, Any]], metric: str = "success_at_end") -> list[tuple[str, Mapping[str, Any], Mapping[str, Any]]]:
+def discordant_pairs(
+    rows_a: Sequence[Mapping[str, Any]], rows_b: Sequence[Mapping[str, Any]], metric: str = "success_at_end"
+) -> list[tuple[str, Mapping[str, Any], Mapping[str, Any]]]:
     """``(which, row_a, row_b)`` for the pairs where exactly one arm succeeded (``which``: a_only / b_only),
     in (scene, seed) order; pairs with an errored episode are not pairs (as in the comparison)."""
     pairs, _ = pair_rows(rows_a, rows_b)
@@ -37,7 +39,9 @@ def discordant_pairs(rows_a: Sequence[Mapping[str, Any]], rows_b: Sequence[Mappi
     return out
 
 
-def compare(rows_a: Sequence[Mapping[str, Any]], rows_b: Sequence[Mapping[str, Any]], labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+def compare(
+    rows_a: Sequence[Mapping[str, Any]], rows_b: Sequence[Mapping[str, Any]], labels: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """``compare_rows``'s JSON with ``discordant`` added: the discordant pairs of the primary metric."""
     result = compare_rows(list(rows_a), list(rows_b), labels=labels)
     result["discordant"] = discordant_pairs(rows_a, rows_b, result["metric"])

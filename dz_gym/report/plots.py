@@ -22,7 +22,9 @@ from dz_gym.report.svg import Axes, empty_plot, fmt
 TIME_BINS = 40
 
 
-def latency_histogram(rows: Sequence[Mapping[str, Any]], stats: Mapping[str, Any] | None, plot_id: str = "plot-latency") -> str:
+def latency_histogram(
+    rows: Sequence[Mapping[str, Any]], stats: Mapping[str, Any] | None, plot_id: str = "plot-latency"
+) -> str:
     title = "Chunk latency (ms)"
     values = np.asarray([v for r in rows for v in (r.get("latencies_ms") or ()) if v is not None], dtype=np.float64)
     values = values[np.isfinite(values)]
@@ -42,7 +44,9 @@ def latency_histogram(rows: Sequence[Mapping[str, Any]], stats: Mapping[str, Any
     return ax.svg(title, plot_id)
 
 
-def _time_bins(rows: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, list[tuple[float, float, Mapping[str, Any]]]] | None:
+def _time_bins(
+    rows: Sequence[Mapping[str, Any]],
+) -> tuple[np.ndarray, list[tuple[float, float, Mapping[str, Any]]]] | None:
     """Bin edges (seconds from the first start) and each row's (start, end) in those seconds."""
     starts, ends = start_times(list(rows)), finish_times(list(rows))
     spans = [(s, e, r) for s, e, r in zip(starts, ends, rows) if s is not None and e is not None]
@@ -96,7 +100,9 @@ def server_load(rows: Sequence[Mapping[str, Any]], utilization: float | None, pl
         return empty_plot(title, "no episode timing recorded", plot_id)
     edges, spans = binned
     width = edges[1] - edges[0]
-    load = _spread(edges, spans, lambda r: sum(v for v in (r.get("latencies_ms") or ()) if v is not None) / 1000.0) / width
+    load = (
+        _spread(edges, spans, lambda r: sum(v for v in (r.get("latencies_ms") or ()) if v is not None) / 1000.0) / width
+    )
     if not load.any():
         return empty_plot(title, "no chunk latencies recorded", plot_id)
     centres = ((edges[:-1] + edges[1:]) / 2).tolist()
@@ -128,10 +134,20 @@ def success_curve(rows: Sequence[Mapping[str, Any]], key: str = "success_at_end"
         lo.append(low)
         hi.append(high)
     ax = Axes((0.0, float(max(len(xs), 2))), (0.0, 1.0))
-    ax.frame("completed episodes (in the order they finished)", "success at end", yticks=[0, 0.25, 0.5, 0.75, 1.0], yfmt=lambda v: f"{100 * v:.0f}%")
+    ax.frame(
+        "completed episodes (in the order they finished)",
+        "success at end",
+        yticks=[0, 0.25, 0.5, 0.75, 1.0],
+        yfmt=lambda v: f"{100 * v:.0f}%",
+    )
     ax.band(xs, lo, hi)
     ax.line(xs, ys, "s0")
-    ax.text(ax.width - ax.right - 4, ax.top + 10, f"{k}/{len(xs)} = {100 * k / len(xs):.0f}%, Wilson 95% [{100 * lo[-1]:.0f}, {100 * hi[-1]:.0f}]", anchor="end")
+    ax.text(
+        ax.width - ax.right - 4,
+        ax.top + 10,
+        f"{k}/{len(xs)} = {100 * k / len(xs):.0f}%, Wilson 95% [{100 * lo[-1]:.0f}, {100 * hi[-1]:.0f}]",
+        anchor="end",
+    )
     return ax.svg(title, plot_id)
 
 

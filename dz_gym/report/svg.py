@@ -71,7 +71,16 @@ class Axes:
         span = self.height - self.top - self.bottom
         return round(self.height - self.bottom - (value - self.y0) / (self.y1 - self.y0) * span, 1)
 
-    def frame(self, xlabel: str, ylabel: str, *, xticks: Sequence[float] | None = None, yticks: Sequence[float] | None = None, xfmt=fmt, yfmt=fmt) -> None:
+    def frame(
+        self,
+        xlabel: str,
+        ylabel: str,
+        *,
+        xticks: Sequence[float] | None = None,
+        yticks: Sequence[float] | None = None,
+        xfmt=fmt,
+        yfmt=fmt,
+    ) -> None:
         """Axes lines, ticks with labels, grid lines and the axis titles."""
         xticks = nice_ticks(self.x0, self.x1) if xticks is None else xticks
         yticks = nice_ticks(self.y0, self.y1, 4) if yticks is None else yticks
@@ -86,11 +95,15 @@ class Axes:
             if self.x0 <= t <= self.x1:
                 x = self.x(t)
                 out.append(f'<line class="axis" x1="{x}" x2="{x}" y1="{bottom}" y2="{bottom + 4}"/>')
-                out.append(f'<text class="tick" x="{x}" y="{bottom + 15}" text-anchor="middle">{escape(xfmt(t))}</text>')
+                out.append(
+                    f'<text class="tick" x="{x}" y="{bottom + 15}" text-anchor="middle">{escape(xfmt(t))}</text>'
+                )
         out.append(f'<line class="axis" x1="{left}" x2="{self.width - self.right}" y1="{bottom}" y2="{bottom}"/>')
         out.append(f'<line class="axis" x1="{left}" x2="{left}" y1="{self.top}" y2="{bottom}"/>')
         mid_x = (left + self.width - self.right) / 2
-        out.append(f'<text class="label" x="{mid_x}" y="{self.height - 6}" text-anchor="middle">{escape(xlabel)}</text>')
+        out.append(
+            f'<text class="label" x="{mid_x}" y="{self.height - 6}" text-anchor="middle">{escape(xlabel)}</text>'
+        )
         mid_y = (self.top + bottom) / 2
         out.append(
             f'<text class="label" transform="translate(12,{mid_y}) rotate(-90)" text-anchor="middle">{escape(ylabel)}</text>'
@@ -140,15 +153,15 @@ class Axes:
         """A labelled vertical marker (``row`` staggers labels that would overlap)."""
         x = self.x(value)
         self.parts.append(f'<line class="{cls}" x1="{x}" x2="{x}" y1="{self.top}" y2="{self.y(self.y0)}"/>')
-        self.parts.append(
-            f'<text class="marklabel" x="{x + 3}" y="{self.top + 10 + 11 * row}">{escape(text)}</text>'
-        )
+        self.parts.append(f'<text class="marklabel" x="{x + 3}" y="{self.top + 10 + 11 * row}">{escape(text)}</text>')
 
     def hline(self, value: float, text: str = "", cls: str = "mark") -> None:
         y = self.y(value)
         self.parts.append(f'<line class="{cls}" x1="{self.left}" x2="{self.width - self.right}" y1="{y}" y2="{y}"/>')
         if text:
-            self.parts.append(f'<text class="marklabel" x="{self.width - self.right - 2}" y="{y - 3}" text-anchor="end">{escape(text)}</text>')
+            self.parts.append(
+                f'<text class="marklabel" x="{self.width - self.right - 2}" y="{y - 3}" text-anchor="end">{escape(text)}</text>'
+            )
 
     def text(self, x: float, y: float, text: str, cls: str = "note", anchor: str = "start") -> None:
         """Text at pixel position (x, y)."""
