@@ -347,7 +347,7 @@ def comparison_block(
         )
         p = "-" if not n else f"{entry['p_value']:.3g}"
         holm = "" if scope == "overall" or not n else f"{entry['p_holm']:.3g}"
-        verdict = str(entry.get("verdict", "")).replace("_", " ")
+        verdict = {"a_better": "A better", "b_better": "B better"}.get(entry.get("verdict"), "no difference detected")
         body.append(
             f'<tr data-scope="{escape(scope)}"><th>{escape(scope)}</th><td>{n}</td><td>{entry["both"]}</td><td>{entry["a_only"]}</td>'
             f"<td>{entry['b_only']}</td><td>{entry['neither']}</td><td>{entry['a']}/{n}</td><td>{entry['b']}/{n}</td>"
@@ -419,7 +419,8 @@ def build_page(views: Sequence[RunView], out_dir: str | os.PathLike) -> str:
         pair = (views[0].rows, views[1].rows, views[0], views[1], (views[0].name, views[1].name))
     elif len(views) == 1 and split_arms(views[0].rows) is not None:
         a, b = split_arms(views[0].rows)
-        pair = (a, b, views[0], views[0], ("arm a", "arm b"))
+        labels = (views[0].summary.get("arms") or {}).get("labels") or {}
+        pair = (a, b, views[0], views[0], (labels.get("a", "arm A"), labels.get("b", "arm B")))
     if pair is not None:
         nav.insert(1, '<a href="#compare">A/B comparison</a>')
     parts.append("<nav>" + " · ".join(nav) + "</nav></header><main>")
