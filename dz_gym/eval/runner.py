@@ -155,7 +155,7 @@ class _Episode:
     video_key: str | None
     arm: str | None = None
     task: str | None = None
-    milestones: dict[str, int] | None = None  # the latest info["milestones"] of this slot
+    milestones: dict[str, int] | None = None  # info["milestones"] of the episode's last step
     tcp_pos: list = dataclasses.field(default_factory=list)
     object_start_pos: np.ndarray | None = None  # the lift milestone's reference height
     actions: list = dataclasses.field(default_factory=list)
@@ -343,8 +343,6 @@ class SceneRunner:
                 ep.tcp_pos.append(tcp_pos[i].astype(np.float32))
             if object_start is not None and ep.object_start_pos is None:
                 ep.object_start_pos = object_start[i].astype(np.float32)
-            if milestones is not None:
-                ep.milestones = {name: int(steps[i]) for name, steps in milestones.items()}
             if env_seed is not None and ep.env_seed is None:
                 ep.env_seed = int(env_seed[i])
                 if ep.env_seed != ep.seed and not self._warned_seed:
@@ -366,6 +364,8 @@ class SceneRunner:
         to_reset = []
         starts = []
         for i, error, event, ended_by in finished:
+            if milestones is not None:  # this step's info is the finished episode's (before any autoreset)
+                self._current[i].milestones = {name: int(steps[i]) for name, steps in milestones.items()}
             # a done env's record comes with the step's info; one ended here is still the wrapper's current one
             stats = EpisodeStats.from_info(info, i) if done[i] else wrapper.episode_stats(i)
             self._finish(i, error, event, ended_by, stats)
