@@ -98,7 +98,6 @@ def _ab_summary(config: EvalConfig, rows: Sequence[Mapping[str, Any]], dropped: 
     for arm, servers, policy in (("a", config.servers, config.policy), ("b", config.servers_b, config.policy_b)):
         labels[arm] = f"arm {arm.upper()} (" + (", ".join(servers) if servers else f"policy {policy}") + ")"
     out: dict[str, Any] = {"arms": summarize_arms(rows, config.arms, planned={s: config.episodes for s in config.scenes})}
-    out["arms"]["labels"] = labels
     out["comparison"] = compare_rows(rows, labels=labels)
     tracker = pair_tracker(config, rows)
     finished = not any(remaining_episodes(config, rows)[s] for s in config.scenes)
