@@ -103,7 +103,8 @@ def one_process(server, tmp_path_factory):
 def sharded(cluster, server, root, cfg=None, control=None, **options):
     cfg = cfg or config()
     run = RunDir.create(root, cfg)
-    opts = RayOptions(address=cluster.address, shards=2, **options)
+    options.setdefault("shards", 2)
+    opts = RayOptions(address=cluster.address, **options)
     summary = evaluate_sharded(cfg, run, [server], opts, control=control, progress=False, log=lambda _: None)
     return run, summary
 
@@ -298,3 +299,21 @@ def test_isaac_shards_one_gpu_each_and_a_fresh_actor_per_scene(cluster, tmp_path
     assert len({r["node"] for r in rows}) == 2
     assert [s["actors"] for s in summary["shards"]["per_shard"]] == [2, 2]  # one per scene
     assert all((run.path / r["video"]).stat().st_size > 0 for r in rows)
+
+
+def test_user_named_resources_place_the_shards(cluster, server, tmp_path):
+    """--ray-resource: shards land only on the nodes that have the resource (here the second node)."""
+    (node_b,) = [n["NodeID"] for n in ray.nodes() if n.get("Alive") and "node_b" in n.get("Resources", {})]
+    cfg = config(episodes=2, num_envs=1)
+    run, summary = sharded(cluster, server, tmp_path, cfg=cfg, shards=1, resources={"node_b": 1})
+    rows = run.read_rows()
+    assert len(rows) == 2 and {r["node"] for r in rows} == {node_b} and summary["shards"]["nodes"] == [node_b]
+
+
+def test_uneven_shards_keep_the_one_process_slots(cluster, server, one_process, tmp_path):
+    """3 envs on 2 shards (2 + 1 slots): every episode still runs on slot k % 3, and the rows equal one process."""
+    run, summary = sharded(cluster, server, tmp_path, cfg=config(num_envs=3))
+    rows = run.read_rows()
+    assert stable(rows) == stable(one_process.read_rows())
+    assert all(r["env"] == r["episode"] % 3 and r["shard"] == (0 if r["env"] < 2 else 1) for r in rows)
+    assert [s["slots"] for s in summary["shards"]["per_shard"]] == [[0, 2], [2, 3]]
