@@ -86,7 +86,7 @@ def build_parser(isaac_args: bool | None = None) -> argparse.ArgumentParser:
     Flags parse values only; :class:`EvalConfig` checks their ranges (one rule, one place) and its defaults
     are the ones ``--help`` shows.
     """
-    from dz_gym.eval.config import BACKENDS
+    from dz_gym.eval.config import BACKENDS, DEFAULT_MAX_EPISODES
 
     p = OneLineErrorParser(
         prog="dz-gym-eval",
@@ -188,10 +188,13 @@ def build_parser(isaac_args: bool | None = None) -> argparse.ArgumentParser:
     )
     ab.add_argument(
         "--max-episodes", type=integer, metavar="N",
-        help="with --sequential: stop undecided after N pairs (N episodes per arm; default 200); the "
+        help="with --sequential: stop undecided after N pairs (N episodes per arm; default "
+        f"{DEFAULT_MAX_EPISODES}); the "
         "episodes per scene default to N spread over the scenes",
     )
-    sampling = p.add_argument_group("reproducible sampling (sent in every request; servers that do not know them ignore them)")
+    sampling = p.add_argument_group(
+        "reproducible sampling (sent in every request; servers that do not know them ignore them)"
+    )
     sampling.add_argument(
         "--policy-seed", action="store_true", default=None,
         help="send a per-episode 'seed' derived from the episode's seed (the same in both arms of an A/B run)",

@@ -168,10 +168,14 @@ class EvalConfig:
             if not self.servers:
                 raise ValueError("servers_b: an A/B run against external servers needs arm A's servers too (--server)")
             if self.policy_b not in (None, EXTERNAL_POLICY):
-                raise ValueError(f"policy_b: only for the embedded servers; an external server serves its own policy, got {self.policy_b!r}")
+                raise ValueError(
+                    f"policy_b: only for the embedded servers; an external server serves its own policy, got {self.policy_b!r}"
+                )
             self.policy_b = EXTERNAL_POLICY
         elif self.policy_b is not None and self.servers:
-            raise ValueError("policy_b: only for the embedded servers; with --server give arm B's servers with --server-b")
+            raise ValueError(
+                "policy_b: only for the embedded servers; with --server give arm B's servers with --server-b"
+            )
         self._check_schedule()
         self.transport_config()
 
@@ -213,11 +217,13 @@ class EvalConfig:
                 raise ValueError("max_episodes: only with --sequential (--episodes sets the episodes of a fixed run)")
             if not _is_int(self.max_episodes) or self.max_episodes < 1:
                 raise ValueError(f"max_episodes: expected an integer >= 1, got {self.max_episodes!r}")
-        if self.num_inference_steps is not None and (not _is_int(self.num_inference_steps) or self.num_inference_steps < 1):
-            raise ValueError(f"num_inference_steps: expected an integer >= 1, got {self.num_inference_steps!r}")
+        steps = self.num_inference_steps
+        if steps is not None and (not _is_int(steps) or steps < 1):
+            raise ValueError(f"num_inference_steps: expected an integer >= 1, got {steps!r}")
         if self.ab and _is_int(self.num_envs) and (self.num_envs < 2 or self.num_envs % 2):
             raise ValueError(
-                f"num_envs: an A/B run needs an even number of envs (slot 2j runs arm A, 2j+1 arm B), got {self.num_envs}"
+                "num_envs: an A/B run needs an even number of envs (slot 2j runs arm A, 2j+1 arm B), "
+                f"got {self.num_envs}"
             )
 
     def _check_schedule(self) -> None:

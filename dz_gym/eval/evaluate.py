@@ -88,7 +88,9 @@ def pair_tracker(config: EvalConfig, rows: Sequence[Mapping[str, Any]]):
                        rows=rows)  # fmt: skip
 
 
-def _ab_summary(config: EvalConfig, rows: Sequence[Mapping[str, Any]], dropped: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def _ab_summary(
+    config: EvalConfig, rows: Sequence[Mapping[str, Any]], dropped: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
     """``arms``, ``comparison`` and ``sequential`` of an A/B run's summary (see :func:`evaluate`); ``dropped``:
     the episodes cut off by the sequential stop (no row)."""
     from dz_gym.eval.results import summarize_arms
@@ -97,7 +99,8 @@ def _ab_summary(config: EvalConfig, rows: Sequence[Mapping[str, Any]], dropped: 
     labels = {}
     for arm, servers, policy in (("a", config.servers, config.policy), ("b", config.servers_b, config.policy_b)):
         labels[arm] = f"arm {arm.upper()} (" + (", ".join(servers) if servers else f"policy {policy}") + ")"
-    out: dict[str, Any] = {"arms": summarize_arms(rows, config.arms, planned={s: config.episodes for s in config.scenes})}
+    planned = {s: config.episodes for s in config.scenes}
+    out: dict[str, Any] = {"arms": summarize_arms(rows, config.arms, planned=planned)}
     out["comparison"] = compare_rows(rows, labels=labels)
     tracker = pair_tracker(config, rows)
     finished = not any(remaining_episodes(config, rows)[s] for s in config.scenes)

@@ -312,18 +312,20 @@ def format_table(summary: Mapping[str, Any]) -> str:
         for arm in ("a", "b"):
             arm_funnel = arms.get(arm, {}).get("overall", {}).get("milestones")
             if arm_funnel:
-                out.append(f"milestones {arm.upper()}: " + ", ".join(f"{n} {_fmt_rate(r)}" for n, r in arm_funnel.items()))
+                steps = ", ".join(f"{n} {_fmt_rate(r)}" for n, r in arm_funnel.items())
+                out.append(f"milestones {arm.upper()}: {steps}")
     comparison = summary.get("comparison")
     if isinstance(comparison, Mapping) and comparison.get("metrics"):
         from dz_gym.stats.comparison import format_comparison
 
         out.append("")
-        out.append(format_comparison({**comparison, "metrics": {k: v for k, v in comparison["metrics"].items()
-                                                                if k in ("success_at_end", "success_any_step")}}))  # fmt: skip
+        shown = {k: v for k, v in comparison["metrics"].items() if k in ("success_at_end", "success_any_step")}
+        out.append(format_comparison({**comparison, "metrics": shown}))
     sequential = summary.get("sequential")
     if isinstance(sequential, Mapping):
         out.append(f"sequential test: {sequential.get('why')} [stopped by: {sequential.get('stopped_by')}]")
         if sequential.get("unpaired") or sequential.get("dropped"):
-            out.append(f"left out of the comparison: {len(sequential.get('unpaired') or [])} episode(s) without a twin, "
-                       f"{len(sequential.get('dropped') or [])} dropped at the stop (no row)")  # fmt: skip
+            unpaired, dropped = len(sequential.get("unpaired") or []), len(sequential.get("dropped") or [])
+            out.append(f"left out of the comparison: {unpaired} episode(s) without a twin, "
+                       f"{dropped} dropped at the stop (no row)")  # fmt: skip
     return "\n".join(out)
