@@ -251,25 +251,36 @@ class ResidualEnv:
         return np.clip(array, -1.0, 1.0)
 
     def _observe(self, obs, info) -> dict[str, np.ndarray]:
-        """The observation groups (numpy) from the wrapper's observation and an ``info`` of the same state."""
+        """The observation groups (numpy) from the wrapper's observation and an ``info`` of the same state.
+
+        Fresh arrays every call (the tensors made from them share their memory), filled column by column.
+        """
+        n, arm = self.num_envs, droid.ARM_DOF
         policy_obs = obs[droid.POLICY_GROUP]
-        joints = np.asarray(to_numpy(policy_obs[droid.OBS_JOINT_KEY]), dtype=np.float32).reshape(self.num_envs, -1)
-        gripper = np.asarray(to_numpy(policy_obs[droid.OBS_GRIPPER_KEY]), dtype=np.float32).reshape(self.num_envs, 1)
-        progress = (self.episode_steps / self.episode_length).astype(np.float32)[:, None]
-        policy = np.concatenate([joints, gripper, self._proposal, progress], axis=1)
+        policy = np.empty((n, self.observation_dims["policy"]), dtype=np.float32)
+        policy[:, :arm] = to_numpy(policy_obs[droid.OBS_JOINT_KEY]).reshape(n, arm)
+        policy[:, arm] = to_numpy(policy_obs[droid.OBS_GRIPPER_KEY]).reshape(n)
+        policy[:, arm + 1 : arm + 1 + droid.ACTION_DIM] = self._proposal
+        policy[:, -1] = self.episode_steps / self.episode_length
         return {"policy": policy, "privileged": self._privileged(info)}
 
     def _privileged(self, info) -> np.ndarray:
         n = self.num_envs
-        obj = np.asarray(info["object_pos"], dtype=np.float64).reshape(n, 3)
-        quat = np.nan_to_num(np.asarray(info["object_quat"], dtype=np.float64).reshape(n, 4))
-        container = np.asarray(info["container_pos"], dtype=np.float64).reshape(n, 3)
-        tcp = np.asarray(info["tcp_pos"], dtype=np.float64).reshape(n, 3)
-        start_z = np.nan_to_num(np.asarray(info["object_start_pos"], dtype=np.float64).reshape(n, 3)[:, 2:3])
-        lift = obj[:, 2:3] - start_z
-        reached = np.stack([np.asarray(info["milestones"][m]) != NOT_REACHED for m in MILESTONES], axis=1)
-        columns = [obj, quat, container, tcp, obj - tcp, obj - container, lift, reached, self._succeeded[:, None]]
-        return np.concatenate([np.asarray(c, dtype=np.float32) for c in columns], axis=1)
+        out = np.empty((n, self.observation_dims["privileged"]), dtype=np.float32)
+        obj = np.asarray(info["object_pos"]).reshape(n, 3)
+        tcp = np.asarray(info["tcp_pos"]).reshape(n, 3)
+        container = np.asarray(info["container_pos"]).reshape(n, 3)
+        out[:, 0:3] = obj
+        out[:, 3:7] = np.asarray(info["object_quat"]).reshape(n, 4)
+        out[:, 7:10] = container
+        out[:, 10:13] = tcp
+        out[:, 13:16] = obj - tcp
+        out[:, 16:19] = obj - container
+        out[:, 19] = obj[:, 2] - np.asarray(info["object_start_pos"]).reshape(n, 3)[:, 2]
+        for k, name in enumerate(MILESTONES):
+            out[:, 20 + k] = np.asarray(info["milestones"][name]) != NOT_REACHED
+        out[:, 20 + len(MILESTONES)] = self._succeeded
+        return np.nan_to_num(out, copy=False)  # backends without an orientation report NaN
 
     def _to_tensors(self, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
         import torch
