@@ -268,6 +268,7 @@ def test_rows_carry_task_and_all_milestone_names(tmp_path, hold_pair):
         assert names == list(row["milestones"])
         assert all((s < 0) == (row["milestones"][n] is None) for n, s in zip(names, data["milestone_first_step"]))
         assert data["tcp_pos"].shape == (row["steps"], 3) and data["object_start_pos"].shape == (3,)
+        assert data["object_quat"].shape == (row["steps"], 4)
 
 
 def test_milestone_funnel_counts_completed_episodes_only():

@@ -30,7 +30,7 @@ dropped (no row; listed in ``SceneResult.dropped``), so no pair is left half-fin
 Rows also carry ``task`` (the name of the scene's task, e.g. ``place_spoon_in_sink`` for scene 101) and
 ``milestones`` (name -> first episode step reached, or null; from ``info["milestones"]``, every name the env
 reports, including a task's own); trajectories keep the milestones' first steps and the poses they are
-checked on (``object_pos``, ``container_pos``, ``tcp_pos``, ``object_start_pos``).
+checked on (``object_pos``, ``object_quat``, ``container_pos``, ``tcp_pos``, ``object_start_pos``).
 
 Per finished episode the runner writes, in order: the trajectory file, the video (closed in the background)
 and its row in ``episodes.jsonl``. A stop request (Ctrl-C) or an exhausted error budget ends the scene at the
@@ -157,6 +157,7 @@ class _Episode:
     task: str | None = None
     milestones: dict[str, int] | None = None  # info["milestones"] of the episode's last step
     tcp_pos: list = dataclasses.field(default_factory=list)
+    object_quat: list = dataclasses.field(default_factory=list)
     object_start_pos: np.ndarray | None = None  # the lift milestone's reference height
     actions: list = dataclasses.field(default_factory=list)
     joints: list = dataclasses.field(default_factory=list)
@@ -312,6 +313,7 @@ class SceneRunner:
         success_any = _column(info, "success_any_step")
         milestones = _milestone_columns(info)
         tcp_pos = _column(info, "tcp_pos")
+        object_quat = _column(info, "object_quat")
         object_start = _column(info, "object_start_pos")
         env_seed = _column(info, "episode_seed")
         object_pos = _column(info, "object_pos")
@@ -341,6 +343,8 @@ class SceneRunner:
                 ep.container_pos.append(container_pos[i].astype(np.float32))
             if tcp_pos is not None:
                 ep.tcp_pos.append(tcp_pos[i].astype(np.float32))
+            if object_quat is not None:
+                ep.object_quat.append(object_quat[i].astype(np.float32))
             if object_start is not None and ep.object_start_pos is None:
                 ep.object_start_pos = object_start[i].astype(np.float32)
             if env_seed is not None and ep.env_seed is None:
@@ -490,6 +494,8 @@ class SceneRunner:
             arrays["container_pos"] = np.stack(ep.container_pos).astype(np.float32)
         if ep.tcp_pos:
             arrays["tcp_pos"] = np.stack(ep.tcp_pos).astype(np.float32)
+        if ep.object_quat:
+            arrays["object_quat"] = np.stack(ep.object_quat).astype(np.float32)
         if ep.object_start_pos is not None:
             arrays["object_start_pos"] = ep.object_start_pos
         if ep.milestones is not None:  # first step per milestone, -1 where never reached
