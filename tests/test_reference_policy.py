@@ -671,3 +671,14 @@ def test_skill_is_selected_by_name_and_validated():
             load_policy(spec)
     with pytest.raises(ValueError, match="give each once"):
         load_policy("reference:skill=0.5", {"skill": 0.4})
+
+
+def test_an_approach_to_the_lookout_does_not_descend_onto_nothing():
+    # The object is not seen: after two calls the approach heads for the lookout (home TCP). Reaching it inside
+    # the rollout must not hand over to DESCEND, whose target needs the object (it used to raise TypeError).
+    home_tcp = np.array([0.45, 0.0, 0.35])
+    planner = Planner(TASKS[2], PlannerConfig(), np.zeros(7), home_tcp)
+    state = PlannerState(anchor_position=home_tcp + [0.0, 0.0, 0.01], phase_calls=3)
+    rows, kept = planner.rollout(state, Track(), Track(min_visible=0.7), 24, 8)
+    assert kept.phase == Phase.APPROACH and all(row.phase == Phase.APPROACH for row in rows)
+    np.testing.assert_allclose(rows[-1].position, home_tcp)

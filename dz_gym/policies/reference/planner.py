@@ -448,7 +448,9 @@ class Planner:
                     dyaw = wrap_angle(yaw - sim.anchor_yaw)
                     max_dyaw = cfg.yaw_rate * cfg.dt
                     sim.anchor_yaw = sim.anchor_yaw + float(np.clip(dyaw, -max_dyaw, max_dyaw))
-                    if dist <= step and abs(dyaw) <= max_dyaw and phase in PASS_THROUGH:
+                    # An approach to the lookout (object not seen) must not hand over to a descent onto nothing.
+                    seen = phase != Phase.APPROACH or obj.position is not None
+                    if dist <= step and abs(dyaw) <= max_dyaw and phase in PASS_THROUGH and seen:
                         sim.enter(PASS_THROUGH[phase])
                 sim.anchor_position = position
                 out.append(Row(position.copy(), sim.anchor_yaw, grip, None, phase))
