@@ -237,7 +237,10 @@ def evaluate(
     bars = Progress(total, total * config.max_steps, enabled=progress, on_latency=idle_check.observe)
     say = log or bars.write
     say_later.append(say)
-    crowded = session_warning(config.num_envs, servers, config.server_max_sessions)
+    per_arm = config.num_envs // 2 if config.ab else config.num_envs  # an A/B run: half the slots per arm
+    crowded = session_warning(per_arm, servers, config.server_max_sessions)
+    if crowded is None and config.ab:
+        crowded = session_warning(per_arm, servers_b, config.server_max_sessions)
     if crowded is not None:
         say(f"dz-gym-eval: warning: {crowded}")
     recorder = VideoRecorder() if config.video else None
