@@ -7,7 +7,8 @@ W = N unless ``--server-workers`` is given) serves, in turn:
   measured on its env right before the run);
 - *K shards*: :func:`dz_gym.eval.shards.driver.evaluate_sharded` with N envs over K shards on Ray
   (``--ray local`` starts a private instance on this machine). Its s is measured by K probe actors with the
-  shards' resources and env workers, stepping at the same time (the slowest one counts).
+  shards' resources and env workers, one at a time (no contention between the shards, as one process's s_N is
+  measured alone: the stricter bound; the slowest one counts).
 
 Every row is compared with the synchronous bound of ``bench_eval``, ``8N / (ceil(N/W) * L + 8 * s)`` (s: the
 batch step of the simulator, measured with the evaluator's render pattern), and with the reference client's
@@ -66,6 +67,9 @@ class Probe:
             backend="mujoco", scene=scene, num_envs=num_envs, seed=0, max_episode_length=10_000, num_workers=num_workers
         )
 
+    def ready(self) -> bool:
+        return True
+
     def measure(self) -> float:
         return bench_eval.measure_batch_step(self.env)
 
@@ -74,7 +78,8 @@ class Probe:
 
 
 def shard_step_s(ray, n: int, k: int, max_steps: int, scene: int) -> float:
-    """s of K shards stepping at once: K probes (the shards' CPUs and workers) built first, then measured together."""
+    """s of K shards: K probes with the shards' CPUs and workers, built first, then measured one at a time (no
+    contention between shards, like one process's s_N: the stricter bound); the slowest counts."""
     nodes = [node for node in ray.nodes() if node.get("Alive")]
     node_cpus = max(float(node.get("Resources", {}).get("CPU", 0)) for node in nodes)
     per_node = -(-k // len(nodes))
@@ -84,7 +89,8 @@ def shard_step_s(ray, n: int, k: int, max_steps: int, scene: int) -> float:
         actor = ray.remote(Probe).options(num_cpus=cpus, scheduling_strategy="SPREAD")
         probes.append(actor.remote(shard.num_envs, env_workers(shard.num_envs, cpus), max_steps, scene))
     try:
-        return max(ray.get([p.measure.remote() for p in probes], timeout=600))
+        ray.get([p.ready.remote() for p in probes], timeout=600)  # all built first: start-up costs no CPU then
+        return max(ray.get(p.measure.remote(), timeout=600) for p in probes)
     finally:
         for p in probes:
             ray.kill(p)
