@@ -147,6 +147,7 @@ def test_a_vs_a_never_rejects(tmp_path, hold_pair):
         and overall["verdict"] == "no_difference_detected"
     )
     assert summary["arms"]["a"]["overall"]["success_at_end"] == summary["arms"]["b"]["overall"]["success_at_end"]
+    assert summary["arms"]["labels"] == {"a": f"arm A ({hold_pair[0]})", "b": f"arm B ({hold_pair[1]})"}
     # Both runs of a seed are on neighbouring slots and the rows pair up exactly.
     by_key = {(r["seed"], r["arm"]): r for r in rows}
     for seed in range(12):

@@ -101,6 +101,7 @@ def _ab_summary(
         labels[arm] = f"arm {arm.upper()} (" + (", ".join(servers) if servers else f"policy {policy}") + ")"
     planned = {s: config.episodes for s in config.scenes}
     out: dict[str, Any] = {"arms": summarize_arms(rows, config.arms, planned=planned)}
+    out["arms"]["labels"] = labels  # what each arm ran (also comparison.arms)
     out["comparison"] = compare_rows(rows, labels=labels)
     tracker = pair_tracker(config, rows)
     finished = not any(remaining_episodes(config, rows)[s] for s in config.scenes)
