@@ -16,9 +16,11 @@ that send a request at their next step), so the steps compare like for like. Ste
 **cached** steps (no server request, no rendering: the wrapper executes a cached chunk row) and
 **request** steps (rendering + one request per env). For each it prints the median wall time and the mean
 CPU time per step (this process, where the wrapper, the policy client and torch run, plus the env's worker
-processes, from /proc), and their ratios to the bare simulator. On a shared machine the wall times move
-with the load by tens of percent; the CPU times are the steadier measure. Target: the wrapper and the
-residual env cost < 10 % more CPU than the bare simulator on cached steps.
+processes, from /proc), and their ratios to the bare simulator. On a shared machine both move with the
+load by 10-30 % between loops, more than the wrapper costs, so the wrapper loops also time the simulator's
+own ``step`` inside them (a timing ``gym.Wrapper`` under the policy wrapper): the rest of each cached step
+is the **overhead** (wrapper, policy client, residual env, torch), reported in ms and as a share of the
+bare simulator's cached step. Target: overhead < 10 % of the bare step.
 
     MUJOCO_GL=egl python benchmarks/bench_rl.py [--num-envs 8] [--steps 48] [--rounds 6]
 """
@@ -32,6 +34,7 @@ import sys
 import time
 from collections.abc import Callable
 
+import gymnasium as gym
 import numpy as np
 
 HORIZON = 8
@@ -50,14 +53,32 @@ def add_residual(base: np.ndarray, residual: np.ndarray) -> np.ndarray:
     return action
 
 
+class TimedEnv(gym.Wrapper):
+    """Times the simulator's own ``step`` inside the wrapper (wall and this process's CPU), so that the
+    wrapper's overhead is measured as the rest of the step instead of as a difference of two noisy runs."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self.last_wall = self.last_cpu = 0.0
+
+    def step(self, action):
+        cpu, wall = time.process_time(), time.perf_counter()
+        try:
+            return self.env.step(action)
+        finally:
+            self.last_wall, self.last_cpu = time.perf_counter() - wall, time.process_time() - cpu
+
+
 class Meter:
     """Wall and CPU time of steps (this process plus ``pids``, from /proc), filed as cached or request steps."""
 
-    def __init__(self, pids: list[int]):
+    def __init__(self, pids: list[int], timed: TimedEnv | None = None):
         self.pids = list(pids)
+        self.timed = timed
         self.tick = os.sysconf("SC_CLK_TCK")
         self.wall: dict[str, list[float]] = {"cached": [], "request": []}
         self.cpu: dict[str, list[float]] = {"cached": [], "request": []}
+        self.overhead: dict[str, list[float]] = {"cached": [], "request": []}  # wall time outside env.step
 
     def cpu_seconds(self) -> float:
         total = time.process_time()
@@ -72,8 +93,11 @@ class Meter:
         cpu, wall = self.cpu_seconds(), time.perf_counter()
         busy = step()
         kind = "request" if busy else "cached"
-        self.wall[kind].append(time.perf_counter() - wall)
+        elapsed = time.perf_counter() - wall
+        self.wall[kind].append(elapsed)
         self.cpu[kind].append(self.cpu_seconds() - cpu)
+        if self.timed is not None:
+            self.overhead[kind].append(elapsed - self.timed.last_wall)
 
 
 def bare_loop(env, meter: Meter, steps: int, rng: np.random.Generator) -> None:
@@ -157,17 +181,19 @@ def main(argv: list[str] | None = None) -> int:
 
     bare = make()
     wrapper_client = MemoryPolicyClient(HoldPolicy(), num_envs=n)
-    wrapper = dz_gym.DreamZeroPolicyWrapper(make(), client=wrapper_client)
+    wrapper_timed = TimedEnv(make())
+    wrapper = dz_gym.DreamZeroPolicyWrapper(wrapper_timed, client=wrapper_client)
     residual_client = MemoryPolicyClient(HoldPolicy(), num_envs=n)
+    residual_timed = TimedEnv(make())
     residual = ResidualEnv(
-        dz_gym.DreamZeroPolicyWrapper(make(), client=residual_client),
+        dz_gym.DreamZeroPolicyWrapper(residual_timed, client=residual_client),
         episode_length=length - 1,
         terminate_on_success=False,
     )
     meters = {
         "bare": Meter(bare.worker_pids),
-        "wrapper": Meter(wrapper.unwrapped.worker_pids),
-        "residual": Meter(residual.wrapper.unwrapped.worker_pids),
+        "wrapper": Meter(wrapper.unwrapped.worker_pids, wrapper_timed),
+        "residual": Meter(residual.wrapper.unwrapped.worker_pids, residual_timed),
     }
     rng = np.random.default_rng(0)
     try:
@@ -189,27 +215,32 @@ def main(argv: list[str] | None = None) -> int:
         wall_cached, wall_request = (statistics.median(meter.wall[k]) for k in ("cached", "request"))
         cpu_cached, cpu_request = (statistics.fmean(meter.cpu[k]) for k in ("cached", "request"))
         mean_wall = (wall_cached * (HORIZON - 1) + wall_request) / HORIZON
-        return {"wall": wall_cached, "cpu": cpu_cached, "cpu_request": cpu_request, "rate": n / mean_wall}
+        overhead = statistics.median(meter.overhead["cached"]) if meter.overhead["cached"] else 0.0
+        return {"wall": wall_cached, "cpu": cpu_cached, "cpu_request": cpu_request, "rate": n / mean_wall,
+                "overhead": overhead}  # fmt: skip
 
     base = summary(meters["bare"])
     cached_steps = len(meters["bare"].wall["cached"])
     print(f"N={n}, {args.rounds} rounds x {args.steps} steps per loop ({cached_steps} cached), interleaved")
     print(
         f"{'loop':<10} {'cached wall ms':>15} {'cached CPU ms':>14} {'request CPU ms':>15} {'env-steps/s':>12} "
-        f"{'CPU vs bare':>12} {'wall vs bare':>13}"
+        f"{'CPU vs bare':>12} {'wall vs bare':>13} {'overhead ms':>12} {'overhead/bare':>14}"
     )
     worst = 0.0
     for name, meter in meters.items():
         row = summary(meter)
-        cpu_ratio = row["cpu"] / base["cpu"]
-        if name != "bare":
-            worst = max(worst, cpu_ratio)
+        share = row["overhead"] / base["wall"]
+        worst = max(worst, share)
         print(
             f"{name:<10} {1e3 * row['wall']:>15.2f} {1e3 * row['cpu']:>14.2f} {1e3 * row['cpu_request']:>15.1f} "
-            f"{row['rate']:>12.1f} {cpu_ratio:>11.3f}x {row['wall'] / base['wall']:>12.3f}x"
+            f"{row['rate']:>12.1f} {row['cpu'] / base['cpu']:>11.3f}x {row['wall'] / base['wall']:>12.3f}x "
+            f"{1e3 * row['overhead']:>12.3f} {share:>13.1%}"
         )
-    verdict = "met" if worst < 1.10 else "missed"
-    print(f"target: cached steps cost < 10% more CPU than the bare simulator's: {verdict} (worst {worst - 1:+.1%})")
+    verdict = "met" if worst < 0.10 else "missed"
+    print(
+        "overhead: a cached step's wall time outside the simulator's own step (median), over the bare step's.\n"
+        f"target: the wrapper costs < 10% on cached steps: {verdict} (worst {worst:.1%})"
+    )
     return 0
 
 
