@@ -108,7 +108,9 @@ def main() -> None:
     started = time.perf_counter()
     print(f"alpha {args.alpha}, {args.sequences} simulated sequences per difference, "
           f"alternatives {list(DEFAULT_ALTERNATIVES)} (and mirrored)")  # fmt: skip
-    print("| true diff (A -> B) | power | fixed-n McNemar pairs | sequential cap | sequential mean pairs | ratio | fewer |")
+    print(
+        "| true diff (A -> B) | power | fixed-n McNemar pairs | sequential cap | sequential mean pairs | ratio | fewer |"
+    )
     print("|---|---|---|---|---|---|---|")
     fixed = FixedMcNemar(args.alpha, 1200)
     caps = {}

@@ -24,11 +24,19 @@ def make_request() -> dict:
     rng = np.random.default_rng(0)
     images = {
         key: rng.integers(0, 256, (180, 320, 3), dtype=np.uint8)
-        for key in ("observation/exterior_image_0_left", "observation/exterior_image_1_left",
-                    "observation/wrist_image_left")
+        for key in (
+            "observation/exterior_image_0_left",
+            "observation/exterior_image_1_left",
+            "observation/wrist_image_left",
+        )
     }
-    return build_infer_request(images=images, joint_position=rng.normal(size=7), gripper_position=[0.0],
-                               prompt="put the cube in the bowl", session_id=str(uuid.uuid4()))
+    return build_infer_request(
+        images=images,
+        joint_position=rng.normal(size=7),
+        gripper_position=[0.0],
+        prompt="put the cube in the bowl",
+        session_id=str(uuid.uuid4()),
+    )
 
 
 def time_per_call(fn, repeats: int) -> float:

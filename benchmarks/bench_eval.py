@@ -116,7 +116,9 @@ def one_env_loop(url: str, episodes: int, max_steps: int, scene: int) -> tuple[f
     return steps / elapsed, float(np.mean(latencies))
 
 
-def evaluator(url: str, num_envs: int, episodes: int, max_steps: int, scene: int, prefetch: int = 0) -> tuple[dict, float]:
+def evaluator(
+    url: str, num_envs: int, episodes: int, max_steps: int, scene: int, prefetch: int = 0
+) -> tuple[dict, float]:
     """The evaluator's summary, and s_N measured on its own env right before the run (same processes)."""
     from dz_gym.eval.config import EvalConfig
     from dz_gym.eval.evaluate import evaluate
@@ -188,7 +190,9 @@ def main() -> int:
         ok &= ours >= 0.9 * bound
         if workers >= 8:
             ok &= ours >= 3 * base
-    print("(env-steps/s; bound = 8N / (ceil(N/W) * L + 8 * s_N); targets: >= 90% of bound, >= 3x one-env with 8 workers)")
+    print(
+        "(env-steps/s; bound = 8N / (ceil(N/W) * L + 8 * s_N); targets: >= 90% of bound, >= 3x one-env with 8 workers)"
+    )
     if 1 in args.workers and args.prefetch:
         sync_rate, pre_rate = sync_summary["env_steps_per_s"], prefetched["env_steps_per_s"]
         sync_util, pre_util = sync_summary["server_utilization"], prefetched["server_utilization"]

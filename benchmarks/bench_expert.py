@@ -29,7 +29,9 @@ def main() -> None:
     args = parser.parse_args()
     print(f"{args.episodes} episodes per scene, seeds {args.seed}..{args.seed + args.episodes - 1}, "
           f"{droid.MAX_EPISODE_LENGTH}-step horizon, default randomization (+/-10 cm, any yaw)")  # fmt: skip
-    print("| scene | task | success at end | success at any step | steps to success (median, max) | failed seeds | wall s |")
+    print(
+        "| scene | task | success at end | success at any step | steps to success (median, max) | failed seeds | wall s |"
+    )
     print("|---|---|---|---|---|---|---|")
     worst = 1.0
     for scene_id in args.scenes:

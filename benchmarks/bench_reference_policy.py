@@ -102,7 +102,9 @@ def run_perturbed(scene: int, kind: str, episodes: int, seed: int, url: str, ste
     import dz_gym
     from dz_gym.wrapper import DreamZeroPolicyWrapper
 
-    env = dz_gym.make_droid_env(backend="mujoco", scene=scene, num_envs=episodes, seed=seed, max_episode_length=steps + 1)
+    env = dz_gym.make_droid_env(
+        backend="mujoco", scene=scene, num_envs=episodes, seed=seed, max_episode_length=steps + 1
+    )
     base = env.unwrapped
     wrapped = DreamZeroPolicyWrapper(env, server=url)
     try:
@@ -146,7 +148,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=24, help="plain episodes per scene (part 1)")
     parser.add_argument("--num-envs", type=int, default=8)
-    parser.add_argument("--perturbed-episodes", type=int, default=8, help="episodes per scene and perturbation (part 2)")
+    parser.add_argument(
+        "--perturbed-episodes", type=int, default=8, help="episodes per scene and perturbation (part 2)"
+    )
     parser.add_argument("--perturbed-steps", type=int, default=450)
     parser.add_argument("--scenes", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--seed", type=int, default=1000)
@@ -186,9 +190,13 @@ def main() -> None:
             for kind in ("nudge", "drop"):
                 start = time.perf_counter()
                 url = server.url + "/v1/realtime/robot/openpi"
-                k, n, applied = run_perturbed(scene, kind, args.perturbed_episodes, args.seed + 500, url, args.perturbed_steps)
+                k, n, applied = run_perturbed(
+                    scene, kind, args.perturbed_episodes, args.seed + 500, url, args.perturbed_steps
+                )
                 lo, hi = wilson(k, n)
-                rows.append((f"scene {scene}: {droid.SCENES[scene].prompt}", f"{kind} ({applied}/{n} applied)", k, n, lo, hi))
+                rows.append(
+                    (f"scene {scene}: {droid.SCENES[scene].prompt}", f"{kind} ({applied}/{n} applied)", k, n, lo, hi)
+                )
                 print(f"  scene {scene} {kind}: {k}/{n} ({time.perf_counter() - start:.0f} s)", flush=True)
 
     print()
@@ -201,18 +209,28 @@ def main() -> None:
     moving = np.asarray(timed.moving, dtype=bool)
     step_s = sim_step_time(args.num_envs)
     chunk_sim_ms = 8 * step_s * 1e3 / args.num_envs  # simulator time one env's chunk covers, per env
-    median, p99 = float(np.median(times)), float(np.percentile(times, 99))
+    median = float(np.median(times))
     print()
     print("policy time per call (server side, the simulator running on the same cores; target: median < 15 ms):")
-    for label, sel in (("all calls", np.ones_like(moving)), ("calls that move the arm", moving), ("hold calls (task done)", ~moving)):
+    for label, sel in (
+        ("all calls", np.ones_like(moving)),
+        ("calls that move the arm", moving),
+        ("hold calls (task done)", ~moving),
+    ):
         if sel.any():
             t = times[sel]
-            print(f"  {label:24s} n={sel.sum():5d}  median {np.median(t):5.1f} ms  p99 {np.percentile(t, 99):5.1f} ms  max {t.max():5.1f} ms")
+            print(
+                f"  {label:24s} n={sel.sum():5d}  median {np.median(t):5.1f} ms  p99 {np.percentile(t, 99):5.1f} ms  max {t.max():5.1f} ms"
+            )
     print(f"baseline, same process: the simulator needs {chunk_sim_ms:.1f} ms per env for the 8 steps a chunk "
           f"covers (N={args.num_envs}, images 1 step in 8); policy / simulator = {median / chunk_sim_ms:.2f}")  # fmt: skip
-    print(f"share of the 8-step control period ({8 * droid.STEP_DT * 1e3:.0f} ms): {median / (8 * droid.STEP_DT * 1e3):.1%}")
+    print(
+        f"share of the 8-step control period ({8 * droid.STEP_DT * 1e3:.0f} ms): {median / (8 * droid.STEP_DT * 1e3):.1%}"
+    )
     if latency:
-        print(f"evaluator round trip (part 1): p50 {latency.get('p50', float('nan')):.1f} ms, p99 {latency.get('p99', float('nan')):.1f} ms")
+        print(
+            f"evaluator round trip (part 1): p50 {latency.get('p50', float('nan')):.1f} ms, p99 {latency.get('p99', float('nan')):.1f} ms"
+        )
     if args.skills:
         run_skills(args)
 
@@ -225,11 +243,16 @@ def run_skills(args: argparse.Namespace) -> None:
           f"{args.skill_episodes - 1}, --num-envs {args.num_envs}", flush=True)  # fmt: skip
     table = []
     for skill in args.skills:
-        summary = run_evaluator(args.skill_scenes, args.skill_episodes, 0, args.num_envs, policy=f"reference:skill={skill:g}")
+        summary = run_evaluator(
+            args.skill_scenes, args.skill_episodes, 0, args.num_envs, policy=f"reference:skill={skill:g}"
+        )
         for scene in args.skill_scenes:
             entry = summary[str(scene)]["success_at_end"]
             table.append((scene, skill, entry["k"], entry["n"], *entry["ci95"]))
-            print(f"  scene {scene} skill {skill:g}: {entry['k']}/{entry['n']} ({summary['bench_wall_s']:.0f} s)", flush=True)
+            print(
+                f"  scene {scene} skill {skill:g}: {entry['k']}/{entry['n']} ({summary['bench_wall_s']:.0f} s)",
+                flush=True,
+            )
     print()
     print("| scene | skill | success at end | Wilson 95% CI |")
     print("|---|---|---|---|")

@@ -29,9 +29,16 @@ KEYS = ("observation/exterior_image_0_left", "observation/exterior_image_1_left"
 def client(url: str, requests: int, endpoint: str | None, errors: list) -> None:
     rng = np.random.default_rng()
     images = {key: rng.integers(0, 256, (180, 320, 3), dtype=np.uint8) for key in KEYS}
-    frame = packb(build_infer_request(images=images, joint_position=np.zeros(7), gripper_position=[0.0],
-                                      prompt="put the cube in the bowl", session_id=str(uuid.uuid4()),
-                                      endpoint=endpoint))
+    frame = packb(
+        build_infer_request(
+            images=images,
+            joint_position=np.zeros(7),
+            gripper_position=[0.0],
+            prompt="put the cube in the bowl",
+            session_id=str(uuid.uuid4()),
+            endpoint=endpoint,
+        )
+    )
     try:
         with connect(url, max_size=None, compression=None, open_timeout=30) as ws:
             ws.recv(30)
@@ -46,8 +53,9 @@ def run(flavor: str, clients: int, workers: int, latency_ms: float, requests: in
     endpoint = None if flavor == "openpi" else "infer"
     with start_server_thread("hold", flavor=flavor, workers=workers, latency_ms=latency_ms) as server:
         errors: list = []
-        threads = [threading.Thread(target=client, args=(server.url, requests, endpoint, errors))
-                   for _ in range(clients)]
+        threads = [
+            threading.Thread(target=client, args=(server.url, requests, endpoint, errors)) for _ in range(clients)
+        ]
         start = time.perf_counter()
         for t in threads:
             t.start()
@@ -73,8 +81,10 @@ def main() -> int:
     for clients, workers in ((1, 1), (4, 1), (8, 1), (4, 2), (8, 4)):
         rate, util = run(args.flavor, clients, workers, args.latency_ms, args.requests)
         ideal = ideal_one * min(clients, workers)
-        print(f"latency {args.latency_ms:.0f} ms, {clients} clients, {workers} workers: {rate:7.1f} chunks/s, "
-              f"ideal {ideal:6.1f}, ratio {rate / ideal:.2f}, server utilization {util:.2f}")
+        print(
+            f"latency {args.latency_ms:.0f} ms, {clients} clients, {workers} workers: {rate:7.1f} chunks/s, "
+            f"ideal {ideal:6.1f}, ratio {rate / ideal:.2f}, server utilization {util:.2f}"
+        )
     return 0
 
 

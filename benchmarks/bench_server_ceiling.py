@@ -60,7 +60,11 @@ def _measure_sync(send_recv, requests: list[dict], duration: float) -> dict:
         sent += send_recv(requests[count % len(requests)])
         count += 1
     wall, cpu = time.perf_counter() - t0, time.thread_time() - cpu0
-    return {"requests_per_s": count / wall, "mb_per_s": sent / 1e6 / wall, "client_cpu_ms_per_request": 1e3 * cpu / count}
+    return {
+        "requests_per_s": count / wall,
+        "mb_per_s": sent / 1e6 / wall,
+        "client_cpu_ms_per_request": 1e3 * cpu / count,
+    }
 
 
 def baseline_websockets_sync(url: str, requests: list[dict], duration: float) -> dict:
@@ -126,8 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     concurrencies = [int(c) for c in args.concurrency.split(",")]
 
     size = len(PayloadSet(synthetic_views(1, (180, 320))).payload(0, new_session_id()))
-    print(f"cores: {os.cpu_count()}, request size: {size / 1e3:.1f} KB, "
-          f"{args.rounds} interleaved rounds of {args.duration:g} s per client (medians)")
+    print(
+        f"cores: {os.cpu_count()}, request size: {size / 1e3:.1f} KB, "
+        f"{args.rounds} interleaved rounds of {args.duration:g} s per client (medians)"
+    )
     rounds: list[dict[str, dict]] = []
     with start_server_process(["--latency-ms", "0", "--workers", "1"], stderr="capture") as server:
         requests = _requests(8)
@@ -153,20 +159,35 @@ def main(argv: list[str] | None = None) -> int:
     base = rows[base_name]["requests_per_s"]
     print(f"{'client':<48}{'req/s':>9}{'MB/s':>9}{'CPU ms/req':>12}{'x base':>8}")
     for name, row in rows.items():
-        print(f"{name:<48}{row['requests_per_s']:>9.1f}{row['mb_per_s']:>9.1f}"
-              f"{row['client_cpu_ms_per_request']:>12.3f}{row['requests_per_s'] / base:>8.2f}")
+        print(
+            f"{name:<48}{row['requests_per_s']:>9.1f}{row['mb_per_s']:>9.1f}"
+            f"{row['client_cpu_ms_per_request']:>12.3f}{row['requests_per_s'] / base:>8.2f}"
+        )
     ours = {name: row for name, row in rows.items() if name.startswith("dz-gym-bench")}
     best = max(row["requests_per_s"] for row in ours.values())
     cpu = min(row["client_cpu_ms_per_request"] for row in ours.values())
     verdict = "meets" if best >= TARGET_REQUESTS_PER_S else "MISSES"
-    print(f"ceiling: {best:.0f} requests/s ({verdict} the {TARGET_REQUESTS_PER_S:.0f} req/s target); "
-          f"baseline = {base_name}")
-    print(f"client CPU {cpu:.3f} ms/request: the client alone would saturate one core at ~{1e3 / cpu:.0f} req/s "
-          "(the server shares this machine's cores, so the measured rate is a floor)")
+    print(
+        f"ceiling: {best:.0f} requests/s ({verdict} the {TARGET_REQUESTS_PER_S:.0f} req/s target); "
+        f"baseline = {base_name}"
+    )
+    print(
+        f"client CPU {cpu:.3f} ms/request: the client alone would saturate one core at ~{1e3 / cpu:.0f} req/s "
+        "(the server shares this machine's cores, so the measured rate is a floor)"
+    )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump({"request_bytes": size, "duration_s": args.duration, "rows": rows, "rounds": rounds,
-                       "baseline": base_name}, handle, indent=2)
+            json.dump(
+                {
+                    "request_bytes": size,
+                    "duration_s": args.duration,
+                    "rows": rows,
+                    "rounds": rounds,
+                    "baseline": base_name,
+                },
+                handle,
+                indent=2,
+            )
     return 0 if best >= TARGET_REQUESTS_PER_S else 1
 
 

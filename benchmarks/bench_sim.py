@@ -117,7 +117,9 @@ def main() -> None:
     baseline = results[configs[0][0]]
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"load average at the end: {load:.1f} on {cores} cores")
-    print(f"{'configuration':42s} {'env-steps/s':>12s} {'x baseline':>11s} {'CPU ms/step':>12s} {'idle-CPU bound':>15s}")
+    print(
+        f"{'configuration':42s} {'env-steps/s':>12s} {'x baseline':>11s} {'CPU ms/step':>12s} {'idle-CPU bound':>15s}"
+    )
     for label, (rate, cpu) in results.items():
         print(f"{label:42s} {rate:12.1f} {rate / baseline[0]:11.2f} {cpu * 1e3:12.2f} {cores / cpu:15.1f}")
     (all8, all8_cpu), (lazy8, lazy8_cpu) = results[configs[2][0]], results[configs[3][0]]

@@ -28,8 +28,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from dz_gym.testing.isaac_standin import IsaacDroidStandIn
 from dz_gym.server.launch import start_server_process
+from dz_gym.testing.isaac_standin import IsaacDroidStandIn
 from dz_gym.wrapper import DreamZeroPolicyWrapper
 
 PATH = "/v1/realtime/robot/openpi"
@@ -119,7 +119,9 @@ def measure_reference(url: str, steps: int) -> tuple[float, float]:
         for _ in range(steps):
             start = time.process_time()
             policy = obs["policy"]
-            views = [policy[k][0].clone().detach().cpu().numpy() for k in ("external_cam", "external_cam_2", "wrist_cam")]
+            views = [
+                policy[k][0].clone().detach().cpu().numpy() for k in ("external_cam", "external_cam_2", "wrist_cam")
+            ]
             joints = policy["arm_joint_pos"][0].clone().detach().cpu().numpy()
             gripper = policy["gripper_pos"][0].clone().detach().cpu().numpy()
             replan = chunk is None or completed >= 8
@@ -160,8 +162,10 @@ def main() -> None:
     with start_server_process(["--policy", "hold", "--workers", "8", "--quiet"]) as server:
         measure_wrapper(server.url, 1, 16)  # warm-up: imports, first connections, caches
         ref_replan, ref_cached = measure_reference(server.url, args.steps)
-        print(f"reference single-env client : {ref_replan * 1e3:7.3f} ms per replanning env, "
-              f"{ref_cached * 1e6:7.1f} us per cached step")
+        print(
+            f"reference single-env client : {ref_replan * 1e3:7.3f} ms per replanning env, "
+            f"{ref_cached * 1e6:7.1f} us per cached step"
+        )
         for n, shape in ((1, (720, 1280)), (8, (720, 1280)), (1, (180, 320)), (8, (180, 320))):
             replan, cached = measure_wrapper(server.url, n, args.steps, shape)
             print(

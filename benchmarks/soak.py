@@ -314,8 +314,7 @@ def _report(args: argparse.Namespace, result: dict, warmup: float) -> int:
     ok_rows, total = rows["ok"], rows["rows"]
     print()
     print(
-        f"requests: {total} in {elapsed:.0f} s ({total / elapsed:.1f}/s), {ok_rows} ok, "
-        f"errors {dict(result['errors'])}"
+        f"requests: {total} in {elapsed:.0f} s ({total / elapsed:.1f}/s), {ok_rows} ok, errors {dict(result['errors'])}"
     )
     print(
         f"faults: {dict(result['faults'])}; re-sends on fresh connections: {rows['reconnects']}, "

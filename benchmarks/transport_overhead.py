@@ -39,7 +39,11 @@ def make_request(k: int = 0) -> dict:
     rng = np.random.default_rng(k)
     images = {
         key: rng.integers(0, 256, size=(180, 320, 3), dtype=np.uint8)
-        for key in ("observation/exterior_image_0_left", "observation/exterior_image_1_left", "observation/wrist_image_left")
+        for key in (
+            "observation/exterior_image_0_left",
+            "observation/exterior_image_1_left",
+            "observation/wrist_image_left",
+        )
     }
     return build_infer_request(
         images=images,
@@ -110,6 +114,7 @@ def main() -> None:
 
         with SessionPool(server.url, 8, config) as pool:
             pool.connect()
+
             def one(body: dict | bytes) -> Callable[[], int]:
                 def run() -> int:
                     outcome = pool.submit(0, body).result(30)
@@ -122,7 +127,11 @@ def main() -> None:
             rows.append(measure("pool.submit(bytes)", one(payload), args.requests))
             session = pool.session(0)
             rows.append(
-                measure("session.infer(dict) on loop", once(lambda: pool.loop.run(session.infer(request), 30)), args.requests)
+                measure(
+                    "session.infer(dict) on loop",
+                    once(lambda: pool.loop.run(session.infer(request), 30)),
+                    args.requests,
+                )
             )
 
             async def gather_on_loop() -> int:

@@ -122,7 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("runs", nargs="+", metavar="RUN", help="RUN_A RUN_B, or one A/B run directory")
     parser.add_argument("--json", metavar="FILE", help="also write the comparison as JSON to FILE ('-': stdout)")
-    parser.add_argument("--force", action="store_true", help="compare runs whose settings differ (recorded in the JSON)")
+    parser.add_argument(
+        "--force", action="store_true", help="compare runs whose settings differ (recorded in the JSON)"
+    )
     parser.add_argument("--alpha", type=float, default=0.05, help="significance level of the verdicts (default 0.05)")
     return parser
 

@@ -74,7 +74,7 @@ class PolicyClient(abc.ABC):
     def close(self) -> None:
         """Close every connection; idempotent."""
 
-    def end_session(self, env_id: int, session_id: str) -> None:
+    def end_session(self, env_id: int, session_id: str) -> None:  # noqa: B027 (an optional hook)
         """Slot ``env_id``'s episode with ``session_id`` ended (a fresh session id follows).
 
         Nothing goes over the wire by default: a ``reset`` on a shared connection would lose every session of
@@ -84,8 +84,9 @@ class PolicyClient(abc.ABC):
 
     @property
     def reply_bound(self) -> float:
-        """Seconds within which every submitted future resolves (the wrapper's guard against a lost one)."""
-        return 600.0
+        """Seconds within which every submitted future resolves (the wrapper's guard against a lost one);
+        by default the bound of one request under the default transport settings."""
+        return TransportConfig().request_bound()
 
 
 class WebsocketPolicyClient(PolicyClient):

@@ -514,8 +514,7 @@ def resize_with_pad(images: Any, height: int, width: int, *, method: str = "auto
     new_h, new_w, top, left = padded_geometry(in_h, in_w, height, width)
     if new_h < 1 or new_w < 1:
         raise ValueError(
-            f"images: a {in_h}x{in_w} image fitted into {height}x{width} keeps no rows or columns "
-            f"({new_h}x{new_w})"
+            f"images: a {in_h}x{in_w} image fitted into {height}x{width} keeps no rows or columns ({new_h}x{new_w})"
         )
     lead = shape[:-3]
     batch = images.reshape(-1, in_h, in_w, 3)

@@ -25,7 +25,15 @@ import numpy as np
 
 from dz_gym.errors import ProtocolError, RequestTimeout, ServerError
 
-__all__ = ["CONNECTION_LOST", "INTEGRITY_EVENTS", "PROTOCOL_ERROR", "SERVER_ERROR", "TIMEOUT", "EpisodeStats", "event_of"]
+__all__ = [
+    "CONNECTION_LOST",
+    "INTEGRITY_EVENTS",
+    "PROTOCOL_ERROR",
+    "SERVER_ERROR",
+    "TIMEOUT",
+    "EpisodeStats",
+    "event_of",
+]
 
 # The cause of a failed policy call, as info["integrity_event"] and the evaluator's error_event name it.
 SERVER_ERROR, CONNECTION_LOST, TIMEOUT, PROTOCOL_ERROR = "server_error", "connection_lost", "timeout", "protocol_error"

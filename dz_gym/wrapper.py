@@ -161,8 +161,13 @@ class _StepRecord:
     def empty(cls, n: int) -> _StepRecord:
         nan = np.full(n, np.nan)
         return cls(
-            np.zeros(n, dtype=bool), np.zeros(n, dtype=bool), nan, nan.copy(), nan.copy(),
-            np.full(n, None, dtype=object), np.full(n, None, dtype=object),
+            np.zeros(n, dtype=bool),
+            np.zeros(n, dtype=bool),
+            nan,
+            nan.copy(),
+            nan.copy(),
+            np.full(n, None, dtype=object),
+            np.full(n, None, dtype=object),
         )
 
 

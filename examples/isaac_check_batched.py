@@ -146,7 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     from dz_gym.envs.isaac.tasks import TASKS
 
     parser.add_argument("--scene", type=int, default=1, choices=(1, 2, 3))
-    parser.add_argument("--task", choices=tuple(TASKS), help="a sim-evals task by name instead of --scene (MILA tasks too)")
+    parser.add_argument(
+        "--task", choices=tuple(TASKS), help="a sim-evals task by name instead of --scene (MILA tasks too)"
+    )
     parser.add_argument("--num-envs", type=int, default=4)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--env-spacing", type=float, default=None, help="metres between envs (default: the backend's)")

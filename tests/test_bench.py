@@ -45,11 +45,24 @@ def load_json(path) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- metrics
-def record(latency_ms: float, *, t0: float = 0.0, kind: str | None = None, infer_ms: float | None = None,
-           first: bool = False, session: int = 0) -> RequestRecord:
+def record(
+    latency_ms: float,
+    *,
+    t0: float = 0.0,
+    kind: str | None = None,
+    infer_ms: float | None = None,
+    first: bool = False,
+    session: int = 0,
+) -> RequestRecord:
     return RequestRecord(
-        session=session, server=0, sent_at=t0, received_at=t0 + latency_ms / 1e3, request_bytes=1000,
-        error_kind=kind, error_message=None if kind is None else f"{kind} happened", first_of_episode=first,
+        session=session,
+        server=0,
+        sent_at=t0,
+        received_at=t0 + latency_ms / 1e3,
+        request_bytes=1000,
+        error_kind=kind,
+        error_message=None if kind is None else f"{kind} happened",
+        first_of_episode=first,
         infer_ms=infer_ms,
     )
 
@@ -144,7 +157,10 @@ def test_split_views_strip_order_and_auto_layout():
     single = np.full((720, 1280, 3), 7, dtype=np.uint8)
     views = split_views(single, (180, 320))
     assert all(view is single or np.shares_memory(view, single) for view in views)
-    assert len(split_views(strip, (180, 320), "single")) == 3 and split_views(strip, (180, 320), "single")[0].shape == strip.shape
+    assert (
+        len(split_views(strip, (180, 320), "single")) == 3
+        and split_views(strip, (180, 320), "single")[0].shape == strip.shape
+    )
     with pytest.raises(ValueError, match="uint8"):
         split_views(strip.astype(np.float32), (180, 320))
     with pytest.raises(ValueError, match="layout"):
@@ -191,8 +207,16 @@ def test_load_views_splits_strips_from_frames_and_videos(tmp_path):
 def fake_run(concurrency: int, rate: float) -> dict:
     records = [record(100.0 * concurrency, t0=k / rate) for k in range(10)]
     run = summarize(records, duration_s=10 / rate, open_loop_horizon=8, sessions=concurrency)
-    run.update(mode="concurrency", concurrency=concurrency, request_rate=None, arrival=None, reconnects=0,
-               warmup_completed=concurrency, warmup_errors=0, per_server=[])
+    run.update(
+        mode="concurrency",
+        concurrency=concurrency,
+        request_rate=None,
+        arrival=None,
+        reconnects=0,
+        warmup_completed=concurrency,
+        warmup_errors=0,
+        per_server=[],
+    )
     return run
 
 
@@ -202,8 +226,11 @@ def test_sweep_table_is_fixed_width_and_document_has_stable_keys():
     assert len({len(line) for line in table}) == 1
     assert table[0].split()[:3] == ["C", "req/s", "actions/s"]
     assert table[-1].split()[0] == "16" and table[-1].split()[4] == "15.00"  # speedup vs the first run
-    result = {"servers": [{"url": "ws://127.0.0.1:1", "metadata": {"image_resolution": np.array([180, 320])}}],
-              "payload": {}, "runs": runs}
+    result = {
+        "servers": [{"url": "ws://127.0.0.1:1", "metadata": {"image_resolution": np.array([180, 320])}}],
+        "payload": {},
+        "runs": runs,
+    }
     single = build_document(result, argv=["--server", "ws://127.0.0.1:1"], sweep=False)
     for key in RUN_KEYS + ("command", "servers", "versions"):
         assert key in single
@@ -243,7 +270,9 @@ def test_bad_flags_exit_2(args, capsys):
 def test_console_script_bad_flag_exit_code():
     proc = subprocess.run(
         [sys.executable, "-m", "dz_gym.bench", "--server", "ws://127.0.0.1:1", "--num-requests", "0"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 2 and "--num-requests" in proc.stderr
 
@@ -319,8 +348,21 @@ def test_open_loop_never_exceeds_max_outstanding(tmp_path):
     out = tmp_path / "open.json"
     probe = ServerProbe()
     with probed_server(probe, latency_ms=20, workers=4) as server:
-        rc = bench("--server", server.url, "--request-rate", 40, "--arrival", "constant", "--max-outstanding", 2,
-                   "--num-requests", 16, "--json", out, "--quiet")
+        rc = bench(
+            "--server",
+            server.url,
+            "--request-rate",
+            40,
+            "--arrival",
+            "constant",
+            "--max-outstanding",
+            2,
+            "--num-requests",
+            16,
+            "--json",
+            out,
+            "--quiet",
+        )
     assert rc == 0
     run = load_json(out)
     assert run["mode"] == "request-rate" and run["concurrency"] == 2 and run["completed"] == 16
@@ -334,8 +376,9 @@ def test_open_loop_never_exceeds_max_outstanding(tmp_path):
 def test_every_reference_flavor(flavor, tmp_path):
     out = tmp_path / "run.json"
     with start_server_thread("hold", flavor=flavor, latency_ms=5) as server:
-        rc = bench("--server", server.url, "--concurrency", 2, "--num-requests", 10, "--episode-length", 3,
-                   "--json", out)
+        rc = bench(
+            "--server", server.url, "--concurrency", 2, "--num-requests", 10, "--episode-length", 3, "--json", out
+        )
     assert rc == 0
     run = load_json(out)
     assert run["completed"] == 10 and run["failed"] == 0 and run["concurrency"] == 2
@@ -394,8 +437,18 @@ def test_pypi_openpi_server(tmp_path):
     handles = run_in_thread(server.run)
     out = tmp_path / "openpi.json"
     try:
-        rc = bench("--server", f"ws://127.0.0.1:{port}", "--concurrency", 2, "--num-requests", 8,
-                   "--ready-timeout", 20, "--json", out)
+        rc = bench(
+            "--server",
+            f"ws://127.0.0.1:{port}",
+            "--concurrency",
+            2,
+            "--num-requests",
+            8,
+            "--ready-timeout",
+            20,
+            "--json",
+            out,
+        )
     finally:
         stop_thread(*handles)
     assert rc == 0
@@ -411,8 +464,20 @@ def test_image_directory_input(tmp_path):
     directory = write_image_dir(tmp_path / "frames")
     out = tmp_path / "images.json"
     with start_server_thread("hold", latency_ms=1) as server:
-        rc = bench("--server", server.url, "--concurrency", 2, "--num-requests", 6, "--images", directory,
-                   "--max-frames", 4, "--json", out)
+        rc = bench(
+            "--server",
+            server.url,
+            "--concurrency",
+            2,
+            "--num-requests",
+            6,
+            "--images",
+            directory,
+            "--max-frames",
+            4,
+            "--json",
+            out,
+        )
     assert rc == 0
     run = load_json(out)
     assert run["completed"] == 6 and run["payload"]["templates"] == 4 and run["payload"]["source"] == str(directory)
@@ -429,7 +494,9 @@ def test_errors_by_kind_with_fail_every(flavor, closes, tmp_path):
     assert run["errors"] == {"ServerError": 3}
     assert run["completed"] == 9 and run["failed"] == 3
     # vLLM-Omni hides the cause ("Internal inference error"); DreamZero sends its traceback.
-    assert ("internal inference error" if flavor == "vllm-omni" else "injected") in run["error_examples"]["ServerError"].lower()
+    assert ("internal inference error" if flavor == "vllm-omni" else "injected") in run["error_examples"][
+        "ServerError"
+    ].lower()
     assert run["goodput"] == pytest.approx(9 / 12)
     # DreamZero-style servers close the connection after an error: the bench reconnects (a new episode)
     # before the next request, i.e. after the 4th and the 8th (the 12th is the last request).
@@ -442,8 +509,19 @@ def test_idle_closed_connections_are_resent_and_counted(tmp_path):
     out = tmp_path / "idle.json"
     with start_server_thread("hold", flavor="vllm-omni", idle_timeout_s=0.2) as server:
         with ServerLogWatch(r"idle for .* closing") as idle:
-            rc = bench("--server", server.url, "--concurrency", 2, "--num-requests", 4, "--think-ms", 400,
-                       "--json", out, "--quiet")
+            rc = bench(
+                "--server",
+                server.url,
+                "--concurrency",
+                2,
+                "--num-requests",
+                4,
+                "--think-ms",
+                400,
+                "--json",
+                out,
+                "--quiet",
+            )
             closed = idle.count
     assert rc == 0
     run = load_json(out)
@@ -465,7 +543,9 @@ def test_dead_server_is_a_clear_bounded_error(capsys):
 def test_refused_port_fails_within_seconds():
     proc = subprocess.run(
         [sys.executable, "-m", "dz_gym.bench", "--server", f"ws://127.0.0.1:{free_port()}/x"],
-        capture_output=True, text=True, timeout=15,
+        capture_output=True,
+        text=True,
+        timeout=15,
     )
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
@@ -480,7 +560,9 @@ def test_silent_server_is_waited_for_until_the_ready_timeout(capsys):
     listener.listen(8)
     try:
         port = listener.getsockname()[1]
-        rc = bench("--server", f"ws://127.0.0.1:{port}", "--ready-timeout", 1, "--open-timeout", 0.5, "--num-requests", 5)
+        rc = bench(
+            "--server", f"ws://127.0.0.1:{port}", "--ready-timeout", 1, "--open-timeout", 0.5, "--num-requests", 5
+        )
     finally:
         listener.close()
     assert rc == 1
@@ -535,8 +617,20 @@ def test_server_that_never_replies_is_bounded(capsys):
     port = free_port()
     handles = run_in_thread(lambda: main_server(port))
     try:
-        rc = bench("--server", f"ws://127.0.0.1:{port}", "--concurrency", 2, "--num-requests", 50,
-                   "--ready-timeout", 10, "--request-timeout", 0.5, "--max-consecutive-errors", 2)
+        rc = bench(
+            "--server",
+            f"ws://127.0.0.1:{port}",
+            "--concurrency",
+            2,
+            "--num-requests",
+            50,
+            "--ready-timeout",
+            10,
+            "--request-timeout",
+            0.5,
+            "--max-consecutive-errors",
+            2,
+        )
     finally:
         stop_thread(*handles)
     assert rc == 1
@@ -554,9 +648,26 @@ def test_overall_timeout_ends_a_long_run(capsys):
 
 def test_two_servers_share_sessions_round_robin_and_records_file(tmp_path):
     out, rows = tmp_path / "two.json", tmp_path / "records.jsonl"
-    with start_server_thread("hold", latency_ms=5) as first, start_server_thread("hold", flavor="openpi", latency_ms=5) as second:
-        rc = bench("--server", first.url, "--server", second.url, "--concurrency", 4, "--num-requests", 20,
-                   "--json", out, "--records", rows, "--label", "two loopback servers")
+    with (
+        start_server_thread("hold", latency_ms=5) as first,
+        start_server_thread("hold", flavor="openpi", latency_ms=5) as second,
+    ):
+        rc = bench(
+            "--server",
+            first.url,
+            "--server",
+            second.url,
+            "--concurrency",
+            4,
+            "--num-requests",
+            20,
+            "--json",
+            out,
+            "--records",
+            rows,
+            "--label",
+            "two loopback servers",
+        )
     assert rc == 0
     run = load_json(out)
     assert run["label"] == "two loopback servers"

@@ -60,7 +60,9 @@ def test_inactive_envs_keep_their_cursor_and_get_nan_rows():
 
 def test_a_chunk_shorter_than_the_horizon_is_a_configuration_error():
     schedule = ChunkSchedule(1, open_loop_horizon=8)
-    with pytest.raises(HorizonError, match=r"open_loop_horizon: 8 is longer than the server's chunk of 3 row\(s\)") as info:
+    with pytest.raises(
+        HorizonError, match=r"open_loop_horizon: 8 is longer than the server's chunk of 3 row\(s\)"
+    ) as info:
         schedule.accept_chunk(0, chunk(0, horizon=3))
     assert isinstance(info.value, DzGymError) and (info.value.horizon, info.value.chunk_length) == (8, 3)
     assert "\n" not in str(info.value)
@@ -112,7 +114,7 @@ def test_prefetch_sends_k_steps_early_and_skips_the_steps_already_executed():
     schedule = ChunkSchedule(1, open_loop_horizon=8, prefetch=3)
     schedule.accept_chunk(0, rows_chunk(0))  # episode start: synchronous, delay 0
     executed, sent_at = [], None
-    for step in range(5):
+    for _ in range(5):
         assert not schedule.requests_due()[0]
         executed.append(schedule.pop_actions()[0, 0])
     assert schedule.requests_due()[0]  # 3 actions left in the window

@@ -81,7 +81,9 @@ def test_per_scene_holm_and_pooled_overall():
 
 
 def test_any_step_and_milestones_are_compared_too():
-    stone = lambda *steps: dict(zip(("reached", "lifted", "above_target", "placed"), steps))
+    def stone(*steps):
+        return dict(zip(("reached", "lifted", "above_target", "placed"), steps))
+
     rows_a = [row(1, 0, False, any_step=True, milestones=stone(10, 20, None, None)),
               row(1, 1, False, milestones=stone(12, None, None, None))]  # fmt: skip
     rows_b = [row(1, 0, True, milestones=stone(9, 18, 40, 60)),

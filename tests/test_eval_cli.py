@@ -119,10 +119,27 @@ def test_defaults_come_from_eval_config_in_code_help_and_docs():
     help_text = " ".join(parser.format_help().split())
     docs = (Path(__file__).resolve().parents[1] / "docs" / "eval.md").read_text()
     table = dict(re.findall(r"^\| `(--[a-z-]+)(?:\\\||[^|])*\| ([^|]*) \|", docs, flags=re.M))
-    for field in ("num_envs", "seed", "max_steps", "open_loop_horizon", "prefetch", "request_timeout",
-                  "retry_server_errors", "server_max_sessions", "server_idle_timeout", "backend", "scenes"):
+    for field in (
+        "num_envs",
+        "seed",
+        "max_steps",
+        "open_loop_horizon",
+        "prefetch",
+        "request_timeout",
+        "retry_server_errors",
+        "server_max_sessions",
+        "server_idle_timeout",
+        "backend",
+        "scenes",
+    ):
         value = EvalConfig.default(field)
-        shown = ", ".join(map(str, value)) if isinstance(value, list) else f"{value:g}" if isinstance(value, float) else str(value)
+        shown = (
+            ", ".join(map(str, value))
+            if isinstance(value, list)
+            else f"{value:g}"
+            if isinstance(value, float)
+            else str(value)
+        )
         flag = cli.flag_of(field)
         assert f"(default {shown}" in help_text.split(flag + " ", 1)[1], (flag, shown)
         assert table[flag].strip().split(" ")[0] == shown, (flag, table[flag], shown)
@@ -130,7 +147,16 @@ def test_defaults_come_from_eval_config_in_code_help_and_docs():
 
 def test_flags_reach_the_transport_config():
     parser = cli.build_parser(isaac_args=False)
-    argv = ["--retry-server-errors", "2", "--request-timeout", "30", "--server-max-sessions", "4", "--server-idle-timeout", "0"]
+    argv = [
+        "--retry-server-errors",
+        "2",
+        "--request-timeout",
+        "30",
+        "--server-max-sessions",
+        "4",
+        "--server-idle-timeout",
+        "0",
+    ]
     config, _, _ = cli.resolve_config(parser, parser.parse_args(argv))
     transport = config.transport_config()
     assert (transport.retry_server_errors, transport.request_timeout) == (2, 30.0)

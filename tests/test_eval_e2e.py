@@ -38,7 +38,9 @@ BOUND_S = 180  # every wait on the evaluator subprocess is bounded by this
 
 
 def stable(rows):
-    return sorted(({k: v for k, v in r.items() if k not in VOLATILE} for r in rows), key=lambda r: (r["scene"], r["episode"]))
+    return sorted(
+        ({k: v for k, v in r.items() if k not in VOLATILE} for r in rows), key=lambda r: (r["scene"], r["episode"])
+    )
 
 
 def run_dir_of(root: Path) -> RunDir:
@@ -68,7 +70,15 @@ def test_outputs_complete_and_consistent(reference_run):
     # summary.json is recomputable from the rows.
     again = results.summarize(rows, planned={1: 4})
     for key in ("1", "overall"):
-        for field in ("episodes", "errored", "success_at_end", "success_any_step", "server_calls", "env_steps", "latency_ms"):
+        for field in (
+            "episodes",
+            "errored",
+            "success_at_end",
+            "success_any_step",
+            "server_calls",
+            "env_steps",
+            "latency_ms",
+        ):
             assert summary[key][field] == again[key][field], (key, field)
     assert summary["complete"] and not summary["interrupted"] and summary["aborted"] is None
     assert summary["server"]["embedded"] and summary["server_metadata"]
@@ -144,12 +154,19 @@ class Evaluator:
         env = dict(os.environ, MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dz_gym.eval.cli", *argv],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
         )
         self.err_lines: list[str] = []
         self.out_lines: list[str] = []
         self._lines: queue.Queue = queue.Queue()
-        self._readers = [threading.Thread(target=self._read, daemon=True), threading.Thread(target=self._read_out, daemon=True)]
+        self._readers = [
+            threading.Thread(target=self._read, daemon=True),
+            threading.Thread(target=self._read_out, daemon=True),
+        ]
         for reader in self._readers:
             reader.start()
 
@@ -367,8 +384,23 @@ def test_killed_and_restarted_server(tmp_path):
 
 def test_process_per_scene(tmp_path):
     """Scenes in fresh processes (the Isaac Lab default) append to one run directory and one summary."""
-    argv = ["--scene", "1", "--scene", "3", "--process-per-scene", "--num-envs", "1", "--episodes", "1",
-            "--max-steps", "8", "--no-video", "--no-progress", "--output-root", str(tmp_path)]
+    argv = [
+        "--scene",
+        "1",
+        "--scene",
+        "3",
+        "--process-per-scene",
+        "--num-envs",
+        "1",
+        "--episodes",
+        "1",
+        "--max-steps",
+        "8",
+        "--no-video",
+        "--no-progress",
+        "--output-root",
+        str(tmp_path),
+    ]
     assert cli.main(argv) == 0
     run = run_dir_of(tmp_path)
     rows = run.read_rows()
@@ -384,8 +416,18 @@ def test_reference_policy_successes_are_counted(tmp_path):
     """Long enough episodes for the vision reference policy to place the cube: successes show up."""
     if cli.default_policy() != "reference":
         pytest.skip("the reference policy is not registered")
-    argv = ["--num-envs", "2", "--episodes", "2", "--max-steps", "160", "--no-video", "--no-progress",
-            "--output-root", str(tmp_path)]
+    argv = [
+        "--num-envs",
+        "2",
+        "--episodes",
+        "2",
+        "--max-steps",
+        "160",
+        "--no-video",
+        "--no-progress",
+        "--output-root",
+        str(tmp_path),
+    ]
     assert cli.main(argv) == 0
     rows = run_dir_of(tmp_path).read_rows()
     assert any(r["success_any_step"] for r in rows)

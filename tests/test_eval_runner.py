@@ -22,7 +22,9 @@ VOLATILE = {"env", "session_id", "server", "started_at", "wall_s", "latency_ms",
 
 def stable(rows):
     """Rows without the fields that legitimately differ between runs (slot, session, timing)."""
-    return sorted(({k: v for k, v in r.items() if k not in VOLATILE} for r in rows), key=lambda r: (r["scene"], r["episode"]))
+    return sorted(
+        ({k: v for k, v in r.items() if k not in VOLATILE} for r in rows), key=lambda r: (r["scene"], r["episode"])
+    )
 
 
 class FailOnSeedPolicy(HoldPolicy):
@@ -52,8 +54,24 @@ def hold_server():
         yield server.url + PATH
 
 
-def run(tmp_path, servers, *, num_envs, episodes, max_steps=10, env_length=None, seed=0, control=None, video=False, scenes=(1,), run_dir=None, **fields):
-    config = EvalConfig(scenes=list(scenes), episodes=episodes, num_envs=num_envs, seed=seed, max_steps=max_steps, video=video, **fields)
+def run(
+    tmp_path,
+    servers,
+    *,
+    num_envs,
+    episodes,
+    max_steps=10,
+    env_length=None,
+    seed=0,
+    control=None,
+    video=False,
+    scenes=(1,),
+    run_dir=None,
+    **fields,
+):
+    config = EvalConfig(
+        scenes=list(scenes), episodes=episodes, num_envs=num_envs, seed=seed, max_steps=max_steps, video=video, **fields
+    )
     run_dir = run_dir or RunDir.create(tmp_path, config)
     made = []
 
@@ -121,7 +139,9 @@ def test_max_steps_shorter_than_the_env_uses_partial_resets(tmp_path, hold_serve
     assert [r["steps"] for r in rows] == [5] * 4
     assert all(r["ended_by"] == "time_limit" for r in rows)
     assert made[0].partial_resets == [[0, 1]]  # both slots moved on to their second episode together
-    assert stable(rows) == stable(run(tmp_path / "b", [hold_server], num_envs=1, episodes=4, max_steps=5)[1].read_rows())
+    assert stable(rows) == stable(
+        run(tmp_path / "b", [hold_server], num_envs=1, episodes=4, max_steps=5)[1].read_rows()
+    )
 
 
 @pytest.mark.parametrize("flavor", ["vllm-omni", "dreamzero"])
@@ -160,7 +180,9 @@ def test_injected_stop_then_resume_equals_an_uninterrupted_run(tmp_path, hold_se
 
     control = RunControl()
     control.on_row = lambda row: control.stop.set() if control.rows_written >= 2 else None
-    summary, run_dir, _ = run(tmp_path / "cut", [hold_server], num_envs=3, episodes=7, max_steps=9, seed=5, control=control)
+    summary, run_dir, _ = run(
+        tmp_path / "cut", [hold_server], num_envs=3, episodes=7, max_steps=9, seed=5, control=control
+    )
     assert summary["interrupted"] is True and summary["complete"] is False
     partial = run_dir.read_rows()
     assert 2 <= len(partial) < 7
@@ -199,7 +221,9 @@ def test_strip_frames_order_and_isaac_sized_torch_views():
     assert sorted(frames) == [0, 2]
     for env_id, frame in frames.items():
         assert frame.shape == (180, 960, 3) and frame.dtype == np.uint8
-        views = [decode_stamp(frame[:, k * 320 : (k + 1) * 320], source_shape=droid.ISAAC_IMAGE_SHAPE) for k in range(3)]
+        views = [
+            decode_stamp(frame[:, k * 320 : (k + 1) * 320], source_shape=droid.ISAAC_IMAGE_SHAPE) for k in range(3)
+        ]
         assert [v.env_id for v in views] == [env_id] * 3 and [v.step for v in views] == [2] * 3
         # right external | wrist | left external
         assert [v.camera for v in views] == [droid.CAMERA_KEYS.index(c) for c in droid.VIDEO_STRIP_KEYS]
@@ -222,7 +246,11 @@ def test_isaac_stand_in_end_to_end(tmp_path, hold_server):
     rows = sorted(run_dir.read_rows(), key=lambda r: r["episode"])
     assert [r["steps"] for r in rows] == [6, 6, 6] and summary["complete"]
     # Slot 0 places the object from step 3 on; slot 1 never does.
-    assert [(r["env"], r["success_at_end"], r["first_success_step"]) for r in rows] == [(0, True, 3), (1, False, None), (0, True, 3)]
+    assert [(r["env"], r["success_at_end"], r["first_success_step"]) for r in rows] == [
+        (0, True, 3),
+        (1, False, None),
+        (0, True, 3),
+    ]
     for row in rows:
         reader = imageio.get_reader(run_dir.path / row["video"])
         assert sum(1 for _ in reader) == 6
@@ -245,7 +273,9 @@ def test_rows_count_the_reconnects_after_idle_closes(tmp_path):
 
 def test_rows_count_server_error_retries(tmp_path):
     with start_server_thread("hold", flavor="vllm-omni", fail_every=2) as server:
-        summary, run_dir, _ = run(tmp_path, [server.url + PATH], num_envs=1, episodes=2, max_steps=17, retry_server_errors=1)
+        summary, run_dir, _ = run(
+            tmp_path, [server.url + PATH], num_envs=1, episodes=2, max_steps=17, retry_server_errors=1
+        )
     rows = run_dir.read_rows()
     assert summary["complete"] and all(r["error"] is None for r in rows)
     assert [r["retries"] for r in rows] == [2, 3]  # every second inference fails: requests 2, 3 | 4, 5, 6 retry once

@@ -404,7 +404,11 @@ def test_upstream_lighting_differs_per_env_and_the_patch_restores_it(world, tmp_
 
 def test_only_env_0_keeps_its_dome_light(world):
     env = make(num_envs=3)
-    domes = {str(p.GetPath()): p.GetAttribute("inputs:intensity").Get() for p in world.env.sim.stage.prims if p.GetTypeName() == "DomeLight"}
+    domes = {
+        str(p.GetPath()): p.GetAttribute("inputs:intensity").Get()
+        for p in world.env.sim.stage.prims
+        if p.GetTypeName() == "DomeLight"
+    }
     assert domes["/World/envs/env_0/scene/DomeLight"] > 0
     assert domes["/World/envs/env_1/scene/DomeLight"] == 0 and domes["/World/envs/env_2/scene/DomeLight"] == 0
     assert sum("infinite light" in change for change in env.patches) == 2
@@ -560,7 +564,9 @@ def load_example():
 
 def test_check_batched_example_passes_on_the_batched_env(world, tmp_path, capsys):
     example = load_example()
-    args = example.build_parser().parse_args(["--num-envs", "3", "--steps", "40", "--device", "cpu", "--skip-gpu-check"])
+    args = example.build_parser().parse_args(
+        ["--num-envs", "3", "--steps", "40", "--device", "cpu", "--skip-gpu-check"]
+    )
     example.run_role(args, "reference", tmp_path / "reference.npz", image_shape=SMALL)
     launch._forget_app_for_tests()
     example.run_role(args, "batched", tmp_path / "batched.npz", image_shape=SMALL)
@@ -589,8 +595,13 @@ def test_check_batched_example_fails_when_an_env_differs(capsys):
     batched["images"][:, 1] = np.clip(batched["images"][:, 1].astype(int) + 20, 0, 255).astype(np.uint8)
     results = {name: ok for name, _, _, ok in example.compare(reference, batched)}
     assert results == {
-        "arm_joint_pos": False, "gripper_pos": True, "object_pos": True, "container_pos": True, "success": True,
-        "milestones": True, "images": False,
+        "arm_joint_pos": False,
+        "gripper_pos": True,
+        "object_pos": True,
+        "container_pos": True,
+        "success": True,
+        "milestones": True,
+        "images": False,
     }
     assert not example.report(example.compare(reference, batched), 2)
     assert capsys.readouterr().out.strip().endswith("FAIL")

@@ -104,10 +104,23 @@ def test_dz_gym_eval_mujoco_runs_where_a_source_install_is_importable(install, t
     install("2.2", install="source")
     from dz_gym.eval import cli
 
-    code = cli.main([
-        "--backend", "mujoco", "--num-envs", "1", "--episodes", "1", "--max-steps", "2", "--no-video",
-        "--output-root", str(tmp_path / "runs"), "--policy", "hold",
-    ])
+    code = cli.main(
+        [
+            "--backend",
+            "mujoco",
+            "--num-envs",
+            "1",
+            "--episodes",
+            "1",
+            "--max-steps",
+            "2",
+            "--no-video",
+            "--output-root",
+            str(tmp_path / "runs"),
+            "--policy",
+            "hold",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     assert len(list((tmp_path / "runs").iterdir())) == 1
 
@@ -323,8 +336,11 @@ def test_missing_gripper_body_is_a_clear_error(install):
 def test_distant_lights_are_kept_once(install):
     world = install("2.2", scene_distant_light=True)
     env = make(num_envs=3)
-    lights = {str(p.GetPath()): p.GetAttribute("inputs:intensity").Get() for p in world.env.sim.stage.prims
-              if p.GetTypeName() == "DistantLight"}
+    lights = {
+        str(p.GetPath()): p.GetAttribute("inputs:intensity").Get()
+        for p in world.env.sim.stage.prims
+        if p.GetTypeName() == "DistantLight"
+    }
     assert lights["/World/envs/env_0/scene/DistantLight"] > 0
     assert lights["/World/envs/env_1/scene/DistantLight"] == 0 == lights["/World/envs/env_2/scene/DistantLight"]
     assert env.patches
@@ -374,7 +390,9 @@ def test_check_batched_example_on_the_per_scene_layout(install, tmp_path, capsys
     outputs = {}
     for role in ("reference", "batched"):
         world = install("2.2", layout="per_scene", mila=True)
-        args = example.build_parser().parse_args([*which, "--num-envs", "3", "--steps", "12", "--device", "cpu", "--skip-gpu-check"])
+        args = example.build_parser().parse_args(
+            [*which, "--num-envs", "3", "--steps", "12", "--device", "cpu", "--skip-gpu-check"]
+        )
         outputs[role] = tmp_path / f"{role}.npz"
         example.run_role(args, role, outputs[role], image_shape=SMALL)
         built = world.calls[world.index("parse_env_cfg")][1]
@@ -398,8 +416,18 @@ def test_task_flag_sets_scenes_prompts_and_the_default_horizon():
     from dz_gym.eval import cli
 
     parser = cli.build_parser(isaac_args=False)
-    args = parser.parse_args(["--backend", "isaac", "--task", "place_spoon_in_sink", "--task", "stack_red_bowl_into_grey_bowl",
-                              "--scene", "1"])
+    args = parser.parse_args(
+        [
+            "--backend",
+            "isaac",
+            "--task",
+            "place_spoon_in_sink",
+            "--task",
+            "stack_red_bowl_into_grey_bowl",
+            "--scene",
+            "1",
+        ]
+    )
     config, _, _ = cli.resolve_config(parser, args)
     assert config.scenes == [1, 101, 103] and config.max_steps == 600
     args = parser.parse_args(["--backend", "isaac", "--task", "place_spoon_in_sink", "--max-steps", "50"])

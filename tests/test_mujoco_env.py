@@ -329,4 +329,3 @@ def test_broken_egl_falls_back_to_osmesa_in_workers_and_errors_clearly_in_proces
     inline = subprocess.run([sys.executable, str(script), "0"], env=env, capture_output=True, text=True, timeout=120)
     last = inline.stdout.strip().splitlines()[-1]
     assert last == "OK 1" or (last.startswith("ERROR rendering:") and "libegl1" in last and "libosmesa6" in last), last
-

@@ -35,7 +35,9 @@ def state(obj, tcp, container=CONTAINER, speed=0.0, quat=None) -> TaskState:
 def started(n: int = 2, seed: int = 0) -> Episodes:
     book = Episodes(n, SCENE, seed=seed, box=ObjectBox((0.0, 0.0, 0.0), (0.025, 0.025, 0.025)))  # the 5 cm cube
     ids = book.resolve_reset_ids(None)
-    book.record_reset(ids, book.reset_seeds(ids, None), state(np.tile(REST, (n, 1)), np.tile(REST + [0, 0, 0.3], (n, 1))))
+    book.record_reset(
+        ids, book.reset_seeds(ids, None), state(np.tile(REST, (n, 1)), np.tile(REST + [0, 0, 0.3], (n, 1)))
+    )
     return book
 
 
@@ -142,7 +144,9 @@ def test_a_backends_own_milestones_replace_the_built_in_checks():
     far = state([REST, REST], [REST + [0, 0, 0.3]] * 2)  # the built-in checks would find nothing here
 
     def flags(*rows):
-        return TaskState(far.object_pos, far.container_pos, far.tcp_pos, far.object_speed, milestone_flags=np.array(rows))
+        return TaskState(
+            far.object_pos, far.container_pos, far.tcp_pos, far.object_speed, milestone_flags=np.array(rows)
+        )
 
     info = book.record_reset([0, 1], book.reset_seeds([0, 1], None), flags([0, 0, 0, 0], [1, 0, 0, 0]))
     assert info["milestones"]["reached"].tolist() == info["milestones"]["reached_spoon"].tolist() == [-1, 0]

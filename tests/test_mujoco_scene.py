@@ -42,7 +42,7 @@ def test_task_colours_are_saturated_and_distinct():
 def test_banana_is_one_connected_shape():
     segments = scene.banana_segments()
     assert len(segments) >= 3
-    for (_, end, r0), (start, _, r1) in zip(segments, segments[1:]):
+    for (_, end, _r0), (start, _, _r1) in zip(segments, segments[1:]):
         np.testing.assert_allclose(end, start)  # consecutive capsules share their joint: no gaps
     model = scene.build_model(3)
     body = model.body(scene.OBJECT_BODY).id
@@ -82,10 +82,17 @@ def test_whole_randomization_range_projects_inside_both_external_views(scene_id)
         (spec.container_nominal, spec.container_radius, 0.1),
     ):
         # the footprint circle's extremes at every corner of the xy range, at the table and at the top
-        corners = [(nominal[0] + sx * rand.object_xy, nominal[1] + sy * rand.object_xy) for sx in (-1, 1) for sy in (-1, 1)]
+        corners = [
+            (nominal[0] + sx * rand.object_xy, nominal[1] + sy * rand.object_xy) for sx in (-1, 1) for sy in (-1, 1)
+        ]
         angles = np.linspace(0, 2 * np.pi, 8, endpoint=False)
         points = np.array(
-            [[x + radius * np.cos(a), y + radius * np.sin(a), z] for x, y in corners for a in angles for z in (0.0, top)]
+            [
+                [x + radius * np.cos(a), y + radius * np.sin(a), z]
+                for x, y in corners
+                for a in angles
+                for z in (0.0, top)
+            ]
         )
         for cam in ("external_cam", "external_cam_2"):
             uv = calib[cam].project(points)

@@ -13,7 +13,22 @@ from dz_gym.errors import ProtocolError
 from dz_gym.protocol import packb, unpackb
 
 SUPPORTED_DTYPES = [
-    "|b1", "|i1", "<i2", "<i4", "<i8", "|u1", "<u2", "<u4", "<u8", "<f2", "<f4", "<f8", ">i4", ">f8", "<U3", "|S4",
+    "|b1",
+    "|i1",
+    "<i2",
+    "<i4",
+    "<i8",
+    "|u1",
+    "<u2",
+    "<u4",
+    "<u8",
+    "<f2",
+    "<f4",
+    "<f8",
+    ">i4",
+    ">f8",
+    "<U3",
+    "|S4",
 ]
 
 
@@ -52,8 +67,14 @@ def test_roundtrip_nan_inf_unicode_and_scalars():
 def test_tuples_come_back_as_lists_and_plain_values_survive():
     msg = {"t": (1, 2), "s": "x", "b": b"\x00\x01", "n": None, "f": 0.25, "nested": {"l": [1, [2, {"k": True}]]}}
     out = unpackb(packb(msg))
-    assert out == {"t": [1, 2], "s": "x", "b": b"\x00\x01", "n": None, "f": 0.25,
-                   "nested": {"l": [1, [2, {"k": True}]]}}
+    assert out == {
+        "t": [1, 2],
+        "s": "x",
+        "b": b"\x00\x01",
+        "n": None,
+        "f": 0.25,
+        "nested": {"l": [1, [2, {"k": True}]]},
+    }
 
 
 def test_decoded_arrays_are_read_only_views():
@@ -63,8 +84,15 @@ def test_decoded_arrays_are_read_only_views():
         out[0, 0] = 1
 
 
-@pytest.mark.parametrize("bad", [np.zeros(2, complex), np.array([object()], dtype=object),
-                                 np.zeros(2, dtype=[("a", "<f4"), ("b", "<i4")]), np.complex64(1j)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        np.zeros(2, complex),
+        np.array([object()], dtype=object),
+        np.zeros(2, dtype=[("a", "<f4"), ("b", "<i4")]),
+        np.complex64(1j),
+    ],
+)
 def test_encoder_refuses_object_complex_structured_naming_the_key(bad):
     with pytest.raises(ProtocolError, match=r"obs\.img: unsupported dtype"):
         packb({"obs": {"img": bad}})
@@ -145,14 +173,17 @@ def test_decoder_bounds_frame_size_depth_and_array_bytes():
         unpackb(b"\x91" * 100_000 + b"\x00")
 
 
-@pytest.mark.parametrize("frame, pattern", [
-    (b"", "empty frame"),
-    (b"\xc1", "not valid msgpack"),
-    (packb({"a": 1})[:-1], "not valid msgpack"),
-    (packb({"a": 1}) + b"\x00", "trailing bytes"),
-    (msgpack.packb({1: 2}), "not valid msgpack"),
-    (msgpack.packb(msgpack.ExtType(5, b"x")), "extension type 5"),
-])
+@pytest.mark.parametrize(
+    "frame, pattern",
+    [
+        (b"", "empty frame"),
+        (b"\xc1", "not valid msgpack"),
+        (packb({"a": 1})[:-1], "not valid msgpack"),
+        (packb({"a": 1}) + b"\x00", "trailing bytes"),
+        (msgpack.packb({1: 2}), "not valid msgpack"),
+        (msgpack.packb(msgpack.ExtType(5, b"x")), "extension type 5"),
+    ],
+)
 def test_decoder_refuses_garbage(frame, pattern):
     with pytest.raises(ProtocolError, match=pattern):
         unpackb(frame)
@@ -174,8 +205,12 @@ def test_fuzz_arbitrary_bytes_only_raise_protocol_error(data):
 
 
 _marker_values = st.one_of(
-    st.booleans(), st.integers(-3, 3), st.binary(max_size=16), st.text(max_size=6),
-    st.lists(st.integers(-2, 5), max_size=4), st.sampled_from(["<f4", "|u1", "O", "<U2", "V4", "<c8", "f8", "?"]),
+    st.booleans(),
+    st.integers(-3, 3),
+    st.binary(max_size=16),
+    st.text(max_size=6),
+    st.lists(st.integers(-2, 5), max_size=4),
+    st.sampled_from(["<f4", "|u1", "O", "<U2", "V4", "<c8", "f8", "?"]),
 )
 
 
@@ -204,8 +239,15 @@ def test_scalar_marker_out_of_range_is_refused():
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.dictionaries(st.sampled_from([b"__ndarray__", b"__npgeneric__", b"data", b"dtype", b"shape",
-                                        "nd", "type", "kind", "shape", "data"]), _marker_values, max_size=6))
+@given(
+    st.dictionaries(
+        st.sampled_from(
+            [b"__ndarray__", b"__npgeneric__", b"data", b"dtype", b"shape", "nd", "type", "kind", "shape", "data"]
+        ),
+        _marker_values,
+        max_size=6,
+    )
+)
 def test_fuzz_marker_like_maps_only_raise_protocol_error(marker):
     try:
         unpackb(msgpack.packb({"x": marker}, use_bin_type=True))
@@ -216,10 +258,17 @@ def test_fuzz_marker_like_maps_only_raise_protocol_error(marker):
 @settings(max_examples=150, deadline=None)
 @given(
     st.one_of(
-        hnp.arrays(dtype=st.one_of(hnp.integer_dtypes(), hnp.unsigned_integer_dtypes(), hnp.floating_dtypes(),
-                                   hnp.boolean_dtypes(), hnp.unicode_string_dtypes(max_len=4),
-                                   hnp.byte_string_dtypes(max_len=4)),
-                   shape=hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=5)),
+        hnp.arrays(
+            dtype=st.one_of(
+                hnp.integer_dtypes(),
+                hnp.unsigned_integer_dtypes(),
+                hnp.floating_dtypes(),
+                hnp.boolean_dtypes(),
+                hnp.unicode_string_dtypes(max_len=4),
+                hnp.byte_string_dtypes(max_len=4),
+            ),
+            shape=hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=5),
+        ),
     )
 )
 def test_fuzz_array_roundtrip(a):

@@ -16,11 +16,19 @@ def _request():
     rng = np.random.default_rng(1)
     images = {
         key: rng.integers(0, 256, (180, 320, 3), dtype=np.uint8)
-        for key in ("observation/exterior_image_0_left", "observation/exterior_image_1_left",
-                    "observation/wrist_image_left")
+        for key in (
+            "observation/exterior_image_0_left",
+            "observation/exterior_image_1_left",
+            "observation/wrist_image_left",
+        )
     }
-    return build_infer_request(images=images, joint_position=rng.normal(size=7), gripper_position=[0.2],
-                               prompt="put the cube in the bowl", session_id=str(uuid.uuid4()))
+    return build_infer_request(
+        images=images,
+        joint_position=rng.normal(size=7),
+        gripper_position=[0.2],
+        prompt="put the cube in the bowl",
+        session_id=str(uuid.uuid4()),
+    )
 
 
 def test_dreamzero_request_is_byte_identical_to_openpi_client():
@@ -43,16 +51,19 @@ def test_openpi_decodes_ours_and_we_decode_openpi():
             assert theirs[key] == back[key] == value
 
 
-@pytest.mark.parametrize("value", [
-    np.arange(24 * 8, dtype=np.float32).reshape(24, 8),
-    np.arange(12.0).reshape(3, 4)[:, ::2],
-    np.array(7, dtype=np.int16),
-    np.array(["a", "bc"]),
-    np.array([True, False]),
-    np.float32(2.5),
-    np.int64(-4),
-    {"actions": np.ones((24, 8)), "server_timing": {"infer_ms": 1.0}},
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        np.arange(24 * 8, dtype=np.float32).reshape(24, 8),
+        np.arange(12.0).reshape(3, 4)[:, ::2],
+        np.array(7, dtype=np.int16),
+        np.array(["a", "bc"]),
+        np.array([True, False]),
+        np.float32(2.5),
+        np.int64(-4),
+        {"actions": np.ones((24, 8)), "server_timing": {"infer_ms": 1.0}},
+    ],
+)
 def test_values_are_byte_identical_and_cross_decode(value):
     assert packb(value) == msgpack_numpy.packb(value)
     ours = unpackb(msgpack_numpy.packb(value))
@@ -111,8 +122,14 @@ def test_our_parsers_read_the_real_openpi_server():
     thread.start()
 
     async def start():
-        return await serve(policy_server._handler, "127.0.0.1", 0, compression=None, max_size=None,
-                           process_request=server_mod._health_check)
+        return await serve(
+            policy_server._handler,
+            "127.0.0.1",
+            0,
+            compression=None,
+            max_size=None,
+            process_request=server_mod._health_check,
+        )
 
     server = asyncio.run_coroutine_threadsafe(start(), loop).result(10)
     port = server.sockets[0].getsockname()[1]
@@ -130,6 +147,7 @@ def test_our_parsers_read_the_real_openpi_server():
                 ws.recv(10)
             assert closed.value.rcvd.code == 1011
     finally:
+
         async def stop():
             server.close()
             await server.wait_closed()

@@ -32,10 +32,22 @@ def _images(shape=(180, 320, 3)):
 
 
 def test_infer_request_has_the_reference_keys_order_and_dtypes():
-    req = build_infer_request(images=_images(), joint_position=np.arange(7, dtype=np.float32),
-                              gripper_position=0.5, prompt="put the cube in the bowl", session_id="abc")
-    assert list(req) == [*KEYS, "observation/joint_position", "observation/cartesian_position",
-                         "observation/gripper_position", "prompt", "session_id", "endpoint"]
+    req = build_infer_request(
+        images=_images(),
+        joint_position=np.arange(7, dtype=np.float32),
+        gripper_position=0.5,
+        prompt="put the cube in the bowl",
+        session_id="abc",
+    )
+    assert list(req) == [
+        *KEYS,
+        "observation/joint_position",
+        "observation/cartesian_position",
+        "observation/gripper_position",
+        "prompt",
+        "session_id",
+        "endpoint",
+    ]
     assert req["observation/joint_position"].dtype == np.float64 and req["observation/joint_position"].shape == (7,)
     assert req["observation/gripper_position"].tolist() == [0.5]
     assert req["observation/cartesian_position"].tolist() == [0.0] * 6
@@ -44,8 +56,15 @@ def test_infer_request_has_the_reference_keys_order_and_dtypes():
 
 def test_infer_request_keeps_images_without_copy_and_accepts_frame_stacks():
     images = _images((4, 180, 320, 3))
-    req = build_infer_request(images=images, joint_position=np.zeros((1, 7)), gripper_position=[0.0],
-                              prompt="p", session_id=None, endpoint=None, extra={"seed": 3})
+    req = build_infer_request(
+        images=images,
+        joint_position=np.zeros((1, 7)),
+        gripper_position=[0.0],
+        prompt="p",
+        session_id=None,
+        endpoint=None,
+        extra={"seed": 3},
+    )
     assert req[KEYS[0]] is images[KEYS[0]]
     assert "session_id" not in req and "endpoint" not in req and req["seed"] == 3
 
@@ -92,14 +111,17 @@ def test_metadata_dreamzero_fields_and_unknown_fields_kept():
     assert empty.image_resolution is None and empty.raw == {}
 
 
-@pytest.mark.parametrize("field, value, pattern", [
-    ("image_resolution", [180], "image_resolution: expected"),
-    ("image_resolution", "180x320", "image_resolution: expected"),
-    ("n_external_cameras", True, "n_external_cameras: expected"),
-    ("n_external_cameras", -1, "n_external_cameras: expected"),
-    ("needs_wrist_camera", 1, "needs_wrist_camera: expected a bool"),
-    ("action_space", 3, "action_space: expected a string"),
-])
+@pytest.mark.parametrize(
+    "field, value, pattern",
+    [
+        ("image_resolution", [180], "image_resolution: expected"),
+        ("image_resolution", "180x320", "image_resolution: expected"),
+        ("n_external_cameras", True, "n_external_cameras: expected"),
+        ("n_external_cameras", -1, "n_external_cameras: expected"),
+        ("needs_wrist_camera", 1, "needs_wrist_camera: expected a bool"),
+        ("action_space", 3, "action_space: expected a string"),
+    ],
+)
 def test_metadata_type_errors(field, value, pattern):
     with pytest.raises(ProtocolError, match=pattern):
         parse_metadata(packb({**DREAMZERO_METADATA, field: value}))
@@ -127,16 +149,19 @@ def test_infer_response_bare_array_and_openpi_dict():
     assert reply.extra == {"policy_timing": {}}
 
 
-@pytest.mark.parametrize("payload, pattern", [
-    (np.zeros((24,), np.float32), r"expected shape \(H, 8\)"),
-    (np.zeros((24, 7), np.float32), "expected last dim 8"),
-    (np.zeros((16, 8), np.float32), "expected horizon 24"),
-    (np.zeros((0, 8), np.float32), "at least one row"),
-    (np.full((24, 8), np.inf, np.float32), "expected finite values"),
-    (np.array([["a"] * 8] * 24), "expected a numeric dtype"),
-    ({"status": "ok"}, "expected an action array or a map with 'actions'"),
-    ("just text", "expected a numeric 2-D array"),
-])
+@pytest.mark.parametrize(
+    "payload, pattern",
+    [
+        (np.zeros((24,), np.float32), r"expected shape \(H, 8\)"),
+        (np.zeros((24, 7), np.float32), "expected last dim 8"),
+        (np.zeros((16, 8), np.float32), "expected horizon 24"),
+        (np.zeros((0, 8), np.float32), "at least one row"),
+        (np.full((24, 8), np.inf, np.float32), "expected finite values"),
+        (np.array([["a"] * 8] * 24), "expected a numeric dtype"),
+        ({"status": "ok"}, "expected an action array or a map with 'actions'"),
+        ("just text", "expected a numeric 2-D array"),
+    ],
+)
 def test_infer_response_errors(payload, pattern):
     with pytest.raises(ProtocolError, match=pattern):
         parse_infer_response(packb(payload), horizon=24)
@@ -166,8 +191,9 @@ def test_reset_response_both_forms():
 
 
 def test_server_side_request_parsing():
-    req = build_infer_request(images=_images(), joint_position=np.zeros(7), gripper_position=[0.0],
-                              prompt="p", session_id="s")
+    req = build_infer_request(
+        images=_images(), joint_position=np.zeros(7), gripper_position=[0.0], prompt="p", session_id="s"
+    )
     decoded = parse_request(packb(req))
     assert decoded["endpoint"] == "infer" and decoded["observation/joint_position"].shape == (7,)
     with pytest.raises(ProtocolError, match="request: expected a map"):

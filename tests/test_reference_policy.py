@@ -264,7 +264,7 @@ def test_failed_grasps_retry_then_give_up_and_a_lost_object_is_noticed():
     planner = Planner(TASKS[1], PlannerConfig(max_retries=2))
     con = _track([0.55, 0.15, 0.04])
     state = PlannerState()
-    for attempt in range(3):
+    for _ in range(3):
         obj = _track([0.5, -0.1, 0.025])
         state.enter(Phase.CLOSE)
         state.anchor_position = np.array([0.5, -0.1, 0.025])
@@ -337,12 +337,13 @@ def test_grasp_yaw_follows_the_object_shape():
     assert banana.grasp_yaw(_track([0.5, 0, 0.02], yaw=1.4, elongation=0.8), 0.0) == pytest.approx(1.4)
     assert banana.grasp_yaw(_track([0.5, 0, 0.02], yaw=1.4, elongation=0.8), -1.0) == pytest.approx(1.4 - math.pi)
     assert banana.grasp_yaw(_track([0.5, 0, 0.02], yaw=1.4, elongation=0.8), -1.9) == pytest.approx(1.4 - math.pi)
-    assert banana.grasp_yaw(_track([0.5, 0, 0.02], yaw=0.5, elongation=0.8), -1.9) == pytest.approx(0.5)  # -2.64 is out of range
+    assert banana.grasp_yaw(_track([0.5, 0, 0.02], yaw=0.5, elongation=0.8), -1.9) == pytest.approx(
+        0.5
+    )  # -2.64 is out of range
     assert can.grasp_yaw(_track([0.5, 0, 0.04], yaw=1.0), 0.2) == pytest.approx(0.2)  # round: keep yaw
 
 
 # --------------------------------------------------------------------- on the embedded simulator
-
 
 
 def _env(scene, num_envs, **kwargs):
@@ -440,8 +441,13 @@ def test_requests_are_validated_with_one_line_errors():
     chunk = policy.infer(stacked, session_id="stack", new_session=True)
     assert chunk.shape == (24, 8) and chunk.dtype == np.float32 and np.isfinite(chunk).all()
     cases = {
-        "observation/wrist_image_left: missing": {k: v for k, v in good.items() if k != droid.REQUEST_IMAGE_KEYS["wrist_cam"]},
-        "observation/exterior_image_0_left: expected uint8": {**good, droid.REQUEST_IMAGE_KEYS["external_cam"]: good[droid.REQUEST_IMAGE_KEYS["external_cam"]].astype(np.float32)},
+        "observation/wrist_image_left: missing": {
+            k: v for k, v in good.items() if k != droid.REQUEST_IMAGE_KEYS["wrist_cam"]
+        },
+        "observation/exterior_image_0_left: expected uint8": {
+            **good,
+            droid.REQUEST_IMAGE_KEYS["external_cam"]: good[droid.REQUEST_IMAGE_KEYS["external_cam"]].astype(np.float32),
+        },
         "observation/joint_position: expected 7": {**good, droid.REQUEST_JOINT_KEY: np.zeros(6)},
         "prompt: expected one of": {**good, "prompt": "fold the towel"},
     }
@@ -453,8 +459,8 @@ def test_requests_are_validated_with_one_line_errors():
 
 
 def test_chunks_are_safe_and_sessions_are_per_id_and_bounded():
-    from dz_gym.policies.reference import ReferencePolicy
     from dz_gym.envs.mujoco.kinematics import Kinematics
+    from dz_gym.policies.reference import ReferencePolicy
 
     kin = Kinematics()
     policy = ReferencePolicy(max_sessions=2)
@@ -509,9 +515,11 @@ def test_concurrent_sessions_from_several_threads_match_sequential_calls():
             if executor is None:
                 results = [policy.infer(r, session_id=s, new_session=n) for s, r, n in jobs]
             else:
-                results = list(executor.map(lambda job: policy.infer(job[1], session_id=job[0], new_session=job[2]), jobs))
+                results = list(
+                    executor.map(lambda job: policy.infer(job[1], session_id=job[0], new_session=job[2]), jobs)
+                )
             for (sid, _, _), chunk in zip(jobs, results):
-                out[(sid[len(sid_prefix):], call)] = chunk
+                out[(sid[len(sid_prefix) :], call)] = chunk
         return out
 
     sequential = run(ReferencePolicy(), "seq")
@@ -546,7 +554,9 @@ def test_closed_loop_episodes_mostly_succeed():
             for step in range(200):
                 if step % 8 == 0:
                     for i in range(2):
-                        chunks[i] = policy.infer(_request(obs, i, scene), session_id=f"{scene}-{i}", new_session=step == 0)
+                        chunks[i] = policy.infer(
+                            _request(obs, i, scene), session_id=f"{scene}-{i}", new_session=step == 0
+                        )
                 env.set_render_mask(np.full(2, (step + 1) % 8 == 0))  # images are read only when replanning
                 obs, _, _, _, info = env.step(np.stack([chunks[i][step % 8] for i in range(2)]))
             results[scene] = info["success"].tolist()

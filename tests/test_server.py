@@ -37,9 +37,14 @@ KEY = "observation/exterior_image_0_left"
 
 def _request(session_id: str | None = "s1", endpoint: str | None = "infer", joints=None) -> dict:
     joints = np.arange(7, dtype=np.float64) if joints is None else joints
-    return build_infer_request(images={KEY: np.zeros((8, 8, 3), np.uint8)}, joint_position=joints,
-                               gripper_position=[0.0], prompt="put the cube in the bowl", session_id=session_id,
-                               endpoint=endpoint)
+    return build_infer_request(
+        images={KEY: np.zeros((8, 8, 3), np.uint8)},
+        joint_position=joints,
+        gripper_position=[0.0],
+        prompt="put the cube in the bowl",
+        session_id=session_id,
+        endpoint=endpoint,
+    )
 
 
 @contextlib.contextmanager
@@ -334,8 +339,12 @@ def test_workers_serve_concurrently_and_report_utilization():
 
 # ------------------------------------------------------------------------------------------- policies, process
 def test_policy_loading_and_arguments():
-    assert parse_policy_args(["horizon=16", "gripper=1", "name=abc", "meta={\"a\": [1]}"]) == {
-        "horizon": 16, "gripper": 1, "name": "abc", "meta": {"a": [1]}}
+    assert parse_policy_args(["horizon=16", "gripper=1", "name=abc", 'meta={"a": [1]}']) == {
+        "horizon": 16,
+        "gripper": 1,
+        "name": "abc",
+        "meta": {"a": [1]},
+    }
     with pytest.raises(ValueError, match="--policy-arg: expected key=value"):
         parse_policy_args(["oops"])
     hold = load_policy("dz_gym.server.policies:HoldPolicy", {"horizon": 4, "gripper": 1.0})

@@ -95,8 +95,9 @@ def test_all_discordant_rejects_after_few_pairs():
 def test_one_pair():
     decision = SequentialPairTest().update([(True, False)])
     assert not decision.stop and decision.pairs == 1 and decision.a_only == 1
-    assert decision.e_value == pytest.approx(np.mean([2 * q for q in DEFAULT_ALTERNATIVES]) / 2 + np.mean(
-        [2 * (1 - q) for q in DEFAULT_ALTERNATIVES]) / 2)
+    assert decision.e_value == pytest.approx(
+        np.mean([2 * q for q in DEFAULT_ALTERNATIVES]) / 2 + np.mean([2 * (1 - q) for q in DEFAULT_ALTERNATIVES]) / 2
+    )
 
 
 def test_batches_equal_single_pairs_and_decision_is_final():

@@ -407,7 +407,9 @@ def test_auth_token_is_sent_from_env_and_never_logged(monkeypatch, caplog):
 def test_wrong_token_is_rejected_without_retries(monkeypatch):
     monkeypatch.setenv("DZ_TEST_TOKEN", "wrong")
     seen: list = []
-    cfg = TransportConfig(open_timeout=3, close_timeout=1, connect_retries=3, retry_backoff=0.01, auth_env="DZ_TEST_TOKEN")
+    cfg = TransportConfig(
+        open_timeout=3, close_timeout=1, connect_retries=3, retry_backoff=0.01, auth_env="DZ_TEST_TOKEN"
+    )
     with _auth_server(seen) as server, SessionPool(server.url, 1, cfg) as pool:
         with pytest.raises(PartialConnectError) as info:
             pool.connect()
@@ -483,7 +485,6 @@ def test_server_error_reply_keeps_the_session_when_not_fatal():
         assert not info.value.fatal and "Internal inference error" in str(info.value)
         assert pool.is_connected(0)
         assert infer(pool, 0, request()).actions.shape == (24, 8)
-
 
 
 # ------------------------------------------------------------------------------------------------ reference server

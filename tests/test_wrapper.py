@@ -40,7 +40,10 @@ class RecordingPolicy:
 
     def infer(self, request: dict, *, session_id: str, new_session: bool) -> np.ndarray:
         start = time.perf_counter()
-        record = {key: (np.array(value, copy=True) if isinstance(value, np.ndarray) else value) for key, value in request.items()}
+        record = {
+            key: (np.array(value, copy=True) if isinstance(value, np.ndarray) else value)
+            for key, value in request.items()
+        }
         call = {"request": record, "session_id": session_id, "start": start}
         with self._lock:
             self.calls.append(call)
@@ -124,7 +127,9 @@ def test_one_env_sends_the_reference_clients_requests_and_executes_its_actions(r
     ours_server, theirs_server = recording_server(ours), recording_server(theirs)
     prompt = droid.SCENES[1].prompt
 
-    reference_actions = reference_single_env_rollout(theirs_server.url, IsaacDroidStandIn(scene=1, num_envs=1), steps, prompt)
+    reference_actions = reference_single_env_rollout(
+        theirs_server.url, IsaacDroidStandIn(scene=1, num_envs=1), steps, prompt
+    )
     env = make_wrapper(IsaacDroidStandIn(scene=1, num_envs=1), ours_server.url)
     try:
         env.reset(seed=0)
@@ -583,7 +588,9 @@ def test_pypi_openpi_server_on_a_bare_url_gives_no_single_session_warning():
         def reset(self) -> None:
             pass
 
-    transport = TransportConfig(open_timeout=3, request_timeout=10, close_timeout=1, connect_retries=10, retry_backoff=0.05)
+    transport = TransportConfig(
+        open_timeout=3, request_timeout=10, close_timeout=1, connect_retries=10, retry_backoff=0.05
+    )
     with OpenpiServerThread(Hold(), metadata=dict(DREAMZERO_METADATA)) as server, warnings.catch_warnings():
         warnings.simplefilter("error")
         env = DreamZeroPolicyWrapper(

@@ -22,9 +22,9 @@ import time
 from collections.abc import Sequence
 
 from dz_gym.bench.load import ARRIVALS
-from dz_gym.cli_types import non_negative_float, non_negative_int, positive_float, positive_int
 from dz_gym.bench.report import build_document, format_run, format_sweep, plot_sweep, write_json, write_records
 from dz_gym.bench.runner import BenchConfig, run_benchmark
+from dz_gym.cli_types import non_negative_float, non_negative_int, positive_float, positive_int
 from dz_gym.envs import droid
 from dz_gym.errors import DzGymError
 from dz_gym.transport import validate_url
@@ -39,7 +39,9 @@ def _sweep(text: str) -> list[int]:
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1 such as 1,2,4,8, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers >= 1 such as 1,2,4,8, got {text!r}"
+        ) from None
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1 such as 1,2,4,8, got {text!r}")
     return values
@@ -58,64 +60,162 @@ def build_parser() -> argparse.ArgumentParser:
         description="Throughput and latency of OpenPI/DreamZero policy servers under realistic DROID load.",
         epilog="Exit status: 0 ran, 1 could not run or had to stop, 2 bad flags.",
     )
-    parser.add_argument("--server", action="append", type=_url, required=True, metavar="URL",
-                        help="ws:// or wss:// URL of a policy server; repeat to spread sessions round-robin")
+    parser.add_argument(
+        "--server",
+        action="append",
+        type=_url,
+        required=True,
+        metavar="URL",
+        help="ws:// or wss:// URL of a policy server; repeat to spread sessions round-robin",
+    )
 
     load = parser.add_argument_group("load shape (closed loop by default)")
     shape = load.add_mutually_exclusive_group()
-    shape.add_argument("--concurrency", type=positive_int, default=None, metavar="C",
-                       help="C sessions, one connection each, each sending its next request when a reply comes (default 1)")
-    shape.add_argument("--sweep", type=_sweep, default=None, metavar="C1,C2,...",
-                       help="run each concurrency in turn and print the scaling table, e.g. 1,2,4,8,16")
-    shape.add_argument("--request-rate", type=positive_float, default=None, metavar="R",
-                       help="open loop: R requests/s on a schedule, whatever the replies do")
+    shape.add_argument(
+        "--concurrency",
+        type=positive_int,
+        default=None,
+        metavar="C",
+        help="C sessions, one connection each, each sending its next request when a reply comes (default 1)",
+    )
+    shape.add_argument(
+        "--sweep",
+        type=_sweep,
+        default=None,
+        metavar="C1,C2,...",
+        help="run each concurrency in turn and print the scaling table, e.g. 1,2,4,8,16",
+    )
+    shape.add_argument(
+        "--request-rate",
+        type=positive_float,
+        default=None,
+        metavar="R",
+        help="open loop: R requests/s on a schedule, whatever the replies do",
+    )
     load.add_argument("--arrival", choices=ARRIVALS, default="poisson", help="open-loop gaps (default poisson)")
-    load.add_argument("--max-outstanding", type=positive_int, default=16, metavar="N",
-                      help="open loop: at most N requests in flight, one session each (default 16)")
-    load.add_argument("--num-requests", type=positive_int, default=None, metavar="N",
-                      help="timed requests per run (with --duration: whichever ends first)")
-    load.add_argument("--duration", type=positive_float, default=None, metavar="S",
-                      help=f"seconds per run (default {DEFAULT_DURATION_S:g} when --num-requests is not given)")
-    load.add_argument("--warmup", type=non_negative_int, default=None, metavar="N",
-                      help="untimed requests before each run (default: one per session)")
-    load.add_argument("--think-ms", type=non_negative_float, default=0.0, metavar="MS",
-                      help="closed loop: pause after each reply, e.g. the simulator executing the chunk (default 0)")
+    load.add_argument(
+        "--max-outstanding",
+        type=positive_int,
+        default=16,
+        metavar="N",
+        help="open loop: at most N requests in flight, one session each (default 16)",
+    )
+    load.add_argument(
+        "--num-requests",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="timed requests per run (with --duration: whichever ends first)",
+    )
+    load.add_argument(
+        "--duration",
+        type=positive_float,
+        default=None,
+        metavar="S",
+        help=f"seconds per run (default {DEFAULT_DURATION_S:g} when --num-requests is not given)",
+    )
+    load.add_argument(
+        "--warmup",
+        type=non_negative_int,
+        default=None,
+        metavar="N",
+        help="untimed requests before each run (default: one per session)",
+    )
+    load.add_argument(
+        "--think-ms",
+        type=non_negative_float,
+        default=0.0,
+        metavar="MS",
+        help="closed loop: pause after each reply, e.g. the simulator executing the chunk (default 0)",
+    )
 
     robot = parser.add_argument_group("robot and payload")
-    robot.add_argument("--open-loop-horizon", type=positive_int, default=droid.DEFAULT_OPEN_LOOP_HORIZON, metavar="H",
-                       help=f"actions executed per chunk (default {droid.DEFAULT_OPEN_LOOP_HORIZON}): actions/s = req/s x H")
-    robot.add_argument("--episode-length", type=positive_int, default=None, metavar="N",
-                       help="requests per episode before a session id is rotated "
-                            f"(default ceil({droid.MAX_EPISODE_LENGTH} / H))")
-    robot.add_argument("--slo-ms", type=positive_float, default=None, metavar="MS",
-                       help="goodput budget per chunk (default H / 15 s, the time the previous chunk lasts)")
-    robot.add_argument("--images", default=None, metavar="DIR",
-                       help="png/jpg frames or mp4 videos to send (three-view strips are split); default synthetic")
-    robot.add_argument("--image-layout", choices=("auto", "strip", "single"), default="auto",
-                       help="how a frame maps to the three views (default auto)")
-    robot.add_argument("--max-frames", type=positive_int, default=16, metavar="N",
-                       help="distinct pre-encoded requests to cycle through (default 16)")
+    robot.add_argument(
+        "--open-loop-horizon",
+        type=positive_int,
+        default=droid.DEFAULT_OPEN_LOOP_HORIZON,
+        metavar="H",
+        help=f"actions executed per chunk (default {droid.DEFAULT_OPEN_LOOP_HORIZON}): actions/s = req/s x H",
+    )
+    robot.add_argument(
+        "--episode-length",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help=f"requests per episode before a session id is rotated (default ceil({droid.MAX_EPISODE_LENGTH} / H))",
+    )
+    robot.add_argument(
+        "--slo-ms",
+        type=positive_float,
+        default=None,
+        metavar="MS",
+        help="goodput budget per chunk (default H / 15 s, the time the previous chunk lasts)",
+    )
+    robot.add_argument(
+        "--images",
+        default=None,
+        metavar="DIR",
+        help="png/jpg frames or mp4 videos to send (three-view strips are split); default synthetic",
+    )
+    robot.add_argument(
+        "--image-layout",
+        choices=("auto", "strip", "single"),
+        default="auto",
+        help="how a frame maps to the three views (default auto)",
+    )
+    robot.add_argument(
+        "--max-frames",
+        type=positive_int,
+        default=16,
+        metavar="N",
+        help="distinct pre-encoded requests to cycle through (default 16)",
+    )
     robot.add_argument("--prompt", default=droid.SCENES[1].prompt, help="instruction sent with every request")
     robot.add_argument("--seed", type=non_negative_int, default=0, help="seed of synthetic images and Poisson gaps")
 
     bounds = parser.add_argument_group("bounds")
-    bounds.add_argument("--ready-timeout", type=positive_float, default=60.0, metavar="S",
-                        help="wait at most S s for each server's handshake before starting (default 60)")
-    bounds.add_argument("--open-timeout", type=positive_float, default=10.0, metavar="S",
-                        help="bound on opening one connection (default 10)")
-    bounds.add_argument("--request-timeout", type=positive_float, default=120.0, metavar="S",
-                        help="bound on one request (default 120)")
-    bounds.add_argument("--max-consecutive-errors", type=positive_int, default=20, metavar="N",
-                        help="stop the run after N failed requests in a row (default 20)")
-    bounds.add_argument("--timeout", type=positive_float, default=3600.0, metavar="S",
-                        help="bound on the whole command (default 3600)")
-    bounds.add_argument("--auth-env", default=None, metavar="NAME",
-                        help="environment variable holding an API token (sent as 'Authorization: Api-Key <token>')")
+    bounds.add_argument(
+        "--ready-timeout",
+        type=positive_float,
+        default=60.0,
+        metavar="S",
+        help="wait at most S s for each server's handshake before starting (default 60)",
+    )
+    bounds.add_argument(
+        "--open-timeout",
+        type=positive_float,
+        default=10.0,
+        metavar="S",
+        help="bound on opening one connection (default 10)",
+    )
+    bounds.add_argument(
+        "--request-timeout", type=positive_float, default=120.0, metavar="S", help="bound on one request (default 120)"
+    )
+    bounds.add_argument(
+        "--max-consecutive-errors",
+        type=positive_int,
+        default=20,
+        metavar="N",
+        help="stop the run after N failed requests in a row (default 20)",
+    )
+    bounds.add_argument(
+        "--timeout", type=positive_float, default=3600.0, metavar="S", help="bound on the whole command (default 3600)"
+    )
+    bounds.add_argument(
+        "--auth-env",
+        default=None,
+        metavar="NAME",
+        help="environment variable holding an API token (sent as 'Authorization: Api-Key <token>')",
+    )
 
     out = parser.add_argument_group("output")
     out.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON ('-' for stdout)")
-    out.add_argument("--records", default=None, metavar="FILE",
-                     help="write one JSON line per timed request (latency, error, session, ...)")
+    out.add_argument(
+        "--records",
+        default=None,
+        metavar="FILE",
+        help="write one JSON line per timed request (latency, error, session, ...)",
+    )
     out.add_argument("--label", default=None, help="a free-form label stored in the JSON (e.g. the GPU)")
     out.add_argument("--plot", default=None, metavar="FILE", help="with --sweep: write a PNG plot (needs matplotlib)")
     out.add_argument("--quiet", action="store_true", help="print only the final table or summary")

@@ -103,8 +103,9 @@ class LoadSpec:
 class SimSession:
     """One simulated robot: a connection, the payloads for its server, and its episode bookkeeping."""
 
-    def __init__(self, index: int, server: int, url: str, payloads: PayloadSet, config: TransportConfig,
-                 episode_length: int):
+    def __init__(
+        self, index: int, server: int, url: str, payloads: PayloadSet, config: TransportConfig, episode_length: int
+    ):
         self.index = index
         self.server = server
         self.url = url
@@ -219,9 +220,7 @@ class _Run:
                 )
             )
         if self.consecutive_errors >= self.spec.max_consecutive_errors:
-            raise BenchAborted(
-                f"{self.consecutive_errors} requests failed in a row; last: {self.last_error}"
-            )
+            raise BenchAborted(f"{self.consecutive_errors} requests failed in a row; last: {self.last_error}")
         return error is None
 
     # -- phases -----------------------------------------------------------------------------------------
@@ -239,8 +238,10 @@ class _Run:
                     failed += 1
 
         if remaining:
-            share = [remaining // len(self.sims) + (1 if i < remaining % len(self.sims) else 0)
-                     for i in range(len(self.sims))]
+            share = [
+                remaining // len(self.sims) + (1 if i < remaining % len(self.sims) else 0)
+                for i in range(len(self.sims))
+            ]
             await _all_or_abort([worker(sim, n) for sim, n in zip(self.sims, share) if n])
             if ok == 0:
                 raise BenchAborted(f"all {failed} warmup requests failed; last: {self.last_error}")
@@ -290,8 +291,10 @@ class _Run:
                 if failure or not self.may_issue():
                     break
                 try:
-                    sim = await asyncio.wait_for(idle.get(), max(self.deadline - time.perf_counter(), 0.0)
-                                                 if math.isfinite(self.deadline) else None)
+                    sim = await asyncio.wait_for(
+                        idle.get(),
+                        max(self.deadline - time.perf_counter(), 0.0) if math.isfinite(self.deadline) else None,
+                    )
                 except asyncio.TimeoutError:
                     break
                 if failure:

@@ -62,7 +62,10 @@ def synthetic_views(count: int, resolution: tuple[int, int], seed: int = 0) -> l
             image = base + yy[..., None] * slope[0] * 180 / height + xx[..., None] * slope[1] * 320 / width
             for _ in range(4):
                 h0, w0 = rng.integers(0, height), rng.integers(0, width)
-                h1, w1 = h0 + rng.integers(height // 10, height // 3 + 2), w0 + rng.integers(width // 10, width // 3 + 2)
+                h1, w1 = (
+                    h0 + rng.integers(height // 10, height // 3 + 2),
+                    w0 + rng.integers(width // 10, width // 3 + 2),
+                )
                 image[h0:h1, w0:w1] = rng.uniform(0, 255, size=3)
             image += rng.normal(0, 6, size=image.shape).astype(np.float32)
             views.append(np.clip(image, 0, 255).astype(np.uint8))
@@ -136,9 +139,7 @@ def load_views(
     root = Path(directory)
     if not root.is_dir():
         raise ValueError(f"--images: expected a directory of png/jpg frames or mp4 videos, got {str(directory)!r}")
-    files = sorted(
-        p for p in root.iterdir() if p.is_file() and p.suffix.lower() in FRAME_SUFFIXES + VIDEO_SUFFIXES
-    )
+    files = sorted(p for p in root.iterdir() if p.is_file() and p.suffix.lower() in FRAME_SUFFIXES + VIDEO_SUFFIXES)
     if not files:
         raise ValueError(f"--images: no .png, .jpg or .mp4 files in {str(directory)!r}")
     frames: list[np.ndarray] = []

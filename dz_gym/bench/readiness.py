@@ -52,7 +52,9 @@ async def _http_get(host: str, port: int, path: str, use_tls: bool, timeout: flo
     context = ssl.create_default_context() if use_tls else None
 
     async def exchange() -> tuple[int, str]:
-        reader, writer = await asyncio.open_connection(host, port, ssl=context, server_hostname=host if use_tls else None)
+        reader, writer = await asyncio.open_connection(
+            host, port, ssl=context, server_hostname=host if use_tls else None
+        )
         try:
             writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode("ascii"))
             await writer.drain()

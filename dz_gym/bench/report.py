@@ -102,7 +102,9 @@ def format_run(run: dict, servers: Sequence[dict] | None = None) -> str:
     if run["errors"]:
         lines.append(" Errors ".center(70, "-"))
         for kind, count in run["errors"].items():
-            example = (run["error_examples"].get(kind) or "").splitlines()[0][:80] if run["error_examples"].get(kind) else ""
+            example = (
+                (run["error_examples"].get(kind) or "").splitlines()[0][:80] if run["error_examples"].get(kind) else ""
+            )
             lines.append(f"{kind + ':':<34}{count}  e.g. {example}")
     else:
         lines.append(f"{'Errors:':<34}none")

@@ -93,12 +93,14 @@ def _per_server(records, urls: Sequence[str]) -> list[dict]:
     for k, url in enumerate(urls):
         mine = [r for r in records if r.server == k]
         good = [r.latency_s * 1e3 for r in mine if r.ok]
-        rows.append({
-            "url": url,
-            "completed": len(good),
-            "failed": len(mine) - len(good),
-            "latency_ms": latency_stats(good),
-        })
+        rows.append(
+            {
+                "url": url,
+                "completed": len(good),
+                "failed": len(mine) - len(good),
+                "latency_ms": latency_stats(good),
+            }
+        )
     return rows
 
 
@@ -106,22 +108,24 @@ def record_rows(load, run_index: int, concurrency: int) -> list[dict]:
     """One JSON-ready row per timed request (times in seconds from the start of the timed phase)."""
     rows = []
     for r in load.records:
-        rows.append({
-            "run": run_index,
-            "concurrency": concurrency,
-            "session": r.session,
-            "server": r.server,
-            "scheduled_s": None if r.scheduled_at is None else r.scheduled_at - load.started_at,
-            "sent_s": r.sent_at - load.started_at,
-            "latency_ms": r.latency_s * 1e3,
-            "ok": r.ok,
-            "error_kind": r.error_kind,
-            "error": r.error_message,
-            "first_of_episode": r.first_of_episode,
-            "infer_ms": r.infer_ms,
-            "chunk_rows": r.chunk_rows,
-            "request_bytes": r.request_bytes,
-        })
+        rows.append(
+            {
+                "run": run_index,
+                "concurrency": concurrency,
+                "session": r.session,
+                "server": r.server,
+                "scheduled_s": None if r.scheduled_at is None else r.scheduled_at - load.started_at,
+                "sent_s": r.sent_at - load.started_at,
+                "latency_ms": r.latency_s * 1e3,
+                "ok": r.ok,
+                "error_kind": r.error_kind,
+                "error": r.error_message,
+                "first_of_episode": r.first_of_episode,
+                "infer_ms": r.infer_ms,
+                "chunk_rows": r.chunk_rows,
+                "request_bytes": r.request_bytes,
+            }
+        )
     return rows
 
 
@@ -156,16 +160,18 @@ async def _one_run(cfg: BenchConfig, infos: Sequence[ServerInfo], sets, sessions
     if metrics["latency_ms"] is None:
         metrics["latency_ms"] = dict.fromkeys(LATENCY_KEYS)
     open_loop = cfg.request_rate is not None
-    metrics.update({
-        "mode": "request-rate" if open_loop else "concurrency",
-        "concurrency": sessions,
-        "request_rate": cfg.request_rate,
-        "arrival": cfg.arrival if open_loop else None,
-        "warmup_completed": load.warmup_completed,
-        "warmup_errors": load.warmup_errors,
-        "reconnects": load.reconnects,
-        "per_server": _per_server(load.records, urls),
-    })
+    metrics.update(
+        {
+            "mode": "request-rate" if open_loop else "concurrency",
+            "concurrency": sessions,
+            "request_rate": cfg.request_rate,
+            "arrival": cfg.arrival if open_loop else None,
+            "warmup_completed": load.warmup_completed,
+            "warmup_errors": load.warmup_errors,
+            "reconnects": load.reconnects,
+            "per_server": _per_server(load.records, urls),
+        }
+    )
     return metrics, load
 
 

@@ -89,7 +89,11 @@ class BatchedDroidEnv(gym.Env):
     :class:`~dz_gym.envs.episodes.Episodes`).
     """
 
-    metadata: dict[str, Any] = {"render_modes": [], "render_fps": droid.CONTROL_HZ, "autoreset_mode": AutoresetMode.SAME_STEP}
+    metadata: dict[str, Any] = {
+        "render_modes": [],
+        "render_fps": droid.CONTROL_HZ,
+        "autoreset_mode": AutoresetMode.SAME_STEP,
+    }
     is_vector_env = True
 
     def __init__(

@@ -125,7 +125,9 @@ class TaskState:
         """Objects at rest with the tool centre point ``tcp_height`` above the object (tests, doubles)."""
         object_pos = np.asarray(object_pos, dtype=np.float64).reshape(-1, 3)
         tcp = object_pos + np.array([0.0, 0.0, tcp_height])
-        return cls(object_pos, np.asarray(container_pos, dtype=np.float64).reshape(-1, 3), tcp, np.zeros(len(object_pos)))
+        return cls(
+            object_pos, np.asarray(container_pos, dtype=np.float64).reshape(-1, 3), tcp, np.zeros(len(object_pos))
+        )
 
 
 @dataclass(frozen=True)
@@ -190,7 +192,9 @@ def resolve_env_ids(num_envs: int, env_ids: Any = None, options: Mapping[str, An
         elif options.get("reset_mask") is not None:
             mask = to_numpy(options["reset_mask"])
             if mask.dtype != bool or mask.reshape(-1).shape != (num_envs,):
-                raise ValueError(f"options['reset_mask']: expected a ({num_envs},) bool array, got {mask.dtype} {mask.shape}")
+                raise ValueError(
+                    f"options['reset_mask']: expected a ({num_envs},) bool array, got {mask.dtype} {mask.shape}"
+                )
             return np.flatnonzero(mask.reshape(-1)).astype(np.int64)
     if env_ids is None:
         return np.arange(num_envs, dtype=np.int64)
@@ -332,10 +336,14 @@ class Episodes:
         if state.milestone_flags is not None:
             flags = np.asarray(state.milestone_flags, dtype=bool).reshape(self.num_envs, -1)
             if flags.shape[1] != len(names):
-                raise ValueError(f"milestone_flags: expected ({self.num_envs}, {len(names)}) for {list(names)}, got {flags.shape}")
+                raise ValueError(
+                    f"milestone_flags: expected ({self.num_envs}, {len(names)}) for {list(names)}, got {flags.shape}"
+                )
             return flags[:, -1].copy(), [flags[:, i] for i in range(len(names))]
         if names != MILESTONES:
-            raise ValueError(f"milestone_flags: the backend's milestones {list(names)} need their flags in every TaskState")
+            raise ValueError(
+                f"milestone_flags: the backend's milestones {list(names)} need their flags in every TaskState"
+            )
         success = state.success(self.scene.success)
         checks = milestone_checks(self.scene, state, self.start_pos[:, 2], success, self.box)
         return success, [checks[name] for name in MILESTONES]
@@ -353,7 +361,9 @@ class Episodes:
             now = condition & previous & (steps == NOT_REACHED)
             steps[now] = self.episode_step[now]
             previous = update & (steps != NOT_REACHED)
-        milestones = {generic: self.milestone_steps[own].copy() for generic, own in zip(MILESTONES, self.milestone_names)}
+        milestones = {
+            generic: self.milestone_steps[own].copy() for generic, own in zip(MILESTONES, self.milestone_names)
+        }
         milestones.update({name: steps.copy() for name, steps in self.milestone_steps.items()})
         quat = state.object_quat
         return {

@@ -54,10 +54,31 @@ EXIT_OK, EXIT_ABORTED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 # EvalConfig fields set by a flag of the same name (None in the parser = "not given": on resume the saved
 # value stays, else EvalConfig's default applies).
 FLAG_FIELDS = (
-    "scenes", "num_envs", "episodes", "seed", "backend", "policy", "max_steps", "open_loop_horizon", "prefetch",
-    "simulated_delay", "max_stale_steps", "max_errors", "request_timeout", "retry_server_errors",
-    "server_max_sessions", "server_idle_timeout", "auth_env", "video", "report",
-    "policy_b", "sequential", "alpha", "max_episodes", "policy_seed", "num_inference_steps",
+    "scenes",
+    "num_envs",
+    "episodes",
+    "seed",
+    "backend",
+    "policy",
+    "max_steps",
+    "open_loop_horizon",
+    "prefetch",
+    "simulated_delay",
+    "max_stale_steps",
+    "max_errors",
+    "request_timeout",
+    "retry_server_errors",
+    "server_max_sessions",
+    "server_idle_timeout",
+    "auth_env",
+    "video",
+    "report",
+    "policy_b",
+    "sequential",
+    "alpha",
+    "max_episodes",
+    "policy_seed",
+    "num_inference_steps",
 )
 _FLAG_OF_FIELD = {"scenes": "--scene", "servers": "--server", "servers_b": "--server-b"}
 
@@ -95,99 +116,144 @@ def build_parser(isaac_args: bool | None = None) -> argparse.ArgumentParser:
     run = p.add_argument_group("what to run")
     run.add_argument("--num-envs", type=integer, help=f"envs stepped together (default {_default('num_envs')})")
     run.add_argument(
-        "--scene", dest="scenes", type=integer, action="append",
+        "--scene",
+        dest="scenes",
+        type=integer,
+        action="append",
         help=f"DROID scene 1, 2 or 3 (repeatable; default {', '.join(map(str, _default('scenes')))})",
     )
     run.add_argument(
-        "--task", dest="tasks", action="append", metavar="NAME",
+        "--task",
+        dest="tasks",
+        action="append",
+        metavar="NAME",
         help="a sim-evals task by name, e.g. place_spoon_in_sink or DROID-CubeInBowl (repeatable; isaac backend; "
         "its instruction is the prompt and its max_timesteps the default --max-steps; see docs/isaac.md)",
     )
     run.add_argument("--episodes", type=integer, help="episodes per scene (default: one per env)")
     run.add_argument("--seed", type=integer, help=f"episode k of a scene has seed SEED+k (default {_default('seed')})")
-    run.add_argument("--max-steps", type=integer, help=f"steps per episode (default {_default('max_steps')}, the env's)")
     run.add_argument(
-        "--open-loop-horizon", type=integer,
+        "--max-steps", type=integer, help=f"steps per episode (default {_default('max_steps')}, the env's)"
+    )
+    run.add_argument(
+        "--open-loop-horizon",
+        type=integer,
         help=f"actions executed per chunk before replanning (default {_default('open_loop_horizon')}); longer "
         "than the server's chunks is an error",
     )
     run.add_argument(
-        "--prefetch", type=integer, metavar="K",
+        "--prefetch",
+        type=integer,
+        metavar="K",
         help="latency hiding: send an env's next request when K actions of its window are left and keep "
         f"executing; rows for the steps executed meanwhile are skipped (default {_default('prefetch')}: wait, "
         "like the reference client)",
     )
     run.add_argument(
-        "--simulated-delay", type=integer, metavar="D",
+        "--simulated-delay",
+        type=integer,
+        metavar="D",
         help="apply every chunk exactly D steps after its request instead of when it arrives (reproducible latency)",
     )
     run.add_argument(
-        "--max-stale-steps", type=integer, metavar="S",
+        "--max-stale-steps",
+        type=integer,
+        metavar="S",
         help="with --prefetch: rows a late env may run past its window before it waits (default: the whole chunk)",
     )
     run.add_argument(
-        "--backend", choices=BACKENDS,
+        "--backend",
+        choices=BACKENDS,
         help=f"simulator (default {_default('backend')}: isaac when Isaac Lab is importable, else mujoco)",
     )
     run.add_argument(
-        "--process-per-scene", action=argparse.BooleanOptionalAction, default=None,
+        "--process-per-scene",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="run each scene in a fresh process (default: on for isaac, off for mujoco)",
     )
     srv = p.add_argument_group("policy server (none given: start the embedded reference server)")
-    srv.add_argument("--server", dest="servers", action="append", metavar="URL", help="ws:// URL (repeatable: envs are spread over the servers)")
+    srv.add_argument(
+        "--server",
+        dest="servers",
+        action="append",
+        metavar="URL",
+        help="ws:// URL (repeatable: envs are spread over the servers)",
+    )
     srv.add_argument("--host", help=f"server host, as the reference client (default {DEFAULT_HOST})")
     srv.add_argument("--port", type=integer, help=f"server port, as the reference client (default {DEFAULT_PORT})")
     srv.add_argument("--path", help=f"websocket path, as the reference client (default {DEFAULT_PATH})")
     srv.add_argument(
-        "--request-timeout", type=number, metavar="S",
+        "--request-timeout",
+        type=number,
+        metavar="S",
         help=f"seconds to wait for one chunk (default {_default('request_timeout'):g})",
     )
     srv.add_argument(
-        "--retry-server-errors", type=integer, metavar="N",
+        "--retry-server-errors",
+        type=integer,
+        metavar="N",
         help="re-send a request that got a server error up to N times before its episode is flagged "
         f"(default {_default('retry_server_errors')}, as the reference client)",
     )
     srv.add_argument(
-        "--server-max-sessions", type=integer, metavar="N",
+        "--server-max-sessions",
+        type=integer,
+        metavar="N",
         help="sessions one server keeps resident (vLLM-Omni: at most 64, fewer with a small KV pool); more envs "
         f"on one server is a warning (default {_default('server_max_sessions')})",
     )
     srv.add_argument(
-        "--server-idle-timeout", type=number, metavar="S",
+        "--server-idle-timeout",
+        type=number,
+        metavar="S",
         help="seconds after which the servers close an idle connection (vLLM-Omni: 30; 0: none); a warning when "
         f"an env may wait longer between requests (default {_default('server_idle_timeout'):g})",
     )
     srv.add_argument(
-        "--auth-env", metavar="NAME",
+        "--auth-env",
+        metavar="NAME",
         help="name of the environment variable that holds the servers' API token (sent as 'Authorization: "
         "Api-Key ...'); the token itself is never a flag and never logged",
     )
-    srv.add_argument("--policy", help="embedded server: its policy (default: reference on the embedded simulator, hold on Isaac Lab)")
     srv.add_argument(
-        "--serve-arg", action="append", default=[], metavar="ARG",
+        "--policy", help="embedded server: its policy (default: reference on the embedded simulator, hold on Isaac Lab)"
+    )
+    srv.add_argument(
+        "--serve-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
         help="embedded server: extra dz-gym-serve argument, e.g. --serve-arg=--latency-ms=200 (repeatable)",
     )
-    ab = p.add_argument_group(
-        "A/B: every seed under two policies (docs/eval.md; dz-gym-compare RUN reads the run)"
-    )
+    ab = p.add_argument_group("A/B: every seed under two policies (docs/eval.md; dz-gym-compare RUN reads the run)")
     ab.add_argument(
-        "--server-b", dest="servers_b", action="append", metavar="URL",
+        "--server-b",
+        dest="servers_b",
+        action="append",
+        metavar="URL",
         help="arm B's server (repeatable); arm A is --server; env slots alternate A, B on the same seeds",
     )
     ab.add_argument(
-        "--policy-b", metavar="NAME",
+        "--policy-b",
+        metavar="NAME",
         help="embedded servers: arm B's policy (arm A: --policy), e.g. --policy reference --policy-b reference:skill=0.3",
     )
     ab.add_argument(
-        "--sequential", action="store_true", default=None,
+        "--sequential",
+        action="store_true",
+        default=None,
         help="stop as soon as an anytime-valid test on the discordant pairs decides which arm is better",
     )
     ab.add_argument(
-        "--alpha", type=number,
+        "--alpha",
+        type=number,
         help=f"with --sequential: the test's type-I error, valid at any stopping time (default {_default('alpha'):g})",
     )
     ab.add_argument(
-        "--max-episodes", type=integer, metavar="N",
+        "--max-episodes",
+        type=integer,
+        metavar="N",
         help="with --sequential: stop undecided after N pairs (N episodes per arm; default "
         f"{DEFAULT_MAX_EPISODES}); the "
         "episodes per scene default to N spread over the scenes",
@@ -196,27 +262,42 @@ def build_parser(isaac_args: bool | None = None) -> argparse.ArgumentParser:
         "reproducible sampling (sent in every request; servers that do not know them ignore them)"
     )
     sampling.add_argument(
-        "--policy-seed", action="store_true", default=None,
+        "--policy-seed",
+        action="store_true",
+        default=None,
         help="send a per-episode 'seed' derived from the episode's seed (the same in both arms of an A/B run)",
     )
     sampling.add_argument(
-        "--num-inference-steps", type=integer, metavar="N",
+        "--num-inference-steps",
+        type=integer,
+        metavar="N",
         help="send sampling_params {num_inference_steps: N} (vLLM-Omni's diffusion steps)",
     )
     out = p.add_argument_group("outputs and faults")
-    out.add_argument("--output-root", type=Path, help=f"where run directories are created (default {DEFAULT_OUTPUT_ROOT})")
-    out.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue RUN_DIR without redoing finished episodes")
-    out.add_argument("--video", action=argparse.BooleanOptionalAction, default=None, help="write per-episode mp4 videos (default on)")
     out.add_argument(
-        "--report", action=argparse.BooleanOptionalAction, default=None,
+        "--output-root", type=Path, help=f"where run directories are created (default {DEFAULT_OUTPUT_ROOT})"
+    )
+    out.add_argument(
+        "--resume", type=Path, metavar="RUN_DIR", help="continue RUN_DIR without redoing finished episodes"
+    )
+    out.add_argument(
+        "--video", action=argparse.BooleanOptionalAction, default=None, help="write per-episode mp4 videos (default on)"
+    )
+    out.add_argument(
+        "--report",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="write report.html (dz-gym-report) into the run directory at the end, also after Ctrl-C and on resume (default on)",
     )
     out.add_argument(
-        "--max-errors", type=integer,
+        "--max-errors",
+        type=integer,
         help="abort after more errored episodes than this (default 10%% of the episodes, at least 5)",
     )
     out.add_argument(
-        "--progress", action=argparse.BooleanOptionalAction, default=None,
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="progress bars (default: bars when stderr is a TTY, else a progress line every 30 s)",
     )
     from dz_gym.eval.shards.options import add_ray_args
@@ -267,7 +348,9 @@ def _flag_message(exc: ValueError) -> str:
     return text
 
 
-def resolve_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[EvalConfig, RunDir | None, list[str] | None]:
+def resolve_config(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> tuple[EvalConfig, RunDir | None, list[str] | None]:
     """One merge: EvalConfig's defaults (or, with ``--resume``, the saved config), then the flags given.
 
     Returns the config, the run directory to resume (or None) and the external servers (None: the
@@ -390,7 +473,16 @@ def _run_scene_processes(argv: list[str], config: EvalConfig, run_dir: RunDir, c
             if control.stop.is_set():
                 code = EXIT_INTERRUPTED
                 break
-            child_argv = [sys.executable, "-m", "dz_gym.eval.cli", *base, "--resume", str(run_dir.path), "--only-scene", str(scene)]
+            child_argv = [
+                sys.executable,
+                "-m",
+                "dz_gym.eval.cli",
+                *base,
+                "--resume",
+                str(run_dir.path),
+                "--only-scene",
+                str(scene),
+            ]
             _say(f"dz-gym-eval: scene {scene} in a new process")
             # A session of its own: a Ctrl-C in the terminal reaches only this process, which forwards it once.
             proc = subprocess.Popen(child_argv, env=env, start_new_session=True)
@@ -512,7 +604,9 @@ def _main(
                 _say(f"dz-gym-eval: no --server given; started two embedded reference servers: arm A (policy "
                      f"{config.policy}) at {urls[0]}, arm B (policy {config.policy_b}) at {urls[1]}")  # fmt: skip
             else:
-                _say(f"dz-gym-eval: no --server given; started the embedded reference server (policy {config.policy}) at {urls[0]}")
+                _say(
+                    f"dz-gym-eval: no --server given; started the embedded reference server (policy {config.policy}) at {urls[0]}"
+                )
             if control.stop.is_set():
                 _say("dz-gym-eval: stopped before the run started; nothing was written")
                 return EXIT_INTERRUPTED

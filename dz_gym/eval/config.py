@@ -28,9 +28,20 @@ EXTERNAL_POLICY = "external"  # the ``policy`` of a run against servers it did n
 
 # Settings that change what an episode does, and so its row: refuse to resume with other values.
 RESULT_KEYS = (
-    "backend", "scenes", "seed", "max_steps", "open_loop_horizon", "policy",
-    "prefetch", "simulated_delay", "max_stale_steps",
-    "policy_b", "sequential", "alpha", "policy_seed", "num_inference_steps",
+    "backend",
+    "scenes",
+    "seed",
+    "max_steps",
+    "open_loop_horizon",
+    "policy",
+    "prefetch",
+    "simulated_delay",
+    "max_stale_steps",
+    "policy_b",
+    "sequential",
+    "alpha",
+    "policy_seed",
+    "num_inference_steps",
 )
 ARMS = ("a", "b")  # the arms of an A/B run: slot 2j runs arm a, slot 2j+1 arm b
 DEFAULT_MAX_EPISODES = 200  # --sequential: pairs (episodes per arm) the test may use by default
@@ -145,7 +156,9 @@ class EvalConfig:
 
             self.backend = resolve_backend("auto")
         if not isinstance(self.server_idle_timeout, (int, float)) or not self.server_idle_timeout >= 0:
-            raise ValueError(f"server_idle_timeout: expected seconds >= 0 (0: the servers have none), got {self.server_idle_timeout!r}")
+            raise ValueError(
+                f"server_idle_timeout: expected seconds >= 0 (0: the servers have none), got {self.server_idle_timeout!r}"
+            )
         self.servers = list(self.servers)
         for url in self.servers:
             try:
@@ -154,7 +167,9 @@ class EvalConfig:
                 raise _field_error("servers", exc) from None
         if self.servers:
             if self.policy not in (None, EXTERNAL_POLICY):
-                raise ValueError(f"policy: only for the embedded server; an external server serves its own policy, got {self.policy!r}")
+                raise ValueError(
+                    f"policy: only for the embedded server; an external server serves its own policy, got {self.policy!r}"
+                )
             self.policy = EXTERNAL_POLICY
         elif self.policy is None:
             self.policy = default_policy(self.backend)
@@ -231,13 +246,21 @@ class EvalConfig:
         from dz_gym.chunks import ChunkSchedule
 
         ChunkSchedule(
-            1, self.open_loop_horizon, lambda: "",
-            prefetch=self.prefetch, max_stale_steps=self.max_stale_steps, simulated_delay=self.simulated_delay,
+            1,
+            self.open_loop_horizon,
+            lambda: "",
+            prefetch=self.prefetch,
+            max_stale_steps=self.max_stale_steps,
+            simulated_delay=self.simulated_delay,
         )
 
     def transport_config(self) -> TransportConfig:
         """The :class:`TransportConfig` of every connection of the run (its own rules validate the values)."""
-        fields = {"request_timeout": self.request_timeout, "retry_server_errors": self.retry_server_errors, "auth_env": self.auth_env}
+        fields = {
+            "request_timeout": self.request_timeout,
+            "retry_server_errors": self.retry_server_errors,
+            "auth_env": self.auth_env,
+        }
         try:
             return TransportConfig(**fields)
         except ValueError as exc:
@@ -270,7 +293,9 @@ class EvalConfig:
         if unknown:
             raise ValueError(f"config.json: unknown keys {unknown} (written by a newer dz-gym?)")
         if data.get("version", CONFIG_VERSION) != CONFIG_VERSION:
-            raise ValueError(f"config.json: version {data.get('version')!r} is not supported (expected {CONFIG_VERSION})")
+            raise ValueError(
+                f"config.json: version {data.get('version')!r} is not supported (expected {CONFIG_VERSION})"
+            )
         return cls(**dict(data))
 
 
@@ -283,5 +308,7 @@ def resume_conflicts(saved: EvalConfig, wanted: EvalConfig) -> list[str]:
     if bool(wanted.ab) != bool(saved.ab):
         lines.append(f"A/B: the run {'was' if saved.ab else 'was not'} an A/B run (--server-b/--policy-b)")
     if wanted.episodes < saved.episodes:
-        lines.append(f"episodes: the run planned {saved.episodes} per scene; a resume may add episodes, not remove them")
+        lines.append(
+            f"episodes: the run planned {saved.episodes} per scene; a resume may add episodes, not remove them"
+        )
     return lines

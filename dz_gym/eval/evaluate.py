@@ -159,7 +159,9 @@ def build_summary(
     dropped = fields.pop("dropped", [])
     fields["segments"] = segments
     fields["config"] = config.to_dict()
-    summary = summarize(rows, planned=planned, prompts=prompts, wall_s=wall or None, stepped=stepped, busy_s=busy, extra=fields)
+    summary = summarize(
+        rows, planned=planned, prompts=prompts, wall_s=wall or None, stepped=stepped, busy_s=busy, extra=fields
+    )
     if config.ab:
         summary.update(_ab_summary(config, rows, dropped))
     return summary
@@ -207,8 +209,18 @@ def evaluate(
             raise ValueError("ray_options: a sharded run builds its envs in its shards (no env_factory, only_scenes)")
         from dz_gym.eval.shards.driver import evaluate_sharded
 
-        return evaluate_sharded(config, run_dir, servers, ray_options, control=control, progress=progress,
-                                command=command, server_info=server_info, env_kwargs=env_kwargs, log=log)
+        return evaluate_sharded(
+            config,
+            run_dir,
+            servers,
+            ray_options,
+            control=control,
+            progress=progress,
+            command=command,
+            server_info=server_info,
+            env_kwargs=env_kwargs,
+            log=log,
+        )
     servers = list(config.servers if servers is None else servers)
     if not servers:
         raise ValueError("servers: expected at least one policy server URL (in config.servers or the servers argument)")
@@ -233,7 +245,8 @@ def evaluate(
     say_later: list[Callable[[str], None]] = []
     idle_check = IdleGapCheck(
         config.envs_per_server() if config.ab else envs_per_server(config.num_envs, len(servers)),
-        config.server_idle_timeout, lambda line: say_later[0](line),
+        config.server_idle_timeout,
+        lambda line: say_later[0](line),
     )
     bars = Progress(total, total * config.max_steps, enabled=progress, on_latency=idle_check.observe)
     say = log or bars.write
@@ -245,7 +258,12 @@ def evaluate(
     if crowded is not None:
         say(f"dz-gym-eval: warning: {crowded}")
     recorder = VideoRecorder() if config.video else None
-    segment = {"started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "wall_s": 0.0, "env_steps": 0, "busy_s": {}}
+    segment = {
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "wall_s": 0.0,
+        "env_steps": 0,
+        "busy_s": {},
+    }
     server_metadata: dict[str, Any] = {}
     aborted: str | None = None
     error: BaseException | None = None
@@ -265,8 +283,11 @@ def evaluate(
                     client = _client(config, servers, servers_b)
                     wrapper = DreamZeroPolicyWrapper(
                         env,
-                        **({"client": client} if client is not None else
-                           {"server": list(servers), "transport": config.transport_config()}),
+                        **(
+                            {"client": client}
+                            if client is not None
+                            else {"server": list(servers), "transport": config.transport_config()}
+                        ),
                         open_loop_horizon=config.open_loop_horizon,
                         prefetch=config.prefetch,
                         simulated_delay=config.simulated_delay,

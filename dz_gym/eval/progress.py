@@ -58,12 +58,22 @@ class Progress:
         self._t0 = time.perf_counter()
         self._last_latency_ms: float | None = None
         self._episodes = tqdm(
-            total=episodes_total, desc="episodes", unit="ep", position=0, disable=not self.enabled,
-            dynamic_ncols=True, file=self._stream,
+            total=episodes_total,
+            desc="episodes",
+            unit="ep",
+            position=0,
+            disable=not self.enabled,
+            dynamic_ncols=True,
+            file=self._stream,
         )
         self._env_steps = tqdm(
-            total=steps_total, desc="env steps", unit="step", position=1, disable=not self.enabled,
-            dynamic_ncols=True, file=self._stream,
+            total=steps_total,
+            desc="env steps",
+            unit="step",
+            position=1,
+            disable=not self.enabled,
+            dynamic_ncols=True,
+            file=self._stream,
         )
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None

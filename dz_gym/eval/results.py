@@ -205,9 +205,7 @@ def summarize(
         overall["planned"] = int(sum(planned.values()))
     summary["overall"] = overall
     summary["note"] = ERRORED_NOTE
-    summary["complete"] = planned is not None and all(
-        summary[str(s)]["episodes"] >= planned.get(s, 0) for s in scenes
-    )
+    summary["complete"] = planned is not None and all(summary[str(s)]["episodes"] >= planned.get(s, 0) for s in scenes)
     summary["env_steps"] = overall["env_steps"]
     summary["env_steps_taken"] = overall["env_steps"] if stepped is None else int(stepped)
     summary["wall_s"] = wall_s

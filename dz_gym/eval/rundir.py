@@ -160,7 +160,9 @@ class RunDir:
     def video_relpath(self, scene: int, episode: int, arm: str | None = None) -> str:
         return f"videos/{episode_name(scene, episode, arm)}.mp4"
 
-    def save_trajectory(self, scene: int, episode: int, arrays: Mapping[str, np.ndarray], arm: str | None = None) -> str:
+    def save_trajectory(
+        self, scene: int, episode: int, arrays: Mapping[str, np.ndarray], arm: str | None = None
+    ) -> str:
         """Write one episode's arrays (compressed npz, atomically); returns the relative path."""
         rel = self.trajectory_relpath(scene, episode, arm)
         path = self.path / rel

@@ -353,7 +353,10 @@ class SceneRunner:
                     self._warned_seed = True
                     logger.warning(
                         "scene %d episode %d: the env reports seed %d, the evaluator asked for %d",
-                        self.scene, ep.episode, ep.env_seed, ep.seed,
+                        self.scene,
+                        ep.episode,
+                        ep.env_seed,
+                        ep.seed,
                     )
             if errors[i] is not None:
                 ep.server_errors += 1

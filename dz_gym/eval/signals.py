@@ -59,7 +59,9 @@ class StopOnSignal:
     child instead, which stops the same way; this process only stops starting new children.
     """
 
-    def __init__(self, stop: threading.Event, say: Callable[[str], None], children: list[subprocess.Popen] | None = None):
+    def __init__(
+        self, stop: threading.Event, say: Callable[[str], None], children: list[subprocess.Popen] | None = None
+    ):
         self.stop = stop
         self.say = say
         self.children = children

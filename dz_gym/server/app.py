@@ -238,7 +238,11 @@ class PolicyServer:
             raise
         logger.info(
             "infer conn=%d session=%s new=%s wait_ms=%.1f latency_ms=%.1f",
-            conn_id, session_id, new_session, result.wait_s * 1000, result.service_s * 1000,
+            conn_id,
+            session_id,
+            new_session,
+            result.wait_s * 1000,
+            result.service_s * 1000,
         )
         return result
 

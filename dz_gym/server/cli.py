@@ -30,11 +30,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port; 0 picks a free one (default 8000)")
     parser.add_argument(
-        "--policy", default="hold",
+        "--policy",
+        default="hold",
         help=f"built-in policy ({', '.join(sorted(BUILTIN_POLICIES))}) or module:factory (default hold)",
     )
     parser.add_argument(
-        "--policy-arg", action="append", default=[], metavar="KEY=VALUE",
+        "--policy-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="keyword argument for the policy factory (repeatable; JSON values, else strings)",
     )
     parser.add_argument("--workers", type=int, default=1, help="independent inference workers (emulated GPUs)")
@@ -42,12 +46,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--jitter-ms", type=float, default=0.0, help="uniform +/- jitter on the model time")
     parser.add_argument("--fail-every", type=int, default=0, metavar="N", help="every N-th inference raises (0: never)")
     parser.add_argument(
-        "--idle-timeout", type=float, default=0.0, metavar="S",
+        "--idle-timeout",
+        type=float,
+        default=0.0,
+        metavar="S",
         help="vllm-omni: close a connection idle for S seconds (0 disables; the real server uses 30)",
     )
     parser.add_argument("--max-payload-mib", type=float, default=64.0, help="largest request accepted (MiB)")
     parser.add_argument(
-        "--no-robot-policy", action="store_true",
+        "--no-robot-policy",
+        action="store_true",
         help="vllm-omni: answer every handshake with the 'Robot policy not available' text error and close",
     )
     parser.add_argument("--seed", type=int, default=None, help="seed of the latency jitter")

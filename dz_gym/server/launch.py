@@ -102,9 +102,7 @@ def start_server_thread(
 class ServerProcess:
     """A ``dz-gym-serve`` subprocess; ``output`` collects its stdout lines (ready line, shutdown summary)."""
 
-    def __init__(
-        self, proc: subprocess.Popen, url: str, lines: queue.Queue, reader: threading.Thread, log: Any = None
-    ):
+    def __init__(self, proc: subprocess.Popen, url: str, lines: queue.Queue, reader: threading.Thread, log: Any = None):
         self.proc = proc
         self._log = log
         self._final_log = ""

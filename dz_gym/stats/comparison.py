@@ -70,7 +70,9 @@ def pair_rows(
         for row in rows:
             key = _key(row, arm)
             if key in table:
-                raise ValueError(f"arm {arm.upper()}: scene {key[0]} seed {key[1]} appears twice (expected one row per seed)")
+                raise ValueError(
+                    f"arm {arm.upper()}: scene {key[0]} seed {key[1]} appears twice (expected one row per seed)"
+                )
             table[key] = row
         by_arm[arm] = table
     common = sorted(set(by_arm["a"]) & set(by_arm["b"]))
@@ -86,7 +88,7 @@ def _outcome(row: Mapping[str, Any], metric: str) -> bool | None:
     """The row's success for ``metric`` (``None`` when the row does not carry it)."""
     if metric.startswith(MILESTONE_PREFIX):
         milestones = row.get("milestones")
-        name = metric[len(MILESTONE_PREFIX):]
+        name = metric[len(MILESTONE_PREFIX) :]
         if not isinstance(milestones, Mapping) or name not in milestones:
             return None
         return milestones[name] is not None

@@ -345,7 +345,7 @@ class IsaacDroidStandIn(BatchedDroidEnv):
         self._joints[index] = self._home
         self._gripper[index] = 0.0
         self.episode_length_buf[index] = 0
-        self._placed[ids] = (self.success_steps[ids] == 0)
+        self._placed[ids] = self.success_steps[ids] == 0
 
     def _local_state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Env-local object, container and tool-centre positions ``(N,3)`` (float64, host)."""
@@ -365,7 +365,10 @@ class IsaacDroidStandIn(BatchedDroidEnv):
         torch = self._torch
         obj, container, _ = self._local_state()
         origins = self.scene.env_origins
-        as_tensor = lambda array: torch.as_tensor(array, dtype=torch.float32, device=self.device)
+
+        def as_tensor(array):
+            return torch.as_tensor(array, dtype=torch.float32, device=self.device)
+
         self.scene[self.spec.isaac_object].data.root_pos_w.copy_(as_tensor(obj) + origins)
         self.scene[self.spec.isaac_container].data.root_pos_w.copy_(as_tensor(container) + origins)
         robot = self.scene["robot"].data
@@ -438,4 +441,3 @@ class IsaacDroidStandIn(BatchedDroidEnv):
         policy[droid.OBS_JOINT_KEY] = self._joints.clone()
         policy[droid.OBS_GRIPPER_KEY] = self._gripper.clone()
         return {droid.POLICY_GROUP: policy}
-

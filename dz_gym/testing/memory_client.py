@@ -59,7 +59,9 @@ class MemoryPolicyClient(PolicyClient):
 
     def __init__(self, policy: Any, num_envs: int, *, metadata: dict | None = None, url: str = "memory://policy"):
         if not callable(getattr(policy, "infer", None)):
-            raise TypeError(f"policy: expected an object with infer(request, *, session_id, new_session), got {policy!r}")
+            raise TypeError(
+                f"policy: expected an object with infer(request, *, session_id, new_session), got {policy!r}"
+            )
         if int(num_envs) < 1:
             raise ValueError(f"num_envs: expected an integer >= 1, got {num_envs!r}")
         self.policy = policy

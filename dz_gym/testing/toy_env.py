@@ -61,7 +61,12 @@ class ToyDroidEnv(BatchedDroidEnv):
     """
 
     def __init__(
-        self, num_envs: int, scene: int = 1, max_episode_length: int = 450, image_shape=(180, 320), seed: int | None = None
+        self,
+        num_envs: int,
+        scene: int = 1,
+        max_episode_length: int = 450,
+        image_shape=(180, 320),
+        seed: int | None = None,
     ):
         super().__init__(num_envs, tuple(image_shape), scene, seed=seed)
         self.max_episode_length = int(max_episode_length)

@@ -31,7 +31,9 @@ ENV_NS = "{ENV_REGEX_NS}"
 MILESTONE_PROBE_TERM = "dz_gym_milestone_probe"
 
 
-def parse_task_cfg(api: IsaacLabApi, task: IsaacTask, layout: str, *, device: str, num_envs: int) -> tuple[Any, list[str]]:
+def parse_task_cfg(
+    api: IsaacLabApi, task: IsaacTask, layout: str, *, device: str, num_envs: int
+) -> tuple[Any, list[str]]:
     """The parsed, task-composed sim-evals config of ``task`` in ``layout``; returns it and what was done."""
     gym = importlib.import_module("gymnasium")
     if task.is_mila:
@@ -43,7 +45,9 @@ def parse_task_cfg(api: IsaacLabApi, task: IsaacTask, layout: str, *, device: st
         if task.gym_id not in gym.registry:
             raise ValueError(f"sim-evals: gym id {task.gym_id!r} is not registered (per-scene layout expected)")
         cfg = api.parse_env_cfg(task.gym_id, device=device, num_envs=num_envs)
-        names = register_prim_entities(cfg, api, {task.object_name: task.object_prim, task.container_name: task.container_prim})
+        names = register_prim_entities(
+            cfg, api, {task.object_name: task.object_prim, task.container_name: task.container_prim}
+        )
         return cfg, [f"sim-evals scene {task.gym_id}; prims {', '.join(names)} registered as rigid objects"]
     if "DROID" not in gym.registry:
         raise ValueError("sim-evals: gym id 'DROID' is not registered (run_eval.py layout expected)")

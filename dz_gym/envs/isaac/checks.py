@@ -25,7 +25,21 @@ SKIP_GPU_CHECK_ENV = "DZ_GYM_ISAAC_SKIP_GPU_CHECK"
 # Data-centre GPUs without RT cores. Isaac Sim's RTX cameras crash or degrade on them (IsaacLab#3421 on
 # A100, #4271 on H100, #1519 DLSS on A100); the H200 and the Blackwell data-centre parts are in the same
 # family. A heuristic on the CUDA device name, overridable (see check_rtx_gpu).
-NO_RT_CORE_GPUS = ("A100", "A800", "A30", "H100", "H800", "H200", "H20", "GH200", "B100", "B200", "GB200", "V100", "P100")
+NO_RT_CORE_GPUS = (
+    "A100",
+    "A800",
+    "A30",
+    "H100",
+    "H800",
+    "H200",
+    "H20",
+    "GH200",
+    "B100",
+    "B200",
+    "GB200",
+    "V100",
+    "P100",
+)
 _NO_RT_CORE_PATTERN = re.compile(r"(?<![A-Z0-9])(" + "|".join(NO_RT_CORE_GPUS) + r")(?![0-9])")
 
 
@@ -110,8 +124,7 @@ def check_rtx_gpu(device: str, torch_module=None) -> str:
             raise BackendUnavailable(f"torch is not installed: Isaac Lab brings it; {SETUP_HINT}") from exc
     if not torch_module.cuda.is_available():
         raise BackendUnavailable(
-            f"no CUDA GPU visible: Isaac Sim's cameras need an NVIDIA RTX GPU; {SETUP_HINT} "
-            f"(or use --backend mujoco)"
+            f"no CUDA GPU visible: Isaac Sim's cameras need an NVIDIA RTX GPU; {SETUP_HINT} (or use --backend mujoco)"
         )
     index = 0
     match = re.fullmatch(r"cuda:(\d+)", str(device))

@@ -233,7 +233,9 @@ def release_of(install: Install) -> tuple[tuple[int, int], str]:
     if not text:
         if install.has_sim_launcher:
             return (3, 0), "Isaac Lab 3.x (isaaclab_tasks.utils.sim_launcher found; no version metadata)"
-        raise BackendUnavailable("Isaac Lab: no version in the package metadata nor in isaaclab.__version__; see docs/isaac.md")
+        raise BackendUnavailable(
+            "Isaac Lab: no version in the package metadata nor in isaaclab.__version__; see docs/isaac.md"
+        )
     major, minor = parse_version(text)
     if major == 0:
         release = (2, 2) if minor >= 41 else (2, 1)
@@ -292,9 +294,7 @@ def detect(version: str | None = None) -> IsaacLabApi:
     else:
         parsed, how = release_of(read_install())
     if parsed < (2, 2):
-        raise BackendUnavailable(
-            f"{how}: sim-evals needs Isaac Lab 2.2 (or 3.0), see docs/isaac.md"
-        )
+        raise BackendUnavailable(f"{how}: sim-evals needs Isaac Lab 2.2 (or 3.0), see docs/isaac.md")
     if parsed[0] > 3:
         warnings.warn(f"{how} is newer than 3.x; using the 3.0 code paths", stacklevel=2)
         parsed = (3, 0)

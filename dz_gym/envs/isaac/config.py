@@ -107,7 +107,9 @@ def patch_env_cfg(
             raise ValueError(f"image_shape: expected (height, width) >= 1, got {image_shape!r}")
         for camera in cameras:
             camera.height, camera.width = height, width
-        changes.append(f"cameras: {height}x{width} instead of {droid.ISAAC_IMAGE_SHAPE[0]}x{droid.ISAAC_IMAGE_SHAPE[1]}")
+        changes.append(
+            f"cameras: {height}x{width} instead of {droid.ISAAC_IMAGE_SHAPE[0]}x{droid.ISAAC_IMAGE_SHAPE[1]}"
+        )
     if tiled_cameras and not api.is_v3:
         sensors = importlib.import_module("isaaclab.sensors")
         for key, camera in zip(droid.CAMERA_KEYS, cameras, strict=True):

@@ -8,7 +8,7 @@ through the :class:`~dz_gym.envs.base.BatchedDroidEnv` contract; episode bookkee
 - observations are Isaac Lab's own (torch tensors on the sim device): three ``(N,720,1280,3)`` uint8
   views, ``arm_joint_pos`` ``(N,7)`` and ``gripper_pos`` ``(N,1)`` float32;
 - ``step`` takes ``(N,8)`` actions (numpy or torch; a bool gripper column is turned into 0/1, since
-  sim-evals' gripper term inverts bools); ``reward`` is the placement check as float ``(N,)``, 
+  sim-evals' gripper term inverts bools); ``reward`` is the placement check as float ``(N,)``,
   ``terminated``/``truncated`` are copies of Isaac Lab's ``(N,)`` buffers (time-outs only, at 450 steps or
   a MILA task's ``max_timesteps``);
 - ``info`` holds the keys of the base contract, computed from the state *before* the in-step reset; for a
@@ -83,7 +83,9 @@ class IsaacDroidEnv(BatchedDroidEnv):
         self.task = task
         shape = tuple(int(v) for v in image_shape) if image_shape is not None else droid.ISAAC_IMAGE_SHAPE
         device = device or getattr(app_args, "device", None) or "cuda:0"
-        super().__init__(num_envs, shape, task.scene or 1, device=str(device), seed=seed, milestone_names=task.milestones)
+        super().__init__(
+            num_envs, shape, task.scene or 1, device=str(device), seed=seed, milestone_names=task.milestones
+        )
         self.scene = task.scene_spec()
         if not isinstance(settle_steps, (int, np.integer)) or settle_steps < 0:
             raise ValueError(f"settle_steps: expected an integer >= 0, got {settle_steps!r}")
@@ -135,7 +137,9 @@ class IsaacDroidEnv(BatchedDroidEnv):
             self.cfg = cfg
             import gymnasium as gym
 
-            self._gym_env = gym.make(tasks.MILA_GYM_ID if task.is_mila else (task.gym_id if self.layout == "per_scene" else "DROID"), cfg=cfg)
+            self._gym_env = gym.make(
+                tasks.MILA_GYM_ID if task.is_mila else (task.gym_id if self.layout == "per_scene" else "DROID"), cfg=cfg
+            )
             self.isaac_env = self._gym_env.unwrapped
             for path in keep_one_dome_light(self.api.stage(self.isaac_env), self.num_envs):
                 self.patches.append(f"stage: infinite light {path} off (env 0's lights every env)")
@@ -293,4 +297,3 @@ class IsaacDroidEnv(BatchedDroidEnv):
         arm = policy[droid.OBS_JOINT_KEY].to(self._torch.float32)
         gripper = (policy[droid.OBS_GRIPPER_KEY] > droid.GRIPPER_CLOSE_THRESHOLD).to(self._torch.float32)
         return self._torch.cat([arm, gripper.reshape(-1, 1)], dim=1)
-

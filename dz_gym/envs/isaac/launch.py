@@ -116,8 +116,6 @@ def _default_args(api: IsaacLabApi) -> argparse.Namespace:
     return args
 
 
-
-
 _scene_in_use: int | None = None
 _env_open = False
 

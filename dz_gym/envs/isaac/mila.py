@@ -64,7 +64,8 @@ class MilaFallback:
             np.linalg.norm(tcp - obj, axis=1) < t.reach_distance,
             obj[:, 2] > self.start_z + t.lift_height,
             (xy < t.target_xy_radius) & (obj[:, 2] > target[:, 2] + t.above_target_height),
-            (xy < t.target_xy_radius) & (obj[:, 2] < target[:, 2] + t.in_target_height)
+            (xy < t.target_xy_radius)
+            & (obj[:, 2] < target[:, 2] + t.in_target_height)
             & (gripper < t.release_gripper_threshold),
         )
         previous = np.ones(self.num_envs, dtype=bool)

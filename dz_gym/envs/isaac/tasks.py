@@ -82,15 +82,36 @@ class IsaacTask:
 def _droid(scene: int, gym_id: str, object_prim: str, container_prim: str) -> IsaacTask:
     spec = droid.scene_spec(scene)
     return IsaacTask(
-        gym_id, scene, spec.prompt, droid.MAX_EPISODE_LENGTH, gym_id, spec.isaac_object, spec.isaac_container,
-        object_prim, container_prim, scene=scene, assets=(f"scene{scene}.usd",),
+        gym_id,
+        scene,
+        spec.prompt,
+        droid.MAX_EPISODE_LENGTH,
+        gym_id,
+        spec.isaac_object,
+        spec.isaac_container,
+        object_prim,
+        container_prim,
+        scene=scene,
+        assets=(f"scene{scene}.usd",),
     )
 
 
-def _mila(key, task_id, prompt, steps, milestones, obj, target, obj_prim, target_prim, scene_usd, **thresholds) -> IsaacTask:
+def _mila(
+    key, task_id, prompt, steps, milestones, obj, target, obj_prim, target_prim, scene_usd, **thresholds
+) -> IsaacTask:
     return IsaacTask(
-        task_id, MILA_KEY_BASE + key, prompt, steps, MILA_GYM_ID, obj, target, obj_prim, target_prim,
-        mila_task=task_id, milestones=milestones, thresholds=MilaThresholds(**thresholds),
+        task_id,
+        MILA_KEY_BASE + key,
+        prompt,
+        steps,
+        MILA_GYM_ID,
+        obj,
+        target,
+        obj_prim,
+        target_prim,
+        mila_task=task_id,
+        milestones=milestones,
+        thresholds=MilaThresholds(**thresholds),
         # the folder only: sim-evals versions place a task's scene differently (Task1/Task2); set_task names
         # the file it cannot open
         assets=("mila",),
@@ -104,20 +125,43 @@ TASKS: dict[str, IsaacTask] = {
         _droid(2, "DROID-CanInMug", "_10_potted_meat_can", "_25_mug"),
         _droid(3, "DROID-BananaInBin", "_11_banana", "Magenta_Box"),
         _mila(
-            1, "place_spoon_in_sink", "Pick up the spoon and place it in the sink.", 300,
+            1,
+            "place_spoon_in_sink",
+            "Pick up the spoon and place it in the sink.",
+            300,
             ("reached_spoon", "lifted_up_spoon", "above_sink", "completely_in_sink"),
-            "spoon", "sink", "Spoon054/Spoon054", "Sink081/Sink081", "Task2/Scene.usd",
+            "spoon",
+            "sink",
+            "Spoon054/Spoon054",
+            "Sink081/Sink081",
+            "Task2/Scene.usd",
         ),
         _mila(
-            2, "place_spoon_in_utensil_holder", "Pick up the spoon and place it in the utensil holder.", 400,
+            2,
+            "place_spoon_in_utensil_holder",
+            "Pick up the spoon and place it in the utensil holder.",
+            400,
             ("reached_spoon", "lifted_up_spoon", "above_utensil_holder", "released_in_utensil_holder"),
-            "spoon", "utensil_holder", "Spoon054/Spoon054", "Cup082/Cup082", "place_spoon_in_utensil_holder.usd",
-            target_xy_radius=0.16, above_target_height=0.10, in_target_height=0.12,
+            "spoon",
+            "utensil_holder",
+            "Spoon054/Spoon054",
+            "Cup082/Cup082",
+            "place_spoon_in_utensil_holder.usd",
+            target_xy_radius=0.16,
+            above_target_height=0.10,
+            in_target_height=0.12,
         ),
         _mila(
-            3, "stack_red_bowl_into_grey_bowl", "Pick up the red bowl and place it in the grey bowl.", 600,
+            3,
+            "stack_red_bowl_into_grey_bowl",
+            "Pick up the red bowl and place it in the grey bowl.",
+            600,
             ("reached_red_bowl", "lifted_up_red_bowl", "above_grey_bowl", "placed_in_grey_bowl"),
-            "red_bowl", "grey_bowl", "Bowl061/Bowl061", "Bowl062/Bowl062", "Task1/Scene.usd",
+            "red_bowl",
+            "grey_bowl",
+            "Bowl061/Bowl061",
+            "Bowl062/Bowl062",
+            "Task1/Scene.usd",
         ),
     )
 }

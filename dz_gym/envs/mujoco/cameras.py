@@ -78,7 +78,9 @@ def _external_pose(position, quat) -> np.ndarray:
     return pose_from_mujoco(np.asarray(position, dtype=np.float64), xmat)
 
 
-def camera_calibration(image_shape: tuple[int, int] = droid.DEFAULT_EMBEDDED_IMAGE_SHAPE) -> dict[str, CameraCalibration]:
+def camera_calibration(
+    image_shape: tuple[int, int] = droid.DEFAULT_EMBEDDED_IMAGE_SHAPE,
+) -> dict[str, CameraCalibration]:
     """Calibration of every camera at ``image_shape`` (H, W), keyed by observation name.
 
     The external cameras are fixed. The wrist camera's entry holds its intrinsics and its pose at the
@@ -86,7 +88,9 @@ def camera_calibration(image_shape: tuple[int, int] = droid.DEFAULT_EMBEDDED_IMA
     """
     height, width = int(image_shape[0]), int(image_shape[1])
     out = {
-        name: CameraCalibration(name, intrinsics(EXTERNAL_FOVY_DEG, (height, width)), _external_pose(pos, quat), height, width)
+        name: CameraCalibration(
+            name, intrinsics(EXTERNAL_FOVY_DEG, (height, width)), _external_pose(pos, quat), height, width
+        )
         for name, pos, quat in EXTERNAL_CAMERAS
     }
     kin = Kinematics.shared()

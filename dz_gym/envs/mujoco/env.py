@@ -116,7 +116,9 @@ class MujocoDroidEnv(BatchedDroidEnv):
         if device != "cpu":
             raise ValueError(f"device: the embedded simulator returns numpy arrays; expected 'cpu', got {device!r}")
         layout_spec = scene_module.LAYOUTS[droid.scene_spec(scene).scene_id]
-        super().__init__(num_envs, image_shape, scene, device="cpu", seed=seed, object_box=scene_module.object_box(scene))
+        super().__init__(
+            num_envs, image_shape, scene, device="cpu", seed=seed, object_box=scene_module.object_box(scene)
+        )
         if max_episode_length is not None:
             if not isinstance(max_episode_length, (int, np.integer)) or max_episode_length < 1:
                 raise ValueError(f"max_episode_length: expected an integer >= 1, got {max_episode_length!r}")
@@ -151,7 +153,9 @@ class MujocoDroidEnv(BatchedDroidEnv):
         try:
             if self.num_workers == 0:
                 self._buffers = Buffers(fields, shared=False)
-                config = GroupConfig(self.scene.scene_id, 0, n, image_shape, randomization, multisamples=self.multisamples)
+                config = GroupConfig(
+                    self.scene.scene_id, 0, n, image_shape, randomization, multisamples=self.multisamples
+                )
                 self._group = EnvGroup(config, self._buffers.arrays)
             else:
                 self._buffers = Buffers(fields, shared=True)
@@ -197,7 +201,9 @@ class MujocoDroidEnv(BatchedDroidEnv):
                 failures.append(f"{backend}: {exc.detail}")
                 continue
             if failures:
-                warnings.warn(f"rendering with MUJOCO_GL={backend} ({'; '.join(failures)})", RuntimeWarning, stacklevel=3)
+                warnings.warn(
+                    f"rendering with MUJOCO_GL={backend} ({'; '.join(failures)})", RuntimeWarning, stacklevel=3
+                )
             return pool
         raise gl.unavailable("; ".join(failures), tried=backends)
 
@@ -277,7 +283,17 @@ class MujocoDroidEnv(BatchedDroidEnv):
         """
         self._check_open()
         a = self._buffers.arrays
-        keys = ("object_pos", "object_quat", "object_linvel", "container_pos", "container_quat", "tcp_pos", "tcp_rot", "joint_pos", "gripper_pos")
+        keys = (
+            "object_pos",
+            "object_quat",
+            "object_linvel",
+            "container_pos",
+            "container_quat",
+            "tcp_pos",
+            "tcp_rot",
+            "joint_pos",
+            "gripper_pos",
+        )
         state = {key: a[key].copy() for key in keys}
         for key in ("episode_seed", "episode_step", "episode_count"):
             state[key] = getattr(self.episodes, key).copy()
@@ -326,7 +342,9 @@ class MujocoDroidEnv(BatchedDroidEnv):
                 a["info_object_speed"].copy(), a["info_object_quat"].copy(),
             )  # fmt: skip
         speed = np.linalg.norm(a["object_linvel"], axis=1)
-        return TaskState(a["object_pos"].copy(), a["container_pos"].copy(), a["tcp_pos"].copy(), speed, a["object_quat"].copy())
+        return TaskState(
+            a["object_pos"].copy(), a["container_pos"].copy(), a["tcp_pos"].copy(), speed, a["object_quat"].copy()
+        )
 
     def _observation(self) -> dict[str, dict[str, np.ndarray]]:
         """The batch's observation. Images are read-only views of the frame buffers (valid until the next

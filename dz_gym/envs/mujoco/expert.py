@@ -217,5 +217,10 @@ def run_episodes(env, expert: ScriptedExpert, max_steps: int | None = None) -> d
         if truncated.any():
             break
     env.set_render_mask(None)
-    return {"success": last, "success_any_step": any_step, "steps_to_success": first, "episode_seed": seeds,
-            "milestones": milestones}
+    return {
+        "success": last,
+        "success_any_step": any_step,
+        "steps_to_success": first,
+        "episode_seed": seeds,
+        "milestones": milestones,
+    }

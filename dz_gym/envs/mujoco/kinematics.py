@@ -133,7 +133,9 @@ class Kinematics:
         if not result.converged and q_init is not None:
             retry = self._solve(self.home, *args)
             if retry.position_error + 0.1 * retry.rotation_error < result.position_error + 0.1 * result.rotation_error:
-                return IKResult(retry.q, retry.position_error, retry.rotation_error, result.iterations + retry.iterations)
+                return IKResult(
+                    retry.q, retry.position_error, retry.rotation_error, result.iterations + retry.iterations
+                )
         return result
 
     def _errors(self, target: np.ndarray, target_rot: np.ndarray, error: np.ndarray) -> tuple[float, float]:
@@ -147,7 +149,9 @@ class Kinematics:
         )
         return float(np.linalg.norm(error[:3])), float(np.linalg.norm(error[3:]))
 
-    def _solve(self, q, target, target_rot, max_iterations, damping, position_tolerance, rotation_tolerance, posture_gain):
+    def _solve(
+        self, q, target, target_rot, max_iterations, damping, position_tolerance, rotation_tolerance, posture_gain
+    ):
         model, data, site, dofs = self.model, self.data, self.index.tcp_site, self.index.arm_dof
         q = np.clip(np.array(q, dtype=np.float64), self.lower, self.upper)
         error = np.zeros(6)

@@ -174,7 +174,11 @@ def _add_table_and_floor(spec: mujoco.MjSpec) -> None:
     # a uniform grey that colour thresholding ignores.
     world = spec.worldbody
     world.add_geom(
-        name="floor", type=mujoco.mjtGeom.mjGEOM_PLANE, size=(0.0, 0.0, 0.05), pos=(0.0, 0.0, -TABLE_HEIGHT), rgba=FLOOR_RGBA
+        name="floor",
+        type=mujoco.mjtGeom.mjGEOM_PLANE,
+        size=(0.0, 0.0, 0.05),
+        pos=(0.0, 0.0, -TABLE_HEIGHT),
+        rgba=FLOOR_RGBA,
     )
     cx, cy = TABLE_CENTER_XY
     hx, hy = TABLE_HALF_XY
@@ -231,7 +235,9 @@ def _add_ring(body, n: int, radius_bottom: float, radius_top: float, z_bottom: f
 
 def _add_cube_and_bowl(spec: mujoco.MjSpec) -> None:
     cube = _free_body(spec, OBJECT_BODY, LAYOUTS[1].object_rest_z)
-    cube.add_geom(name="cube", type=mujoco.mjtGeom.mjGEOM_BOX, size=(CUBE_HALF,) * 3, rgba=COLOURS["cube"], mass=0.08, condim=4)
+    cube.add_geom(
+        name="cube", type=mujoco.mjtGeom.mjGEOM_BOX, size=(CUBE_HALF,) * 3, rgba=COLOURS["cube"], mass=0.08, condim=4
+    )
     bowl = _free_body(spec, CONTAINER_BODY, 0.0)
     bowl.add_geom(
         name="bowl_base", type=mujoco.mjtGeom.mjGEOM_CYLINDER, size=(0.052, 0.005), pos=(0, 0, 0.005),
@@ -242,7 +248,14 @@ def _add_cube_and_bowl(spec: mujoco.MjSpec) -> None:
 
 def _add_can_and_mug(spec: mujoco.MjSpec) -> None:
     can = _free_body(spec, OBJECT_BODY, LAYOUTS[2].object_rest_z)
-    can.add_geom(name="can", type=mujoco.mjtGeom.mjGEOM_CYLINDER, size=(CAN_RADIUS, CAN_HALF_HEIGHT), rgba=COLOURS["can"], mass=0.12, condim=4)
+    can.add_geom(
+        name="can",
+        type=mujoco.mjtGeom.mjGEOM_CYLINDER,
+        size=(CAN_RADIUS, CAN_HALF_HEIGHT),
+        rgba=COLOURS["can"],
+        mass=0.12,
+        condim=4,
+    )
     mug = _free_body(spec, CONTAINER_BODY, 0.0)
     mug.add_geom(
         name="mug_base", type=mujoco.mjtGeom.mjGEOM_CYLINDER, size=(0.04, 0.004), pos=(0, 0, 0.004),
@@ -250,8 +263,14 @@ def _add_can_and_mug(spec: mujoco.MjSpec) -> None:
     )  # fmt: skip
     _add_ring(mug, 18, 0.037, 0.037, 0.006, 0.095, 0.006, COLOURS["mug"], 0.15)
     # Handle: three capsules forming a loop on the +x side.
-    for a, b in (((0.04, 0, 0.075), (0.062, 0, 0.072)), ((0.062, 0, 0.072), (0.062, 0, 0.03)), ((0.062, 0, 0.03), (0.04, 0, 0.027))):
-        mug.add_geom(type=mujoco.mjtGeom.mjGEOM_CAPSULE, fromto=(*a, *b), size=(0.006, 0, 0), rgba=COLOURS["mug"], mass=0.01)
+    for a, b in (
+        ((0.04, 0, 0.075), (0.062, 0, 0.072)),
+        ((0.062, 0, 0.072), (0.062, 0, 0.03)),
+        ((0.062, 0, 0.03), (0.04, 0, 0.027)),
+    ):
+        mug.add_geom(
+            type=mujoco.mjtGeom.mjGEOM_CAPSULE, fromto=(*a, *b), size=(0.006, 0, 0), rgba=COLOURS["mug"], mass=0.01
+        )
 
 
 def banana_segments() -> list[tuple[np.ndarray, np.ndarray, float]]:
@@ -259,7 +278,8 @@ def banana_segments() -> list[tuple[np.ndarray, np.ndarray, float]]:
     n = len(BANANA_RADII)
     angles = np.linspace(-BANANA_ARC_HALF_ANGLE, BANANA_ARC_HALF_ANGLE, n + 1)
     points = [
-        np.array([BANANA_ARC_RADIUS * math.sin(a), BANANA_ARC_RADIUS * math.cos(a) - BANANA_ORIGIN_Y, 0.0]) for a in angles
+        np.array([BANANA_ARC_RADIUS * math.sin(a), BANANA_ARC_RADIUS * math.cos(a) - BANANA_ORIGIN_Y, 0.0])
+        for a in angles
     ]
     return [(points[k], points[k + 1], BANANA_RADII[k]) for k in range(n)]
 

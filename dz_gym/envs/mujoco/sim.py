@@ -210,7 +210,9 @@ class EnvGroup:
         for k in range(12):  # try directions around the circle until one keeps clear of the container
             angle = start + k * (2 * math.pi / 12)
             target = here + distance * np.array([math.cos(angle), math.sin(angle)])
-            inside = NUDGE_X_RANGE[0] <= target[0] <= NUDGE_X_RANGE[1] and NUDGE_Y_RANGE[0] <= target[1] <= NUDGE_Y_RANGE[1]
+            inside = (
+                NUDGE_X_RANGE[0] <= target[0] <= NUDGE_X_RANGE[1] and NUDGE_Y_RANGE[0] <= target[1] <= NUDGE_Y_RANGE[1]
+            )
             if inside and np.linalg.norm(target - container) >= self.separation:
                 data.qpos[oq : oq + 2] = target
                 data.qvel[od : od + 6] = 0.0

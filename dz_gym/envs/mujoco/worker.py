@@ -50,7 +50,8 @@ class Buffers:
         else:
             buffer = bytearray(self.size)
         self.arrays = {
-            key: np.ndarray(shape, dtype=dtype, buffer=buffer, offset=offsets[key]) for key, (shape, dtype) in fields.items()
+            key: np.ndarray(shape, dtype=dtype, buffer=buffer, offset=offsets[key])
+            for key, (shape, dtype) in fields.items()
         }
         if self.owner:
             for array in self.arrays.values():
@@ -145,7 +146,10 @@ class WorkerPool:
             for k, config in enumerate(configs):
                 parent, child = context.Pipe()
                 proc = context.Process(
-                    target=worker_main, args=(child, config, buffers.fields, buffers.name), name=f"dz-gym-mujoco-{k}", daemon=True
+                    target=worker_main,
+                    args=(child, config, buffers.fields, buffers.name),
+                    name=f"dz-gym-mujoco-{k}",
+                    daemon=True,
                 )
                 proc.start()
                 child.close()

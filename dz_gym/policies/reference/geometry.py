@@ -43,7 +43,9 @@ class PinholeCamera:
         return np.where(cam[..., 2:3] > 0, uv, np.nan)
 
 
-def triangulate(origin_a: np.ndarray, dir_a: np.ndarray, origin_b: np.ndarray, dir_b: np.ndarray) -> tuple[np.ndarray, float]:
+def triangulate(
+    origin_a: np.ndarray, dir_a: np.ndarray, origin_b: np.ndarray, dir_b: np.ndarray
+) -> tuple[np.ndarray, float]:
     """Midpoint of the closest approach of two rays, and the distance between them there (metres).
 
     Nearly parallel rays give ``(nan * 3, inf)``.

@@ -15,7 +15,7 @@ Joint-target rows (HOME) step straight toward their target under the same bounds
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -104,7 +104,9 @@ class Perception:
             yaw = square_yaw(xy)
         return EntityView(point, gap, areas, yaw, elongation)
 
-    def observe_wrist(self, image: np.ndarray, world_from_camera: np.ndarray, colour: str, plane_z: float) -> WristView | None:
+    def observe_wrist(
+        self, image: np.ndarray, world_from_camera: np.ndarray, colour: str, plane_z: float
+    ) -> WristView | None:
         """The ``colour`` blob in the wrist image, back-projected onto the plane ``z = plane_z``."""
         if self.wrist_K is None:
             return None

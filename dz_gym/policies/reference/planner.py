@@ -211,7 +211,11 @@ class Planner:
             if con.position is None:
                 return None, state.anchor_yaw
             xy = con.position[:2] - state.hand_offset
-            z = max(cfg.carry_height, self.task.release_height + 0.05) if phase == Phase.CARRY else self.task.release_height
+            z = (
+                max(cfg.carry_height, self.task.release_height + 0.05)
+                if phase == Phase.CARRY
+                else self.task.release_height
+            )
             return np.array([xy[0], xy[1], z]), state.anchor_yaw
         if phase == Phase.RETREAT:
             xy = state.retreat_xy if state.retreat_xy is not None else here[:2]

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -39,7 +40,6 @@ from dz_gym.protocol import DREAMZERO_METADATA
 
 EXTERNAL_KEYS = (droid.REQUEST_IMAGE_KEYS["external_cam"], droid.REQUEST_IMAGE_KEYS["external_cam_2"])
 WRIST_KEY = droid.REQUEST_IMAGE_KEYS["wrist_cam"]
-
 
 
 @dataclass
@@ -149,7 +149,9 @@ class ReferencePolicy:
                 from dz_gym.envs.mujoco.cameras import camera_calibration
 
                 calib = camera_calibration(key)
-                cams = tuple(PinholeCamera(calib[n].K, calib[n].world_from_camera) for n in ("external_cam", "external_cam_2"))
+                cams = tuple(
+                    PinholeCamera(calib[n].K, calib[n].world_from_camera) for n in ("external_cam", "external_cam_2")
+                )
                 found = self._perception[key] = Perception(cams, calib["wrist_cam"].K)
             return found
 
@@ -163,7 +165,9 @@ class ReferencePolicy:
         task = task_for_prompt(request.get("prompt"))
         images = tuple(_last_frame(request, key) for key in EXTERNAL_KEYS)
         if images[0].shape != images[1].shape:
-            raise ValueError(f"{EXTERNAL_KEYS[1]}: expected the same shape as {EXTERNAL_KEYS[0]}, got {images[1].shape} vs {images[0].shape}")
+            raise ValueError(
+                f"{EXTERNAL_KEYS[1]}: expected the same shape as {EXTERNAL_KEYS[0]}, got {images[1].shape} vs {images[0].shape}"
+            )
         wrist_image = _last_frame(request, WRIST_KEY)
         q = _vector(request, droid.REQUEST_JOINT_KEY, droid.ARM_DOF)
         gripper = float(_vector(request, droid.REQUEST_GRIPPER_KEY, 1)[0])
@@ -175,7 +179,9 @@ class ReferencePolicy:
                 session.draws = SkillDraws(self.skill, episode_seed(request, EXTERNAL_KEYS[0], droid.REQUEST_JOINT_KEY))
             return self._step(session, perception, kin, images, wrist_image, q, gripper)
 
-    def _step(self, session: Session, perception: Perception, kin, images, wrist_image, q: np.ndarray, gripper: float) -> np.ndarray:
+    def _step(
+        self, session: Session, perception: Perception, kin, images, wrist_image, q: np.ndarray, gripper: float
+    ) -> np.ndarray:
         session.calls += 1
         draws = session.draws
         if draws is not None and session.calls > 1 and draws.drops(session.calls):

@@ -39,7 +39,9 @@ MIN_SATURATION_PERCENT = 45
 class ImagePlanes:
     """The int16 channel planes of one RGB image and its chroma, shared by every colour test on it."""
 
-    def __init__(self, image: np.ndarray, *, min_chroma: int = MIN_CHROMA, min_saturation: int = MIN_SATURATION_PERCENT):
+    def __init__(
+        self, image: np.ndarray, *, min_chroma: int = MIN_CHROMA, min_saturation: int = MIN_SATURATION_PERCENT
+    ):
         image = np.asarray(image)
         if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
             raise ValueError(f"image: expected uint8 (H, W, 3), got {image.dtype} {image.shape}")

@@ -57,8 +57,15 @@ import gymnasium as gym
 
 PREFIXES = ("isaaclab", "isaaclab_tasks", "sim_evals", "pxr")
 PACKAGES = (
-    "isaaclab", "isaaclab.envs", "isaaclab_tasks", "isaaclab_tasks.utils", "sim_evals", "sim_evals.environments",
-    "sim_evals.environments.droid", "sim_evals.environments.mila", "pxr",
+    "isaaclab",
+    "isaaclab.envs",
+    "isaaclab_tasks",
+    "isaaclab_tasks.utils",
+    "sim_evals",
+    "sim_evals.environments",
+    "sim_evals.environments.droid",
+    "sim_evals.environments.mila",
+    "pxr",
 )
 
 
@@ -223,7 +230,9 @@ def uninstall() -> None:
 def _builders(world: World):
     from dz_gym.testing.isaac_stubs import cfgs, mdp_functions, sim, sim_evals_layouts
 
-    env_class = sim.StandInRLEnvDevelop if world.is_develop else (sim.StandInRLEnv30 if world.is_v3 else sim.StandInRLEnv22)
+    env_class = (
+        sim.StandInRLEnvDevelop if world.is_develop else (sim.StandInRLEnv30 if world.is_v3 else sim.StandInRLEnv22)
+    )
     env_class.world = world
 
     def isaaclab(m):
@@ -302,7 +311,9 @@ def _builders(world: World):
         if world.is_v3:
 
             def parse_env_cfg(task_name, device=None, num_envs=None, use_fabric=None, overrides=()):
-                world.log("parse_env_cfg", task_name, {"device": device, "num_envs": num_envs, "use_fabric": use_fabric})
+                world.log(
+                    "parse_env_cfg", task_name, {"device": device, "num_envs": num_envs, "use_fabric": use_fabric}
+                )
                 cfg = load(task_name)
                 if device is not None:
                     cfg.sim.device = device
@@ -315,7 +326,9 @@ def _builders(world: World):
         else:
 
             def parse_env_cfg(task_name, device="cuda:0", num_envs=None, use_fabric=None):
-                world.log("parse_env_cfg", task_name, {"device": device, "num_envs": num_envs, "use_fabric": use_fabric})
+                world.log(
+                    "parse_env_cfg", task_name, {"device": device, "num_envs": num_envs, "use_fabric": use_fabric}
+                )
                 cfg = load(task_name)
                 cfg.sim.device = device
                 if use_fabric is not None:
@@ -334,7 +347,9 @@ def _builders(world: World):
 
     def sim_evals_environments(m):
         if not world.launched:
-            raise ImportError("No module named 'pxr' (stand-in: sim_evals.environments imported before the app launched)")
+            raise ImportError(
+                "No module named 'pxr' (stand-in: sim_evals.environments imported before the app launched)"
+            )
         m.arm_joint_pos = cfgs.upstream_arm_joint_pos
         m.gripper_pos = cfgs.upstream_gripper_pos
         if world.layout == "per_scene":
@@ -361,7 +376,12 @@ def _builders(world: World):
         m.MilaDroidEnvCfg = sim_evals_layouts.make_mila_cfg_class(world, droid_pkg.DroidEnvCfg)
         m.MILA_TASKS = sim_evals_layouts.MILA_TASKS
         m.get_mila_task = sim_evals_layouts.get_mila_task
-        gym.register(id="DROID-MILA", entry_point=make, kwargs={"env_cfg_entry_point": m.MilaDroidEnvCfg}, disable_env_checker=True)
+        gym.register(
+            id="DROID-MILA",
+            entry_point=make,
+            kwargs={"env_cfg_entry_point": m.MilaDroidEnvCfg},
+            disable_env_checker=True,
+        )
 
     def pxr(m):
         sim_evals_layouts.build_pxr(m, world)

@@ -283,10 +283,14 @@ def make_env_cfg_class(world, per_scene: bool = False):
                 from dz_gym.testing.isaac_stubs import sim_evals_layouts
 
                 if not isinstance(scene_name, str):
-                    raise ValueError(f"Unknown DROID environment {scene_name!r}. Valid env ids: {', '.join(sim_evals_layouts.PER_SCENE_IDS)}")
+                    raise ValueError(
+                        f"Unknown DROID environment {scene_name!r}. Valid env ids: {', '.join(sim_evals_layouts.PER_SCENE_IDS)}"
+                    )
                 spec = sim_evals_layouts.PER_SCENE_IDS.get(scene_name)
                 if spec is None:
-                    raise ValueError(f"Unknown DROID environment {scene_name!r}. Valid env ids: {', '.join(sim_evals_layouts.PER_SCENE_IDS)}")
+                    raise ValueError(
+                        f"Unknown DROID environment {scene_name!r}. Valid env ids: {', '.join(sim_evals_layouts.PER_SCENE_IDS)}"
+                    )
                 self.scene_env_id = scene_name
                 self.language_instruction = spec[1]
                 self.scene_asset_path = self.scene.dynamic_scene(scene_name)["scene_asset_path"]

@@ -32,8 +32,15 @@ import torch
 
 from dz_gym.testing.isaac_stubs.cfgs import ARM_JOINTS, HOME
 
-JOINT_NAMES = ARM_JOINTS + ["finger_joint", "right_outer_knuckle_joint", "left_inner_finger_joint", "right_inner_finger_joint"]
-BODY_NAMES = ["panda_link0"] + [f"panda_link{i}" for i in range(1, 8)] + ["base_link", "left_inner_finger", "right_inner_finger"]
+JOINT_NAMES = ARM_JOINTS + [
+    "finger_joint",
+    "right_outer_knuckle_joint",
+    "left_inner_finger_joint",
+    "right_inner_finger_joint",
+]
+BODY_NAMES = (
+    ["panda_link0"] + [f"panda_link{i}" for i in range(1, 8)] + ["base_link", "left_inner_finger", "right_inner_finger"]
+)
 REFERENCE_IRRADIANCE = 5000.0 / (0.5**2 + 0.6**2 + 0.7**2)  # the sphere light seen from the table at N=1
 GRASP_RADIUS = 0.03
 
@@ -300,7 +307,9 @@ class StandInRLEnv(gym.Env):
         self._refresh()
         self.metadata["render_fps"] = 1 / self.step_dt  # Isaac Lab mutates the class-level dict
         self._obs_terms = {
-            name: term for name, term in vars(cfg.observations.policy).items() if type(term).__name__ == "ObservationTermCfg"
+            name: term
+            for name, term in vars(cfg.observations.policy).items()
+            if type(term).__name__ == "ObservationTermCfg"
         }
         self._termination_terms = {
             name: term for name, term in vars(cfg.terminations).items() if type(term).__name__ == "TerminationTermCfg"
@@ -352,7 +361,9 @@ class StandInRLEnv(gym.Env):
                 leaf = value.prim_path.split("/", 1)[1]
                 for i in range(self.num_envs):
                     pos = self.origins[i].numpy() + local
-                    prims.append(Prim(f"/World/envs/env_{i}/{leaf}", type_name, pos, **{"inputs:intensity": spawn.intensity}))
+                    prims.append(
+                        Prim(f"/World/envs/env_{i}/{leaf}", type_name, pos, **{"inputs:intensity": spawn.intensity})
+                    )
             else:
                 prims.append(Prim(value.prim_path, type_name, local, **{"inputs:intensity": spawn.intensity}))
         if self.world.scene_dome_light:
@@ -360,7 +371,9 @@ class StandInRLEnv(gym.Env):
                 prims.append(Prim(f"/World/envs/env_{i}/scene/DomeLight", "DomeLight", **{"inputs:intensity": 300.0}))
         if self.world.scene_distant_light:
             for i in range(self.num_envs):
-                prims.append(Prim(f"/World/envs/env_{i}/scene/DistantLight", "DistantLight", **{"inputs:intensity": 200.0}))
+                prims.append(
+                    Prim(f"/World/envs/env_{i}/scene/DistantLight", "DistantLight", **{"inputs:intensity": 200.0})
+                )
         from dz_gym.testing.isaac_stubs import sim_evals_layouts
 
         for i in range(self.num_envs):
@@ -395,7 +408,11 @@ class StandInRLEnv(gym.Env):
             bright = np.clip(np.round(128 * self.irradiance() / self._reference_irradiance()), 0, 255)
             joint = torch.remainder(torch.round((self._render_q[:, 0] + math.pi) * 40), 256)
             values = torch.stack(
-                [torch.as_tensor(bright, dtype=torch.float32), joint, torch.remainder(self._render_episode, 256).float()],
+                [
+                    torch.as_tensor(bright, dtype=torch.float32),
+                    joint,
+                    torch.remainder(self._render_episode, 256).float(),
+                ],
                 dim=1,
             ).to(torch.uint8)
         for entity in self.scene.entities.values():
@@ -405,7 +422,11 @@ class StandInRLEnv(gym.Env):
 
     def _reference_irradiance(self):
         world = self.world
-        return REFERENCE_IRRADIANCE + (300.0 if world.scene_dome_light else 0.0) + (200.0 if world.scene_distant_light else 0.0)
+        return (
+            REFERENCE_IRRADIANCE
+            + (300.0 if world.scene_dome_light else 0.0)
+            + (200.0 if world.scene_distant_light else 0.0)
+        )
 
     def world_check_rigid_prim(self, prim_path):
         """A ``RigidObjectCfg`` without spawn needs a rigid body at its prim path (Isaac Lab raises otherwise)."""
@@ -415,7 +436,9 @@ class StandInRLEnv(gym.Env):
         if str(prim_path).startswith(prefix):
             leaf = str(prim_path)[len(prefix) :]
             if leaf not in sim_evals_layouts.scene_rigid_bodies(self.cfg):
-                raise RuntimeError(f"Could not find prim with path {prim_path} (stand-in: no rigid body {leaf!r} in the scene USD)")
+                raise RuntimeError(
+                    f"Could not find prim with path {prim_path} (stand-in: no rigid body {leaf!r} in the scene USD)"
+                )
 
     # -- managers ---------------------------------------------------------------------------------
     def _term(self, term):
@@ -436,7 +459,9 @@ class StandInRLEnv(gym.Env):
         for name, term in self._termination_terms.items():
             value = term.func(self, **term.params)
             if value.dtype != torch.bool or tuple(value.shape) != (self.num_envs,):
-                raise ValueError(f"termination term {name}: expected ({self.num_envs},) bool, got {value.dtype} {tuple(value.shape)}")
+                raise ValueError(
+                    f"termination term {name}: expected ({self.num_envs},) bool, got {value.dtype} {tuple(value.shape)}"
+                )
             if term.time_out:
                 truncated |= value
             else:
@@ -522,7 +547,11 @@ class StandInRLEnv(gym.Env):
         return len(ids)  # the event manager counts the ids: a slice fails (TypeError)
 
     def _rerender_after_reset(self):
-        count = getattr(self.cfg, "num_rerenders_on_reset", None) if self.world.is_v3 else int(bool(self.cfg.rerender_on_reset))
+        count = (
+            getattr(self.cfg, "num_rerenders_on_reset", None)
+            if self.world.is_v3
+            else int(bool(self.cfg.rerender_on_reset))
+        )
         for _ in range(int(count or 0)):
             self._render()
 

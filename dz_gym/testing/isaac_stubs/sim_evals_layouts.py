@@ -84,25 +84,49 @@ def _milestones(*names):
 
 MILA_TASKS = {
     "place_spoon_in_sink": MilaTask(
-        "place_spoon_in_sink", "Task2/Scene.usd", "Pick up the spoon and place it in the sink.", 300,
+        "place_spoon_in_sink",
+        "Task2/Scene.usd",
+        "Pick up the spoon and place it in the sink.",
+        300,
         _milestones("reached_spoon", "lifted_up_spoon", "above_sink", "completely_in_sink"),
-        "spoon", "sink", "Spoon054/Spoon054", "Sink081/Sink081", object_bbox_half_extents=(0.039, 0.181, 0.034),
+        "spoon",
+        "sink",
+        "Spoon054/Spoon054",
+        "Sink081/Sink081",
+        object_bbox_half_extents=(0.039, 0.181, 0.034),
         bodies={"Spoon054/Spoon054": (0.55, 0.10, 0.02), "Sink081/Sink081": (0.50, -0.30, -0.10)},
     ),
     "place_spoon_in_utensil_holder": MilaTask(
-        "place_spoon_in_utensil_holder", "place_spoon_in_utensil_holder.usd",
-        "Pick up the spoon and place it in the utensil holder.", 400,
+        "place_spoon_in_utensil_holder",
+        "place_spoon_in_utensil_holder.usd",
+        "Pick up the spoon and place it in the utensil holder.",
+        400,
         _milestones("reached_spoon", "lifted_up_spoon", "above_utensil_holder", "released_in_utensil_holder"),
-        "spoon", "utensil_holder", "Spoon054/Spoon054", "Cup082/Cup082", object_bbox_half_extents=(0.039, 0.181, 0.034),
-        target_xy_radius=0.16, above_target_height=0.10, in_target_height=0.12,
+        "spoon",
+        "utensil_holder",
+        "Spoon054/Spoon054",
+        "Cup082/Cup082",
+        object_bbox_half_extents=(0.039, 0.181, 0.034),
+        target_xy_radius=0.16,
+        above_target_height=0.10,
+        in_target_height=0.12,
         bodies={"Spoon054/Spoon054": (0.55, 0.10, 0.02), "Cup082/Cup082": (0.45, -0.25, 0.05)},
     ),
     "stack_red_bowl_into_grey_bowl": MilaTask(
-        "stack_red_bowl_into_grey_bowl", "Task1/Scene.usd", "Pick up the red bowl and place it in the grey bowl.", 600,
+        "stack_red_bowl_into_grey_bowl",
+        "Task1/Scene.usd",
+        "Pick up the red bowl and place it in the grey bowl.",
+        600,
         _milestones("reached_red_bowl", "lifted_up_red_bowl", "above_grey_bowl", "placed_in_grey_bowl"),
-        "red_bowl", "grey_bowl", "Bowl061/Bowl061", "Bowl062/Bowl062", object_bbox_half_extents=(0.079, 0.079, 0.030),
-        object_bottom_center=(0.0, 0.0, -0.030), object_mouth_center=(0.0, 0.0, 0.030),
-        target_region_extent_min=(-0.089, -0.089, -0.034), target_region_extent_max=(0.089, 0.089, 0.034),
+        "red_bowl",
+        "grey_bowl",
+        "Bowl061/Bowl061",
+        "Bowl062/Bowl062",
+        object_bbox_half_extents=(0.079, 0.079, 0.030),
+        object_bottom_center=(0.0, 0.0, -0.030),
+        object_mouth_center=(0.0, 0.0, 0.030),
+        target_region_extent_min=(-0.089, -0.089, -0.034),
+        target_region_extent_max=(0.089, 0.089, 0.034),
         bodies={"Bowl061/Bowl061": (0.55, 0.15, 0.03), "Bowl062/Bowl062": (0.50, -0.20, 0.03)},
     ),
 }
@@ -112,7 +136,9 @@ def get_mila_task(task_id: str) -> MilaTask:
     try:
         return MILA_TASKS[task_id]
     except KeyError:
-        raise ValueError(f"Unsupported MILA task '{task_id}'. Supported tasks: {', '.join(sorted(MILA_TASKS))}") from None
+        raise ValueError(
+            f"Unsupported MILA task '{task_id}'. Supported tasks: {', '.join(sorted(MILA_TASKS))}"
+        ) from None
 
 
 def scene_asset_path(world, env_id: str) -> Path:
@@ -259,9 +285,15 @@ def milestone_checks(env, task: MilaTask) -> dict[str, torch.Tensor]:
         high = torch.tensor(task.target_region_extent_max) + task.target_region_tolerance
         inside = ((local >= low) & (local <= high)).all(dim=-1).all(dim=-1) & (points[:, 1, 2] > points[:, 0, 2])
     return {
-        "reached_spoon": reached, "lifted_up_spoon": lifted, "above_sink": above, "completely_in_sink": in_target,
-        "above_utensil_holder": above, "released_in_utensil_holder": in_target,
-        "reached_red_bowl": reached, "lifted_up_red_bowl": lifted, "above_grey_bowl": above_anywhere,
+        "reached_spoon": reached,
+        "lifted_up_spoon": lifted,
+        "above_sink": above,
+        "completely_in_sink": in_target,
+        "above_utensil_holder": above,
+        "released_in_utensil_holder": in_target,
+        "reached_red_bowl": reached,
+        "lifted_up_red_bowl": lifted,
+        "above_grey_bowl": above_anywhere,
         "placed_in_grey_bowl": inside & gripper_open,
     }
 
@@ -337,10 +369,15 @@ def make_mila_cfg_class(world, droid_env_cfg):
             self.scene.scene = AssetBaseCfg(prim_path=f"{ENV_NS}/scene", spawn=UsdFileCfg(usd_path=str(path)))
             for alias, prim in ((task.object_name, task.object_prim_path), (task.target_name, task.target_prim_path)):
                 pos = task.bodies[prim]
-                setattr(self.scene, alias, RigidObjectCfg(prim_path=f"{ENV_NS}/scene/{prim}", init_state=InitialStateCfg(pos=pos)))
+                setattr(
+                    self.scene,
+                    alias,
+                    RigidObjectCfg(prim_path=f"{ENV_NS}/scene/{prim}", init_state=InitialStateCfg(pos=pos)),
+                )
             self.rewards.milestones = RewardTermCfg(func=milestone_reward, weight=1.0, params={"task_id": task.task_id})
             self.events.reset_initial_conditions = EventTermCfg(
-                func=reset_initial_conditions, mode="reset",
+                func=reset_initial_conditions,
+                mode="reset",
                 params={"initial_conditions_file": str(initial_conditions_file(world, task))},
             )
             self.events.reset_milestones = EventTermCfg(func=reset_milestones, mode="reset")
