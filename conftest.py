@@ -6,7 +6,7 @@ their whole job. Each is left out only where its package is missing, so the run 
 installed (scripts/setup.sh --test) still imports all of them:
 
 - ``dz_gym/rl/rsl_rl_env.py``: rsl_rl's ``VecEnv`` (the ``rl`` extra: rsl-rl-lib, torch, tensordict);
-- ``dz_gym/testing/isaac_stubs/sim.py`` and ``sim_evals_layouts.py``: the Isaac Lab and sim-evals
+- ``dz_gym/testing/isaac_stubs/sim.py``, ``scene.py`` and ``sim_evals_layouts.py``: the Isaac Lab and sim-evals
   stand-ins hold torch tensors, as the real ones do (the ``torch`` extra).
 """
 
@@ -17,6 +17,7 @@ import importlib.util
 OPTIONAL_MODULES = {
     "dz_gym/rl/rsl_rl_env.py": ("torch", "rsl_rl", "tensordict"),
     "dz_gym/testing/isaac_stubs/sim.py": ("torch",),
+    "dz_gym/testing/isaac_stubs/scene.py": ("torch",),
     "dz_gym/testing/isaac_stubs/sim_evals_layouts.py": ("torch",),
 }
 

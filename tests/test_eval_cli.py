@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dz_gym.eval import cli
+from dz_gym.eval import cli, flags
 from dz_gym.eval.config import EvalConfig
 from dz_gym.eval.rundir import RunDir
 
@@ -140,7 +140,7 @@ def test_defaults_come_from_eval_config_in_code_help_and_docs():
             if isinstance(value, float)
             else str(value)
         )
-        flag = cli.flag_of(field)
+        flag = flags.flag_of(field)
         assert f"(default {shown}" in help_text.split(flag + " ", 1)[1], (flag, shown)
         assert table[flag].strip().split(" ")[0] == shown, (flag, table[flag], shown)
 
