@@ -99,7 +99,7 @@ def test_step_returns_dones_time_outs_and_episode_logs():
     vec = RslRlVecEnv(env, seed=0)
     try:
         vec.get_observations()
-        for step in range(3):
+        for _ in range(3):
             obs, rewards, dones, extras = vec.step(torch.zeros(NUM_ENVS, droid.ACTION_DIM))
             assert rewards.shape == (NUM_ENVS,) and rewards.dtype == torch.float32
             assert dones.shape == (NUM_ENVS,) and extras["time_outs"].dtype == torch.bool

@@ -80,7 +80,7 @@ def test_steps_stay_in_the_spaces_and_follow_same_step_autoreset():
         obs, _ = envs.reset(seed=0)
         assert obs in envs.observation_space
         ended = np.zeros(3, dtype=int)
-        for step in range(1, 8):
+        for _ in range(1, 8):
             obs, reward, terminated, truncated, info = envs.step(np.zeros((3, 8), dtype=np.float32))
             assert obs in envs.observation_space
             assert reward.dtype == np.float32 and terminated.dtype == bool and truncated.dtype == bool

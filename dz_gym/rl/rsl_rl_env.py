@@ -101,11 +101,9 @@ class RslRlVecEnv(VecEnv):
         if "_final_info" in info:
             ended = info["_final_info"]
             final = info["final_info"]
-            as_float = lambda a: torch.as_tensor(a[ended], dtype=torch.float32, device=self.device)
             extras["log"] = {
-                "/episode/success": as_float(final["success"]),
-                "/episode/return": as_float(final["return"]),
-                "/episode/length": as_float(final["length"]),
+                f"/episode/{key}": torch.as_tensor(final[key][ended], dtype=torch.float32, device=self.device)
+                for key in ("success", "return", "length")
             }
         return self._obs, reward, dones.to(torch.long), extras
 
