@@ -69,7 +69,9 @@ class ResidualVectorEnv(VectorEnv):
         )
 
     def close_extras(self, **kwargs: Any) -> None:
-        self.env.close()
+        env = getattr(self, "env", None)  # absent when the constructor refused its arguments
+        if env is not None:
+            env.close()
 
     def _flat(self, obs: dict[str, Any]) -> np.ndarray:
         parts = [
