@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run the whole test suite: install (scripts/setup.sh --test), then pytest.
+# Run the whole test suite: install (scripts/setup.sh --test), lint (ruff check and ruff format --check, the
+# configuration is in pyproject.toml), then pytest and the docstring examples (pytest --doctest-modules dz_gym).
 # Then the same tests again in the environment Isaac Lab 2.2 users have (scripts/setup.sh --test --isaac22:
 # Python 3.11, numpy 1.26, gymnasium 1.2.0, websockets 16), with the slow-marked tests left out to bound
 # CI time. DZ_GYM_SKIP_ISAAC22=1 skips that second run.
@@ -7,6 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --test
 export MUJOCO_GL=${MUJOCO_GL:-egl}
+.venv/bin/python -m ruff check .
+.venv/bin/python -m ruff format --check .
 .venv/bin/python -m pytest -q "$@"
 .venv/bin/python -m pytest -q --doctest-modules dz_gym
 if [ "${DZ_GYM_SKIP_ISAAC22:-0}" = 0 ]; then
