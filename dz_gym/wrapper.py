@@ -340,7 +340,9 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
 
         Queries the server where a chunk is due, exactly as ``step()`` would; the following ``step()`` uses
         this proposal (``step()`` executes it, ``step(action)`` executes yours, e.g. the proposal plus a
-        learned residual). Calling it again before stepping returns the same actions. ``reset()`` discards it.
+        learned residual). Calling it again before stepping returns the same actions. ``reset()`` discards it;
+        after a partial reset (``options={"env_ids": ...}``) the other envs then skip the row it had taken from
+        their chunks, so reset some envs before ``propose()`` or after ``step()``, not in between.
         """
         if self._obs is None:
             raise RuntimeError("propose: call reset() first")
