@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-Z95 = 1.959963984540054  # two-sided 95 % normal quantile
+from dz_gym.stats.proportions import wilson_interval
+
 ERRORED_NOTE = "errored episodes are excluded from the success denominators (n) and counted in 'errored'"
 LATENCY_KEYS = ("mean", "p50", "p90", "p99", "max")
 REQUIRED_ROW_KEYS = (
@@ -39,32 +40,6 @@ REQUIRED_ROW_KEYS = (
     "success_any_step",
     "error",
 )
-
-
-def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float] | None:
-    """Wilson score interval of ``k`` successes in ``n`` trials (``None`` when ``n == 0``).
-
-    >>> [round(x, 3) for x in wilson_interval(5, 10)]
-    [0.237, 0.763]
-    >>> wilson_interval(0, 10)[0], round(wilson_interval(0, 10)[1], 3)
-    (0.0, 0.278)
-    >>> wilson_interval(0, 0) is None
-    True
-    """
-    k, n = int(k), int(n)
-    if n < 0 or not 0 <= k <= n:
-        raise ValueError(f"wilson_interval: expected 0 <= k <= n, got k={k}, n={n}")
-    if n == 0:
-        return None
-    p = k / n
-    z2 = z * z
-    denom = 1.0 + z2 / n
-    centre = (p + z2 / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / denom
-    # At k = 0 and k = n the bounds are exactly 0 and 1; computed, they carry rounding noise.
-    lo = 0.0 if k == 0 else max(0.0, centre - half)
-    hi = 1.0 if k == n else min(1.0, centre + half)
-    return lo, hi
 
 
 def rate(k: int, n: int) -> dict[str, Any]:

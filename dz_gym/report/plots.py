@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from dz_gym.eval.results import wilson_interval
 from dz_gym.report.load import finish_times, start_times
 from dz_gym.report.svg import Axes, empty_plot, fmt
+from dz_gym.stats.proportions import wilson_interval
 
 TIME_BINS = 40
 

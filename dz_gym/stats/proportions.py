@@ -26,7 +26,15 @@ def _check_count(name: str, value: int) -> int:
 
 
 def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float] | None:
-    """Wilson score interval of ``k`` successes in ``n`` trials (``None`` when ``n == 0``)."""
+    """Wilson score interval of ``k`` successes in ``n`` trials (``None`` when ``n == 0``).
+
+    >>> [round(x, 3) for x in wilson_interval(5, 10)]
+    [0.237, 0.763]
+    >>> wilson_interval(0, 10)[0], round(wilson_interval(0, 10)[1], 3)
+    (0.0, 0.278)
+    >>> wilson_interval(0, 0) is None
+    True
+    """
     k, n = int(k), int(n)
     if n < 0 or not 0 <= k <= n:
         raise ValueError(f"wilson_interval: expected 0 <= k <= n, got k={k}, n={n}")
