@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from isaac_helpers import SMALL, hold, make
 
 import dz_gym
 from dz_gym.envs import droid
@@ -24,8 +25,6 @@ from dz_gym.envs.isaac import checks, compat, launch
 from dz_gym.errors import BackendUnavailable
 from dz_gym.testing import isaac_stubs
 from dz_gym.testing.isaac_stubs import cfgs
-
-SMALL = (4, 6)  # camera resolution for the tests (the stand-in renders constant colours)
 
 
 @pytest.fixture(params=["2.2", "3.0"])
@@ -38,18 +37,6 @@ def world(request, tmp_path):
         env.close()
     isaac_stubs.uninstall()
     launch._forget_app_for_tests()
-
-
-def make(num_envs=2, scene=1, **kwargs):
-    kwargs.setdefault("device", "cpu")
-    kwargs.setdefault("check_gpu", False)
-    kwargs.setdefault("image_shape", SMALL)
-    return dz_gym.make_droid_env(backend="isaac", scene=scene, num_envs=num_envs, **kwargs)
-
-
-def hold(obs):
-    policy = obs["policy"]
-    return torch.cat([policy["arm_joint_pos"], (policy["gripper_pos"] > 0.5).float()], dim=1)
 
 
 def image_channel(obs, channel, camera="external_cam"):

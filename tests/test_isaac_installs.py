@@ -11,13 +11,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from isaac_helpers import SMALL, hold, make
+
 import dz_gym
 from dz_gym.envs.isaac import compat, launch, tasks
 from dz_gym.errors import BackendUnavailable
 from dz_gym.testing import isaac_stubs
 from dz_gym.testing.isaac_stubs import sim_evals_layouts
-
-SMALL = (4, 6)
 
 
 @pytest.fixture
@@ -38,18 +38,6 @@ def install(tmp_path):
             env.close()
     isaac_stubs.uninstall()
     launch._forget_app_for_tests()
-
-
-def make(scene=1, num_envs=2, **kwargs):
-    kwargs.setdefault("device", "cpu")
-    kwargs.setdefault("check_gpu", False)
-    kwargs.setdefault("image_shape", SMALL)
-    return dz_gym.make_droid_env(backend="isaac", scene=scene, num_envs=num_envs, **kwargs)
-
-
-def hold(obs):
-    policy = obs["policy"]
-    return torch.cat([policy["arm_joint_pos"], (policy["gripper_pos"] > 0.5).float()], dim=1)
 
 
 # -- bug 1: versions of wheel and source installs; the CLI leaves Isaac Lab alone ---------------------------
