@@ -195,7 +195,6 @@ def _main(
 ) -> int:
     """Preflight, embedded server, run directory, evaluation: in this order, so a failure before the run
     leaves nothing behind; a stop signal at any point ends with exit status 130."""
-    from dz_gym.eval.rundir import RunDir
 
     if args.backend in (None, "auto") and args.resume is None and not args.only_scene:
         why = "Isaac Lab is importable" if config.backend == "isaac" else "Isaac Lab is not importable"
@@ -214,12 +213,7 @@ def _main(
 
     per_process = args.process_per_scene if args.process_per_scene is not None else config.backend == "isaac"
     if per_process and not args.only_scene and len(config.scenes) > 1 and args.ray is None:  # shards: a process each
-        created = run_dir is None
-        if run_dir is None:
-            run_dir = RunDir.create(args.output_root or DEFAULT_OUTPUT_ROOT, config)
-            _say(f"dz-gym-eval: run directory {run_dir.path}")
-        else:
-            run_dir.save_config(config)
+        run_dir, created = _open_run_dir(args, config, run_dir)
         code = _run_scene_processes(argv, config, run_dir, command)
         if code == EXIT_USAGE and created and not run_dir.read_rows():  # a child's horizon error: nothing ran
             shutil.rmtree(run_dir.path, ignore_errors=True)
@@ -258,19 +252,26 @@ def _main(
             if control.stop.is_set():
                 _say("dz-gym-eval: stopped before the run started; nothing was written")
                 return EXIT_INTERRUPTED
-        created = run_dir is None
-        if run_dir is None:
-            run_dir = RunDir.create(args.output_root or DEFAULT_OUTPUT_ROOT, config)
-            _say(f"dz-gym-eval: run directory {run_dir.path}")
-        else:
-            run_dir.save_config(config)
-            if not args.only_scene:
-                _say(f"dz-gym-eval: resuming {run_dir.path}")
+        run_dir, created = _open_run_dir(args, config, run_dir)
         args.servers_b_urls = servers_b
         return _evaluate(args, config, run_dir, servers, server_info, command, control, signals, created)
     finally:
         for server in reversed(started):
             server.stop()
+
+
+def _open_run_dir(args: argparse.Namespace, config: EvalConfig, run_dir: RunDir | None) -> tuple[RunDir, bool]:
+    """The run directory: a new one (``created``), or the resumed one with the config saved again."""
+    from dz_gym.eval.rundir import RunDir
+
+    if run_dir is None:
+        run_dir = RunDir.create(args.output_root or DEFAULT_OUTPUT_ROOT, config)
+        _say(f"dz-gym-eval: run directory {run_dir.path}")
+        return run_dir, True
+    run_dir.save_config(config)
+    if not args.only_scene:
+        _say(f"dz-gym-eval: resuming {run_dir.path}")
+    return run_dir, False
 
 
 def _evaluate(
