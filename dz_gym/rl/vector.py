@@ -23,6 +23,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from dz_gym.envs import droid
+from dz_gym.preprocess import to_numpy
 from dz_gym.rl.residual import OBSERVATION_GROUPS, ResidualEnv
 
 __all__ = ["ResidualVectorEnv"]
@@ -62,9 +63,9 @@ class ResidualVectorEnv(VectorEnv):
             info["final_obs"] = self._flat(info["final_obs"])
         return (
             self._flat(obs),
-            reward.cpu().numpy(),
-            terminated.cpu().numpy(),
-            truncated.cpu().numpy(),
+            to_numpy(reward),
+            to_numpy(terminated),
+            to_numpy(truncated),
             info,
         )
 
@@ -74,7 +75,5 @@ class ResidualVectorEnv(VectorEnv):
             env.close()
 
     def _flat(self, obs: dict[str, Any]) -> np.ndarray:
-        parts = [
-            obs[g].detach().cpu().numpy() if hasattr(obs[g], "detach") else np.asarray(obs[g]) for g in self.groups
-        ]
+        parts = [to_numpy(obs[g]) for g in self.groups]
         return np.concatenate(parts, axis=1).astype(np.float32, copy=False)
