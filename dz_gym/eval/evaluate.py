@@ -333,28 +333,62 @@ def evaluate(
                 recorder.close()
             if segment["env_steps"] or segment["wall_s"]:
                 segments.append(segment)
-            aborted = aborted or control.aborted
-            extra = {
-                "interrupted": control.interrupted and aborted is None,
-                "aborted": aborted,
-                "command": command,
-                "backend": config.backend,
-                "servers": list(servers),
+            summary = write_run_summary(
+                config,
+                run_dir,
+                segments,
+                control=control,
+                aborted=aborted,
+                command=command,
+                servers=servers,
+                server_info=server_info,
+                server_metadata=server_metadata or previous.get("server_metadata", {}),
+                video_errors=dict(recorder.failed) if recorder is not None else {},
+                say=say,
                 **({"servers_b": list(servers_b)} if config.ab else {}),
-                "dropped": dropped,
-                "server": dict(server_info or {}),
-                "server_metadata": server_metadata or previous.get("server_metadata", {}),
-                "video_errors": dict(recorder.failed) if recorder is not None else {},
-                "versions": versions(),
-            }
-            summary = build_summary(config, run_dir, segments=segments, extra=extra)
-            run_dir.write_summary(summary)
-            if getattr(config, "report", True):
-                from dz_gym.report import write_report_safely
-
-                write_report_safely(run_dir.path, say)
+                dropped=dropped,
+            )
     if error is not None:
         raise error
+    return summary
+
+
+def write_run_summary(
+    config: EvalConfig,
+    run_dir: RunDir,
+    segments: list[dict[str, Any]],
+    *,
+    control: RunControl,
+    aborted: str | None,
+    command: str,
+    servers: Sequence[str],
+    server_info: Mapping[str, Any] | None,
+    server_metadata: Mapping[str, Any],
+    video_errors: Mapping[str, Any],
+    say: Callable[[str], None] | None = None,
+    **more: Any,
+) -> dict[str, Any]:
+    """The last step of a run, in one process or on shards: ``summary.json`` (how the run ended, what ran it,
+    ``more`` path-specific fields), then ``report.html`` unless ``config.report`` is off. Returns the summary."""
+    aborted = aborted or control.aborted
+    extra = {
+        "interrupted": control.interrupted and aborted is None,
+        "aborted": aborted,
+        "command": command,
+        "backend": config.backend,
+        "servers": list(servers),
+        "server": dict(server_info or {}),
+        "server_metadata": dict(server_metadata),
+        "video_errors": dict(video_errors),
+        "versions": versions(),
+        **more,
+    }
+    summary = build_summary(config, run_dir, segments=segments, extra=extra)
+    run_dir.write_summary(summary)
+    if config.report:
+        from dz_gym.report import write_report_safely
+
+        write_report_safely(run_dir.path, say)
     return summary
 
 

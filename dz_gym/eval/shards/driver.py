@@ -31,7 +31,7 @@ from typing import Any
 
 from dz_gym.eval.capacity import IdleGapCheck, envs_per_server, session_warning
 from dz_gym.eval.config import EvalConfig
-from dz_gym.eval.evaluate import build_summary, remaining_episodes, versions
+from dz_gym.eval.evaluate import remaining_episodes, write_run_summary
 from dz_gym.eval.progress import Progress
 from dz_gym.eval.rundir import RunDir, _write_atomic
 from dz_gym.eval.runner import RunControl
@@ -499,11 +499,8 @@ def evaluate_sharded(
                 error,
                 command,
                 server_info,
+                say,
             )
-            if getattr(config, "report", False):
-                from dz_gym.report import write_report_safely
-
-                write_report_safely(run_dir.path, say)
         if owns_ray:
             require_ray().shutdown()
     if error is not None:
@@ -526,8 +523,10 @@ def _finish(
     error: BaseException | None,
     command: str,
     server_info: Mapping[str, Any] | None,
+    say: Callable[[str], None],
 ) -> dict[str, Any]:
-    """Drain what arrived, stop every actor, write ``summary.json`` (the ``finally`` of :func:`evaluate_sharded`)."""
+    """Drain what arrived, stop every actor, write ``summary.json`` and ``report.html`` (the ``finally`` of
+    :func:`evaluate_sharded`)."""
     if run is not None:
         try:
             if run.collector is not None and error is not None:
@@ -545,26 +544,20 @@ def _finish(
             driver_wall_s=time.perf_counter() - t0,
         )
         segments.append(segment)
-    aborted = aborted or control.aborted
-    extra = {
-        "interrupted": control.interrupted and aborted is None,
-        "aborted": aborted,
-        "command": command,
-        "backend": config.backend,
-        "servers": list(servers),
-        "server": dict(server_info or {}),
-        "server_metadata": (run.server_metadata if run is not None else {}) or previous.get("server_metadata", {}),
-        "video_errors": run.video_errors if run is not None else {},
-        "versions": versions(),
-        "shards": run.shards_summary() if run is not None else previous.get("shards"),
-    }
-    summary = build_summary(config, run_dir, segments=segments, extra=extra)
-    run_dir.write_summary(summary)
-    if getattr(config, "report", True):  # report.html, as evaluate() writes it (dz_gym.report)
-        from dz_gym.report import write_report_safely
-
-        write_report_safely(run_dir.path)
-    return summary
+    return write_run_summary(
+        config,
+        run_dir,
+        segments,
+        control=control,
+        aborted=aborted,
+        command=command,
+        servers=servers,
+        server_info=server_info,
+        server_metadata=(run.server_metadata if run is not None else {}) or previous.get("server_metadata", {}),
+        video_errors=run.video_errors if run is not None else {},
+        say=say,
+        shards=run.shards_summary() if run is not None else previous.get("shards"),
+    )
 
 
 def actor_name(token: str, shard: int, attempt: int) -> str:
