@@ -110,7 +110,7 @@ def sharded(cluster, server, root, cfg=None, control=None, **options):
 
 
 def test_rows_equal_a_one_process_run_and_come_from_both_nodes(cluster, server, one_process, tmp_path):
-    run, _ = sharded(cluster, server, tmp_path, cfg=config(video=True), ship_files=True)
+    run, _ = sharded(cluster, server, tmp_path, cfg=config(video=True, report=True), ship_files=True)
     rows, ref = run.read_rows(), one_process.read_rows()
     assert stable(rows) == stable(ref)
     assert all(r["error"] is None and r["steps"] == 16 for r in rows)
@@ -134,6 +134,7 @@ def test_rows_equal_a_one_process_run_and_come_from_both_nodes(cluster, server, 
     assert on_disk["complete"] and not on_disk["interrupted"] and on_disk["aborted"] is None
     assert on_disk["overall"]["episodes"] == 6 and on_disk["env_steps_per_s"] > 0
     assert not (run.path / TOKEN_FILE).exists()
+    assert "complete" in (run.path / "report.html").read_text()  # written once, as one process writes it
 
 
 def _kill_shard_after_its_first_row(run_root, shard: int):
