@@ -77,6 +77,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import logging
+import time
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -509,8 +510,13 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         """Settle the finished requests of ``env_ids`` into ``record`` (waiting for them when ``block``)."""
         futures = [self._in_flight[i].future for i in env_ids if i in self._in_flight]
         if block and futures:
-            # The client bounds each request; this bound only guards against a reply that never resolves.
-            concurrent.futures.wait(futures, timeout=self._reply_bound)
+            # The client bounds each request; this bound only guards against a reply that never resolves. The
+            # wait runs in slices of at most a second so a stop signal's handler runs promptly whichever thread
+            # the signal reached.
+            deadline = time.monotonic() + self._reply_bound
+            pending = set(futures)
+            while pending and (left := deadline - time.monotonic()) > 0:
+                _, pending = concurrent.futures.wait(pending, timeout=min(left, 1.0))
         for env_id in env_ids:
             flight = self._in_flight.get(env_id)
             if flight is None or (not block and not flight.future.done()):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import signal
 import threading
 import weakref
 from collections.abc import Coroutine
@@ -96,6 +97,10 @@ class LoopThread:
 
 
 def _run_loop(loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
+    # Stop signals go to the main thread, which handles them: one that lands on this thread would leave a main
+    # thread blocked on a reply unwoken until that reply came.
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     asyncio.set_event_loop(loop)
     loop.call_soon(ready.set)
     loop.run_forever()
