@@ -116,6 +116,12 @@ def one_env_loop(url: str, episodes: int, max_steps: int, scene: int) -> tuple[f
     return steps / elapsed, float(np.mean(latencies))
 
 
+def mean_latency_ms(rows) -> float:
+    """Mean chunk latency seen by the client (request sent to reply received) over every request of ``rows``."""
+    values = [v for r in rows for v in r.get("latencies_ms", [])]
+    return sum(values) / len(values) if values else float("nan")
+
+
 def evaluator(
     url: str, num_envs: int, episodes: int, max_steps: int, scene: int, prefetch: int = 0
 ) -> tuple[dict, float]:
@@ -143,6 +149,7 @@ def evaluator(
     steps = sum(r["steps"] for r in rows) or 1
     summary["stale_share"] = sum(r.get("stale_steps", 0) for r in rows) / steps
     summary["wait_share"] = sum(r.get("wait_steps", 0) for r in rows) / steps
+    summary["chunk_latency_ms"] = mean_latency_ms(rows)
     return summary, measured[0]
 
 

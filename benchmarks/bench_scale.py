@@ -105,9 +105,11 @@ def sharded(url: str, n: int, k: int, episodes: int, max_steps: int, scene: int,
     config = EvalConfig(scenes=[scene], episodes=episodes, num_envs=n, max_steps=max_steps, video=False, report=False)
     with tempfile.TemporaryDirectory() as root:
         run_dir = RunDir.create(root, config)
-        return evaluate_sharded(
+        summary = evaluate_sharded(
             config, run_dir, [url], RayOptions(address=address, shards=k), progress=False, log=lambda _: None
         )
+        summary["chunk_latency_ms"] = bench_eval.mean_latency_ms(run_dir.read_rows())
+        return summary
 
 
 def main() -> int:
@@ -162,7 +164,8 @@ def main() -> int:
                     print(
                         f"N={n} run {r + 1}/{args.repeat}: one process {rate_1:.1f} env-steps/s "
                         f"(s_N {1e3 * s_one:.1f} ms), "
-                        f"{k} shards {rate_k:.1f} (s {1e3 * s_k:.1f} ms), {rate_k / rate_1:.2f}x",
+                        f"{k} shards {rate_k:.1f} (s {1e3 * s_k:.1f} ms), {rate_k / rate_1:.2f}x; "
+                        f"mean chunk latency {one['chunk_latency_ms']:.0f} / {ours['chunk_latency_ms']:.0f} ms",
                         flush=True,
                     )
             ratios[n] = [rk / r1 for r1, _, rk, _, _ in runs]

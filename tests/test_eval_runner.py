@@ -289,3 +289,30 @@ def test_the_same_cause_gives_the_same_error_event_in_every_env(tmp_path, flavor
         _, run_dir, _ = run(tmp_path, [server.url + PATH], num_envs=3, episodes=3, max_steps=4)
     rows = run_dir.read_rows()
     assert len(rows) == 3 and {r["error_event"] for r in rows} == {"server_error"}
+
+
+def test_explicit_slot_episodes_run_on_their_slots_in_order(tmp_path):
+    from dz_gym.eval.runner import SceneRunner
+    from dz_gym.testing.memory_client import MemoryPolicyClient
+    from dz_gym.wrapper import DreamZeroPolicyWrapper
+
+    config = EvalConfig(scenes=[1], episodes=6, num_envs=2, max_steps=5)
+    run_dir = RunDir.create(tmp_path, config)
+    env = ToyDroidEnv(2, max_episode_length=5)
+    wrapper = DreamZeroPolicyWrapper(env, client=MemoryPolicyClient(HoldPolicy(), 2))
+    try:
+        queues = [[5, 1], [0, 2, 4]]  # not the k % num_envs placement
+        runner = SceneRunner(
+            wrapper, scene=1, slot_episodes=queues, seed=0, max_steps=5, run_dir=run_dir, control=RunControl()
+        )
+        runner.run()
+        with pytest.raises(ValueError, match="slot_episodes: expected one episode list per env slot"):
+            SceneRunner(
+                wrapper, scene=1, slot_episodes=[[0]], seed=0, max_steps=5, run_dir=run_dir, control=RunControl()
+            )
+    finally:
+        wrapper.close()
+    rows = run_dir.read_rows()
+    for slot, queue in enumerate(queues):
+        assert [r["episode"] for r in rows if r["env"] == slot] == queue
+    assert all(r["seed"] == r["env_seed"] == r["episode"] for r in rows)

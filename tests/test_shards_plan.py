@@ -13,6 +13,7 @@ import pytest
 
 from dz_gym.eval.runner import slot_queues
 from dz_gym.eval.shards import MISSING_RAY, RayMissingError, require_ray
+from dz_gym.eval.shards.collector import Collector
 from dz_gym.eval.shards.plan import (
     cpus_per_shard,
     default_shard_count,
@@ -160,6 +161,20 @@ def test_outbox_is_thread_safe(tmp_path):
     total_steps += steps
     assert sorted(got) == sorted(i * 1000 + k for i in range(4) for k in range(200)) and total_steps == 800
     assert np.all(np.diff([e for e in got if e < 1000]) > 0)  # one producer's rows stay in order
+
+
+def test_start_line_waits_for_every_expected_shard_or_its_failure():
+    collector = Collector()
+    assert collector.started()  # nothing expected: nobody waits (restarted actors, later scenes)
+    collector.expect_start([0, 1, 2])
+    assert collector.arrive(0) is False and collector.arrive(0) is False and not collector.started()
+    assert collector.arrive(2) is False
+    collector.leave(1)  # shard 1's actor failed before it was built
+    assert collector.started() and collector.arrive(1)
+    collector.expect_start([0, 1])
+    assert not collector.started()
+    collector.request_stop()  # a stop request ends every wait
+    assert collector.started()
 
 
 def test_without_ray_flags_ray_is_not_imported():

@@ -33,7 +33,9 @@ reports, including a task's own); trajectories keep the milestones' first steps 
 checked on (``object_pos``, ``object_quat``, ``container_pos``, ``tcp_pos``, ``object_start_pos``).
 
 Per finished episode the runner writes, in order: the trajectory file, the video (closed in the background)
-and its row in ``episodes.jsonl``. A stop request (Ctrl-C) or an exhausted error budget ends the scene at the
+and its row in ``episodes.jsonl``; the trajectory and the row are written by an
+:class:`~dz_gym.eval.writer.EpisodeWriter` thread (in that order), off the stepping loop, and all of them are
+on disk when :meth:`SceneRunner.run` returns. A stop request (Ctrl-C) or an exhausted error budget ends the scene at the
 next step boundary; episodes in progress are dropped (no row; their partial videos are deleted) and run again
 on ``--resume``.
 """
@@ -43,6 +45,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import logging
+import sys
 import threading
 import time
 from collections import deque
@@ -56,6 +59,7 @@ from dz_gym.eval.progress import Progress
 from dz_gym.eval.results import latency_stats
 from dz_gym.eval.rundir import RunDir, episode_name
 from dz_gym.eval.video import VideoRecorder, strip_frames
+from dz_gym.eval.writer import EpisodeWriter
 from dz_gym.records import EpisodeStats
 from dz_gym.requests import proprio, to_numpy
 
@@ -209,9 +213,10 @@ class SceneRunner:
 
     ``episodes`` are the episode indices still to run (all of them for a fresh run, the missing ones on
     resume); each runs on slot ``k % num_envs`` with seed ``seed + k``. In an A/B run they are ``(episode,
-    arm)`` items placed by :func:`plan_queues`. ``pairs`` (A/B): the :class:`~dz_gym.eval.ab.PairTracker` fed
-    with every row; ``on_episode_start(slot, seed)``: called as each episode starts (per-episode request
-    fields).
+    arm)`` items placed by :func:`plan_queues`. ``slot_episodes`` (instead of ``episodes``): each slot's
+    episodes, in order (a shard's slots run the episodes of its global slots). ``pairs`` (A/B): the
+    :class:`~dz_gym.eval.ab.PairTracker` fed with every row; ``on_episode_start(slot, seed)``: called as each
+    episode starts (per-episode request fields).
     """
 
     def __init__(
@@ -219,7 +224,7 @@ class SceneRunner:
         wrapper,
         *,
         scene: int,
-        episodes: Sequence[int],
+        episodes: Sequence[int] = (),
         seed: int,
         max_steps: int,
         run_dir: RunDir,
@@ -228,6 +233,7 @@ class SceneRunner:
         progress: Progress | None = None,
         pairs: Any = None,
         on_episode_start: Callable[[int, int], None] | None = None,
+        slot_episodes: Sequence[Sequence[int]] | None = None,
     ):
         self.wrapper = wrapper
         self.base = wrapper.unwrapped
@@ -235,6 +241,13 @@ class SceneRunner:
             raise TypeError("env: the evaluator needs set_episode_seeds() (see dz_gym.envs.base) for per-episode seeds")
         self.num_envs = int(wrapper.num_envs)
         self.scene = int(scene)
+        if slot_episodes is not None:
+            if len(episodes) or len(slot_episodes) != self.num_envs:
+                raise ValueError(
+                    f"slot_episodes: expected one episode list per env slot ({self.num_envs}) and no episodes, "
+                    f"got {len(slot_episodes)} lists and {len(episodes)} episodes"
+                )
+            episodes = [int(k) for q in slot_episodes for k in q]
         work = [(int(e), None) if not isinstance(e, tuple) else (int(e[0]), e[1]) for e in episodes]
         self.episodes = sorted({k for k, _ in work})
         self._todo = set(work)
@@ -244,7 +257,10 @@ class SceneRunner:
         self.control = control
         self.recorder = recorder
         self.progress = progress
-        self._queues = plan_queues(work, self.num_envs)
+        if slot_episodes is None:
+            self._queues = plan_queues(work, self.num_envs)
+        else:
+            self._queues = [deque((int(k), None) for k in q) for q in slot_episodes]
         self._current: list[_Episode | None] = [None] * self.num_envs
         self._warned_seed = False
         self.pairs = pairs
@@ -253,6 +269,7 @@ class SceneRunner:
         self._started: set[tuple[int, str | None]] = set()
         self._drain = False  # the sequential test stopped: start nothing new
         self._result: SceneResult | None = None
+        self._writer: EpisodeWriter | None = None
 
     # -- the loop -------------------------------------------------------------------------------------
     def run(self) -> SceneResult:
@@ -262,6 +279,7 @@ class SceneRunner:
         first = [i for i in range(self.num_envs) if self._queues[i]]
         if not first:
             return result
+        self._writer = EpisodeWriter(self.run_dir)
         try:
             self.base.set_episode_seeds(first, [self.seed + self._queues[i][0][0] for i in first])
             wrapper.render_policy = "all" if self.recorder is not None else "due"
@@ -285,7 +303,19 @@ class SceneRunner:
                         self.recorder.abort(ep.video_key)
                     self._current[i] = None
             wrapper.set_idle(np.zeros(self.num_envs, dtype=bool))
+            self._close_writer()
         return result
+
+    def _close_writer(self) -> None:
+        """Write the finished episodes still queued; a write error is raised unless another one is on its way."""
+        writer, self._writer = self._writer, None
+        if sys.exc_info()[1] is None:
+            writer.close()
+            return
+        try:
+            writer.close()
+        except Exception as exc:  # noqa: BLE001 - the exception in flight is the one to report
+            logger.warning("writing finished episodes failed as well: %s", exc)
 
     def _set_idle(self) -> None:
         self.wrapper.set_idle(np.array([ep is None for ep in self._current], dtype=bool))
@@ -461,7 +491,7 @@ class SceneRunner:
     ) -> None:
         ep = self._current[slot]
         self._current[slot] = None
-        trajectory = self.run_dir.save_trajectory(self.scene, ep.episode, self._arrays(ep), ep.arm)
+        trajectory = self.run_dir.trajectory_relpath(self.scene, ep.episode, ep.arm)
         video = None
         if self.recorder is not None:
             self.recorder.finish(ep.video_key)
@@ -472,7 +502,7 @@ class SceneRunner:
         row["stale_steps"] = int(stats.stale_steps) if stats is not None else 0
         row["reconnects"] = int(stats.reconnects) if stats is not None else 0
         row["retries"] = int(stats.retries) if stats is not None else 0
-        self.run_dir.append_row(row)
+        self._writer.submit(self.scene, ep.episode, ep.arm, self._arrays(ep), row)
         self.control.record(row)
         if self.pairs is not None and self.pairs.add(row):
             self._drain = True

@@ -56,15 +56,13 @@ def unavailable(detail: str, tried: list[str] | tuple[str, ...] = ()) -> Renderi
     )
 
 
-def create_renderer(model, height: int, width: int):
-    """A ``mujoco.Renderer`` with shadows and reflections off, or :class:`RenderingUnavailable`."""
-    import mujoco
+def create_renderer(model, height: int, width: int, max_views: int = 1):
+    """A :class:`~dz_gym.envs.mujoco.render.BatchRenderer` for up to ``max_views`` views a page, or
+    :class:`RenderingUnavailable`."""
+    from dz_gym.envs.mujoco.render import BatchRenderer
 
     try:
-        renderer = mujoco.Renderer(model, height=height, width=width)
+        return BatchRenderer(model, height, width, max_views=max_views)
     except Exception as exc:
         message = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
         raise unavailable(f"{type(exc).__name__}: {message}") from exc
-    renderer.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = False
-    renderer.scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = False
-    return renderer

@@ -1,7 +1,8 @@
 """A group of embedded DROID envs stepped and rendered by one process (a worker, or the caller itself).
 
 All envs of a group share one compiled ``MjModel`` (the scene's geometry is fixed; randomization only
-moves the object and container) and one ``mujoco.Renderer``; each env has its own ``MjData``. The group
+moves the object and container) and one :class:`~dz_gym.envs.mujoco.render.BatchRenderer` (every view the
+step needs is drawn, then read back at once); each env has its own ``MjData``. The group
 reads its commands from and writes its results into a :class:`Buffers` set of arrays with a leading
 env axis over the whole batch (plain numpy in-process, shared memory across processes), touching only its
 own slice ``[start, stop)``, so the env's main process never copies per-env data through pipes.
@@ -100,7 +101,8 @@ class EnvGroup:
         self.perturb_rngs: list[np.random.Generator | None] = [None] * len(self.datas)
         self.renderer = None
         if config.render:
-            self.renderer = gl.create_renderer(model, *config.image_shape)
+            views = len(CAMERA_NAMES) * len(self.datas)
+            self.renderer = gl.create_renderer(model, *config.image_shape, max_views=views)
             self._warm_up()
 
     def _warm_up(self) -> None:
@@ -110,9 +112,7 @@ class EnvGroup:
         data = mujoco.MjData(self.model)
         mujoco.mj_forward(self.model, data)
         scratch = np.empty((*self.config.image_shape, 3), dtype=np.uint8)
-        for camera_id in self.camera_ids:
-            self.renderer.update_scene(data, camera=camera_id)
-            self.renderer.render(out=scratch)
+        self.renderer.render([(data, camera_id, scratch) for camera_id in self.camera_ids])
 
     def close(self) -> None:
         if self.renderer is not None:
@@ -141,8 +141,8 @@ class EnvGroup:
                 to_render.append(local)
         fresh = a["fresh"]
         fresh[self.config.start : self.config.stop] = 0
+        self._render(to_render)
         for local in to_render:
-            self._render(local)
             fresh[self.config.start + local] = 1
 
     def perturb(self, env: int, kind: str, distance: float | None = None) -> bool:
@@ -252,11 +252,15 @@ class EnvGroup:
         a["tcp_pos"][env] = data.site_xpos[idx.tcp_site]
         a["tcp_rot"][env] = data.site_xmat[idx.tcp_site].reshape(3, 3)
 
-    def _render(self, local: int) -> None:
-        if self.renderer is None:
+    def _render(self, locals_: list[int]) -> None:
+        """Render every camera of the envs ``locals_`` (group-local indices) into the image arrays, in one
+        batch."""
+        if self.renderer is None or not locals_:
             return
-        env = self.config.start + local
-        data = self.datas[local]
-        for name, camera_id in zip(CAMERA_NAMES, self.camera_ids):
-            self.renderer.update_scene(data, camera=camera_id)
-            self.renderer.render(out=self.arrays[name][env])
+        views = []
+        for local in locals_:
+            env, data = self.config.start + local, self.datas[local]
+            views.extend(
+                (data, camera_id, self.arrays[name][env]) for name, camera_id in zip(CAMERA_NAMES, self.camera_ids)
+            )
+        self.renderer.render(views)

@@ -171,7 +171,7 @@ class ShardedRun:
             st.scenes.pop(0)
         return bool(st.scenes)
 
-    def _submit(self, st: _ShardState) -> None:
+    def _submit(self, st: _ShardState, start_line: bool = False) -> None:
         scene = st.scenes[0]
         queues = self._queues(st, scene)
         spec = {
@@ -186,6 +186,7 @@ class ShardedRun:
             "token": self.token,
             "ship_files": self.options.ship_files,
             "env_kwargs": self._env_kwargs(st.shard),
+            "start_line": start_line,
         }
         if self.config.auth_env and os.environ.get(self.config.auth_env):
             spec["auth_token"] = os.environ[self.config.auth_env]  # in the object store only, never logged
@@ -202,10 +203,11 @@ class ShardedRun:
             .options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False))
             .remote()
         )
-        for st in self.states:
-            if self._skip_done_scenes(st):
-                self._new_actor(st)
-                self._submit(st)
+        starting = [st for st in self.states if self._skip_done_scenes(st)]
+        ray.get(self.collector.expect_start.remote([st.shard.index for st in starting]), timeout=CALL_TIMEOUT_S)
+        for st in starting:
+            self._new_actor(st)
+            self._submit(st, start_line=True)
 
     # -- the loop -------------------------------------------------------------------------------------
     def loop(self) -> None:
@@ -267,6 +269,7 @@ class ShardedRun:
     def _finished(self, st: _ShardState) -> None:
         ray = self.ray
         ref, st.ref = st.ref, None
+        self.collector.leave.remote(st.shard.index)  # if it never reached the start line, nobody waits for it
         try:
             result = ray.get(ref, timeout=CALL_TIMEOUT_S)
         except ray.exceptions.RayActorError as exc:

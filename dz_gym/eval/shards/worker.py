@@ -13,6 +13,10 @@ seconds, with a bound on every call, and learns from the reply whether the drive
 ready once its video file is closed. Before ``run_scene`` returns, everything is flushed, so when its result
 arrives the driver has every row of the call. If the actor dies, rows not yet pushed are lost with it: their
 episodes have no row on the driver and run again.
+
+The first call of each shard of a run waits at the start line (:class:`~dz_gym.eval.shards.collector.Collector`)
+once its simulator is built and before it connects: the shards then step side by side from the first step.
+The wait is bounded (``START_WAIT_S``) and ends early on a stop request.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ TOKEN_FILE = ".shards-token"  # written by the driver: a node that reads the sam
 PUSH_INTERVAL_S = 0.2
 PUSH_TIMEOUT_S = 30.0
 FINAL_PUSH_ATTEMPTS = 5
+START_WAIT_S = 120.0  # the longest a built shard waits at the start line for the others
+START_POLL_S = 0.02
 
 
 class ShardRunDir(RunDir):
@@ -235,27 +241,6 @@ class Pusher:
         return False
 
 
-def _slot_items(queues: list[list[int]]):
-    """The runner's per-slot work items for the shard's explicit per-slot episode lists (each slot's episodes
-    in order, in the item format of :func:`dz_gym.eval.runner.plan_queues`)."""
-    from dz_gym.eval.runner import plan_queues
-
-    return [plan_queues([(k, None) for k in q], 1)[0] for q in queues]
-
-
-def _keep_slots(runner, queues: list[list[int]]) -> None:
-    """Make ``runner`` run each local slot's own episodes. Its own placement (``k % num_envs``) is already the
-    shard's when the shards have equal widths; otherwise its queues are replaced by the shard's."""
-    from dz_gym.eval.runner import plan_queues
-
-    mine = _slot_items(queues)
-    if [list(q) for q in plan_queues([(k, None) for q in queues for k in q], len(queues))] == [list(q) for q in mine]:
-        return
-    if not hasattr(runner, "_queues"):
-        raise TypeError("SceneRunner: per-slot episode queues are not supported by this version")
-    runner._queues = mine
-
-
 class ShardWorker:
     """A Ray actor running one shard (see the module docstring). ``app_args``: Isaac Lab's launcher flags;
     ``setup``: called first (``RayOptions.worker_setup``)."""
@@ -314,6 +299,8 @@ class ShardWorker:
         env = wrapper = None
         try:
             env = default_env_factory(spec["scene"], config, **env_kwargs)
+            if spec.get("start_line"):
+                wait_at_start_line(collector, int(spec["shard"]), control.stop)
             client = _request_fields_client(config, list(spec["servers"]))
             wrapper = DreamZeroPolicyWrapper(
                 env,
@@ -332,7 +319,7 @@ class ShardWorker:
             runner = SceneRunner(
                 wrapper,
                 scene=spec["scene"],
-                episodes=[k for q in queues for k in q],
+                slot_episodes=queues,
                 seed=config.seed,
                 max_steps=config.max_steps,
                 run_dir=ShardRunDir(root, outbox),
@@ -341,7 +328,6 @@ class ShardWorker:
                 progress=_Tally(outbox),
                 on_episode_start=getattr(client, "begin_episode", None),
             )
-            _keep_slots(runner, queues)
             result = runner.run()
             out.update(
                 env_steps=result.env_steps,
@@ -367,6 +353,25 @@ class ShardWorker:
                 + (f" ({pusher.lost})" if pusher.lost else "")
             )
         return out
+
+
+def wait_at_start_line(collector, shard: int, stop: threading.Event, timeout: float = START_WAIT_S) -> bool:
+    """Tell the collector this shard is built, then wait until every shard is (bounded by ``timeout``, ended by
+    ``stop``); returns whether the start was given. A collector that cannot be reached ends the wait."""
+    import ray
+
+    deadline = time.monotonic() + timeout
+    try:
+        started = ray.get(collector.arrive.remote(shard), timeout=PUSH_TIMEOUT_S)
+        while not started and not stop.is_set() and time.monotonic() < deadline:
+            time.sleep(START_POLL_S)
+            started = ray.get(collector.started.remote(), timeout=PUSH_TIMEOUT_S)
+    except ray.exceptions.RayError as exc:
+        logger.warning("shard %d: start line unavailable (%s); starting now", shard, type(exc).__name__)
+        return False
+    if not started and not stop.is_set():
+        logger.warning("shard %d: other shards not built after %.0f s; starting now", shard, timeout)
+    return bool(started)
 
 
 def _request_fields_client(config: EvalConfig, servers: list[str]):

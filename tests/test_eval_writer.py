@@ -1,0 +1,82 @@
+"""EpisodeWriter: trajectories then rows, in order, off the caller's thread; errors reach the caller."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from dz_gym.eval.config import EvalConfig
+from dz_gym.eval.rundir import RunDir
+from dz_gym.eval.writer import EpisodeWriter
+
+
+class _LoggingRunDir:
+    """Records the order of writes; ``gate`` holds the writer thread; ``fail_at`` makes one write fail."""
+
+    def __init__(self, fail_at: int | None = None):
+        self.events: list[tuple[str, int]] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.fail_at = fail_at
+        self.thread_names: set[str] = set()
+
+    def save_trajectory(self, scene, episode, arrays, arm=None):
+        self.gate.wait(10)
+        self.thread_names.add(threading.current_thread().name)
+        if episode == self.fail_at:
+            raise OSError("disk full")
+        self.events.append(("trajectory", episode))
+
+    def append_row(self, row):
+        self.events.append(("row", row["episode"]))
+
+
+def test_trajectory_then_row_in_order_on_the_writer_thread(tmp_path):
+    run_dir = RunDir.create(tmp_path / "run", EvalConfig(scenes=[1], episodes=3, num_envs=1))
+    writer = EpisodeWriter(run_dir)
+    for k in range(3):
+        rel = run_dir.trajectory_relpath(1, k)
+        writer.submit(1, k, None, {"actions": np.full((4, 8), k, np.float32)}, {"episode": k, "trajectory": rel})
+    writer.close()
+    rows = run_dir.read_rows()
+    assert [r["episode"] for r in rows] == [0, 1, 2]
+    for row in rows:
+        with np.load(run_dir.path / row["trajectory"]) as data:
+            assert np.all(data["actions"] == row["episode"])
+    fake = _LoggingRunDir()
+    writer = EpisodeWriter(fake)
+    for k in range(5):
+        writer.submit(1, k, None, {}, {"episode": k})
+    writer.close()
+    assert fake.events == [(kind, k) for k in range(5) for kind in ("trajectory", "row")]
+    assert fake.thread_names == {"dz-gym-episode-writer"}
+
+
+def test_a_full_queue_waits_for_the_disk_and_close_writes_everything():
+    fake = _LoggingRunDir()
+    fake.gate.clear()
+    writer = EpisodeWriter(fake, max_pending=1)
+    writer.submit(1, 0, None, {}, {"episode": 0})  # taken by the thread, which waits at the gate
+    writer.submit(1, 1, None, {}, {"episode": 1})  # fills the queue
+    third = threading.Thread(target=writer.submit, args=(1, 2, None, {}, {"episode": 2}))
+    third.start()
+    third.join(0.2)
+    assert third.is_alive() and fake.events == []  # the caller waits: nothing is dropped
+    fake.gate.set()
+    third.join(10)
+    writer.close()
+    assert [k for kind, k in fake.events if kind == "row"] == [0, 1, 2]
+
+
+def test_a_failed_write_reaches_the_caller_and_later_rows_are_not_written():
+    fake = _LoggingRunDir(fail_at=1)
+    writer = EpisodeWriter(fake)
+    for k in range(3):
+        writer.submit(1, k, None, {}, {"episode": k})
+    with pytest.raises(OSError, match="disk full"):
+        writer.close()
+    assert fake.events == [("trajectory", 0), ("row", 0)]  # no row after the failed one: the order holds
+    with pytest.raises(RuntimeError, match="closed"):
+        writer.submit(1, 3, None, {}, {"episode": 3})
