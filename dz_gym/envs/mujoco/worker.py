@@ -1,7 +1,7 @@
 """Worker processes of the embedded simulator: shared-memory buffers and a compact command pipe.
 
 Each worker owns an :class:`~dz_gym.envs.mujoco.sim.EnvGroup` (a contiguous slice of the batch) and its
-own ``mujoco.Renderer``, created inside the worker: a GL context must not cross a fork, so workers start
+own renderer (:class:`~dz_gym.envs.mujoco.render.BatchRenderer`), created inside the worker: a GL context must not cross a fork, so workers start
 with ``spawn`` (or ``forkserver``) and this module's :func:`worker_main` is their importable entry point.
 Commands and results travel through one shared-memory block (:class:`Buffers`): the main process writes
 ops, actions, seeds and the render mask, sends a few bytes down each pipe, and reads states and images
