@@ -318,3 +318,29 @@ def test_uneven_shards_keep_the_one_process_slots(cluster, server, one_process, 
     assert stable(rows) == stable(one_process.read_rows())
     assert all(r["env"] == r["episode"] % 3 and r["shard"] == (0 if r["env"] < 2 else 1) for r in rows)
     assert [s["slots"] for s in summary["shards"]["per_shard"]] == [[0, 2], [2, 3]]
+
+
+def test_start_line_holds_a_built_shard_until_every_shard_is_built(cluster):
+    import threading
+
+    from dz_gym.eval.shards.collector import Collector
+    from dz_gym.eval.shards.worker import wait_at_start_line
+
+    collector = ray.remote(Collector).options(num_cpus=0).remote()
+    try:
+        ray.get(collector.expect_start.remote([0, 1]), timeout=60)
+        stop = threading.Event()
+        assert wait_at_start_line(collector, 0, stop, timeout=0.3) is False  # shard 1 not built: bounded wait
+        result = []
+        waiter = threading.Thread(target=lambda: result.append(wait_at_start_line(collector, 0, stop, timeout=60)))
+        waiter.start()
+        waiter.join(0.3)
+        assert waiter.is_alive() and not result  # still waiting for shard 1
+        assert wait_at_start_line(collector, 1, stop, timeout=60) is True  # the last one releases everybody
+        waiter.join(60)
+        assert result == [True]
+        ray.get(collector.expect_start.remote([0, 1]), timeout=60)
+        stop.set()  # a stop request ends the wait at once
+        assert wait_at_start_line(collector, 0, stop, timeout=60) is False
+    finally:
+        ray.kill(collector)
