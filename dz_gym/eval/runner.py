@@ -102,7 +102,7 @@ class RunControl:
         self.errored = int(errored)
         self.aborted: str | None = None
         self.rows_written = 0
-        self.on_row: Callable[[dict], None] | None = None  # hook called after each row is written
+        self.on_row: Callable[[dict], None] | None = None  # hook called with each finished episode's row
 
     def record(self, row: Mapping[str, Any]) -> None:
         self.rows_written += 1
