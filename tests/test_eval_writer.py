@@ -21,11 +21,13 @@ class _LoggingRunDir:
         self.gate.set()
         self.fail_at = fail_at
         self.thread_names: set[str] = set()
+        self.failed = threading.Event()
 
     def save_trajectory(self, scene, episode, arrays, arm=None):
         self.gate.wait(10)
         self.thread_names.add(threading.current_thread().name)
         if episode == self.fail_at:
+            self.failed.set()
             raise OSError("disk full")
         self.events.append(("trajectory", episode))
 
@@ -80,3 +82,15 @@ def test_a_failed_write_reaches_the_caller_and_later_rows_are_not_written():
     assert fake.events == [("trajectory", 0), ("row", 0)]  # no row after the failed one: the order holds
     with pytest.raises(RuntimeError, match="closed"):
         writer.submit(1, 3, None, {}, {"episode": 3})
+
+
+def test_nothing_is_written_after_a_failure_even_once_it_was_raised():
+    fake = _LoggingRunDir(fail_at=0)
+    writer = EpisodeWriter(fake)
+    writer.submit(1, 0, None, {}, {"episode": 0})
+    assert fake.failed.wait(10)
+    with pytest.raises(OSError, match="disk full"):  # reported at the next submit, which queues nothing
+        writer.submit(1, 1, None, {}, {"episode": 1})
+    writer.submit(1, 2, None, {}, {"episode": 2})  # the caller went on: still not written
+    writer.close()
+    assert fake.events == []

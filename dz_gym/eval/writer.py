@@ -27,7 +27,8 @@ class EpisodeWriter:
     def __init__(self, run_dir, max_pending: int = 4096):
         self.run_dir = run_dir
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, int(max_pending)))
-        self._error: BaseException | None = None
+        self._error: BaseException | None = None  # the failure not yet raised in the caller's thread
+        self._failed = False  # after a failure nothing more is written, even once the error was raised
         self._thread = threading.Thread(target=self._loop, name="dz-gym-episode-writer", daemon=True)
         self._thread.start()
         self._closed = False
@@ -59,11 +60,12 @@ class EpisodeWriter:
             item = self._queue.get()
             if item is _CLOSE:
                 return
-            if self._error is not None:  # after a failure nothing more is written: rows keep their order
+            if self._failed:  # rows keep their order: none after the one that failed
                 continue
             scene, episode, arm, arrays, row = item
             try:
                 self.run_dir.save_trajectory(scene, episode, arrays, arm)
                 self.run_dir.append_row(row)
             except BaseException as exc:  # noqa: BLE001 - handed to the runner's thread
+                self._failed = True
                 self._error = exc
