@@ -143,7 +143,7 @@ def run_role(args, role: str, out: Path, **env_kwargs) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    from dz_gym.envs.isaac.tasks import TASKS
+    from dz_gym.envs.scenes import TASKS
 
     parser.add_argument("--scene", type=int, default=1, choices=(1, 2, 3))
     parser.add_argument(

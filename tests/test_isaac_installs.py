@@ -14,7 +14,8 @@ torch = pytest.importorskip("torch")
 from isaac_helpers import SMALL, hold, make
 
 import dz_gym
-from dz_gym.envs.isaac import compat, launch, tasks
+from dz_gym.envs import scenes
+from dz_gym.envs.isaac import compat, launch
 from dz_gym.errors import BackendUnavailable
 from dz_gym.testing import isaac_stubs
 from dz_gym.testing.isaac_stubs import sim_evals_layouts
@@ -250,7 +251,7 @@ def run_mila_case(world, env, name, num_envs):
 @pytest.mark.parametrize("name", list(MILA_CASES))
 def test_mila_task_selection_prompt_horizon_and_milestones(install, name):
     world = install("2.2", layout="per_scene", mila=True)
-    task = tasks.TASKS[name]
+    task = scenes.TASKS[name]
     env = make(scene=task.key, num_envs=1)
     upstream = sim_evals_layouts.MILA_TASKS[name]
     assert world.calls[world.index("parse_env_cfg")][1] == "DROID-MILA" and ("cfg.set_task", name) in world.calls
@@ -259,8 +260,8 @@ def test_mila_task_selection_prompt_horizon_and_milestones(install, name):
     obs, infos = run_mila_case(world, env, name, 1)
     expected = MILA_CASES[name][1]
     milestones = infos[-1]["milestones"]
-    assert {key: int(milestones[key][0]) for key in tasks.GENERIC_MILESTONES} == expected
-    for own, generic in zip(task.milestones, tasks.GENERIC_MILESTONES):  # the task's own names too
+    assert {key: int(milestones[key][0]) for key in scenes.GENERIC_MILESTONES} == expected
+    for own, generic in zip(task.milestones, scenes.GENERIC_MILESTONES):  # the task's own names too
         assert milestones[own].tolist() == milestones[generic].tolist()
     assert [bool(info["success"][0]) for info in infos] == [False, False, False, True]
     assert tuple(obs["policy"]["arm_joint_pos"].shape) == (1, 7) and tuple(obs["policy"]["gripper_pos"].shape) == (1, 1)
@@ -272,7 +273,7 @@ def test_mila_task_with_several_envs_equals_one_env(install, name):
     single = {}
     for num_envs in (1, 3):
         world = install("3.0", layout="per_scene", mila=True)
-        env = make(scene=tasks.TASKS[name].key, num_envs=num_envs)
+        env = make(scene=scenes.TASKS[name].key, num_envs=num_envs)
         _, infos = run_mila_case(world, env, name, num_envs)
         got = [(info["success"].tolist(), {k: v.tolist() for k, v in info["milestones"].items()}) for info in infos]
         if num_envs == 1:
@@ -296,15 +297,6 @@ def test_mila_task_needs_a_sim_evals_with_mila(install):
     install("2.2", layout="per_scene")
     with pytest.raises(BackendUnavailable, match="MILA"):
         make(scene="place_spoon_in_sink", num_envs=1)
-
-
-def test_task_table_and_scene_keys():
-    assert tasks.scene_key(1) == 1 and tasks.scene_key("place_spoon_in_sink") == 101
-    assert tasks.scene_prompt(103) == "Pick up the red bowl and place it in the grey bowl."
-    with pytest.raises(ValueError, match="expected one of"):
-        tasks.scene_key(7)
-    named = tasks.tasks_from_names(["place_spoon_in_sink", "DROID-CanInMug", "place_spoon_in_sink"])
-    assert [t.key for t in named] == [101, 2]
 
 
 # -- stand-in gaps -------------------------------------------------------------------------------------
@@ -422,7 +414,7 @@ def test_task_flag_sets_scenes_prompts_and_the_default_horizon():
     assert cli.resolve_config(parser, args)[0].max_steps == 50
     from dz_gym.eval.evaluate import build_summary  # noqa: F401  (prompts of task ids come from the task table)
 
-    assert tasks.scene_prompt(101) == "Pick up the spoon and place it in the sink."
+    assert scenes.scene_prompt(101) == "Pick up the spoon and place it in the sink."
 
 
 @pytest.mark.parametrize("version", ["2.2", "3.0"])
@@ -479,7 +471,7 @@ def test_mila_without_sim_evals_milestone_buffer_computes_them_from_the_poses(in
     _, infos = run_mila_case(world, env, "place_spoon_in_sink", 2)
     assert getattr(world.env, "_mila_milestones_reached", None) is None and env._fallback.used
     milestones = infos[-1]["milestones"]
-    assert {key: milestones[key].tolist() for key in tasks.GENERIC_MILESTONES} == {
+    assert {key: milestones[key].tolist() for key in scenes.GENERIC_MILESTONES} == {
         key: [step, step] for key, step in MILA_CASES["place_spoon_in_sink"][1].items()
     }
     assert [info["success"].tolist() for info in infos] == [[False, False]] * 3 + [[True, True]]

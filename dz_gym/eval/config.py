@@ -128,7 +128,7 @@ class EvalConfig:
         if not isinstance(self.scenes, (list, tuple)) or not self.scenes:
             raise ValueError(f"scenes: expected a list of at least one scene id, got {self.scenes!r}")
         try:
-            from dz_gym.envs.isaac.tasks import scene_key  # scenes 1-3 and named tasks' keys
+            from dz_gym.envs.scenes import scene_key  # scenes 1-3 and named tasks' keys
 
             self.scenes = [scene_key(s) for s in self.scenes]
         except ValueError as exc:

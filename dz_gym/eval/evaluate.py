@@ -149,7 +149,7 @@ def build_summary(
     for seg in segments:
         for url, seconds in seg.get("busy_s", {}).items():
             busy[url] = busy.get(url, 0.0) + seconds
-    from dz_gym.envs.isaac.tasks import scene_prompt
+    from dz_gym.envs.scenes import scene_prompt
 
     prompts = {s: scene_prompt(s) for s in config.scenes}
     planned = {s: config.episodes for s in config.scenes}

@@ -337,8 +337,8 @@ def resolve_config(
     from dz_gym.eval.rundir import RunDir
 
     given: dict[str, Any] = {k: getattr(args, k) for k in FLAG_FIELDS if getattr(args, k) is not None}
-    if getattr(args, "tasks", None):  # named sim-evals tasks run as scene ids (see dz_gym.envs.isaac.tasks)
-        from dz_gym.envs.isaac.tasks import tasks_from_names
+    if getattr(args, "tasks", None):  # named sim-evals tasks run as scene ids (see dz_gym.envs.scenes)
+        from dz_gym.envs.scenes import tasks_from_names
 
         try:
             named = tasks_from_names(args.tasks)

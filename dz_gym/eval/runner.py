@@ -201,7 +201,7 @@ def _milestone_columns(info: Mapping[str, Any]) -> dict[str, np.ndarray] | None:
 def task_name(scene: int) -> str | None:
     """The task name of a scene id (``DROID-CubeInBowl`` for scene 1, ``place_spoon_in_sink`` for 101)."""
     try:
-        from dz_gym.envs.isaac.tasks import task_for
+        from dz_gym.envs.scenes import task_for
 
         return task_for(int(scene)).name
     except (ImportError, ValueError):

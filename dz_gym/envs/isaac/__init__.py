@@ -6,7 +6,8 @@ sim-evals.
   ``launch_simulation``) and adds Isaac Lab's launcher flags to a command line;
 - :mod:`~dz_gym.envs.isaac.compat`: version detection (wheel and source installs) and every Isaac Lab 2.2 vs
   3.0 (release and develop) difference the backend touches;
-- :mod:`~dz_gym.envs.isaac.tasks`: the named tasks (DROID scenes, MILA tasks) and sim-evals' layouts;
+- :mod:`~dz_gym.envs.isaac.tasks`: which sim-evals layout is installed (the named tasks are
+  :mod:`dz_gym.envs.scenes`);
 - :mod:`~dz_gym.envs.isaac.build`: the task's config in the installed layout, objects from prims, the MILA
   milestone probe and initial conditions by seed;
 - :mod:`~dz_gym.envs.isaac.config`: the multi-env patches to sim-evals' config;

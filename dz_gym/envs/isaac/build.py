@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from dz_gym.envs.isaac.compat import IsaacLabApi
-from dz_gym.envs.isaac.tasks import MILA_GYM_ID, IsaacTask
+from dz_gym.envs.scenes import MILA_GYM_ID, IsaacTask
 from dz_gym.preprocess import to_numpy
 
 ENV_NS = "{ENV_REGEX_NS}"

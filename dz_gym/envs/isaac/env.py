@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from dz_gym.envs import droid
+from dz_gym.envs import droid, scenes
 from dz_gym.envs.base import BatchedDroidEnv
 from dz_gym.envs.isaac import checks, launch, tasks
 from dz_gym.envs.isaac.build import InitialConditions, MilestoneProbe, parse_task_cfg
@@ -79,7 +79,7 @@ class IsaacDroidEnv(BatchedDroidEnv):
         isaaclab_version: str | None = None,
         close_app_on_close: bool = True,
     ):
-        task = tasks.task_for(scene)
+        task = scenes.task_for(scene)
         self.task = task
         shape = tuple(int(v) for v in image_shape) if image_shape is not None else droid.ISAAC_IMAGE_SHAPE
         device = device or getattr(app_args, "device", None) or "cuda:0"
@@ -138,7 +138,8 @@ class IsaacDroidEnv(BatchedDroidEnv):
             import gymnasium as gym
 
             self._gym_env = gym.make(
-                tasks.MILA_GYM_ID if task.is_mila else (task.gym_id if self.layout == "per_scene" else "DROID"), cfg=cfg
+                scenes.MILA_GYM_ID if task.is_mila else (task.gym_id if self.layout == "per_scene" else "DROID"),
+                cfg=cfg,
             )
             self.isaac_env = self._gym_env.unwrapped
             for path in keep_one_dome_light(self.api.stage(self.isaac_env), self.num_envs):

@@ -15,7 +15,7 @@ per episode.
 Example (one env; the spoon lifted 10 cm from its start, then in the sink with the gripper open)::
 
     >>> import numpy as np
-    >>> from dz_gym.envs.isaac.tasks import TASKS
+    >>> from dz_gym.envs.scenes import TASKS
     >>> fallback = MilaFallback(TASKS["place_spoon_in_sink"], 1)
     >>> sink = np.array([[0.5, 0.0, 0.0]])
     >>> fallback.flags([[0.4, 0.2, 0.02]], sink, [[0.4, 0.2, 0.03]], [1.0]).tolist()
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dz_gym.envs.isaac.tasks import IsaacTask
+from dz_gym.envs.scenes import IsaacTask
 
 
 class MilaFallback:

@@ -326,7 +326,7 @@ class ShardedRun:
         st.scenes = []
 
     def _lost_row(self, st: _ShardState, scene: int, episode: int, local: int, why: str) -> dict[str, Any]:
-        from dz_gym.envs.isaac.tasks import scene_prompt
+        from dz_gym.envs.scenes import scene_prompt
 
         return {
             "scene": scene,
