@@ -197,8 +197,9 @@ def _main(
     leaves nothing behind; a stop signal at any point ends with exit status 130."""
 
     if args.backend in (None, "auto") and args.resume is None and not args.only_scene:
-        why = "Isaac Lab is importable" if config.backend == "isaac" else "Isaac Lab is not importable"
-        _say(f"dz-gym-eval: backend {config.backend} (auto: {why})")
+        from dz_gym.envs.backends import auto_reason
+
+        _say(f"dz-gym-eval: backend {config.backend} (auto: {auto_reason(config.backend)})")
     try:
         with interruptible():
             problem = _preflight(config)
@@ -211,7 +212,10 @@ def _main(
         _say("dz-gym-eval: stopped before the run started; nothing was written")
         return EXIT_INTERRUPTED
 
-    per_process = args.process_per_scene if args.process_per_scene is not None else config.backend == "isaac"
+    from dz_gym.envs.backends import traits
+
+    backend = traits(config.backend)
+    per_process = args.process_per_scene if args.process_per_scene is not None else backend.one_scene_per_process
     if per_process and not args.only_scene and len(config.scenes) > 1 and args.ray is None:  # shards: a process each
         run_dir, created = _open_run_dir(args, config, run_dir)
         code = _run_scene_processes(argv, config, run_dir, command)
@@ -285,6 +289,7 @@ def _evaluate(
     signals: StopOnSignal,
     created: bool,
 ) -> int:
+    from dz_gym.envs.backends import traits
     from dz_gym.eval.evaluate import evaluate
 
     try:
@@ -297,7 +302,7 @@ def _evaluate(
             command=command,
             server_info=server_info,
             only_scenes=args.only_scene,
-            env_kwargs={"app_args": args} if config.backend == "isaac" else None,
+            env_kwargs={"app_args": args} if traits(config.backend).starts_app else None,
             ray_options=getattr(args, "ray_options", None),
             servers_b=getattr(args, "servers_b_urls", None),
         )

@@ -19,11 +19,11 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from dz_gym.envs import droid
+from dz_gym.envs import backends, droid
 from dz_gym.transport import TransportConfig, validate_url
 
 CONFIG_VERSION = 1
-BACKENDS = ("auto", "isaac", "mujoco")
+BACKENDS = backends.NAMES  # "auto" and every backend of dz_gym.envs.backends
 EXTERNAL_POLICY = "external"  # the ``policy`` of a run against servers it did not start
 
 # Settings that change what an episode does, and so its row: refuse to resume with other values.
@@ -52,11 +52,12 @@ def _transport_default(name: str) -> Any:
 
 
 def default_policy(backend: str) -> str:
-    """The embedded server's default policy: ``reference`` on the embedded simulator (the only scenes it
-    knows: their colours and camera calibration), else ``hold``."""
+    """The embedded server's default policy: the backend's (``reference`` on the embedded simulator, the only
+    scenes it knows: their colours and camera calibration), else ``hold``."""
     from dz_gym.server.policies import BUILTIN_POLICIES
 
-    return "reference" if backend == "mujoco" and "reference" in BUILTIN_POLICIES else "hold"
+    policy = backends.traits(backend).embedded_policy
+    return policy if policy in BUILTIN_POLICIES else "hold"
 
 
 def _is_int(value: Any) -> bool:
@@ -149,12 +150,7 @@ class EvalConfig:
                 raise ValueError(f"{name}: expected an integer, got {value!r}")
         if self.max_errors is not None and (not _is_int(self.max_errors) or self.max_errors < 0):
             raise ValueError(f"max_errors: expected an integer >= 0, got {self.max_errors!r}")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {self.backend!r}")
-        if self.backend == "auto":
-            from dz_gym.envs import resolve_backend
-
-            self.backend = resolve_backend("auto")
+        self.backend = backends.resolve(self.backend)  # a one-line "backend: expected one of ..." if unknown
         if not isinstance(self.server_idle_timeout, (int, float)) or not self.server_idle_timeout >= 0:
             raise ValueError(
                 f"server_idle_timeout: expected seconds >= 0 (0: the servers have none), got {self.server_idle_timeout!r}"

@@ -56,13 +56,13 @@ EnvFactory = Callable[..., Any]  # (scene, config, **env_kwargs) -> batched env
 
 def default_env_factory(scene: int, config: EvalConfig, **backend_kwargs: Any):
     """``make_droid_env`` for ``config.backend``; the embedded simulator gets the episode length directly."""
-    from dz_gym.envs import make_droid_env
+    from dz_gym.envs.backends import traits
 
+    backend = traits(config.backend)
     kwargs = dict(backend_kwargs)
-    if config.backend == "mujoco":
-        kwargs.setdefault("seed", config.seed)
-        kwargs.setdefault("max_episode_length", config.max_steps)
-    return make_droid_env(backend=config.backend, scene=scene, num_envs=config.num_envs, **kwargs)
+    for keyword, field in backend.config_kwargs.items():
+        kwargs.setdefault(keyword, getattr(config, field))
+    return backend.make_env(scene, config.num_envs, **kwargs)
 
 
 def remaining_episodes(config: EvalConfig, rows: Sequence[Mapping[str, Any]]) -> dict[int, list]:

@@ -338,6 +338,7 @@ def resolve_config(
 
     given: dict[str, Any] = {k: getattr(args, k) for k in FLAG_FIELDS if getattr(args, k) is not None}
     if getattr(args, "tasks", None):  # named sim-evals tasks run as scene ids (see dz_gym.envs.scenes)
+        from dz_gym.envs import backends
         from dz_gym.envs.scenes import tasks_from_names
 
         try:
@@ -347,10 +348,11 @@ def resolve_config(
         given["scenes"] = list(given.get("scenes") or []) + [task.key for task in named]
         given.setdefault("max_steps", max(task.max_steps for task in named))
         mila = [task.name for task in named if task.is_mila]
-        if mila and given.get("backend") == "mujoco":
-            parser.error(f"--task {mila[0]}: a sim-evals MILA task, only on --backend isaac")
-        if mila and given.get("backend") in (None, "auto"):
-            given["backend"] = "isaac"  # the only backend that has them
+        able = [name for name, traits in backends.REGISTRY.items() if traits.named_tasks]
+        if mila and given.get("backend") not in (None, backends.AUTO, *able):
+            parser.error(f"--task {mila[0]}: a sim-evals MILA task, only on --backend {' or '.join(able)}")
+        if mila and given.get("backend") in (None, backends.AUTO):
+            given["backend"] = able[0]  # the backends that have them
     if "scenes" in given:
         given["scenes"] = list(dict.fromkeys(given["scenes"]))
     servers = _servers_from_flags(parser, args)

@@ -7,28 +7,20 @@ with the run's own :class:`~dz_gym.transport.TransportConfig`, so its connect re
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Sequence
 
+from dz_gym.envs import backends
 from dz_gym.errors import DzGymError
 from dz_gym.transport import PartialConnectError, SessionPool, TransportConfig
-
-_BACKEND_PACKAGES = {
-    "isaac": ("isaaclab", "Isaac Lab is not importable here (see docs/isaac.md), or use --backend mujoco"),
-    "mujoco": ("mujoco", "the mujoco package is not installed (pip install mujoco)"),
-}
 
 
 def check_backend(backend: str) -> str | None:
     """``None`` when ``backend``'s package can be imported, else why not (one line)."""
-    package, why = _BACKEND_PACKAGES.get(backend, (None, ""))
-    if package is None:
-        return f"--backend: unknown backend {backend!r}"
     try:
-        found = importlib.util.find_spec(package) is not None
-    except (ImportError, ValueError):
-        found = False
-    return None if found else f"--backend {backend}: {why}"
+        traits = backends.traits(backend)
+    except ValueError:
+        return f"--backend: unknown backend {backend!r}"
+    return None if traits.available() else f"--backend {backend}: {traits.missing}"
 
 
 def check_servers(servers: Sequence[str], transport: TransportConfig) -> str | None:

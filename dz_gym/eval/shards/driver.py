@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from dz_gym.envs.backends import traits
 from dz_gym.eval.capacity import IdleGapCheck, envs_per_server, session_warning
 from dz_gym.eval.config import EvalConfig
 from dz_gym.eval.evaluate import remaining_episodes, write_run_summary
@@ -138,17 +139,17 @@ class ShardedRun:
 
     def _actor_options(self, shard: Shard) -> dict[str, Any]:
         opts: dict[str, Any] = {"max_restarts": 0, "max_task_retries": 0, "scheduling_strategy": "SPREAD"}
-        if self.config.backend == "isaac":
-            opts.update(num_gpus=1, num_cpus=1)
-        else:
-            opts["num_cpus"] = self._cpus(shard)
+        backend = traits(self.config.backend)
+        if backend.shard_gpus:
+            opts["num_gpus"] = backend.shard_gpus
+        opts["num_cpus"] = backend.shard_cpus if backend.shard_cpus is not None else self._cpus(shard)
         if self.options.resources:
             opts["resources"] = dict(self.options.resources)
         return opts
 
     def _env_kwargs(self, shard: Shard) -> dict[str, Any]:
         kwargs = {k: v for k, v in self.env_kwargs.items() if k != "app_args"}
-        if self.config.backend == "mujoco":
+        if traits(self.config.backend).worker_processes:
             kwargs.setdefault("num_workers", env_workers(shard.num_envs, self._cpus(shard)))
         return kwargs
 
@@ -296,7 +297,7 @@ class ShardedRun:
         if result["stopped"] or self.control.stop.is_set() or not self._skip_done_scenes(st):
             self._kill(st)
             return
-        if self.config.backend == "isaac":  # one scene per process
+        if traits(self.config.backend).one_scene_per_process:
             self._kill(st)
             self._new_actor(st)
         self._submit(st)

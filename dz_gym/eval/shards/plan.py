@@ -107,11 +107,11 @@ def shard_servers(servers: Sequence[str], shard: Shard, servers_per_shard: int |
 
 
 def default_shard_count(num_envs: int, *, nodes: int, gpus: float, backend: str) -> int:
-    """One shard per Ray node (MuJoCo) or per GPU (Isaac Lab: one GPU per shard), at most one per env slot."""
-    want = int(gpus) if backend == "isaac" else int(nodes)
-    if backend == "isaac" and want < 1:
-        raise ValueError("shards: the isaac backend needs one GPU per shard and the Ray cluster reports no GPU")
-    return max(1, min(want, int(num_envs)))
+    """One shard per Ray node (MuJoCo) or per GPU (Isaac Lab: one GPU per shard), at most one per env slot
+    (the backend's :meth:`~dz_gym.envs.backends.BackendTraits.shard_count`)."""
+    from dz_gym.envs.backends import traits
+
+    return traits(backend).shard_count(num_envs, nodes=nodes, gpus=gpus)
 
 
 def cpus_per_shard(

@@ -33,6 +33,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from dz_gym.envs.backends import traits
 from dz_gym.eval.config import EvalConfig
 from dz_gym.eval.rundir import RunDir, episode_name
 
@@ -249,10 +250,7 @@ class ShardWorker:
         self.backend = backend
         if setup is not None:  # the user's set-up comes first, before any simulator module is imported
             setup()
-        if backend == "isaac":  # before any torch-dependent import in this process
-            from dz_gym.envs.isaac.launch import launch_app
-
-            launch_app(app_args)
+        traits(backend).start_app(app_args)  # Isaac Sim: before any torch-dependent import in this process
         self.app_args = app_args
         import ray
 
@@ -283,7 +281,7 @@ class ShardWorker:
         control = RunControl(None)
         pusher = Pusher(collector, int(spec["shard"]), int(spec["attempt"]), outbox, control.stop).start()
         env_kwargs = dict(spec.get("env_kwargs") or {})
-        if self.backend == "isaac" and self.app_args is not None:
+        if traits(self.backend).starts_app and self.app_args is not None:
             env_kwargs.setdefault("app_args", self.app_args)
         out: dict[str, Any] = {
             "scene": spec["scene"],

@@ -1,0 +1,155 @@
+"""The simulator backends and their traits: what a run, a shard and the CLI need to know about each one.
+
+Everything that differs between the embedded MuJoCo simulator and Isaac Lab outside the env itself is a
+field of :class:`BackendTraits` here, so the evaluator asks the registry (``traits(config.backend)``) instead
+of branching on the backend's name. A new backend is one more entry in :data:`REGISTRY` (and its package
+under ``dz_gym/envs/``). Nothing here imports a simulator: the factory and the app launcher are named as
+``module:function`` and imported on use.
+
+>>> traits("mujoco").embedded_policy, traits("isaac").embedded_policy
+('reference', 'hold')
+>>> traits("isaac").shard_gpus, traits("mujoco").shard_gpus
+(1.0, 0.0)
+>>> traits("vulkan")
+Traceback (most recent call last):
+ValueError: backend: expected one of auto, isaac, mujoco, got 'vulkan'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+from collections.abc import Mapping
+from typing import Any
+
+AUTO = "auto"
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendTraits:
+    """One backend's facts (see the module docstring); ``name`` is what ``--backend`` takes.
+
+    - ``title``: the name messages use; ``package``, ``missing``: the module that must be importable, and the one-line hint when it is not;
+    - ``factory``: ``module:function`` that builds the batched env (``scene``, ``num_envs``, keyword arguments);
+    - ``config_kwargs``: env keyword arguments taken from run settings (keyword -> ``EvalConfig`` field);
+    - ``embedded_policy``: the embedded server's default policy (``reference`` only knows the embedded
+      scenes' colours and camera calibration; elsewhere ``hold``);
+    - ``one_scene_per_process``: the simulator cannot build a second scene in a process (Isaac Sim runs
+      once per process), so each scene gets a fresh process (or Ray actor) by default;
+    - ``app_launcher``: ``module:function`` that starts the simulator app in a process before any other
+      simulator import, given the launcher flags (``app_args``); empty when there is no app;
+    - ``shard_gpus``: GPUs one Ray shard asks for; > 0 also means one shard per ``shard_gpus`` GPUs by
+      default (else one per node);
+    - ``shard_cpus``: CPUs one Ray shard asks for; None: one per env slot, at most its share of a node;
+    - ``worker_processes``: a shard steps its envs in worker processes, one per CPU it was given.
+    """
+
+    name: str
+    title: str  # for messages ("Isaac Lab")
+    package: str
+    missing: str
+    factory: str
+    config_kwargs: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    embedded_policy: str = "hold"
+    one_scene_per_process: bool = False
+    app_launcher: str = ""
+    shard_gpus: float = 0.0
+    shard_cpus: float | None = None
+    worker_processes: bool = False
+    named_tasks: bool = False  # runs sim-evals' named tasks beyond the DROID scenes (MILA, keys 101+)
+
+    @property
+    def starts_app(self) -> bool:
+        """Whether a process must start the simulator app (with the launcher flags) before building envs."""
+        return bool(self.app_launcher)
+
+    def make_env(self, scene: int | str, num_envs: int, **kwargs: Any):
+        """The batched env of ``scene`` with ``num_envs`` envs (imports the backend now)."""
+        return _load(self.factory)(scene=scene, num_envs=num_envs, **kwargs)
+
+    def start_app(self, app_args: Any = None) -> None:
+        """Start the simulator app in this process (a no-op for backends without one)."""
+        if self.app_launcher:
+            _load(self.app_launcher)(app_args)
+
+    def shard_count(self, num_envs: int, *, nodes: int, gpus: float) -> int:
+        """Default Ray shards: one per ``shard_gpus`` GPUs (else one per node), at most one per env slot."""
+        if self.shard_gpus > 0:
+            want = int(gpus // self.shard_gpus)
+            if want < 1:
+                each = "one GPU" if self.shard_gpus == 1 else f"{self.shard_gpus:g} GPUs"
+                raise ValueError(
+                    f"shards: the {self.name} backend needs {each} per shard and the Ray cluster reports {gpus:g} GPUs"
+                )
+        else:
+            want = int(nodes)
+        return max(1, min(want, int(num_envs)))
+
+    def available(self) -> bool:
+        """Whether the backend's package can be imported here (nothing is imported)."""
+        try:
+            return importlib.util.find_spec(self.package) is not None
+        except (ImportError, ValueError):
+            return False
+
+
+def _load(target: str):
+    module, _, function = target.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
+REGISTRY: dict[str, BackendTraits] = {
+    t.name: t
+    for t in (
+        BackendTraits(
+            name="isaac",
+            title="Isaac Lab",
+            package="isaaclab",
+            missing="Isaac Lab is not importable here (see docs/isaac.md), or use --backend mujoco",
+            factory="dz_gym.envs.isaac:make_env",
+            embedded_policy="hold",
+            one_scene_per_process=True,
+            app_launcher="dz_gym.envs.isaac.launch:launch_app",
+            shard_gpus=1.0,
+            shard_cpus=1.0,
+            named_tasks=True,
+        ),
+        BackendTraits(
+            name="mujoco",
+            title="the embedded MuJoCo simulator",
+            package="mujoco",
+            missing="the mujoco package is not installed (pip install mujoco)",
+            factory="dz_gym.envs.mujoco:make_env",
+            config_kwargs={"seed": "seed", "max_episode_length": "max_steps"},
+            embedded_policy="reference",
+            worker_processes=True,
+        ),
+    )
+}
+# ``--backend auto`` prefers the first available of these; the last is the fallback.
+AUTO_ORDER = ("isaac", "mujoco")
+NAMES = (AUTO, *sorted(REGISTRY))
+
+
+def traits(name: str) -> BackendTraits:
+    """The traits of backend ``name`` (not ``auto``: resolve it first); a one-line error naming the field."""
+    try:
+        return REGISTRY[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"backend: expected one of {', '.join(NAMES)}, got {name!r}") from None
+
+
+def resolve(name: str) -> str:
+    """``name``, or for ``auto`` the first backend of :data:`AUTO_ORDER` whose package is importable."""
+    if name != AUTO:
+        return traits(name).name
+    return next((n for n in AUTO_ORDER[:-1] if REGISTRY[n].available()), AUTO_ORDER[-1])
+
+
+def auto_reason(resolved: str) -> str:
+    """Why ``auto`` chose ``resolved`` (one clause, for the CLI's first line)."""
+    if resolved == AUTO_ORDER[0]:
+        return f"{REGISTRY[resolved].title} is importable"
+    skipped = ", ".join(REGISTRY[n].title for n in AUTO_ORDER[: AUTO_ORDER.index(resolved)])
+    return f"{skipped} is not importable"
