@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from dz_gym.eval.config import EvalConfig
     from dz_gym.eval.rundir import RunDir
     from dz_gym.eval.runner import RunControl
+    from dz_gym.eval.shards.options import RayOptions
 
 __all__ = ["build_parser", "default_policy", "main", "resolve_config"]
 
@@ -166,9 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             config, run_dir, _ = resolve_config(parser, args)
             from dz_gym.eval.shards.options import ray_options_from_args
 
-            args.ray_options = ray_options_from_args(parser, args, config.num_envs)
-            if args.ray_options is not None and config.ab:
-                parser.error("--ray: A/B runs (--server-b/--policy-b) run in one process; leave out --ray")
+            ray_options = ray_options_from_args(parser, args, config)
             logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
             from dz_gym.eval.evaluate import python_command
             from dz_gym.eval.runner import RunControl
@@ -179,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
             if early_stop.is_set():
                 _say("dz-gym-eval: stopped before the run started; nothing was written")
                 return EXIT_INTERRUPTED
-            return _main(args, argv, config, run_dir, command, control, signals)
+            return _main(args, argv, config, run_dir, ray_options, command, control, signals)
         except KeyboardInterrupt:  # a repeated signal where stopping at once was safe (nothing half-written)
             return EXIT_INTERRUPTED
 
@@ -189,6 +188,7 @@ def _main(
     argv: list[str],
     config: EvalConfig,
     run_dir: RunDir | None,
+    ray_options: RayOptions | None,
     command: str,
     control: RunControl,
     signals: StopOnSignal,
@@ -216,7 +216,7 @@ def _main(
 
     backend = traits(config.backend)
     per_process = args.process_per_scene if args.process_per_scene is not None else backend.one_scene_per_process
-    if per_process and not args.only_scene and len(config.scenes) > 1 and args.ray is None:  # shards: a process each
+    if per_process and not args.only_scene and len(config.scenes) > 1 and ray_options is None:  # shards: a process each
         run_dir, created = _open_run_dir(args, config, run_dir)
         code = _run_scene_processes(argv, config, run_dir, command)
         if code == EXIT_USAGE and created and not run_dir.read_rows():  # a child's horizon error: nothing ran
@@ -257,8 +257,8 @@ def _main(
                 _say("dz-gym-eval: stopped before the run started; nothing was written")
                 return EXIT_INTERRUPTED
         run_dir, created = _open_run_dir(args, config, run_dir)
-        args.servers_b_urls = servers_b
-        return _evaluate(args, config, run_dir, servers, server_info, command, control, signals, created)
+        return _evaluate(args, config, run_dir, (servers, servers_b, ray_options), server_info, command, control,
+                         signals, created)  # fmt: skip
     finally:
         for server in reversed(started):
             server.stop()
@@ -282,7 +282,7 @@ def _evaluate(
     args: argparse.Namespace,
     config: EvalConfig,
     run_dir: RunDir,
-    servers: list[str],
+    placement: tuple[list[str], list[str], RayOptions | None],
     server_info: dict[str, Any],
     command: str,
     control: RunControl,
@@ -292,6 +292,7 @@ def _evaluate(
     from dz_gym.envs.backends import traits
     from dz_gym.eval.evaluate import evaluate
 
+    servers, servers_b, ray_options = placement  # arm A's and arm B's URLs, the Ray shards (or None)
     try:
         summary = evaluate(
             config,
@@ -303,8 +304,8 @@ def _evaluate(
             server_info=server_info,
             only_scenes=args.only_scene,
             env_kwargs={"app_args": args} if traits(config.backend).starts_app else None,
-            ray_options=getattr(args, "ray_options", None),
-            servers_b=getattr(args, "servers_b_urls", None),
+            ray_options=ray_options,
+            servers_b=servers_b,
         )
     except KeyboardInterrupt:
         summary = run_dir.read_summary() or {"interrupted": True}

@@ -203,8 +203,6 @@ def evaluate(
     from dz_gym.wrapper import DreamZeroPolicyWrapper
 
     if ray_options is not None:  # K shards on a Ray cluster (dz_gym.eval.shards); Ray is imported only there
-        if config.ab:
-            raise ValueError("ray_options: A/B runs (servers_b/policy_b) run in one process, not as Ray shards")
         if env_factory is not None or only_scenes is not None:
             raise ValueError("ray_options: a sharded run builds its envs in its shards (no env_factory, only_scenes)")
         from dz_gym.eval.shards.driver import evaluate_sharded

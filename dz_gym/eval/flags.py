@@ -379,8 +379,6 @@ def resolve_config(
         config = EvalConfig(**values)
     except ValueError as exc:
         parser.error(flag_message(exc))
-    if getattr(args, "alpha", None) is not None and not config.sequential:
-        parser.error("--alpha: only with --sequential (dz-gym-compare --alpha sets the verdicts' level)")
     if saved is not None:
         conflicts = resume_conflicts(saved, config)
         if conflicts:

@@ -38,7 +38,7 @@ from dz_gym.eval.rundir import RunDir, _write_atomic
 from dz_gym.eval.runner import RunControl
 from dz_gym.eval.shards import require_ray
 from dz_gym.eval.shards.collector import Collector
-from dz_gym.eval.shards.options import AB_NOT_SHARDED, RayOptions
+from dz_gym.eval.shards.options import RayOptions, check_shardable
 from dz_gym.eval.shards.plan import Shard, cpus_per_shard, default_shard_count, env_workers, plan_shards, shard_servers
 from dz_gym.eval.shards.worker import TOKEN_FILE, ShardWorker
 from dz_gym.eval.signals import interruptible, shielded
@@ -438,8 +438,7 @@ def evaluate_sharded(
     servers = list(config.servers if servers is None else servers)
     if not servers:
         raise ValueError("servers: expected at least one policy server URL (in config.servers or the servers argument)")
-    if getattr(config, "ab", False):
-        raise ValueError(f"ray_options: {AB_NOT_SHARDED}")
+    check_shardable(config)
     options = options or RayOptions()
     owns_ray = connect(options)
     run_dir.repair_rows()

@@ -17,6 +17,13 @@ from dz_gym.cli_types import integer, number
 AB_NOT_SHARDED = "A/B runs (--server-b/--policy-b) keep each pair's two slots in one batch; run them without --ray"
 
 
+def check_shardable(config) -> None:
+    """The one rule on what may run as Ray shards (an ``EvalConfig``): not an A/B run; a ``ValueError`` naming
+    ``ray_options`` otherwise (the command line words it as ``--ray``)."""
+    if config.ab:
+        raise ValueError(f"ray_options: {AB_NOT_SHARDED}")
+
+
 @dataclasses.dataclass
 class RayOptions:
     """How to run on Ray (none of it changes results).
@@ -95,7 +102,10 @@ def add_ray_args(parser: argparse.ArgumentParser) -> None:
         help="a custom Ray resource every shard asks for (repeatable): places shards on the nodes that have it",
     )
     group.add_argument(
-        "--shard-restarts", type=integer, metavar="R", help="new actors for a shard whose actor died (default 2)"
+        "--shard-restarts",
+        type=integer,
+        metavar="R",
+        help=f"new actors for a shard whose actor died (default {RayOptions.max_restarts})",
     )
     group.add_argument(
         "--ship-files",
@@ -107,17 +117,19 @@ def add_ray_args(parser: argparse.ArgumentParser) -> None:
 
 
 def ray_options_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace, config) -> RayOptions | None:
-    """:class:`RayOptions` from the flags (None without ``--ray``) for the run ``config`` (an ``EvalConfig``, or
-    its ``num_envs``); bad flags end in ``parser.error``."""
-    num_envs = config if isinstance(config, int) else config.num_envs
+    """:class:`RayOptions` from the flags (None without ``--ray``) for the run ``config`` (an ``EvalConfig``);
+    bad flags end in ``parser.error``. A flag not given keeps :class:`RayOptions`' default."""
+    num_envs = config.num_envs
     names = ("shards", "servers_per_shard", "shard_cpus", "ray_resource", "shard_restarts", "ship_files")
     if args.ray is None:
         given = [n for n in names if getattr(args, n, None) is not None]
         if given:
             parser.error(f"--{given[0].replace('_', '-')}: only with --ray ADDRESS|local")
         return None
-    if getattr(config, "ab", False):
-        parser.error(f"--ray: {AB_NOT_SHARDED}")
+    try:
+        check_shardable(config)
+    except ValueError as exc:
+        parser.error(f"--ray: {str(exc).partition(': ')[2]}")
     if importlib.util.find_spec("ray") is None:
         from dz_gym.eval.shards import MISSING_RAY
 
@@ -131,16 +143,10 @@ def ray_options_from_args(parser: argparse.ArgumentParser, args: argparse.Namesp
             parser.error(f"--ray-resource: expected NAME=AMOUNT, got {item!r}")
     if args.shards is not None and args.shards > num_envs:
         parser.error(f"--shards: expected at most --num-envs={num_envs} shards (each needs an env), got {args.shards}")
+    fields = {"shards": args.shards, "servers_per_shard": args.servers_per_shard, "shard_cpus": args.shard_cpus}
+    fields.update(max_restarts=args.shard_restarts, ship_files=args.ship_files)
     try:
-        return RayOptions(
-            address=args.ray,
-            shards=args.shards,
-            servers_per_shard=args.servers_per_shard,
-            shard_cpus=args.shard_cpus,
-            resources=resources,
-            max_restarts=2 if args.shard_restarts is None else args.shard_restarts,
-            ship_files=args.ship_files,
-        )
+        return RayOptions(address=args.ray, resources=resources, **{k: v for k, v in fields.items() if v is not None})
     except ValueError as exc:
         field, _, rest = str(exc).partition(":")
         parser.error(f"--{field.replace('_', '-')}:{rest}")
