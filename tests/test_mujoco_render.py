@@ -51,7 +51,8 @@ def test_pixels_equal_mujoco_renderer_whatever_the_page(scene_id, multisamples, 
     cameras = [model.camera(name).id for name in CAMERA_NAMES]
     out = np.zeros((len(expected), *SHAPE, 3), dtype=np.uint8)
     views = [(data, cam, out[3 * d + c]) for d, data in enumerate(datas) for c, cam in enumerate(cameras)]
-    renderer = BatchRenderer(model, *SHAPE, max_views=len(views), page_views=page_views)
+    _, context = gl.open_context(*SHAPE)
+    renderer = BatchRenderer(model, *SHAPE, context, max_views=len(views), page_views=page_views)
     try:
         assert renderer.page_views == (page_views or len(views))
         renderer.render(views)
@@ -81,4 +82,4 @@ def test_page_is_bounded_and_errors_are_clear():
     with pytest.raises(RuntimeError, match="closed"):
         renderer.render([(mujoco.MjData(model), 0, np.zeros((*SHAPE, 3), np.uint8))])
     with pytest.raises(ValueError, match="image size"):
-        BatchRenderer(model, SHAPE[0] * 2, SHAPE[1])
+        gl.create_renderer(model, SHAPE[0] * 2, SHAPE[1])

@@ -34,26 +34,41 @@ MAX_GEOM = 10_000  # mujoco.Renderer's default scene capacity
 View = tuple[mujoco.MjData, int, np.ndarray]  # (data, fixed camera id, output (H, W, 3) uint8)
 
 
+def check_size(model: mujoco.MjModel, height: int, width: int) -> None:
+    """ValueError unless ``height`` x ``width`` fits the model's offscreen buffer."""
+    if width > model.vis.global_.offwidth or height > model.vis.global_.offheight:
+        raise ValueError(
+            f"image size: expected at most the model's offscreen buffer "
+            f"{model.vis.global_.offheight}x{model.vis.global_.offwidth}, got {height}x{width}"
+        )
+
+
 class BatchRenderer:
     """Renders ``(data, camera_id, out)`` views of one model at ``height`` x ``width`` into ``out`` arrays.
 
-    Shadows and reflections are off (as the env always had them). ``page_views`` caps the views per page
-    (default: as many as the limits allow, up to ``max_views``).
+    ``context`` is a MuJoCo GL context (``make_current()``, ``free()``) that works on this machine: make one
+    with :func:`dz_gym.envs.mujoco.gl.open_context`, or use :func:`dz_gym.envs.mujoco.gl.create_renderer`,
+    which never lets MuJoCo's context set-up run without one (a failed set-up aborts the process on the next
+    try). The renderer owns the context and frees it on :meth:`close`. Shadows and reflections are off (as
+    the env always had them). ``page_views`` caps the views per page (default: as many as the limits allow,
+    up to ``max_views``).
     """
 
     def __init__(
-        self, model: mujoco.MjModel, height: int, width: int, max_views: int = 1, page_views: int | None = None
+        self,
+        model: mujoco.MjModel,
+        height: int,
+        width: int,
+        context,
+        max_views: int = 1,
+        page_views: int | None = None,
     ):
-        if width > model.vis.global_.offwidth or height > model.vis.global_.offheight:
-            raise ValueError(
-                f"image size: expected at most the model's offscreen buffer "
-                f"{model.vis.global_.offheight}x{model.vis.global_.offwidth}, got {height}x{width}"
-            )
+        check_size(model, height, width)
         self.model = model
         self.height, self.width = int(height), int(width)
         self._gl_context = self._mjr_context = self._GL = None
         self._fbo = self._renderbuffer = None
-        self._gl_context = mujoco.GLContext(self.width, self.height)
+        self._gl_context = context
         self._gl_context.make_current()
         self._mjr_context = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_150.value)
         mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN.value, self._mjr_context)
