@@ -212,3 +212,48 @@ def test_stop_signals_first_stops_second_only_where_safe():
         assert "Ctrl-C again to stop now" in said[0]
         with pytest.raises(KeyboardInterrupt), interruptible():
             signal.raise_signal(signal.SIGINT)
+
+
+def test_docs_flags_table_is_generated_from_the_declarations():
+    """docs/eval.md's flags table is markdown_table() (regenerate it from dz_gym.eval.flag_table when a flag
+    changes), and the parser has exactly the declared flags."""
+    from dz_gym.eval import flag_table
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "eval.md").read_text()
+    assert flag_table.markdown_table() in docs, "docs/eval.md: paste dz_gym.eval.flag_table.markdown_table()"
+    parser = cli.build_parser(isaac_args=False)
+    declared = {flag.name for flag in flag_table.ALL}
+    parsed = {a.option_strings[0] for a in parser._actions if a.option_strings and a.help != "==SUPPRESS=="}
+    assert parsed - {"-h"} == declared
+
+
+def test_every_config_field_has_one_flag_and_every_flag_a_field():
+    """The declarations checked against the dataclasses: each EvalConfig / RayOptions field a user sets has
+    exactly one flag (servers also via --host/--port/--path), and a flag's field exists."""
+    import dataclasses
+
+    from dz_gym.eval import flag_table
+    from dz_gym.eval.shards.options import RayOptions
+
+    fields = [flag.field for flag in flag_table.ALL if flag.field]
+    assert len(fields) == len(set(fields))
+    assert all(flag_table.config_class(flag) is not None for flag in flag_table.ALL if flag.field)
+    eval_fields = {f.name for f in dataclasses.fields(EvalConfig)} - {"version"}
+    assert eval_fields <= set(fields), eval_fields - set(fields)
+    ray_fields = {f.name for f in dataclasses.fields(RayOptions)} - {"resources", "local_cpus", "worker_setup"}
+    assert ray_fields - {"poll_s", "stop_grace_s"} <= set(fields)
+
+
+def test_help_groups_by_decision_and_marks_the_flags_locked_on_resume():
+    from dz_gym.eval.config import RESULT_KEYS
+
+    parser = cli.build_parser(isaac_args=False)
+    titles = [g.title for g in parser._action_groups][2:]
+    assert titles == ["what to run", "which policy and server", "how requests are timed", "outputs and faults",
+                      "scale-out", "A/B: every seed under two policies"]  # fmt: skip
+    helps = {a.option_strings[0]: a.help for a in parser._actions if a.option_strings}
+    for key in RESULT_KEYS:
+        assert helps[flags.flag_of(key)].endswith("[locked on --resume]"), key
+    for free in ("--num-envs", "--request-timeout", "--video", "--server", "--episodes", "--shards"):
+        assert "[locked" not in helps[free], free
+    assert "[locked on --resume]" in " ".join(parser.format_help().split())

@@ -153,3 +153,8 @@ def auto_reason(resolved: str) -> str:
         return f"{REGISTRY[resolved].title} is importable"
     skipped = ", ".join(REGISTRY[n].title for n in AUTO_ORDER[: AUTO_ORDER.index(resolved)])
     return f"{skipped} is not importable"
+
+
+def per_backend(describe) -> str:
+    """``describe(traits)`` for every backend, for a flag's shown default: ``"hold for isaac, reference for mujoco"``."""
+    return ", ".join(f"{describe(t)} for {name}" for name, t in sorted(REGISTRY.items()))

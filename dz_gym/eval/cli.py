@@ -32,10 +32,9 @@ from typing import TYPE_CHECKING, Any
 
 # Only light imports here: main() installs the signal handler before it imports numpy, the simulator, the
 # transport (seconds on a busy machine), so a Ctrl-C during those imports is a clean stop too.
+from dz_gym.eval.flag_table import DEFAULT_OUTPUT_ROOT, DEFAULT_PATH
 from dz_gym.eval.flags import (
     COMMAND_ENV,
-    DEFAULT_OUTPUT_ROOT,
-    DEFAULT_PATH,
     EXIT_ABORTED,
     EXIT_INTERRUPTED,
     EXIT_OK,

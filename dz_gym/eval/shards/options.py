@@ -12,7 +12,8 @@ import dataclasses
 import importlib.util
 from collections.abc import Callable, Mapping
 
-from dz_gym.cli_types import integer, number
+from dz_gym.cli_types import Flag, flag_message, given_fields, integer, number
+from dz_gym.envs.backends import BackendTraits, per_backend
 
 AB_NOT_SHARDED = "A/B runs (--server-b/--policy-b) keep each pair's two slots in one batch; run them without --ray"
 
@@ -57,7 +58,7 @@ class RayOptions:
 
     def __post_init__(self) -> None:
         if not isinstance(self.address, str) or not self.address.strip():
-            raise ValueError(f"ray: expected 'local' or a Ray cluster address, got {self.address!r}")
+            raise ValueError(f"address: expected 'local' or a Ray cluster address, got {self.address!r}")
         for name in ("shards", "servers_per_shard"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
@@ -65,66 +66,53 @@ class RayOptions:
         if self.shard_cpus is not None and not self.shard_cpus > 0:
             raise ValueError(f"shard_cpus: expected a number > 0, got {self.shard_cpus!r}")
         if not isinstance(self.max_restarts, int) or self.max_restarts < 0:
-            raise ValueError(f"shard_restarts: expected an integer >= 0, got {self.max_restarts!r}")
+            raise ValueError(f"max_restarts: expected an integer >= 0, got {self.max_restarts!r}")
         for name, amount in self.resources.items():
             if not name or name in ("CPU", "GPU") or not amount > 0:
                 raise ValueError(
-                    f"ray_resource: expected NAME=AMOUNT (a custom resource, AMOUNT > 0), got {name}={amount}"
+                    f"resources: expected NAME=AMOUNT (a custom resource, AMOUNT > 0), got {name}={amount}"
                 )
 
 
-def add_ray_args(parser: argparse.ArgumentParser) -> None:
-    """The ``scale-out on Ray`` flags of ``dz-gym-eval``."""
-    group = parser.add_argument_group("scale-out on Ray (see docs/ray.md)")
-    group.add_argument(
-        "--ray",
-        metavar="ADDRESS",
-        help="run the envs as shards on a Ray cluster: 'local' (a private Ray on this machine), 'auto' or HOST:PORT "
-        "of a running cluster; --num-envs is the total over all shards (needs the ray extra)",
-    )
-    group.add_argument(
-        "--shards", type=integer, metavar="K", help="shards (default: one per Ray node; one per GPU on Isaac Lab)"
-    )
-    group.add_argument(
-        "--servers-per-shard",
-        type=integer,
-        metavar="M",
-        help="each shard uses its own M of the --server URLs, in order (shard j: the (j*M)th to the (j*M+M-1)th); "
-        "default: envs are spread over all servers as in one process",
-    )
-    group.add_argument(
-        "--shard-cpus", type=number, metavar="C", help="CPUs (and simulator workers) per shard on MuJoCo"
-    )
-    group.add_argument(
-        "--ray-resource",
-        action="append",
-        metavar="NAME=AMOUNT",
-        help="a custom Ray resource every shard asks for (repeatable): places shards on the nodes that have it",
-    )
-    group.add_argument(
-        "--shard-restarts",
-        type=integer,
-        metavar="R",
-        help=f"new actors for a shard whose actor died (default {RayOptions.max_restarts})",
-    )
-    group.add_argument(
-        "--ship-files",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="send trajectories and videos back to this machine "
-        "(default: only from nodes that do not see the run directory)",
-    )
+def _default_shards(traits: BackendTraits) -> str:
+    if not traits.shard_gpus:
+        return "one per Ray node"
+    return "one per GPU" if traits.shard_gpus == 1 else f"one per {traits.shard_gpus:g} GPUs"
+
+
+def _default_cpus(traits: BackendTraits) -> str:
+    return f"{traits.shard_cpus:g}" if traits.shard_cpus else "one per env slot, at most its share of a node"
+
+
+# The scale-out flags of ``dz-gym-eval`` that set a RayOptions field (or, --ray-resource, its ``resources``).
+RAY_FLAGS = (
+    Flag("--ray", "run the envs as shards on a Ray cluster: 'local' (a private Ray on this machine), 'auto' or "
+         "HOST:PORT of a running cluster (needs the ray extra; docs/ray.md)", field="address", metavar="ADDRESS",
+         shown="off: one process"),
+    Flag("--shards", "shards", field="shards", type=integer, metavar="K", shown=per_backend(_default_shards)),
+    Flag("--servers-per-shard", "each shard uses its own M of the --server URLs, in order (shard j: the (j*M)th "
+         "to the (j*M+M-1)th)", field="servers_per_shard", type=integer, metavar="M",
+         shown="envs spread over all servers as in one process"),
+    Flag("--shard-cpus", "CPUs (and simulator workers) per shard", field="shard_cpus", type=number, metavar="C",
+         shown=per_backend(_default_cpus)),
+    Flag("--ray-resource", "a custom Ray resource every shard asks for (repeatable): places shards on the nodes "
+         "that have it", dest="resources", action="append", metavar="NAME=AMOUNT"),
+    Flag("--shard-restarts", "new actors for a shard whose actor died", field="max_restarts", type=integer,
+         metavar="R"),
+    Flag("--ship-files", "send trajectories and videos back to this machine", field="ship_files",
+         action=argparse.BooleanOptionalAction, shown="only from nodes that do not see the run directory"),
+)  # fmt: skip
 
 
 def ray_options_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace, config) -> RayOptions | None:
     """:class:`RayOptions` from the flags (None without ``--ray``) for the run ``config`` (an ``EvalConfig``);
     bad flags end in ``parser.error``. A flag not given keeps :class:`RayOptions`' default."""
     num_envs = config.num_envs
-    names = ("shards", "servers_per_shard", "shard_cpus", "ray_resource", "shard_restarts", "ship_files")
-    if args.ray is None:
-        given = [n for n in names if getattr(args, n, None) is not None]
-        if given:
-            parser.error(f"--{given[0].replace('_', '-')}: only with --ray ADDRESS|local")
+    given = given_fields(args, RAY_FLAGS)
+    if given.pop("address", None) is None:
+        others = [f.name for f in RAY_FLAGS if getattr(args, f.key, None) is not None]
+        if others:
+            parser.error(f"{others[0]}: only with --ray ADDRESS|local")
         return None
     try:
         check_shardable(config)
@@ -135,7 +123,7 @@ def ray_options_from_args(parser: argparse.ArgumentParser, args: argparse.Namesp
 
         parser.error(f"--ray: {MISSING_RAY}")
     resources = {}
-    for item in args.ray_resource or ():
+    for item in args.resources or ():
         name, sep, amount = item.partition("=")
         try:
             resources[name.strip()] = float(amount) if sep else 1.0
@@ -143,10 +131,7 @@ def ray_options_from_args(parser: argparse.ArgumentParser, args: argparse.Namesp
             parser.error(f"--ray-resource: expected NAME=AMOUNT, got {item!r}")
     if args.shards is not None and args.shards > num_envs:
         parser.error(f"--shards: expected at most --num-envs={num_envs} shards (each needs an env), got {args.shards}")
-    fields = {"shards": args.shards, "servers_per_shard": args.servers_per_shard, "shard_cpus": args.shard_cpus}
-    fields.update(max_restarts=args.shard_restarts, ship_files=args.ship_files)
     try:
-        return RayOptions(address=args.ray, resources=resources, **{k: v for k, v in fields.items() if v is not None})
+        return RayOptions(address=args.address, resources=resources, **given)
     except ValueError as exc:
-        field, _, rest = str(exc).partition(":")
-        parser.error(f"--{field.replace('_', '-')}:{rest}")
+        parser.error(flag_message(exc, RAY_FLAGS))

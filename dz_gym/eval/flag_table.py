@@ -1,0 +1,189 @@
+"""Every flag of ``dz-gym-eval``, declared once, grouped by what a user decides.
+
+Each :class:`~dz_gym.cli_types.Flag` names the :class:`~dz_gym.eval.config.EvalConfig` field it sets (or the
+:class:`~dz_gym.eval.shards.options.RayOptions` field, or none for the command's own flags); the parser
+(:func:`dz_gym.eval.flags.build_parser`) and the flags table of ``docs/eval.md`` (:func:`markdown_table`) are
+built from :data:`GROUPS`, and the defaults they show are the config's. Flags whose field is in
+:data:`~dz_gym.eval.config.RESULT_KEYS` are locked on ``--resume``, and both say so.
+
+Only light imports: the parser is built before numpy, the simulator or the transport are imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from dz_gym.cli_types import AUTH_ENV, OPEN_LOOP_HORIZON, REQUEST_TIMEOUT, SEED, SERVER, Flag, integer, number
+from dz_gym.envs import backends
+from dz_gym.eval.shards.options import RAY_FLAGS
+
+DEFAULT_OUTPUT_ROOT = Path("runs") / "dz_gym_eval"
+DEFAULT_PATH = "/v1/realtime/robot/openpi"
+DEFAULT_PORT = 8000
+DEFAULT_HOST = "127.0.0.1"
+LOCKED_NOTE = " [locked on --resume]"
+BOOL = argparse.BooleanOptionalAction
+
+
+RUN = (
+    Flag("--scene", "DROID scene 1, 2 or 3 (repeatable)", field="scenes", type=integer, action="append", metavar="S",
+         doc="scene 1, 2 or 3; repeatable. Scenes run in turn, with one env instance per scene"),
+    Flag("--task", "a sim-evals task by name, e.g. place_spoon_in_sink or DROID-CubeInBowl (repeatable; isaac "
+         "backend; its instruction is the prompt and its max_timesteps the default --max-steps; docs/isaac.md)",
+         dest="tasks", action="append", metavar="NAME"),
+    Flag("--episodes", "episodes per scene", field="episodes", type=integer, metavar="E",
+         shown="N (one per env)", doc="episodes **per scene**; a resume may add episodes, not remove them"),
+    SEED.but(help="episode k of a scene has seed K+k"),
+    Flag("--max-steps", "steps per episode (the env's episode length by default; a --task's max_timesteps)",
+         field="max_steps", type=integer, metavar="T"),
+    Flag("--backend", "simulator; auto picks isaac when Isaac Lab is importable, else mujoco, and says so",
+         field="backend", choices=backends.NAMES),
+)  # fmt: skip
+SERVER_FLAGS = (
+    SERVER.but(help="ws:// URL of a policy server (repeatable: env slot i talks to server i % len(servers))",
+               shown="embedded"),
+    Flag("--host", "server host, as the reference client (instead of --server)", dest="host", metavar="HOST",
+         shown=DEFAULT_HOST),
+    Flag("--port", "server port, as the reference client", dest="port", type=integer, metavar="PORT",
+         shown=str(DEFAULT_PORT)),
+    Flag("--path", "websocket path, as the reference client", dest="path", metavar="PATH", shown=DEFAULT_PATH),
+    Flag("--policy", "embedded server: its policy (a built-in name or module:factory)", field="policy",
+         metavar="NAME", shown=backends.per_backend(lambda t: t.embedded_policy)),
+    Flag("--serve-arg", "embedded server: an extra dz-gym-serve argument, e.g. --serve-arg=--latency-ms=200 "
+         "(repeatable)", dest="serve_arg", action="append", default=[], metavar="ARG"),
+    AUTH_ENV.but(shown="none", doc=AUTH_ENV.help + "; only the variable's name is saved in config.json"),
+    Flag("--server-max-sessions", "sessions one server keeps resident (vLLM-Omni: at most 64, fewer with a small "
+         "KV pool); more envs on one server is a warning", field="server_max_sessions", type=integer, metavar="N"),
+    Flag("--server-idle-timeout", "seconds after which the servers close an idle connection (vLLM-Omni: 30; 0: "
+         "none); a warning when an env may wait longer between requests", field="server_idle_timeout",
+         type=number, metavar="S"),
+    Flag("--policy-seed", "send a per-episode 'seed' derived from the episode's seed in every request (the same "
+         "in both arms of an A/B run; servers that do not know it ignore it)", field="policy_seed",
+         action="store_true"),
+    Flag("--num-inference-steps", "send sampling_params {num_inference_steps: N} in every request (vLLM-Omni's "
+         "diffusion steps)", field="num_inference_steps", type=integer, metavar="N", shown="server's"),
+)  # fmt: skip
+TIMING = (
+    OPEN_LOOP_HORIZON.but(help="actions executed from each chunk before the next request; longer than the "
+                          "server's chunks is an error (exit status 2)"),
+    Flag("--prefetch", "latency hiding: send an env's next request when K actions of its window are left and "
+         "keep executing; rows for the steps executed meanwhile are skipped (0: wait for every chunk, like the "
+         "reference client)", field="prefetch", type=integer, metavar="K"),
+    Flag("--simulated-delay", "apply every chunk exactly D steps after its request instead of when it arrives: "
+         "reproducible latency (an env with no action left holds its pose)", field="simulated_delay",
+         type=integer, metavar="D", shown="off"),
+    Flag("--max-stale-steps", "with --prefetch: rows a late env may run past its window before it waits",
+         field="max_stale_steps", type=integer, metavar="S", shown="whole chunk"),
+    REQUEST_TIMEOUT,
+    Flag("--retry-server-errors", "re-send a request that got a server error up to N times before its episode "
+         "is flagged as errored (0: the reference client's behaviour); rows count retries",
+         field="retry_server_errors", type=integer, metavar="N"),
+)  # fmt: skip
+OUTPUTS = (
+    Flag("--output-root", "where run directories are created", dest="output_root", type=Path, metavar="DIR",
+         shown=str(DEFAULT_OUTPUT_ROOT)),
+    Flag("--resume", "continue RUN_DIR without redoing finished episodes; the flags marked" + LOCKED_NOTE
+         + " keep its saved values (another value is an error), --episodes may only grow", dest="resume",
+         type=Path, metavar="RUN_DIR"),
+    Flag("--video", "per-episode mp4 videos", field="video", action=BOOL),
+    Flag("--report", "write report.html (dz-gym-report) into the run directory at the end of every run segment, "
+         "also after Ctrl-C and on resume", field="report", action=BOOL),
+    Flag("--progress", "progress bars for episodes and env steps; when stderr is not a terminal, one progress "
+         "line every 30 s instead", dest="progress", action=BOOL, shown="bars on a TTY, else lines",
+         doc="tqdm bars for episodes (running success rate) and env steps (env-steps/s, last chunk latency); when "
+         "stderr is not a terminal, one progress line every 30 s instead. `--no-progress`: neither"),
+    Flag("--max-errors", "abort once more than M episodes have errored", field="max_errors", type=integer,
+         metavar="M", shown="10% of the planned episodes, at least 5"),
+)  # fmt: skip
+SCALE = (
+    Flag("--num-envs", "envs stepped together (slots); with --ray the total over all shards", field="num_envs",
+         type=integer, metavar="N"),
+    Flag("--process-per-scene", "run each scene in a fresh process (rebuilding an Isaac stage in one process can "
+         "render wrong poses)", dest="process_per_scene", action=BOOL,
+         shown=backends.per_backend(lambda t: "on" if t.one_scene_per_process else "off")),
+    *RAY_FLAGS,
+)  # fmt: skip
+AB = (
+    Flag("--server-b", "arm B's server (repeatable); arm A is --server; env slots alternate A, B on the same "
+         "seeds", field="servers_b", action="append", metavar="URL"),
+    Flag("--policy-b", "embedded servers: arm B's policy (arm A: --policy), e.g. --policy reference --policy-b "
+         "reference:skill=0.3; a second embedded server serves it", field="policy_b", metavar="NAME"),
+    Flag("--sequential", "stop as soon as an anytime-valid test on the discordant pairs decides which arm is "
+         "better", field="sequential", action="store_true"),
+    Flag("--alpha", "with --sequential: the test's type-I error, valid at any stopping time", field="alpha",
+         type=number, metavar="A"),
+    Flag("--max-episodes", "with --sequential: stop undecided after N pairs (N episodes per arm); --episodes "
+         "defaults to N spread over the scenes", field="max_episodes", type=integer, metavar="N",
+         shown=lambda: str(_config().DEFAULT_MAX_EPISODES)),
+)  # fmt: skip
+
+# (title, description, flags): the --help sections, in order.
+GROUPS = (
+    ("what to run", "what is measured: the scenes, their episodes and seeds, the simulator", RUN),
+    ("which policy and server", "none given: start the embedded reference server", SERVER_FLAGS),
+    ("how requests are timed", "the chunk schedule and the bounds on one request", TIMING),
+    ("outputs and faults", None, OUTPUTS),
+    ("scale-out", "envs per batch, a process per scene, shards on Ray (docs/ray.md)", SCALE),
+    ("A/B: every seed under two policies", "docs/eval.md; dz-gym-compare RUN reads the run", AB),
+)
+ALL = tuple(flag for _, _, flags in GROUPS for flag in flags)
+# Flags that set result-changing settings without being the field's own flag.
+LOCKED_VIA = {"tasks": "scenes"}
+
+
+def _config():
+    from dz_gym.eval import config
+
+    return config
+
+
+def config_class(flag: Flag):
+    """The dataclass whose field ``flag`` sets (EvalConfig, or RayOptions for the Ray flags), or None."""
+    import dataclasses
+
+    from dz_gym.eval.config import EvalConfig
+    from dz_gym.eval.shards.options import RayOptions
+
+    for cls in (EvalConfig, RayOptions):
+        if flag.field in {f.name for f in dataclasses.fields(cls)}:
+            return cls
+    return None
+
+
+def eval_flags() -> tuple[Flag, ...]:
+    """The flags that set an EvalConfig field (the rest are the command's own, or RayOptions')."""
+    from dz_gym.eval.config import EvalConfig
+
+    return tuple(f for f in ALL if config_class(f) is EvalConfig)
+
+
+def locked(flag: Flag) -> bool:
+    """Whether ``--resume`` keeps the saved value of what ``flag`` sets."""
+    from dz_gym.eval.config import RESULT_KEYS
+
+    return (flag.field or LOCKED_VIA.get(flag.key)) in RESULT_KEYS
+
+
+def shown(flag: Flag) -> str | None:
+    """``flag``'s default as --help and the docs show it."""
+    from dz_gym.cli_types import shown_default
+
+    return shown_default(flag, config_class(flag))
+
+
+def flag_of(field: str) -> str:
+    """The flag that sets EvalConfig (or RayOptions) field ``field``; ``--servers`` style for one without."""
+    return next((f.name for f in ALL if f.field == field), "--" + field.replace("_", "-"))
+
+
+def markdown_table() -> str:
+    """The flags table of ``docs/eval.md``: flag, default, meaning, in the --help order."""
+    lines = ["| flag | default | meaning |", "|---|---|---|"]
+    for title, _, flags in GROUPS:
+        lines.append(f"| **{title}** | | |")
+        for flag in flags:
+            meaning = (flag.doc or flag.help) + (" (locked on `--resume`)" if locked(flag) else "")
+            cells = (f"`{flag.usage()}`", shown(flag) or "", meaning)
+            lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(lines)
