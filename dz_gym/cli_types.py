@@ -104,6 +104,7 @@ class Flag:
     shown: str | Callable[[], str] | None = None  # the default shown, when not the field's (a callable: lazily)
     doc: str | None = None
     dest: str | None = None  # when the flag sets no config field directly (e.g. --task -> tasks)
+    required: bool = False
 
     @property
     def key(self) -> str:
@@ -128,6 +129,8 @@ class Flag:
         """Add this flag to ``group`` (a parser, an argument group or a mutually exclusive group)."""
         kwargs = {"type": self.type, "metavar": self.metavar, "action": self.action, "choices": self.choices}
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
+        if self.required:
+            kwargs["required"] = True
         if self.action in ("store_true", "store_false"):
             kwargs.pop("metavar", None)
         shown = shown if self.shown is None else self.shown() if callable(self.shown) else self.shown

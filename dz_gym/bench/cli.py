@@ -24,10 +24,26 @@ from collections.abc import Sequence
 from dz_gym.bench.load import ARRIVALS
 from dz_gym.bench.report import build_document, format_run, format_sweep, plot_sweep, write_json, write_records
 from dz_gym.bench.runner import BenchConfig, run_benchmark
-from dz_gym.cli_types import non_negative_float, non_negative_int, positive_float, positive_int
+from dz_gym.cli_types import (
+    AUTH_ENV,
+    OPEN_LOOP_HORIZON,
+    REQUEST_TIMEOUT,
+    SEED,
+    SERVER,
+    Flag,
+    OneLineErrorParser,
+    add_flags,
+    field_default,
+    flag_message,
+    given_fields,
+    non_negative_float,
+    non_negative_int,
+    number,
+    positive_float,
+    positive_int,
+)
 from dz_gym.envs import droid
 from dz_gym.errors import DzGymError
-from dz_gym.transport import validate_url
 
 __all__ = ["build_parser", "config_from_args", "main"]
 
@@ -47,209 +63,97 @@ def _sweep(text: str) -> list[int]:
     return values
 
 
-def _url(text: str) -> str:
-    try:
-        return validate_url(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+# Every flag, declared once with the BenchConfig field it sets (its default is the field's, shown in --help).
+LOAD_SHAPE = (  # mutually exclusive: closed loop at one concurrency, a sweep, or open loop
+    Flag("--concurrency", "C sessions, one connection each, each sending its next request when a reply comes",
+         type=positive_int, metavar="C", shown="1"),
+    Flag("--sweep", "run each concurrency in turn and print the scaling table, e.g. 1,2,4,8,16", type=_sweep,
+         metavar="C1,C2,..."),
+    Flag("--request-rate", "open loop: R requests/s on a schedule, whatever the replies do", field="request_rate",
+         type=positive_float, metavar="R"),
+)  # fmt: skip
+LOAD = (
+    Flag("--arrival", "open-loop gaps", field="arrival", choices=ARRIVALS),
+    Flag("--max-outstanding", "open loop: at most N requests in flight, one session each", field="max_outstanding",
+         type=positive_int, metavar="N"),
+    Flag("--num-requests", "timed requests per run (with --duration: whichever ends first)", field="num_requests",
+         type=positive_int, metavar="N"),
+    Flag("--duration", "seconds per run", dest="duration", type=positive_float, metavar="S",
+         shown=f"{DEFAULT_DURATION_S:g} when --num-requests is not given"),
+    Flag("--warmup", "untimed requests before each run", field="warmup", type=non_negative_int, metavar="N",
+         shown="one per session"),
+    Flag("--think-ms", "closed loop: pause after each reply, e.g. the simulator executing the chunk",
+         dest="think_ms", type=non_negative_float, metavar="MS", shown="0"),
+)  # fmt: skip
+ROBOT = (
+    OPEN_LOOP_HORIZON.but(help="actions executed per chunk: actions/s = req/s x H"),
+    Flag("--episode-length", "requests per episode before a session id is rotated", field="episode_length",
+         type=positive_int, metavar="N", shown=f"ceil({droid.MAX_EPISODE_LENGTH} / H)"),
+    Flag("--slo-ms", "goodput budget per chunk", dest="slo_ms", type=positive_float, metavar="MS",
+         shown="H / 15 s, the time the previous chunk lasts"),
+    Flag("--images", "png/jpg frames or mp4 videos to send (three-view strips are split)", dest="images",
+         metavar="DIR", shown="synthetic"),
+    Flag("--image-layout", "how a frame maps to the three views", field="image_layout",
+         choices=("auto", "strip", "single")),
+    Flag("--max-frames", "distinct pre-encoded requests to cycle through", field="max_frames", type=positive_int,
+         metavar="N"),
+    Flag("--prompt", "instruction sent with every request", field="prompt", metavar="TEXT"),
+    SEED.but(help="seed of synthetic images and Poisson gaps"),
+)  # fmt: skip
+BOUNDS = (
+    Flag("--ready-timeout", "wait at most S s for each server's handshake before starting", field="ready_timeout",
+         type=positive_float, metavar="S"),
+    Flag("--open-timeout", "bound on opening one connection", field="open_timeout", type=number, metavar="S"),
+    REQUEST_TIMEOUT,
+    Flag("--max-consecutive-errors", "stop the run after N failed requests in a row",
+         field="max_consecutive_errors", type=positive_int, metavar="N"),
+    Flag("--timeout", "bound on the whole command", dest="timeout", type=positive_float, default=3600.0,
+         metavar="S", shown="3600"),
+    AUTH_ENV,
+)  # fmt: skip
+OUTPUT = (
+    Flag("--json", "write the results as JSON ('-' for stdout)", dest="json", metavar="FILE"),
+    Flag("--records", "write one JSON line per timed request (latency, error, session, ...)", dest="records",
+         metavar="FILE"),
+    Flag("--label", "a free-form label stored in the JSON (e.g. the GPU)", dest="label", metavar="TEXT"),
+    Flag("--plot", "with --sweep: write a PNG plot (needs matplotlib)", dest="plot", metavar="FILE"),
+    Flag("--quiet", "print only the final table or summary", dest="quiet", action="store_true", default=False),
+)  # fmt: skip
+ALL = (SERVER, *LOAD_SHAPE, *LOAD, *ROBOT, *BOUNDS, *OUTPUT)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="dz-gym-bench",
         description="Throughput and latency of OpenPI/DreamZero policy servers under realistic DROID load.",
         epilog="Exit status: 0 ran, 1 could not run or had to stop, 2 bad flags.",
     )
-    parser.add_argument(
-        "--server",
-        action="append",
-        type=_url,
-        required=True,
-        metavar="URL",
-        help="ws:// or wss:// URL of a policy server; repeat to spread sessions round-robin",
-    )
-
+    add_flags(parser, [SERVER.but(required=True)], BenchConfig)
     load = parser.add_argument_group("load shape (closed loop by default)")
-    shape = load.add_mutually_exclusive_group()
-    shape.add_argument(
-        "--concurrency",
-        type=positive_int,
-        default=None,
-        metavar="C",
-        help="C sessions, one connection each, each sending its next request when a reply comes (default 1)",
-    )
-    shape.add_argument(
-        "--sweep",
-        type=_sweep,
-        default=None,
-        metavar="C1,C2,...",
-        help="run each concurrency in turn and print the scaling table, e.g. 1,2,4,8,16",
-    )
-    shape.add_argument(
-        "--request-rate",
-        type=positive_float,
-        default=None,
-        metavar="R",
-        help="open loop: R requests/s on a schedule, whatever the replies do",
-    )
-    load.add_argument("--arrival", choices=ARRIVALS, default="poisson", help="open-loop gaps (default poisson)")
-    load.add_argument(
-        "--max-outstanding",
-        type=positive_int,
-        default=16,
-        metavar="N",
-        help="open loop: at most N requests in flight, one session each (default 16)",
-    )
-    load.add_argument(
-        "--num-requests",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="timed requests per run (with --duration: whichever ends first)",
-    )
-    load.add_argument(
-        "--duration",
-        type=positive_float,
-        default=None,
-        metavar="S",
-        help=f"seconds per run (default {DEFAULT_DURATION_S:g} when --num-requests is not given)",
-    )
-    load.add_argument(
-        "--warmup",
-        type=non_negative_int,
-        default=None,
-        metavar="N",
-        help="untimed requests before each run (default: one per session)",
-    )
-    load.add_argument(
-        "--think-ms",
-        type=non_negative_float,
-        default=0.0,
-        metavar="MS",
-        help="closed loop: pause after each reply, e.g. the simulator executing the chunk (default 0)",
-    )
-
-    robot = parser.add_argument_group("robot and payload")
-    robot.add_argument(
-        "--open-loop-horizon",
-        type=positive_int,
-        default=droid.DEFAULT_OPEN_LOOP_HORIZON,
-        metavar="H",
-        help=f"actions executed per chunk (default {droid.DEFAULT_OPEN_LOOP_HORIZON}): actions/s = req/s x H",
-    )
-    robot.add_argument(
-        "--episode-length",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help=f"requests per episode before a session id is rotated (default ceil({droid.MAX_EPISODE_LENGTH} / H))",
-    )
-    robot.add_argument(
-        "--slo-ms",
-        type=positive_float,
-        default=None,
-        metavar="MS",
-        help="goodput budget per chunk (default H / 15 s, the time the previous chunk lasts)",
-    )
-    robot.add_argument(
-        "--images",
-        default=None,
-        metavar="DIR",
-        help="png/jpg frames or mp4 videos to send (three-view strips are split); default synthetic",
-    )
-    robot.add_argument(
-        "--image-layout",
-        choices=("auto", "strip", "single"),
-        default="auto",
-        help="how a frame maps to the three views (default auto)",
-    )
-    robot.add_argument(
-        "--max-frames",
-        type=positive_int,
-        default=16,
-        metavar="N",
-        help="distinct pre-encoded requests to cycle through (default 16)",
-    )
-    robot.add_argument("--prompt", default=droid.SCENES[1].prompt, help="instruction sent with every request")
-    robot.add_argument("--seed", type=non_negative_int, default=0, help="seed of synthetic images and Poisson gaps")
-
-    bounds = parser.add_argument_group("bounds")
-    bounds.add_argument(
-        "--ready-timeout",
-        type=positive_float,
-        default=60.0,
-        metavar="S",
-        help="wait at most S s for each server's handshake before starting (default 60)",
-    )
-    bounds.add_argument(
-        "--open-timeout",
-        type=positive_float,
-        default=10.0,
-        metavar="S",
-        help="bound on opening one connection (default 10)",
-    )
-    bounds.add_argument(
-        "--request-timeout", type=positive_float, default=120.0, metavar="S", help="bound on one request (default 120)"
-    )
-    bounds.add_argument(
-        "--max-consecutive-errors",
-        type=positive_int,
-        default=20,
-        metavar="N",
-        help="stop the run after N failed requests in a row (default 20)",
-    )
-    bounds.add_argument(
-        "--timeout", type=positive_float, default=3600.0, metavar="S", help="bound on the whole command (default 3600)"
-    )
-    bounds.add_argument(
-        "--auth-env",
-        default=None,
-        metavar="NAME",
-        help="environment variable holding an API token (sent as 'Authorization: Api-Key <token>')",
-    )
-
-    out = parser.add_argument_group("output")
-    out.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON ('-' for stdout)")
-    out.add_argument(
-        "--records",
-        default=None,
-        metavar="FILE",
-        help="write one JSON line per timed request (latency, error, session, ...)",
-    )
-    out.add_argument("--label", default=None, help="a free-form label stored in the JSON (e.g. the GPU)")
-    out.add_argument("--plot", default=None, metavar="FILE", help="with --sweep: write a PNG plot (needs matplotlib)")
-    out.add_argument("--quiet", action="store_true", help="print only the final table or summary")
+    add_flags(load.add_mutually_exclusive_group(), LOAD_SHAPE, BenchConfig)
+    add_flags(load, LOAD, BenchConfig)
+    for title, flags in (("robot and payload", ROBOT), ("bounds", BOUNDS), ("output", OUTPUT)):
+        add_flags(parser.add_argument_group(title), flags, BenchConfig)
     return parser
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    """The :class:`BenchConfig` of the flags: the fields given, BenchConfig's defaults for the rest."""
+    fields = given_fields(args, ALL)
+    fields["servers"] = tuple(args.servers)
     duration = args.duration
     if duration is None and args.num_requests is None:
         duration = DEFAULT_DURATION_S
-    episode_length = args.episode_length or math.ceil(droid.MAX_EPISODE_LENGTH / args.open_loop_horizon)
+    horizon = fields.get("open_loop_horizon", field_default(BenchConfig, "open_loop_horizon"))
+    if isinstance(horizon, int) and horizon >= 1:
+        fields.setdefault("episode_length", math.ceil(droid.MAX_EPISODE_LENGTH / horizon))
     return BenchConfig(
-        servers=tuple(args.server),
         concurrencies=tuple(args.sweep) if args.sweep else (args.concurrency or 1,),
-        request_rate=args.request_rate,
-        arrival=args.arrival,
-        max_outstanding=args.max_outstanding,
-        num_requests=args.num_requests,
         duration_s=duration,
-        warmup=args.warmup,
-        episode_length=episode_length,
-        open_loop_horizon=args.open_loop_horizon,
-        think_s=args.think_ms / 1e3,
+        think_s=(args.think_ms or 0.0) / 1e3,
         slo_s=None if args.slo_ms is None else args.slo_ms / 1e3,
         images_dir=args.images,
-        image_layout=args.image_layout,
-        max_frames=args.max_frames,
-        prompt=args.prompt,
-        seed=args.seed,
-        ready_timeout=args.ready_timeout,
-        open_timeout=args.open_timeout,
-        request_timeout=args.request_timeout,
-        max_consecutive_errors=args.max_consecutive_errors,
-        auth_env=args.auth_env,
+        **fields,
     )
 
 
@@ -265,10 +169,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.plot and not args.sweep:
         parser.error("--plot: needs --sweep (the plot shows scaling over concurrency)")
-    if args.request_rate is None and (args.arrival != "poisson" or args.max_outstanding != 16):
+    if args.request_rate is None and (args.arrival is not None or args.max_outstanding is not None):
         parser.error("--arrival/--max-outstanding: only apply with --request-rate")
-    if args.auth_env is not None and not args.auth_env.replace("_", "a").isalnum():
-        parser.error(f"--auth-env: expected the NAME of an environment variable, got {args.auth_env!r}")
     if args.plot:
         try:
             import matplotlib  # noqa: F401
@@ -277,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = config_from_args(args)
     except ValueError as exc:
-        parser.error(str(exc))
+        parser.error(flag_message(exc, ALL))
     sweep = bool(args.sweep)
 
     def on_run(run: dict) -> None:

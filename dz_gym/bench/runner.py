@@ -21,19 +21,28 @@ from dz_gym.bench.load import LoadSpec, SimSession, run_load
 from dz_gym.bench.metrics import LATENCY_KEYS, latency_stats, summarize
 from dz_gym.bench.payloads import DEFAULT_RESOLUTION, PayloadSet, load_views, synthetic_views
 from dz_gym.bench.readiness import ServerInfo, wait_ready
+from dz_gym.cli_types import field_default
 from dz_gym.envs import droid
-from dz_gym.transport import TransportConfig
+from dz_gym.transport import TransportConfig, validate_url
 
 __all__ = ["BenchConfig", "run_benchmark"]
 
 
 @dataclasses.dataclass(frozen=True)
 class BenchConfig:
-    """Everything one benchmark needs (the CLI flags, validated there; times in seconds).
+    """Everything one benchmark needs (the ``dz-gym-bench`` flags set these fields; times in seconds).
 
     ``concurrencies`` lists the closed-loop session counts to run one after the other (one entry without a
     sweep); with ``request_rate`` the run is open loop over ``max_outstanding`` sessions instead.
-    ``warmup=None`` means one untimed request per session.
+    ``warmup=None`` means one untimed request per session. The connection bounds (``open_timeout``,
+    ``connect_retries``, ``request_timeout``) default to :class:`~dz_gym.transport.TransportConfig`'s, whose
+    rules also check them (:meth:`transport_config`); a bad value is a one-line ``ValueError`` naming the field.
+
+    >>> BenchConfig(servers=["ws://127.0.0.1:8000"]).request_timeout == TransportConfig().request_timeout
+    True
+    >>> BenchConfig(servers=["ws://127.0.0.1:8000"], request_timeout=0)
+    Traceback (most recent call last):
+    ValueError: request_timeout: expected a finite number > 0, got 0
     """
 
     servers: Sequence[str]
@@ -54,24 +63,35 @@ class BenchConfig:
     prompt: str = droid.SCENES[1].prompt
     seed: int = 0
     ready_timeout: float = 60.0
-    open_timeout: float = 10.0
-    request_timeout: float = 120.0
-    connect_retries: int = 2
+    open_timeout: float = field_default(TransportConfig, "open_timeout")
+    request_timeout: float = field_default(TransportConfig, "request_timeout")
+    connect_retries: int = field_default(TransportConfig, "connect_retries")
     max_consecutive_errors: int = 20
     auth_env: str | None = None
 
+    def __post_init__(self) -> None:
+        if not self.servers:
+            raise ValueError("servers: expected at least one ws:// URL")
+        for url in self.servers:
+            try:
+                validate_url(url)
+            except ValueError as exc:
+                raise ValueError(f"servers: {exc}") from None
+        for name, low in (("open_loop_horizon", 1), ("seed", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{name}: expected an integer >= {low}, got {value!r}")
+        self.transport_config()
 
-def _transport_config(cfg: BenchConfig) -> TransportConfig:
-    return TransportConfig(
-        open_timeout=cfg.open_timeout,
-        connect_retries=cfg.connect_retries,
-        retry_backoff=0.25,
-        retry_backoff_max=2.0,
-        request_timeout=cfg.request_timeout,
-        close_timeout=2.0,
-        auth_env=cfg.auth_env,
-        connect_concurrency=16,
-    )
+    def transport_config(self) -> TransportConfig:
+        """The :class:`TransportConfig` of every session (its own rules check the bounds)."""
+        fields = {"open_timeout": self.open_timeout, "connect_retries": self.connect_retries}
+        fields.update(request_timeout=self.request_timeout, auth_env=self.auth_env)
+        try:
+            return TransportConfig(**fields)
+        except ValueError as exc:
+            text = str(exc).removeprefix("TransportConfig.")
+            raise ValueError(text if text.split(":")[0] in fields else f"transport: {text}") from None
 
 
 def _payload_sets(cfg: BenchConfig, infos: Sequence[ServerInfo]) -> dict[tuple[int, int], PayloadSet]:
@@ -183,9 +203,7 @@ async def run_benchmark(cfg: BenchConfig, *, on_run=None, keep_records: bool = F
     Raises the typed errors of :mod:`dz_gym.errors` (a server never ready, a refused handshake) and
     :class:`~dz_gym.bench.load.BenchAborted` (a run that cannot go on).
     """
-    if not cfg.servers:
-        raise ValueError("servers: expected at least one ws:// URL")
-    transport = _transport_config(cfg)
+    transport = cfg.transport_config()
     infos = [await wait_ready(url, cfg.ready_timeout, transport) for url in cfg.servers]
     sets = _payload_sets(cfg, infos)
     counts = [cfg.max_outstanding] if cfg.request_rate is not None else list(cfg.concurrencies)

@@ -1,0 +1,78 @@
+"""Flag declarations (dz_gym.cli_types.Flag) and the flags dz-gym-eval and dz-gym-bench share: one declaration,
+the same dest and metavar, and defaults that come from the configs (the transport's bounds from TransportConfig)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from dz_gym import cli_types
+from dz_gym.bench import cli as bench_cli
+from dz_gym.bench.runner import BenchConfig
+from dz_gym.eval import cli as eval_cli
+from dz_gym.eval.config import EvalConfig
+from dz_gym.transport import TransportConfig
+
+SHARED = (cli_types.SERVER, cli_types.AUTH_ENV, cli_types.REQUEST_TIMEOUT, cli_types.OPEN_LOOP_HORIZON, cli_types.SEED)
+
+
+def _actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    return {a.option_strings[0]: a for a in parser._actions if a.option_strings}
+
+
+def test_shared_flags_have_one_declaration_in_eval_and_bench():
+    eval_actions = _actions(eval_cli.build_parser(isaac_args=False))
+    bench_actions = _actions(bench_cli.build_parser())
+    for flag in SHARED:
+        a, b = eval_actions[flag.name], bench_actions[flag.name]
+        assert a.dest == b.dest == flag.field and a.metavar == b.metavar == flag.metavar, flag.name
+        assert a.type is b.type is flag.type and a.default is b.default is None, flag.name
+        assert flag.field in {f for f in EvalConfig.__dataclass_fields__} & set(BenchConfig.__dataclass_fields__)
+
+
+def test_transport_bounds_default_to_transport_config_everywhere():
+    transport = TransportConfig()
+    bench = bench_cli.config_from_args(bench_cli.build_parser().parse_args(["--server", "ws://127.0.0.1:1"]))
+    assert bench.request_timeout == EvalConfig.default("request_timeout") == transport.request_timeout
+    assert bench.connect_retries == transport.connect_retries and bench.open_timeout == transport.open_timeout
+    assert bench.transport_config() == TransportConfig(auth_env=None)
+    help_text = " ".join(bench_cli.build_parser().format_help().split())
+    assert f"--request-timeout S seconds to wait for one chunk (the transport's bound on one request) (default " \
+           f"{transport.request_timeout:g})" in help_text  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--request-timeout", "0"], "--request-timeout: expected a finite number > 0, got 0"),
+        (["--auth-env", "MY-TOKEN"], "--auth-env: expected the NAME of an environment variable"),
+        (["--open-loop-horizon", "0"], "--open-loop-horizon: expected an integer >= 1, got 0"),
+        (["--seed", "-1"], "--seed: expected an integer >= 0, got -1"),
+        (["--open-timeout", "-1"], "--open-timeout: expected a finite number > 0"),
+        (["--max-outstanding", "4"], "--arrival/--max-outstanding: only apply with --request-rate"),
+    ],
+)
+def test_bench_rules_live_in_its_config_and_errors_name_the_flag(capsys, argv, needle):
+    with pytest.raises(SystemExit) as exc:
+        bench_cli.main(["--server", "ws://127.0.0.1:1", *argv])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and needle in err, err
+
+
+def test_flag_usage_defaults_and_messages():
+    flag = cli_types.Flag("--num-envs", "envs", field="num_envs", type=cli_types.integer, metavar="N")
+    parser = argparse.ArgumentParser()
+    cli_types.add_flags(
+        parser,
+        [flag, cli_types.Flag("--video", "videos", field="video", action=argparse.BooleanOptionalAction)],
+        EvalConfig,
+    )
+    helps = {a.dest: a.help for a in parser._actions}
+    assert helps["num_envs"] == "envs (default 8)" and helps["video"] == "videos (default on)"
+    assert parser.parse_args([]).num_envs is None and parser.parse_args(["--no-video"]).video is False
+    assert flag.usage() == "--num-envs N" and cli_types.SEED.but(help="x").help == "x"
+    assert cli_types.flag_message(ValueError("num_envs: expected an integer >= 1, got 0"), [flag]).startswith(
+        "--num-envs:"
+    )
+    assert cli_types.show([1, 2]) == "1, 2" and cli_types.show(0.05) == "0.05" and cli_types.show(False) == "off"
