@@ -19,6 +19,7 @@ Exit codes: 0 compared, 2 usage error or runs not comparable.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import sys
@@ -26,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from dz_gym.cli_types import Flag, OneLineErrorParser, add_flags, flag_message, number, show
 from dz_gym.stats.comparison import compare_rows, format_comparison
 
 __all__ = ["build_parser", "comparability", "load_run", "main"]
@@ -115,17 +117,24 @@ def _arm_suffix(config: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], ar
     return f" ({', '.join(seen)})" if seen else ""
 
 
+# The level of the verdicts: compare_rows' own default and its own range check (one rule, one place).
+ALPHA = Flag("--alpha", "significance level of the verdicts", dest="alpha", type=number, metavar="A",
+             shown=lambda: show(inspect.signature(compare_rows).parameters["alpha"].default))  # fmt: skip
+FLAGS = (
+    Flag("--json", "also write the comparison as JSON to FILE ('-': stdout)", dest="json", metavar="FILE"),
+    Flag("--force", "compare runs whose settings differ (recorded in the JSON)", dest="force", action="store_true",
+         default=False),
+    ALPHA,
+)  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="dz-gym-compare",
         description="Paired A/B comparison of two dz-gym-eval runs (or of one A/B run): is B better than A?",
     )
     parser.add_argument("runs", nargs="+", metavar="RUN", help="RUN_A RUN_B, or one A/B run directory")
-    parser.add_argument("--json", metavar="FILE", help="also write the comparison as JSON to FILE ('-': stdout)")
-    parser.add_argument(
-        "--force", action="store_true", help="compare runs whose settings differ (recorded in the JSON)"
-    )
-    parser.add_argument("--alpha", type=float, default=0.05, help="significance level of the verdicts (default 0.05)")
+    add_flags(parser, FLAGS)
     return parser
 
 
@@ -134,8 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if len(args.runs) > 2:
         parser.error(f"RUN: expected RUN_A RUN_B or one A/B run, got {len(args.runs)} directories")
-    if not 0.0 < args.alpha < 1.0:
-        parser.error(f"--alpha: expected a number in (0, 1), got {args.alpha}")
+    level = {} if args.alpha is None else {"alpha": args.alpha}
     problems: list[str] = []
     differences: list[str] = []
     try:
@@ -145,15 +153,15 @@ def main(argv: list[str] | None = None) -> int:
             if problems and not args.force:
                 parser.error(f"runs not comparable: {'; '.join(problems)} (--force compares them anyway)")
             labels = {"a": _label(config_a, args.runs[0]), "b": _label(config_b, args.runs[1])}
-            result = compare_rows(rows_a, rows_b, alpha=args.alpha, labels=labels)
+            result = compare_rows(rows_a, rows_b, labels=labels, **level)
         else:
             config, rows = load_run(args.runs[0])
             if not any("arm" in row for row in rows):
                 parser.error(f"{args.runs[0]}: not an A/B run (its rows carry no 'arm'); give two runs: RUN_A RUN_B")
             labels = {arm: f"{args.runs[0]} arm {arm.upper()}" + _arm_suffix(config, rows, arm) for arm in "ab"}
-            result = compare_rows(rows, alpha=args.alpha, labels=labels)
+            result = compare_rows(rows, labels=labels, **level)
     except ValueError as exc:
-        parser.error(str(exc))
+        parser.error(flag_message(exc, FLAGS))
     result["runs"] = list(args.runs)
     result["forced"] = bool(problems)
     result["problems"] = problems

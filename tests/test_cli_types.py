@@ -76,3 +76,37 @@ def test_flag_usage_defaults_and_messages():
         "--num-envs:"
     )
     assert cli_types.show([1, 2]) == "1, 2" and cli_types.show(0.05) == "0.05" and cli_types.show(False) == "off"
+
+
+@pytest.mark.parametrize(
+    ("main", "argv", "needle"),
+    [
+        (eval_cli.main, ["--num-envs", "x"], "dz-gym-eval: error: argument --num-envs: expected an integer"),
+        (bench_cli.main, ["--server", "ws://127.0.0.1:1", "--warmup", "-1"], "dz-gym-bench: error: argument --warmup"),
+        ("compare", ["--alpha", "x"], "dz-gym-compare: error: argument --alpha: expected a finite number"),
+        ("report", ["--nope"], "dz-gym-report: error: the following arguments are required: RUN_DIR"),
+    ],
+)
+def test_every_command_says_a_usage_error_in_one_line(capsys, main, argv, needle):
+    if main == "compare":
+        from dz_gym.compare import main
+    elif main == "report":
+        from dz_gym.report.cli import main
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and err.startswith(needle), err
+
+
+def test_compare_alpha_is_checked_by_the_comparison_and_named_as_the_flag(tmp_path, capsys):
+    from dz_gym.compare import main
+    from dz_gym.eval.rundir import RunDir
+
+    run = RunDir.create(tmp_path, EvalConfig(backend="mujoco", num_envs=2, episodes=1, policy="hold"))
+    row = {"scene": 1, "episode": 0, "seed": 0, "error": None, "success_at_end": True, "prompt": "p"}
+    (run.path / "episodes.jsonl").write_text("".join(
+        __import__("json").dumps(dict(row, arm=arm)) + "\n" for arm in "ab"))  # fmt: skip
+    with pytest.raises(SystemExit) as exc:
+        main([str(run.path), "--alpha", "2"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "--alpha: expected a number in (0, 1), got 2.0" in err and err.count("\n") == 1

@@ -18,11 +18,12 @@ import logging
 import sys
 from pathlib import Path
 
+from dz_gym.cli_types import OneLineErrorParser
 from dz_gym.report import REPORT_FILE, write_report
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineErrorParser(
         prog="dz-gym-report", description="Write a static HTML report of a dz-gym-eval run (or compare two runs)."
     )
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a dz-gym-eval run directory (A in a comparison)")
