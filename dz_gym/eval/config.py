@@ -1,10 +1,11 @@
 """What an evaluation run is (``EvalConfig``): the one source of its defaults and of its validation.
 
-The command line (``dz-gym-eval``), its ``--help`` and ``docs/eval.md`` take every default from the fields of
-:class:`EvalConfig` (:meth:`EvalConfig.default`); the transport's bounds (``request_timeout``,
-``retry_server_errors``) default to :class:`~dz_gym.transport.TransportConfig`'s, and the chunk-schedule rules
-(``prefetch``, ``max_stale_steps``, ``simulated_delay``) are checked by :class:`~dz_gym.chunks.ChunkSchedule`
-itself, so each rule lives in one place. Every error is one line that starts with the field's name.
+The command line (``dz-gym-eval``, its flags declared in :mod:`dz_gym.eval.flag_table`), its ``--help`` and
+``docs/eval.md`` take every default from the fields of :class:`EvalConfig` (:meth:`EvalConfig.default`); the
+transport's bounds (``request_timeout``, ``retry_server_errors``) default to
+:class:`~dz_gym.transport.TransportConfig`'s, and the chunk-schedule rules (``prefetch``, ``max_stale_steps``,
+``simulated_delay``) are checked by :class:`~dz_gym.chunks.ChunkSchedule` itself, so each rule lives in one
+place. Every error is one line that starts with the field's name.
 
 The config is saved as ``config.json`` in the run directory. ``--resume`` reloads it; a resumed run may
 change how the work is done (``num_envs``, the servers' addresses, videos, timeouts, retries, progress) but
@@ -19,6 +20,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from dz_gym.cli_types import field_default
 from dz_gym.envs import backends, droid
 from dz_gym.transport import TransportConfig, validate_url
 
@@ -45,10 +47,7 @@ RESULT_KEYS = (
 )
 ARMS = ("a", "b")  # the arms of an A/B run: slot 2j runs arm a, slot 2j+1 arm b
 DEFAULT_MAX_EPISODES = 200  # --sequential: pairs (episodes per arm) the test may use by default
-
-
-def _transport_default(name: str) -> Any:
-    return next(f.default for f in dataclasses.fields(TransportConfig) if f.name == name)
+DEFAULT_ALPHA = 0.05  # --sequential: the test's type-I error
 
 
 def default_policy(backend: str) -> str:
@@ -101,15 +100,15 @@ class EvalConfig:
     max_stale_steps: int | None = None  # rows past a chunk's window while its successor is late
     max_steps: int = droid.MAX_EPISODE_LENGTH
     max_errors: int | None = None  # None: 10 % of the planned episodes, at least 5
-    request_timeout: float = _transport_default("request_timeout")
-    retry_server_errors: int = _transport_default("retry_server_errors")
+    request_timeout: float = field_default(TransportConfig, "request_timeout")
+    retry_server_errors: int = field_default(TransportConfig, "retry_server_errors")
     server_max_sessions: int = 64  # vLLM-Omni's resident session capacity (MAX_DREAMZERO_SESSIONS)
     server_idle_timeout: float = 30.0  # vLLM-Omni closes a connection idle this long; 0: the servers have none
     auth_env: str | None = None  # NAME of the environment variable holding the servers' API token
     servers_b: list[str] = dataclasses.field(default_factory=list)  # A/B: arm B's servers (arm A: servers)
     policy_b: str | None = None  # A/B on the embedded servers: arm B's policy (arm A: policy)
     sequential: bool = False  # A/B: stop as soon as the anytime-valid test decides (dz_gym.stats.sequential)
-    alpha: float = 0.05  # the sequential test's type-I error
+    alpha: float = DEFAULT_ALPHA  # the sequential test's type-I error
     max_episodes: int | None = None  # sequential: the most pairs (episodes per arm); None: DEFAULT_MAX_EPISODES
     policy_seed: bool = False  # send a per-episode ``seed`` (derived from the episode's seed) in each request
     num_inference_steps: int | None = None  # send ``sampling_params: {num_inference_steps}`` in each request
@@ -120,10 +119,7 @@ class EvalConfig:
     @classmethod
     def default(cls, name: str) -> Any:
         """The default of field ``name`` (what ``--help`` and the docs show)."""
-        for f in dataclasses.fields(cls):
-            if f.name == name:
-                return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        raise KeyError(name)
+        return field_default(cls, name)
 
     def __post_init__(self) -> None:
         if not isinstance(self.scenes, (list, tuple)) or not self.scenes:
@@ -221,7 +217,7 @@ class EvalConfig:
             raise ValueError("sequential: only for A/B runs (give arm B with --server-b URL or --policy-b NAME)")
         if not isinstance(self.alpha, (int, float)) or isinstance(self.alpha, bool) or not 0.0 < self.alpha < 1.0:
             raise ValueError(f"alpha: expected a number in (0, 1), got {self.alpha!r}")
-        if self.alpha != 0.05 and not self.sequential:
+        if self.alpha != DEFAULT_ALPHA and not self.sequential:
             raise ValueError("alpha: only with --sequential (dz-gym-compare --alpha sets the verdicts' level)")
         if self.max_episodes is not None:
             if not self.sequential:
