@@ -1,6 +1,6 @@
 """What a policy server can serve, judged from its handshake and its replies (pure: no I/O).
 
-:func:`check_server_capabilities` refuses a server whose metadata contradicts what the DROID client sends.
+:func:`check_handshake` refuses a server whose metadata contradicts what the DROID client sends.
 :func:`single_session_note` recognises DreamZero's own server (``socket_test_optimized_AR.py``), which holds
 ONE global session, so that several envs interleaved on it reset its state at every switch. That needs
 evidence, never the URL alone:
@@ -8,8 +8,8 @@ evidence, never the URL alone:
 - its handshake is DreamZero's ``PolicyServerConfig`` with ``needs_session_id: true`` (openpi's
   ``WebsocketPolicyServer``, ``openpi-server`` and ``policy-websocket`` send their policy's metadata, ``{}``
   by default);
-- its replies are bare action arrays (those three always reply with a map that carries ``server_timing``,
-  and vLLM-Omni, which also replies bare arrays, serves under ``/v1/realtime/robot/openpi``);
+- its replies carry no ``server_timing`` (those three always add it to their reply map; other extra keys
+  prove nothing), and vLLM-Omni, which also replies bare arrays, serves under ``/v1/realtime/robot/openpi``;
 - it is reached on a ``ws://``/``wss://`` URL without a path, and more than one env shares it.
 
 >>> from dz_gym.protocol import DREAMZERO_METADATA, InferReply, parse_metadata, encode_metadata
@@ -32,16 +32,15 @@ from urllib.parse import urlparse
 from dz_gym.errors import HandshakeError
 from dz_gym.protocol import InferReply, ServerMetadata
 
-__all__ = ["check_server_capabilities", "replies_like_openpi_server", "single_session_note"]
+__all__ = ["check_handshake", "replies_like_openpi_server", "single_session_note"]
 
 
-def check_server_capabilities(metadata: ServerMetadata, url: str, num_envs: int = 1) -> list[str]:
-    """Raise ``HandshakeError`` when a server cannot take what the wrapper sends; return warnings.
+def check_handshake(metadata: ServerMetadata, url: str) -> None:
+    """Raise ``HandshakeError`` when a server cannot take what the wrapper sends.
 
     The wrapper sends two external views and a wrist view, a session id per episode, and executes absolute
-    joint-position actions. The handshake alone gives no warning: whether the server holds one global
-    session is judged once it has replied (:func:`single_session_note`). ``num_envs`` is kept for callers
-    of the earlier signature.
+    joint-position actions. Whether the server holds one global session is judged once it has replied
+    (:func:`single_session_note`); its robot policy contract by :mod:`dz_gym.protocol.contract`.
     """
     problems = []
     if metadata.n_external_cameras is not None and metadata.n_external_cameras > 2:
@@ -56,13 +55,13 @@ def check_server_capabilities(metadata: ServerMetadata, url: str, num_envs: int 
             problems.append(f"image_resolution={list(metadata.image_resolution)} (expected positive sizes)")
     if problems:
         raise HandshakeError(f"server {url}: cannot serve the DROID client: " + "; ".join(problems))
-    return []
 
 
 def replies_like_openpi_server(reply: InferReply) -> bool:
-    """True for a reply in openpi's ``WebsocketPolicyServer`` form (a map with ``server_timing`` or other
-    keys besides ``actions``); False for a bare action array, as DreamZero's server and vLLM-Omni send."""
-    return reply.server_timing is not None or bool(reply.extra)
+    """True for a reply in openpi's ``WebsocketPolicyServer`` form: a map with ``server_timing``, which that
+    server always adds. Other keys next to ``actions`` do not tell (any policy may return them); a bare
+    action array, as DreamZero's server and vLLM-Omni send, never has it."""
+    return reply.server_timing is not None
 
 
 def single_session_note(

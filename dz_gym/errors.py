@@ -31,6 +31,15 @@ class ServerError(DzGymError):
         self.code = code
 
 
+class SessionRefused(ServerError):
+    """The server refused to admit a new session: its cap on resident sessions is reached.
+
+    Nothing was computed, so the same episode can start again once a session is freed. It comes as an
+    admission error reply (vLLM-Omni's proposed ``SessionAdmissionError``, the reference server's
+    ``--max-sessions``) or as a close whose code or reason says the server is at capacity (then ``fatal``).
+    """
+
+
 class ConnectionLost(DzGymError):
     """The websocket closed or could not be opened (after the configured retries)."""
 

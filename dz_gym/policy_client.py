@@ -23,6 +23,7 @@ import concurrent.futures
 from collections.abc import Sequence
 
 from dz_gym.protocol import ServerMetadata
+from dz_gym.protocol.contract import releases_sessions
 from dz_gym.transport import Outcome, SessionPool, TransportConfig
 
 __all__ = ["Outcome", "PolicyClient", "WebsocketPolicyClient"]
@@ -86,7 +87,13 @@ class PolicyClient(abc.ABC):
     def reply_bound(self) -> float:
         """Seconds within which every submitted future resolves (the wrapper's guard against a lost one);
         by default the bound of one request under the default transport settings."""
-        return TransportConfig().request_bound()
+        return self.config.request_bound()
+
+    @property
+    def config(self) -> TransportConfig:
+        """The transport's bounds and options (the defaults unless the client has its own); the wrapper reads
+        the wait of a refused session from it."""
+        return TransportConfig()
 
 
 class WebsocketPolicyClient(PolicyClient):
@@ -129,6 +136,14 @@ class WebsocketPolicyClient(PolicyClient):
 
     def close(self) -> None:
         self._pool.close()
+
+    def end_session(self, env_id: int, session_id: str) -> None:
+        """Free the ended episode's session on its server where the handshake says that is safe and useful
+        (:func:`~dz_gym.protocol.contract.releases_sessions`): a ``reset`` naming it, on that env's own
+        connection. Elsewhere nothing is sent (see :meth:`PolicyClient.end_session`)."""
+        metadata = self._pool.metadata(env_id)
+        if metadata is not None and releases_sessions(metadata.contract) and self._pool.is_connected(env_id):
+            self._pool.release(env_id, session_id)
 
     @property
     def reply_bound(self) -> float:

@@ -23,25 +23,33 @@ from typing import Any
 
 import numpy as np
 
-from dz_gym.errors import ProtocolError, RequestTimeout, ServerError
+from dz_gym.errors import ProtocolError, RequestTimeout, ServerError, SessionRefused
 
 __all__ = [
     "CONNECTION_LOST",
     "INTEGRITY_EVENTS",
     "PROTOCOL_ERROR",
     "SERVER_ERROR",
+    "SESSION_REFUSED",
     "TIMEOUT",
+    "EpisodeCounters",
     "EpisodeStats",
+    "StepRecord",
     "event_of",
 ]
 
 # The cause of a failed policy call, as info["integrity_event"] and the evaluator's error_event name it.
 SERVER_ERROR, CONNECTION_LOST, TIMEOUT, PROTOCOL_ERROR = "server_error", "connection_lost", "timeout", "protocol_error"
-INTEGRITY_EVENTS = (SERVER_ERROR, CONNECTION_LOST, TIMEOUT, PROTOCOL_ERROR)
+# The server refused a new session (its resident-session cap is reached): nothing ran, the episode can start
+# again later. The evaluator waits and re-runs it; only one refused for longer than the bound is recorded.
+SESSION_REFUSED = "session_refused"
+INTEGRITY_EVENTS = (SERVER_ERROR, CONNECTION_LOST, TIMEOUT, PROTOCOL_ERROR, SESSION_REFUSED)
 
 
 def event_of(error: BaseException) -> str:
     """The :data:`INTEGRITY_EVENTS` name of a failed policy call's error."""
+    if isinstance(error, SessionRefused):
+        return SESSION_REFUSED
     if isinstance(error, ServerError):
         return SERVER_ERROR
     if isinstance(error, RequestTimeout):
@@ -108,3 +116,39 @@ class EpisodeStats:
             value = columns[field.name][env_id]
             values[field.name] = value if field.name in cls._OBJECT_FIELDS else type(field.default)(value)
         return cls(**values)
+
+
+@dataclasses.dataclass
+class EpisodeCounters:
+    """What the wrapper itself counts for one env's episode (the chunk schedule counts the chunk side)."""
+
+    latencies_s: list[float] = dataclasses.field(default_factory=list)
+    reconnects: int = 0
+    retries: int = 0
+    reconnect_failures: int = 0
+
+
+@dataclasses.dataclass
+class StepRecord:
+    """What the wrapper's policy side did in one step, per env (the ``info`` columns it fills)."""
+
+    called: np.ndarray  # (N,) bool: a request was sent
+    delivered: np.ndarray  # (N,) bool: a reply was applied to the schedule
+    latency_s: np.ndarray  # (N,) round trip of the reply or failure taken; NaN otherwise
+    sent_at: np.ndarray  # (N,) perf_counter stamps of that request; NaN otherwise
+    received_at: np.ndarray
+    errors: np.ndarray  # (N,) object: None or the failure's one-line text
+    events: np.ndarray  # (N,) object: None or an INTEGRITY_EVENTS name
+
+    @classmethod
+    def empty(cls, n: int) -> StepRecord:
+        nan = np.full(n, np.nan)
+        return cls(
+            np.zeros(n, dtype=bool),
+            np.zeros(n, dtype=bool),
+            nan,
+            nan.copy(),
+            nan.copy(),
+            np.full(n, None, dtype=object),
+            np.full(n, None, dtype=object),
+        )

@@ -19,7 +19,7 @@ from dz_gym.preprocess import is_torch_tensor, resize_with_pad_to_numpy, to_nump
 from dz_gym.protocol import build_infer_request
 
 __all__ = ["build_requests", "contiguous_runs", "hold_actions", "is_torch_tensor", "proprio", "resized_views",
-           "to_numpy", "validate_policy_obs"]  # fmt: skip
+           "resolve_prompts", "to_numpy", "validate_policy_obs"]  # fmt: skip
 
 
 def validate_policy_obs(policy: Mapping[str, Any], num_envs: int) -> None:
@@ -117,3 +117,18 @@ def hold_actions(policy: Mapping[str, Any]) -> np.ndarray:
     out[:, : droid.ARM_DOF] = joints
     out[:, -1] = (gripper[:, 0] > droid.GRIPPER_CLOSE_THRESHOLD).astype(np.float32)
     return out
+
+
+def resolve_prompts(prompt: str | Sequence[str] | None, env: Any, num_envs: int) -> list[str]:
+    """One prompt per env: ``prompt`` (one string, or one per env), else the env's scene prompt."""
+    if prompt is None:
+        scene = getattr(env.unwrapped, "scene", None)
+        if not isinstance(getattr(scene, "prompt", None), str):
+            raise ValueError("prompt: the env has no scene prompt; pass prompt='...'")
+        return [scene.prompt] * num_envs
+    if isinstance(prompt, str):
+        return [prompt] * num_envs
+    prompts = list(prompt)
+    if len(prompts) != num_envs or not all(isinstance(p, str) for p in prompts):
+        raise ValueError(f"prompt: expected a string or {num_envs} strings, got {prompt!r}")
+    return prompts

@@ -63,7 +63,11 @@ their :class:`EpisodeStats` as arrays, with Gymnasium's vector masks: ``info["_c
 inside, ``"_<field>"`` per field.
 
 A server whose chunk is shorter than ``open_loop_horizon`` stops the run at its first reply with
-:class:`~dz_gym.chunks.HorizonError` (one line; the evaluator exits 2).
+:class:`~dz_gym.chunks.HorizonError` (one line; the evaluator exits 2). A robot policy contract announced
+in the handshake (:mod:`dz_gym.protocol.contract`) is checked before the first request, and with
+``open_loop_horizon=None`` the announced chunk length caps the DROID default of 8. A refused session
+(:class:`~dz_gym.errors.SessionRefused`, ``"session_refused"``) makes its env hold and wait
+(:mod:`dz_gym.admission`, :meth:`admission_retry_at`); the evaluator restarts such an episode.
 
 Latency hiding (opt-in, ``dz_gym.chunks`` has the exact rules): with ``prefetch=K`` an env sends its next
 request when K actions are left in its window and keeps executing; the reply's rows for the steps executed
@@ -86,15 +90,25 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from dz_gym.capabilities import check_server_capabilities, single_session_note
+from dz_gym.admission import Admission
+from dz_gym.capabilities import check_handshake, single_session_note
 from dz_gym.chunks import ChunkSchedule, HorizonError, new_session_id
 from dz_gym.envs import droid
-from dz_gym.errors import DzGymError, HandshakeError, ProtocolError, RequestTimeout, ServerError
+from dz_gym.errors import DzGymError, HandshakeError, ProtocolError, RequestTimeout, SessionRefused
 from dz_gym.policy_client import PolicyClient, WebsocketPolicyClient
 from dz_gym.protocol import ServerMetadata
-from dz_gym.records import INTEGRITY_EVENTS, EpisodeStats, event_of
-from dz_gym.requests import build_requests, hold_actions, is_torch_tensor, to_numpy, validate_policy_obs
+from dz_gym.protocol.contract import PolicyContract, check_chunk, expected_horizon, resolve_horizon
+from dz_gym.records import INTEGRITY_EVENTS, EpisodeCounters, EpisodeStats, StepRecord, event_of
+from dz_gym.requests import (
+    build_requests,
+    hold_actions,
+    is_torch_tensor,
+    resolve_prompts,
+    to_numpy,
+    validate_policy_obs,
+)
 from dz_gym.transport import Outcome, TransportConfig
+from dz_gym.transport.rules import breaks_connection
 
 __all__ = [
     "DEFAULT_SERVER",
@@ -103,7 +117,6 @@ __all__ = [
     "DreamZeroPolicyWrapper",
     "EpisodeStats",
     "HorizonError",
-    "check_server_capabilities",
     "event_of",
 ]
 
@@ -116,60 +129,10 @@ DEFAULT_SERVER = "ws://127.0.0.1:8000/v1/realtime/robot/openpi"
 RENDER_POLICIES = ("due", "all")
 
 
-def _resolve_prompts(prompt: str | Sequence[str] | None, env: Any, num_envs: int) -> list[str]:
-    if prompt is None:
-        scene = getattr(env.unwrapped, "scene", None)
-        if not isinstance(getattr(scene, "prompt", None), str):
-            raise ValueError("prompt: the env has no scene prompt; pass prompt='...'")
-        return [scene.prompt] * num_envs
-    if isinstance(prompt, str):
-        return [prompt] * num_envs
-    prompts = list(prompt)
-    if len(prompts) != num_envs or not all(isinstance(p, str) for p in prompts):
-        raise ValueError(f"prompt: expected a string or {num_envs} strings, got {prompt!r}")
-    return prompts
-
-
-@dataclasses.dataclass
-class _Counters:
-    """What the wrapper itself counts for one env's episode (the schedule counts the chunk side)."""
-
-    latencies_s: list[float] = dataclasses.field(default_factory=list)
-    reconnects: int = 0
-    retries: int = 0
-    reconnect_failures: int = 0
-
-
 @dataclasses.dataclass
 class _InFlight:
     token: int  # the schedule's token of the request
     future: concurrent.futures.Future[Outcome]
-
-
-@dataclasses.dataclass
-class _StepRecord:
-    """What the policy side did in one step, per env (the ``info`` columns it fills)."""
-
-    called: np.ndarray  # (N,) bool: a request was sent
-    delivered: np.ndarray  # (N,) bool: a reply was applied to the schedule
-    latency_s: np.ndarray  # (N,) round trip of the reply or failure taken; NaN otherwise
-    sent_at: np.ndarray  # (N,) perf_counter stamps of that request; NaN otherwise
-    received_at: np.ndarray
-    errors: np.ndarray  # (N,) object: None or the failure's one-line text
-    events: np.ndarray  # (N,) object: None or an INTEGRITY_EVENTS name
-
-    @classmethod
-    def empty(cls, n: int) -> _StepRecord:
-        nan = np.full(n, np.nan)
-        return cls(
-            np.zeros(n, dtype=bool),
-            np.zeros(n, dtype=bool),
-            nan,
-            nan.copy(),
-            nan.copy(),
-            np.full(n, None, dtype=object),
-            np.full(n, None, dtype=object),
-        )
 
 
 @dataclasses.dataclass
@@ -178,7 +141,7 @@ class _Proposal:
 
     actions: np.ndarray  # (N, 8) float32
     active: np.ndarray  # (N,) bool: envs that execute a cached row (the others hold their pose)
-    record: _StepRecord
+    record: StepRecord
 
 
 class DreamZeroPolicyWrapper(gym.Wrapper):
@@ -188,10 +151,10 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
     with ``transport`` its bounds; or ``client``: any :class:`~dz_gym.policy_client.PolicyClient` with one
     slot per env, instead of ``server``/``transport``. The wrapper connects it and closes it on ``close()``.
 
-    What a runner (an evaluator, a training loop) uses besides the Gymnasium API: :meth:`set_idle` /
-    :attr:`idle_envs`, :attr:`render_policy`, :meth:`episode_stats`, :meth:`server_url`,
-    :meth:`is_connected`, :meth:`ensure_connected`, :meth:`reconnect`, :attr:`session_ids`,
-    :attr:`last_obs`, :attr:`prompts`, :attr:`server_metadata`, :attr:`server_notes`.
+    What a runner uses besides the Gymnasium API: :meth:`set_idle` / :attr:`idle_envs`, :attr:`render_policy`,
+    :meth:`episode_stats`, :meth:`server_url`, :meth:`is_connected`, :meth:`ensure_connected`, :meth:`reconnect`,
+    :meth:`admission_retry_at`, :attr:`admitted_sessions`, :attr:`session_ids`, :attr:`last_obs`,
+    :attr:`prompts`, :attr:`server_metadata`, :attr:`server_notes`.
     """
 
     def __init__(
@@ -199,7 +162,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         env: gym.Env,
         server: str | Sequence[str] | None = None,
         prompt: str | Sequence[str] | None = None,
-        open_loop_horizon: int = droid.DEFAULT_OPEN_LOOP_HORIZON,
+        open_loop_horizon: int | None = None,
         transport: TransportConfig | None = None,
         image_resolution: tuple[int, int] | None | str = "server",
         session_id_factory=new_session_id,
@@ -223,15 +186,20 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
             raise TypeError(f"client: expected a dz_gym.policy_client.PolicyClient, got {type(client).__name__}")
         elif client.num_sessions != self.num_envs:
             raise ValueError(f"client: expected {self.num_envs} sessions (one per env), got {client.num_sessions}")
-        self.prompts = _resolve_prompts(prompt, env, self.num_envs)
-        self._schedule = ChunkSchedule(
-            self.num_envs,
-            open_loop_horizon,
-            session_id_factory,
-            prefetch=prefetch,
-            max_stale_steps=max_stale_steps,
-            simulated_delay=simulated_delay,
-        )
+        self.prompts = resolve_prompts(prompt, env, self.num_envs)
+
+        def schedule(horizon: int) -> ChunkSchedule:
+            return ChunkSchedule(
+                self.num_envs,
+                horizon,
+                session_id_factory,
+                prefetch=prefetch,
+                max_stale_steps=max_stale_steps,
+                simulated_delay=simulated_delay,
+            )
+
+        # built now to refuse bad arguments before connecting; rebuilt if the servers' contract shortens it
+        self._schedule = schedule(droid.DEFAULT_OPEN_LOOP_HORIZON if open_loop_horizon is None else open_loop_horizon)
         self.open_loop_horizon = self._schedule.open_loop_horizon
         self.metadata = dict(env.metadata)
         self.metadata["autoreset_mode"] = AutoresetMode.SAME_STEP
@@ -242,9 +210,10 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         self._in_flight: dict[int, _InFlight] = {}
         self._obs: dict | None = None
         self._proposal: _Proposal | None = None  # the next step's policy actions, once computed
-        self._counters = [_Counters() for _ in range(self.num_envs)]
+        self._counters = [EpisodeCounters() for _ in range(self.num_envs)]
         self.episode_flagged = np.zeros(self.num_envs, dtype=bool)
         self.server_notes: list[str] = []  # warnings about the servers, also issued with warnings.warn
+        self._used = np.zeros(self.num_envs, dtype=bool)  # the current episode sent a request
 
         self._client = client if client is not None else WebsocketPolicyClient(servers, self.num_envs, transport)
         try:
@@ -254,14 +223,27 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
             self._envs_on = {url: urls.count(url) for url in self.servers}
             self._unjudged = set(self.servers)  # servers whose first reply has not been seen
             for env_id, meta in enumerate(self.server_metadata):
-                for note in check_server_capabilities(meta, urls[env_id], self.num_envs):
-                    if urls.index(urls[env_id]) == env_id:  # once per server
-                        self._note(note)
+                check_handshake(meta, urls[env_id])
+            horizon = self._resolve_horizon(open_loop_horizon, urls)
+            if horizon != self.open_loop_horizon:
+                self._schedule = schedule(horizon)
+                self.open_loop_horizon = horizon
             self.image_resolution = self._resolve_resolution(image_resolution)
         except BaseException:
             self._client.close()
             raise
         self._reply_bound = float(self._client.reply_bound)
+        self._admission = Admission(self._client.config)
+
+    def _resolve_horizon(self, requested: int | None, urls: list[str]) -> int:
+        """The open-loop horizon, checked against each server's announced contract (see the module doc)."""
+        contracts: dict[str, PolicyContract] = {}
+        for url, meta in zip(urls, self.server_metadata):
+            contracts.setdefault(url, meta.contract)
+        self._reply_rows = {url: expected_horizon(contract) for url, contract in contracts.items()}
+        shape = getattr(self.single_action_space, "shape", None)
+        action_dim = int(shape[-1]) if shape else droid.ACTION_DIM
+        return resolve_horizon(contracts, requested, droid.DEFAULT_OPEN_LOOP_HORIZON, action_dim)
 
     def _resolve_resolution(self, image_resolution) -> tuple[int, int] | None:
         if image_resolution != "server":
@@ -309,9 +291,8 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
             base.set_render_mask(None if render_all else self._schedule.window_nearly_spent() & ~self._idle)
         obs, reward, terminated, truncated, info = self.env.step(self._to_env_action(executed, policy_obs))
 
-        done = np.asarray(to_numpy(terminated), dtype=bool).reshape(-1) | np.asarray(
-            to_numpy(truncated), dtype=bool
-        ).reshape(-1)
+        ended = [np.asarray(to_numpy(flags), dtype=bool).reshape(-1) for flags in (terminated, truncated)]
+        done = ended[0] | ended[1]
         info = dict(info)
         info.update(
             policy_called=record.called,
@@ -362,12 +343,6 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
     @property
     def client(self) -> PolicyClient:
         """The policy client (one slot per env)."""
-        return self._client
-
-    @property
-    def pool(self) -> PolicyClient:
-        """Former name of :attr:`client`; use :meth:`server_url`, :meth:`is_connected` and
-        :meth:`ensure_connected` instead of reaching into it."""
         return self._client
 
     @property
@@ -446,6 +421,16 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         reconnect while a server restarted); whether it is connected afterwards."""
         return self.is_connected(env_id) or self.reconnect(env_id)
 
+    def admission_retry_at(self, env_id: int) -> float | None:
+        """``time.monotonic()`` after which env ``env_id`` asks again for a session its server refused; None
+        when it does not wait (never refused, admitted since, or gave up after ``admission_wait``)."""
+        return self._admission.retry_at(int(env_id))
+
+    @property
+    def admitted_sessions(self) -> dict[str, int]:
+        """Per server URL, the most sessions of this wrapper it had admitted at once (one per env at most)."""
+        return self._admission.peak
+
     @property
     def session_ids(self) -> list[str]:
         """The current session id of every env."""
@@ -465,8 +450,12 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
     def _end_episodes(self, env_ids) -> None:
         ids = [int(i) for i in env_ids]
         for i, session_id in zip(ids, self._schedule.end_episodes(ids)):
-            self._client.end_session(i, session_id)
-            self._counters[i] = _Counters()
+            if self._used[i]:
+                self._client.end_session(i, session_id)
+            self._admission.ended(i)
+            self._counters[i] = EpisodeCounters()
+            self.ensure_connected(i)  # an earlier reconnect may have failed while a server restarted
+        self._used[ids] = False
         self.episode_flagged[ids] = False
 
     def _propose(self, policy_obs) -> _Proposal:
@@ -477,13 +466,16 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
             actions[~active] = hold_actions(policy_obs)[~active]
         return _Proposal(actions, active, record)
 
-    def _advance_policy(self, policy_obs) -> _StepRecord:
+    def _advance_policy(self, policy_obs) -> StepRecord:
         """Send due requests, take in replies, wait where an env cannot step without its reply."""
-        record = _StepRecord.empty(self.num_envs)
+        record = StepRecord.empty(self.num_envs)
         if self._in_flight:
             self._take_replies(list(self._in_flight), False, record)
 
         due = np.flatnonzero(self._schedule.requests_due() & ~self._idle).tolist()
+        if self._admission.waiting:
+            now = time.monotonic()
+            due = [i for i in due if self._admission.may_ask(i, now)]
         if due:
             requests = build_requests(
                 policy_obs,
@@ -492,6 +484,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
                 session_ids=self._schedule.session_ids,
                 image_resolution=self.image_resolution,
             )
+            self._used[due] = True
             for env_id in due:
                 token = self._schedule.mark_sent(env_id)
                 self._in_flight[env_id] = _InFlight(token, self._client.submit(env_id, requests[env_id]))
@@ -506,7 +499,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         self._schedule.apply_arrivals()
         return record
 
-    def _take_replies(self, env_ids: list[int], block: bool, record: _StepRecord) -> None:
+    def _take_replies(self, env_ids: list[int], block: bool, record: StepRecord) -> None:
         """Settle the finished requests of ``env_ids`` into ``record`` (waiting for them when ``block``)."""
         futures = [self._in_flight[i].future for i in env_ids if i in self._in_flight]
         if block and futures:
@@ -517,7 +510,8 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
             pending = set(futures)
             while pending and (left := deadline - time.monotonic()) > 0:
                 _, pending = concurrent.futures.wait(pending, timeout=min(left, 1.0))
-        for env_id in env_ids:
+        # replies before failures, so a refusal is told with the sessions admitted in the same step counted
+        for env_id in sorted(env_ids, key=self._settles_late):
             flight = self._in_flight.get(env_id)
             if flight is None or (not block and not flight.future.done()):
                 continue
@@ -529,7 +523,11 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
                 continue
             self._settle(env_id, flight.token, flight.future.result(), record)
 
-    def _settle(self, env_id: int, token: int, outcome: Outcome, record: _StepRecord) -> None:
+    def _settles_late(self, env_id: int) -> bool:
+        future = self._in_flight[env_id].future if env_id in self._in_flight else None
+        return future is None or not future.done() or future.result().error is not None
+
+    def _settle(self, env_id: int, token: int, outcome: Outcome, record: StepRecord) -> None:
         """Apply one finished request's outcome: deliver its chunk, or record its failure."""
         counters = self._counters[env_id]
         if self._schedule.pending_token(env_id) == token:  # not a late reply of an ended episode
@@ -540,9 +538,12 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         if error is None:
             url = self._client.url(env_id)
             try:
+                check_chunk(outcome.reply.actions, action_dim=droid.ACTION_DIM, horizon=self._reply_rows.get(url))
                 delivered = self._schedule.deliver(env_id, token, outcome.reply.actions)
             except HorizonError as exc:
                 raise HorizonError(exc.horizon, exc.chunk_length, f"server {url}") from None
+            except ProtocolError as exc:
+                error = ProtocolError(f"reply from {url}: {exc}")
             except ValueError as exc:
                 error = ProtocolError(str(exc))
             else:
@@ -550,6 +551,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
                     record.delivered[env_id] = True
                     record.latency_s[env_id] = outcome.latency_s
                     counters.latencies_s.append(float(outcome.latency_s))
+                self._admission.admitted(env_id, url)
                 if url in self._unjudged:
                     self._judge_server(url, env_id, outcome)
                 return
@@ -567,6 +569,8 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         if self._schedule.pending_token(env_id) != token:
             return  # a failure of an ended episode's request does not concern the new episode
         self._schedule.abandon(env_id)
+        if isinstance(error, SessionRefused):
+            error = self._admission.refused(env_id, self._client.url(env_id), error)
         event = event_of(error)
         record.latency_s[env_id] = latency_s
         record.errors[env_id] = str(error)
@@ -574,8 +578,9 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         if np.isfinite(latency_s):
             self._counters[env_id].latencies_s.append(float(latency_s))
         self.episode_flagged[env_id] = True
-        logger.warning("env %d: policy call failed (%s): %s", env_id, event, error)
-        if not (isinstance(error, ServerError) and not error.fatal):
+        level = logging.INFO if self._admission.retry_at(env_id) is not None else logging.WARNING  # a wait
+        logger.log(level, "env %d: policy call failed (%s): %s", env_id, event, error)
+        if breaks_connection(error):
             self.reconnect(env_id)
 
     def _validate_action(self, action) -> np.ndarray:

@@ -11,7 +11,7 @@ from dz_gym.eval import results
 from dz_gym.eval.config import EvalConfig
 from dz_gym.eval.evaluate import evaluate
 from dz_gym.eval.rundir import RunDir
-from dz_gym.eval.runner import RunControl, slot_queues
+from dz_gym.eval.runner import RunControl, plan_queues
 from dz_gym.server.launch import start_server_thread
 from dz_gym.server.policies import HoldPolicy
 from dz_gym.testing.toy_env import ToyDroidEnv, expected_success
@@ -85,9 +85,11 @@ def run(
 
 
 def test_slot_queues_are_fixed_quotas():
-    queues = slot_queues(range(7), 3)
-    assert [list(q) for q in queues] == [[0, 3, 6], [1, 4], [2, 5]]
-    assert [list(q) for q in slot_queues([4, 1, 6], 4)] == [[4], [1], [6], []]
+    def episodes(queues):
+        return [[k for k, _ in q] for q in queues]
+
+    assert episodes(plan_queues([(k, None) for k in range(7)], 3)) == [[0, 3, 6], [1, 4], [2, 5]]
+    assert episodes(plan_queues([(k, None) for k in (4, 1, 6)], 4)) == [[4], [1], [6], []]
 
 
 def test_rows_do_not_depend_on_num_envs(tmp_path, hold_server):

@@ -15,7 +15,10 @@ first request under a new id is marked so the first-chunk latency can be reporte
 Bounds: the run stops after ``num_requests`` timed requests or ``duration_s`` seconds, whichever comes first;
 each request is bounded by the transport's ``request_timeout``; a session that lost its connection reconnects
 (bounded by the transport's retries) and a failed reconnect, or ``max_consecutive_errors`` failures in a row
-with no success in between, aborts the run with :class:`BenchAborted`.
+with no success in between, aborts the run with :class:`BenchAborted`. A session the server refuses for lack
+of room (:class:`~dz_gym.errors.SessionRefused`, e.g. ``dz-gym-serve --max-sessions K``) leaves the run: the
+load is what the server admits, the refusal is counted (not recorded as a request), and the run reports the
+most sessions the servers admitted at once; a run whose every session is refused aborts.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import numpy as np
 
 from dz_gym.bench.metrics import RequestRecord
 from dz_gym.bench.payloads import PayloadSet, new_session_id
-from dz_gym.errors import DzGymError
+from dz_gym.errors import DzGymError, SessionRefused
 from dz_gym.transport import AsyncSession, TransportConfig
 
 __all__ = ["ARRIVALS", "BenchAborted", "LoadResult", "LoadSpec", "SimSession", "arrival_offsets", "run_load"]
@@ -116,10 +119,13 @@ class SimSession:
         self.in_episode = 0
         self.sent = 0
         self.reconnects = 0
+        self.admitted = False  # the server admitted the current session (it replied to it)
+        self.retired = False  # the server refused its session: it sends nothing more
 
     def new_episode(self) -> None:
         self.session_id = new_session_id()
         self.in_episode = 0
+        self.admitted = False
 
     def next_payload(self) -> tuple[bytes, bool]:
         """The next request's bytes and whether it is the first of an episode (rotating the id when due)."""
@@ -144,6 +150,8 @@ class LoadResult:
     warmup_completed: int = 0
     warmup_errors: int = 0
     reconnects: int = 0
+    admitted_peak: int = 0  # most sessions the servers had admitted at once
+    refusals: int = 0  # requests refused for lack of room (waited and sent again; not in records)
 
     @property
     def duration_s(self) -> float:
@@ -161,6 +169,15 @@ class _Run:
         self.deadline = math.inf
         self.consecutive_errors = 0
         self.last_error: str = ""
+        self.admitted_peak = 0
+        self.refusals = 0
+
+    def _retire(self, sim: SimSession) -> None:
+        """The server refused ``sim``'s session: it leaves the run (the load is what the server admits)."""
+        self.refusals += 1
+        sim.retired = True
+        if all(s.retired for s in self.sims):
+            raise BenchAborted(f"the server refused every session; last: {self.last_error or 'SessionRefused'}")
 
     def may_issue(self) -> bool:
         spec = self.spec
@@ -186,6 +203,10 @@ class _Run:
         infer_ms = None
         rows = None
         outcome = await sim.session.send(payload, index=sim.index)
+        if isinstance(outcome.error, SessionRefused):
+            self.last_error = f"SessionRefused: {outcome.error}"
+            self._retire(sim)
+            return False
         error, reply = outcome.error, outcome.reply
         received_at = time.perf_counter()
         if outcome.reconnects:
@@ -200,6 +221,8 @@ class _Run:
                 infer_ms = float(value)
             rows = int(reply.actions.shape[0])
             self.consecutive_errors = 0
+            sim.admitted = True
+            self.admitted_peak = max(self.admitted_peak, sum(s.admitted for s in self.sims))
         else:
             self.consecutive_errors += 1
             self.last_error = f"{type(error).__name__}: {error}"
@@ -232,9 +255,11 @@ class _Run:
         async def worker(sim: SimSession, count: int) -> None:
             nonlocal ok, failed
             for _ in range(count):
+                if sim.retired:
+                    break
                 if await self.request(sim, record=False):
                     ok += 1
-                else:
+                elif not sim.retired:
                     failed += 1
 
         if remaining:
@@ -252,9 +277,10 @@ class _Run:
 
     async def closed_loop(self) -> None:
         async def worker(sim: SimSession) -> None:
-            while self.may_issue():
+            while self.may_issue() and not sim.retired:
                 self.issued += 1
                 await self.request(sim)
+                self.issued -= sim.retired  # a refused request did not count
                 if self.spec.think_s > 0 and self.may_issue():
                     await asyncio.sleep(self.spec.think_s)
 
@@ -273,7 +299,8 @@ class _Run:
             try:
                 return await self.request(sim, scheduled_at=scheduled_at)
             finally:
-                idle.put_nowait(sim)
+                if not sim.retired:
+                    idle.put_nowait(sim)
 
         def done(task: asyncio.Task[bool]) -> None:
             tasks.discard(task)
@@ -369,4 +396,6 @@ async def run_load(sims: Sequence[SimSession], spec: LoadSpec, *, connect_concur
         warmup_completed=warm_ok,
         warmup_errors=warm_failed,
         reconnects=sum(sim.reconnects for sim in sims) - reconnects_before,
+        admitted_peak=run.admitted_peak,
+        refusals=run.refusals,
     )

@@ -98,7 +98,10 @@ def format_run(run: dict, servers: Sequence[dict] | None = None) -> str:
         f"{'Sent (MB/s):':<34}{run['mb_per_s']:.2f}",
         f"{'Client CPU per request (ms):':<34}{_num(run['client_cpu_ms_per_request'], '{:.3f}')}",
         f"{'Reconnects:':<34}{run['reconnects']}",
+        f"{'Sessions admitted at once (max):':<34}{run.get('admitted_sessions', 0)} of {run['concurrency']}",
     ]
+    if run.get("admission_refusals"):
+        lines.append(f"{'Sessions refused (waited, resent):':<34}{run['admission_refusals']}")
     if run["errors"]:
         lines.append(" Errors ".center(70, "-"))
         for kind, count in run["errors"].items():

@@ -189,6 +189,8 @@ async def _one_run(cfg: BenchConfig, infos: Sequence[ServerInfo], sets, sessions
             "warmup_completed": load.warmup_completed,
             "warmup_errors": load.warmup_errors,
             "reconnects": load.reconnects,
+            "admitted_sessions": load.admitted_peak,
+            "admission_refusals": load.refusals,
             "per_server": _per_server(load.records, urls),
         }
     )

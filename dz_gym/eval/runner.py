@@ -12,13 +12,15 @@ An episode ends when the env reports ``terminated``/``truncated``, after ``max_s
 of that env), or at the first failed server call of that env (server error, lost connection, timeout,
 protocol error): it is then recorded as errored, the env is partially reset (a fresh session; the wrapper
 has already done its bounded reconnect) and the slot moves on to its next episode. Errored episodes are
-not re-run, so seeds stay fixed. The row's ``error_event`` names the cause (``dz_gym.records.INTEGRITY_EVENTS``),
-the same for every env; ``reconnects`` and ``retries`` count the connections reopened and the requests re-sent
-after server errors during the episode (a reconnect may have restarted the policy's context on servers that
-key sessions per connection, such as vLLM-Omni).
+not re-run, so seeds stay fixed; but a session the server refused (``session_refused``: nothing ran) waits
+idle until ``admission_retry_at`` and restarts with its seed (recorded only past ``admission_wait``). The
+row's ``error_event`` names the cause (``dz_gym.records.INTEGRITY_EVENTS``), the same for every env;
+``reconnects`` and ``retries`` count the connections reopened and the requests re-sent after server errors
+during the episode (a reconnect may restart the policy's context on vLLM-Omni, which keys sessions per
+connection).
 
-The runner uses only the wrapper's public surface: ``set_idle``, ``render_policy``, ``episode_stats``,
-``server_url``, ``ensure_connected``, ``session_ids``, ``last_obs`` and the step's ``info``.
+The runner uses only the wrapper's public surface (``set_idle``, ``render_policy``, ``episode_stats``,
+``server_url``, ``admission_retry_at``, ``session_ids``, ``last_obs``, the step's ``info``); it never reconnects.
 
 A/B runs (``arms``): episode ``k`` runs twice, under arm A on slot ``2j`` and under arm B on slot ``2j + 1``
 with ``j = k % (num_envs / 2)`` (:func:`plan_queues`): the two runs of a seed are on neighbouring slots, at
@@ -60,7 +62,7 @@ from dz_gym.eval.results import latency_stats
 from dz_gym.eval.rundir import RunDir, episode_name
 from dz_gym.eval.video import VideoRecorder, strip_frames
 from dz_gym.eval.writer import EpisodeWriter
-from dz_gym.records import EpisodeStats
+from dz_gym.records import SESSION_REFUSED, EpisodeStats
 from dz_gym.requests import proprio, to_numpy
 
 logger = logging.getLogger(__name__)
@@ -78,14 +80,6 @@ def plan_queues(work: Iterable[tuple[int, str | None]], num_envs: int) -> list[d
             if arm not in ("a", "b") or pairs < 1:
                 raise ValueError(f"arm: expected 'a' or 'b' with at least 2 envs, got {arm!r} on {num_envs}")
             queues[2 * (k % pairs) + (arm == "b")].append((k, arm))
-    return queues
-
-
-def slot_queues(episodes: Iterable[int], num_envs: int) -> list[deque[int]]:
-    """Episodes of each env slot, in order: episode ``k`` goes to slot ``k % num_envs``."""
-    queues: list[deque[int]] = [deque() for _ in range(int(num_envs))]
-    for k in sorted(set(int(e) for e in episodes)):
-        queues[k % num_envs].append(k)
     return queues
 
 
@@ -270,6 +264,7 @@ class SceneRunner:
         self._drain = False  # the sequential test stopped: start nothing new
         self._result: SceneResult | None = None
         self._writer: EpisodeWriter | None = None
+        self._waiting: set[int] = set()  # slots whose episode waits for the server to admit its session
 
     # -- the loop -------------------------------------------------------------------------------------
     def run(self) -> SceneResult:
@@ -289,14 +284,17 @@ class SceneRunner:
             for i in first:
                 self._start(i, self._queues[i].popleft())
             self._set_idle()
-            while any(ep is not None for ep in self._current):
+            while any(ep is not None for ep in self._current) or self._waiting:
                 if self.control.stop.is_set():
                     result.stopped = True
                     break
-                self._step(result)
+                self._resume_waiting()
+                if any(ep is not None for ep in self._current):
+                    self._step(result)
             result.wall_s = time.perf_counter() - t0
             result.busy_s = {url: union_seconds(spans) for url, spans in result.intervals.items()}
         finally:
+            self._waiting.clear()  # refused episodes not restarted yet run again on resume
             for i, ep in enumerate(self._current):
                 if ep is not None:  # stopped mid-episode: no row; it runs again on resume
                     if self.recorder is not None and ep.video_key is not None:
@@ -388,7 +386,9 @@ class SceneRunner:
                         ep.env_seed,
                         ep.seed,
                     )
-            if errors[i] is not None:
+            if errors[i] is not None and events[i] == SESSION_REFUSED and wrapper.admission_retry_at(i) is not None:
+                finished.append((i, None, SESSION_REFUSED, "deferred"))
+            elif errors[i] is not None:
                 ep.server_errors += 1
                 finished.append((i, str(errors[i]), None if events[i] is None else str(events[i]), "error"))
             elif done[i]:
@@ -401,6 +401,9 @@ class SceneRunner:
         to_reset = []
         starts = []
         for i, error, event, ended_by in finished:
+            if ended_by == "deferred":
+                self._defer(i)
+                continue
             if milestones is not None:  # this step's info is the finished episode's (before any autoreset)
                 self._current[i].milestones = {name: int(steps[i]) for name, steps in milestones.items()}
             # a done env's record comes with the step's info; one ended here is still the wrapper's current one
@@ -419,6 +422,36 @@ class SceneRunner:
             self._start(i, item)
         if finished:
             self._set_idle()
+
+    def _defer(self, slot: int) -> None:
+        """The server refused the slot's session: drop the attempt (no row) and queue the episode again."""
+        ep, self._current[slot] = self._current[slot], None
+        if self.recorder is not None and ep.video_key is not None:
+            self.recorder.abort(ep.video_key)
+        self._started.discard((ep.episode, ep.arm))
+        self._queues[slot].appendleft((ep.episode, ep.arm))
+        self._waiting.add(slot)
+
+    def _resume_waiting(self) -> None:
+        """Restart the waiting slots whose retry time has come; with nothing to step, sleep (<= 1 s) till one."""
+        if self._drain:
+            self._waiting.clear()
+        if not self._waiting:
+            return
+        now = time.monotonic()
+        retry = {i: self.wrapper.admission_retry_at(i) or now for i in self._waiting}
+        ready = sorted(i for i, at in retry.items() if at <= now)
+        if not ready:
+            if all(ep is None for ep in self._current):
+                self.control.stop.wait(min(min(retry.values()) - now, 1.0))
+            return
+        self._waiting.difference_update(ready)
+        items = [(i, self._queues[i].popleft()) for i in ready]
+        self.base.set_episode_seeds(ready, [self.seed + item[0] for _, item in items])
+        self.wrapper.reset(options={"env_ids": np.asarray(ready, dtype=np.int64)})
+        for i, item in items:
+            self._start(i, item)
+        self._set_idle()
 
     def _drop_unpaired(self) -> None:
         """After a sequential stop: clear every queue and drop each running episode whose twin has not
@@ -457,7 +490,6 @@ class SceneRunner:
             self.base.set_episode_seeds([slot], [self.seed + self._queues[slot][0][0]])
         if self.on_episode_start is not None:
             self.on_episode_start(slot, self.seed + episode)
-        self._ensure_connected(slot)
         key = None
         if self.recorder is not None:
             key = episode_name(self.scene, episode, arm)
@@ -476,15 +508,6 @@ class SceneRunner:
             arm=arm,
             task=self.task,
         )
-
-    def _ensure_connected(self, slot: int) -> None:
-        """Reopen the slot's connection before a new episode if an earlier failure left it closed.
-
-        The wrapper reconnects right after a failed call, but that bounded attempt can fail while a server
-        restarts; a new episode should not be lost to a connection that could be opened now (a failure is
-        logged by the wrapper; the episode's first request then fails and is recorded as usual).
-        """
-        self.wrapper.ensure_connected(slot)
 
     def _finish(
         self, slot: int, error: str | None, event: str | None, ended_by: str, stats: EpisodeStats | None = None

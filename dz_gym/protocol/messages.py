@@ -21,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from dz_gym.errors import ProtocolError, ServerError
+from dz_gym.errors import ProtocolError, ServerError, SessionRefused
 from dz_gym.protocol.codec import packb, unpackb
+from dz_gym.protocol.contract import PolicyContract, is_admission_refusal, policy_contract
 
 __all__ = [
     "DREAMZERO_METADATA",
@@ -86,13 +87,15 @@ def is_error_reply(obj: Any) -> bool:
 def _raise_error_reply(obj: dict, *, fatal: bool) -> None:
     message = obj.get("message", obj.get("error", "unknown error"))
     code = obj.get("code")
-    raise ServerError(str(message), fatal=fatal, code=str(code) if code is not None else None)
+    kind = SessionRefused if is_admission_refusal(code, message) else ServerError
+    raise kind(str(message), fatal=fatal, code=str(code) if code is not None else None)
 
 
 # ------------------------------------------------------------------------------------------------ metadata
 @dataclass(frozen=True)
 class ServerMetadata:
-    """The handshake fields a DreamZero-style server announces; ``raw`` keeps every field as sent."""
+    """The handshake fields a DreamZero-style server announces; ``raw`` keeps every field as sent and
+    ``contract`` the robot policy contract it announces (:mod:`dz_gym.protocol.contract`)."""
 
     image_resolution: tuple[int, int] | None = None
     n_external_cameras: int | None = None
@@ -101,6 +104,7 @@ class ServerMetadata:
     needs_session_id: bool | None = None
     action_space: str | None = None
     raw: dict = field(default_factory=dict)
+    contract: PolicyContract = field(default_factory=PolicyContract)
 
 
 def _meta_bool(raw: dict, key: str) -> bool | None:
@@ -145,7 +149,8 @@ def parse_metadata(frame: bytes | str) -> ServerMetadata:
         if isinstance(obj, dict) and obj.get("type") == "error":
             message = obj.get("error", obj.get("message", frame))
             code = obj.get("code")
-            raise ServerError(str(message), fatal=True, code=str(code) if code is not None else None)
+            kind = SessionRefused if is_admission_refusal(code, message) else ServerError
+            raise kind(str(message), fatal=True, code=str(code) if code is not None else None)
         raise ServerError(frame, fatal=True)
     raw = _decode_binary(frame, "metadata")
     if not isinstance(raw, dict):
@@ -163,6 +168,7 @@ def parse_metadata(frame: bytes | str) -> ServerMetadata:
         needs_session_id=_meta_bool(raw, "needs_session_id"),
         action_space=space,
         raw=raw,
+        contract=policy_contract(raw),
     )
 
 

@@ -8,7 +8,12 @@ Three flavors, each following its real counterpart (see ``docs/server.md`` and t
     a session id on a connection runs with ``new_session=True`` (a per-connection seen-set). Errors are binary
     ``{"type": "error", "message": ...}`` and the connection stays open (an inference error also forgets that
     session). Text and empty binary frames are ignored, never answered. Optional idle timeout (normal close).
-    ``GET /health``.
+    ``GET /health``. With ``max_sessions`` (``--max-sessions K``) at most K session ids are resident at once;
+    the first request of one more gets the binary error ``{"type": "error", "message":
+    "SessionAdmissionError: ...", "code": "session_admission"}`` (connection open, nothing computed), as
+    vLLM-Omni's proposed admission cap; a session is freed by a reset on its connection, a switch of its
+    connection to another session id, an inference error, or the connection's close
+    (:mod:`dz_gym.server.admission`). The handshake then announces ``max_sessions``.
 ``dreamzero`` (DreamZero's own server)
     ``endpoint`` is required; reset answers the text ``"reset successful"``. One global session for the whole
     server: a request whose ``session_id`` differs from the last one runs with ``new_session=True``. Any
@@ -47,9 +52,11 @@ from dz_gym.protocol import (
     encode_metadata,
     encode_reply,
     encode_reset_reply,
+    packb,
     parse_request,
     unpackb,
 )
+from dz_gym.server.admission import ADMISSION_CODE, ResidentSessions, refusal_message
 from dz_gym.server.engine import EngineStats, InferenceEngine, JobResult
 from dz_gym.server.policies import policy_metadata
 
@@ -77,6 +84,7 @@ class ServerConfig:
     max_payload_bytes: int = 64 * _MIB
     robot_policy_available: bool = True  # vllm-omni only: False refuses every connection at handshake
     seed: int | None = None
+    max_sessions: int | None = None  # vllm-omni only: resident-session cap; None admits every session
 
     def __post_init__(self) -> None:
         if self.flavor not in FLAVORS:
@@ -87,6 +95,11 @@ class ServerConfig:
             raise ValueError(f"idle_timeout_s: expected >= 0 (0 disables), got {self.idle_timeout_s}")
         if self.max_payload_bytes < 1024:
             raise ValueError(f"max_payload_bytes: expected >= 1024, got {self.max_payload_bytes}")
+        if self.max_sessions is not None:
+            if isinstance(self.max_sessions, bool) or not isinstance(self.max_sessions, int) or self.max_sessions < 1:
+                raise ValueError(f"max_sessions: expected an integer >= 1, got {self.max_sessions!r}")
+            if self.flavor != "vllm-omni":
+                raise ValueError(f"max_sessions: only the vllm-omni flavor caps sessions, got flavor {self.flavor!r}")
 
     @property
     def max_frame_bytes(self) -> int:
@@ -115,6 +128,9 @@ class PolicyServer:
         self.config = config or ServerConfig()
         self.policy_name = policy_name or type(policy).__name__
         self.metadata = policy_metadata(policy)
+        if self.config.max_sessions is not None:
+            self.metadata["max_sessions"] = self.config.max_sessions
+        self.sessions = ResidentSessions(self.config.max_sessions)
         self._metadata_frame = encode_metadata(self.metadata)
         self.engine = InferenceEngine(
             workers=self.config.workers,
@@ -148,10 +164,16 @@ class PolicyServer:
         return self.engine.stats()
 
     def ready_line(self) -> str:
+        cap = "" if self.config.max_sessions is None else f", max_sessions={self.config.max_sessions}"
         return (
             f"dz-gym-serve ready on {self.url} (flavor={self.config.flavor}, policy={self.policy_name}, "
-            f"workers={self.config.workers})"
+            f"workers={self.config.workers}{cap})"
         )
+
+    def sessions_line(self) -> str:
+        """Sessions admitted (in all, and at most at once) and refused so far."""
+        s = self.sessions
+        return f"sessions admitted={s.admitted} peak_resident={s.peak} refused={s.refusals}"
 
     async def start(self) -> None:
         self.engine.start()
@@ -253,6 +275,12 @@ class PolicyServer:
         logger.info("reset conn=%d session=%s", conn_id, session_id)
 
     async def _serve_vllm(self, ws: ServerConnection, conn_id: int) -> None:
+        try:
+            await self._vllm_loop(ws, conn_id)
+        finally:
+            self.sessions.release_connection(conn_id)
+
+    async def _vllm_loop(self, ws: ServerConnection, conn_id: int) -> None:
         seen: OrderedDict[str, None] = OrderedDict()
         current: str | None = None
         idle = self.config.idle_timeout_s
@@ -284,9 +312,18 @@ class PolicyServer:
                     continue
                 seen.clear()
                 current = None
+                self.sessions.release_connection(conn_id)
                 await ws.send(encode_reset_reply())
                 continue
             session_id = _session_of(request) or current or "default"
+            if current is not None and current != session_id:
+                self.sessions.release(current)  # a switch frees the connection's previous session
+            if not self.sessions.admit(session_id, conn_id):
+                cap = self.config.max_sessions or 0
+                logger.info("connection %d: session %s refused (%d resident)", conn_id, session_id, len(self.sessions))
+                error = {"type": "error", "message": refusal_message(len(self.sessions), cap), "code": ADMISSION_CODE}
+                await ws.send(packb(error))
+                continue
             current = session_id
             new_session = session_id not in seen
             if new_session:
@@ -298,6 +335,7 @@ class PolicyServer:
                 frame = encode_reply(result.value)
             except Exception:
                 seen.pop(session_id, None)  # the session's state is released: its next request starts over
+                self.sessions.release(session_id)
                 await ws.send(encode_error("Internal inference error"))
                 continue
             await ws.send(frame)

@@ -58,6 +58,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="vllm-omni: answer every handshake with the 'Robot policy not available' text error and close",
     )
+    parser.add_argument(
+        "--max-sessions",
+        type=int,
+        default=None,
+        metavar="K",
+        help="vllm-omni: keep at most K sessions resident and refuse new ones beyond (SessionAdmissionError) "
+        "until one is freed by a reset, a session switch or a disconnect (default: no cap)",
+    )
     parser.add_argument("--seed", type=int, default=None, help="seed of the latency jitter")
     parser.add_argument("--quiet", action="store_true", help="no per-request log lines")
     return parser
@@ -76,6 +84,7 @@ def _config(args: argparse.Namespace) -> ServerConfig:
         max_payload_bytes=int(args.max_payload_mib * 1024 * 1024),
         robot_policy_available=not args.no_robot_policy,
         seed=args.seed,
+        max_sessions=args.max_sessions,
     )
 
 
@@ -87,7 +96,8 @@ async def _run(server: PolicyServer) -> None:
     await server.start()
     print(server.ready_line(), flush=True)
     await server.serve_until(stop)
-    print(f"dz-gym-serve stopped: {server.stats().summary()} connections={server.connections}", flush=True)
+    line = f"dz-gym-serve stopped: {server.stats().summary()} connections={server.connections}"
+    print(f"{line} {server.sessions_line()}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

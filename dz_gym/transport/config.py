@@ -20,7 +20,7 @@ import ssl
 from typing import Any
 from urllib.parse import urlsplit
 
-from dz_gym.transport.rules import backoff_delay, backoff_schedule
+from dz_gym.transport.rules import admission_retry_delay, backoff_delay, backoff_schedule
 
 __all__ = ["TransportConfig", "validate_url"]
 
@@ -72,6 +72,10 @@ class TransportConfig:
         action_dim, action_horizon: the reply shape the parser enforces (``action_horizon=None`` accepts
             any number of rows).
         connect_concurrency: how many sessions of a pool open at once.
+        admission_backoff, admission_backoff_max, admission_wait: a session the server refuses for lack of
+            room (:class:`~dz_gym.errors.SessionRefused`) asks again after a wait that doubles from
+            ``admission_backoff`` up to ``admission_backoff_max``; after ``admission_wait`` seconds of
+            refusals in a row it gives up and the failure is reported.
         ssl_context: TLS settings for ``wss://``; ``None`` uses Python's default (system CAs, hostname check).
     """
 
@@ -92,10 +96,22 @@ class TransportConfig:
     action_dim: int = 8
     action_horizon: int | None = None
     connect_concurrency: int = 16
+    admission_backoff: float = 0.5
+    admission_backoff_max: float = 8.0
+    admission_wait: float = 900.0
     ssl_context: ssl.SSLContext | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("open_timeout", "retry_backoff", "retry_backoff_max", "request_timeout", "close_timeout"):
+        for name in (
+            "open_timeout",
+            "retry_backoff",
+            "retry_backoff_max",
+            "request_timeout",
+            "close_timeout",
+            "admission_backoff",
+            "admission_backoff_max",
+            "admission_wait",
+        ):
             _positive(name, getattr(self, name))
         _positive("ping_interval", self.ping_interval, allow_none=True)
         _positive("ping_timeout", self.ping_timeout, allow_none=True)
@@ -131,6 +147,16 @@ class TransportConfig:
     def backoff(self, attempt: int) -> float:
         """The wait before connect retry ``attempt + 1`` (0-based)."""
         return backoff_delay(attempt, base=self.retry_backoff, cap=self.retry_backoff_max)
+
+    def admission_delay(self, refusals: int, waited_s: float) -> float | None:
+        """The wait before a refused session asks again (None: give up); see ``admission_wait``."""
+        return admission_retry_delay(
+            refusals,
+            waited_s,
+            base=self.admission_backoff,
+            cap=self.admission_backoff_max,
+            bound=self.admission_wait,
+        )
 
     def connect_bound(self) -> float:
         """Upper bound of one connect, retries and backoff included."""

@@ -189,6 +189,22 @@ class SessionPool:
             return done
         return self._loop.submit(session.send(payload, index=i))
 
+    def release(self, i: int, session_id: str) -> concurrent.futures.Future[None]:
+        """Ask session ``i``'s server to free ``session_id`` (a ``reset`` naming it) without waiting.
+
+        It goes on that session's own connection, ahead of the next request, so it only concerns that env's
+        episode. Best effort: a failure is logged and leaves the connection to the usual recovery.
+        """
+        session = self._session(i)
+
+        async def reset() -> None:
+            try:
+                await session.reset(session_id)
+            except DzGymError as exc:
+                logger.info("session %d: releasing %s failed: %s", i, session_id, exc)
+
+        return self._loop.submit(reset())
+
     # -- teardown ---------------------------------------------------------------------------------------
     def close(self) -> None:
         """Close every connection (and the loop thread if the pool made it); idempotent."""

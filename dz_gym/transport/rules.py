@@ -9,7 +9,11 @@ read, and tested, without a socket:
 - :func:`open_failure_is_transient` -- whether a failed websocket open is worth another attempt;
 - :func:`backoff_delay` / :func:`backoff_schedule` -- the waits between those attempts;
 - :func:`request_was_unprocessed` -- whether a failed request cannot have reached the server's model, so it
-  may be re-sent on a fresh connection; and :func:`may_retry_server_error`.
+  may be re-sent on a fresh connection; and :func:`may_retry_server_error`;
+- :func:`breaks_connection` -- whether a failed request leaves its connection unusable (the one reconnect
+  rule: the session drops such a connection, the wrapper reopens it);
+- :func:`close_means_refusal` -- whether a close says the server has no room for another session, and
+  :func:`admission_retry_delay` -- how long a refused session waits before it asks again, within a bound.
 
 >>> backoff_schedule(5, base=0.5, cap=3.0)
 [0.5, 1.0, 2.0, 3.0, 3.0]
@@ -31,15 +35,20 @@ from asyncio import IncompleteReadError
 
 from websockets.exceptions import InvalidMessage, InvalidStatus
 
+from dz_gym.errors import ServerError
+
 __all__ = [
     "LOCAL_PROTOCOL_CLOSE_CODES",
     "CloseVerdict",
     "Delivery",
     "InvalidTransition",
     "SessionState",
+    "admission_retry_delay",
     "backoff_delay",
     "backoff_schedule",
+    "breaks_connection",
     "classify_close",
+    "close_means_refusal",
     "may_retry_server_error",
     "open_failure_is_transient",
     "request_was_unprocessed",
@@ -54,6 +63,11 @@ LOCAL_PROTOCOL_CLOSE_CODES = {1002: "broke the websocket protocol", 1007: "sent 
 # timeout closes with 1000 and its handler reads nothing afterwards. 1001 (going away) is not in the set: a
 # server shutting down may still finish the request it holds.
 CLEAN_SERVER_CLOSE_CODES = frozenset({1000})
+
+# 1013 "Try Again Later" (RFC 6455's registry): the server is at capacity. A close reason that names the
+# capacity or the admission says the same whatever the code.
+CAPACITY_CLOSE_CODES = frozenset({1013})
+_CAPACITY_WORDS = ("capacity", "admission", "too many sessions", "max_sessions", "max sessions")
 
 
 class SessionState(enum.Enum):
@@ -196,6 +210,43 @@ def request_was_unprocessed(
     return closed_by_server and close_code in CLEAN_SERVER_CLOSE_CODES
 
 
+def breaks_connection(error: BaseException) -> bool:
+    """Whether a request's failure leaves its connection unusable, so it must be reopened: everything but a
+    server error reply after which the server keeps the connection open (vLLM-Omni's binary error).
+
+    >>> breaks_connection(ServerError("Internal inference error")), breaks_connection(TimeoutError())
+    (False, True)
+    """
+    return not (isinstance(error, ServerError) and not error.fatal)
+
+
 def may_retry_server_error(retries_done: int, limit: int) -> bool:
     """Whether a request that got a server error reply may be sent again (``limit`` from the config)."""
     return retries_done < limit
+
+
+def close_means_refusal(code: int | None, reason: str) -> bool:
+    """Whether a close (``code``, ``reason``) says the server refused a new session for lack of room.
+
+    >>> close_means_refusal(1013, ""), close_means_refusal(1008, "session capacity reached (4)")
+    (True, True)
+    >>> close_means_refusal(1011, "Internal server error")
+    False
+    """
+    text = (reason or "").lower()
+    return code in CAPACITY_CLOSE_CODES or any(word in text for word in _CAPACITY_WORDS)
+
+
+def admission_retry_delay(refusals: int, waited_s: float, *, base: float, cap: float, bound: float) -> float | None:
+    """The wait before a refused session asks again, after ``refusals`` refusals in a row (>= 1) and
+    ``waited_s`` seconds since the first of them; None once that wait would pass ``bound`` (give up).
+
+    >>> [admission_retry_delay(k, 0.0, base=0.5, cap=4.0, bound=60.0) for k in (1, 2, 3, 4, 5)]
+    [0.5, 1.0, 2.0, 4.0, 4.0]
+    >>> admission_retry_delay(9, 58.0, base=0.5, cap=4.0, bound=60.0) is None
+    True
+    """
+    if refusals < 1:
+        raise ValueError(f"refusals: expected >= 1, got {refusals}")
+    delay = backoff_delay(refusals - 1, base=base, cap=cap)
+    return None if waited_s + delay > bound else delay

@@ -40,7 +40,7 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidMessage, InvalidStatus, InvalidURI
 from websockets.protocol import State
 
-from dz_gym.errors import ConnectionLost, DzGymError, ProtocolError, RequestTimeout, ServerError
+from dz_gym.errors import ConnectionLost, DzGymError, ProtocolError, RequestTimeout, ServerError, SessionRefused
 from dz_gym.protocol import (
     InferReply,
     ServerMetadata,
@@ -54,7 +54,9 @@ from dz_gym.transport.config import TransportConfig, validate_url
 from dz_gym.transport.rules import (
     Delivery,
     SessionState,
+    breaks_connection,
     classify_close,
+    close_means_refusal,
     may_retry_server_error,
     open_failure_is_transient,
     request_was_unprocessed,
@@ -379,6 +381,8 @@ class AsyncSession:
         text = verdict.describe(self._url, during)
         if verdict.protocol:
             return ProtocolError(text)
+        if verdict.side == "server" and close_means_refusal(verdict.code, verdict.reason):
+            return SessionRefused(text, fatal=True, code=str(verdict.code))
         return ConnectionLost(text, code=verdict.code, reason=verdict.reason)
 
     # -- requests ---------------------------------------------------------------------------------------
@@ -501,7 +505,7 @@ class AsyncSession:
                 return parser(frame, action_dim=cfg.action_dim, horizon=cfg.action_horizon)
             return parser(frame)
         except ServerError as exc:
-            if exc.fatal:  # the server closes after a text traceback: the stream is over
+            if breaks_connection(exc):  # the server closes after a text traceback: the stream is over
                 self._release(SessionState.BROKEN, exc)
             raise
         except ProtocolError as exc:  # the next frame could no longer be matched to its request
