@@ -2,8 +2,9 @@
 
 A run's scenes are the three DROID scenes (ids 1-3, :mod:`dz_gym.envs.droid`) and sim-evals' named tasks:
 :data:`TASKS` names every task ``dz-gym-eval --task`` accepts, the DROID scenes under their per-scene gym
-ids (keys 1-3, the scene numbers) and the MILA tasks (keys 101-103; the key is what run directories and rows
-use as the scene number). :func:`scene_key`, :func:`scene_prompt` and :func:`task_for` serve MuJoCo runs as
+ids (keys 1-3, the scene numbers), the MILA tasks (keys 101-103; the key is what run directories and rows
+use as the scene number) and dz-gym's own Isaac Lab 3.0 kit-less DROID scenes (keys 201-203, gym ids
+``DZ-DROID-*-Newton-v0``, :mod:`dz_gym.envs.isaac_droid3`). :func:`scene_key`, :func:`scene_prompt` and :func:`task_for` serve MuJoCo runs as
 well as Isaac ones. The MILA facts (instruction, ``max_timesteps``, milestone names, entity aliases,
 thresholds) are sim-evals' ``mila/tasks.py``; at run time the values sim-evals reports
 (``cfg.language_instruction``, the env's ``max_episode_length``, its milestone buffer) win over this table,
@@ -21,6 +22,7 @@ from dz_gym.envs import droid
 MILA_GYM_ID = "DROID-MILA"
 GENERIC_MILESTONES = ("reached", "lifted", "above_target", "placed")
 MILA_KEY_BASE = 100
+NEWTON_KEY_BASE = 200  # dz-gym's Isaac Lab 3.0 kit-less DROID scenes: keys 201-203
 
 
 @dataclass(frozen=True)
@@ -53,10 +55,16 @@ class IsaacTask:
     milestones: tuple[str, ...] = GENERIC_MILESTONES  # the task's own names, in order
     thresholds: MilaThresholds = MilaThresholds()
     assets: tuple[str, ...] = ()  # files (or folders) under the assets folder that must exist before launch
+    package: str = ""  # a dz-gym Isaac Lab 3.0 task: the module that registers ``gym_id`` (no sim-evals)
 
     @property
     def is_mila(self) -> bool:
         return self.mila_task is not None
+
+    @property
+    def kitless(self) -> bool:
+        """A dz-gym task on Isaac Lab 3.0 kit-less (Newton physics, Warp cameras), not a sim-evals one."""
+        return bool(self.package)
 
     def scene_spec(self, prompt: str | None = None) -> droid.SceneSpec:
         """The :class:`~dz_gym.envs.droid.SceneSpec` the env exposes as ``env.scene`` (prompt, names)."""
@@ -89,6 +97,22 @@ def _droid(scene: int, gym_id: str, object_prim: str, container_prim: str) -> Is
     )
 
 
+def _newton(scene: int, gym_id: str) -> IsaacTask:
+    """A DROID scene as dz-gym's own Isaac Lab 3.0 kit-less task (:mod:`dz_gym.envs.isaac_droid3`)."""
+    spec = droid.scene_spec(scene)
+    return IsaacTask(
+        gym_id,
+        NEWTON_KEY_BASE + scene,
+        spec.prompt,
+        droid.MAX_EPISODE_LENGTH,
+        gym_id,
+        "object",
+        "container",
+        scene=scene,
+        package="dz_gym.envs.isaac_droid3",
+    )
+
+
 def _mila(
     key, task_id, prompt, steps, milestones, obj, target, obj_prim, target_prim, scene_usd, **thresholds
 ) -> IsaacTask:
@@ -117,6 +141,9 @@ TASKS: dict[str, IsaacTask] = {
         _droid(1, "DROID-CubeInBowl", "rubiks_cube", "_24_bowl"),
         _droid(2, "DROID-CanInMug", "_10_potted_meat_can", "_25_mug"),
         _droid(3, "DROID-BananaInBin", "_11_banana", "Magenta_Box"),
+        _newton(1, "DZ-DROID-CubeInBowl-Newton-v0"),
+        _newton(2, "DZ-DROID-CanInMug-Newton-v0"),
+        _newton(3, "DZ-DROID-BananaInBin-Newton-v0"),
         _mila(
             1,
             "place_spoon_in_sink",
@@ -162,7 +189,7 @@ BY_KEY = {task.key: task for task in TASKS.values()}
 
 
 def task_for(scene_or_name: int | str) -> IsaacTask:
-    """The task of a scene number (1-3), a task key (101-103) or a task name; a one-line error otherwise."""
+    """The task of a scene number (1-3), a task key (101-103, 201-203) or a task name; a one-line error otherwise."""
     if isinstance(scene_or_name, str) and not scene_or_name.isdigit():
         try:
             return TASKS[scene_or_name]
@@ -175,7 +202,7 @@ def task_for(scene_or_name: int | str) -> IsaacTask:
 
 
 def scene_key(scene: int | str) -> int:
-    """A run's scene id: a DROID scene number (1-3) or a named task's key (101-103); a one-line error."""
+    """A run's scene id: a DROID scene number (1-3) or a named task's key (101-103, 201-203); a one-line error."""
     if isinstance(scene, bool):
         raise ValueError(f"expected one of {sorted(BY_KEY)}, got {scene!r}")  # noqa: TRY004 (a usage error)
     try:
@@ -186,7 +213,9 @@ def scene_key(scene: int | str) -> int:
         return droid.scene_spec(key).scene_id
     if key in BY_KEY:
         return key
-    raise ValueError(f"expected one of {sorted(BY_KEY)} (DROID scenes 1-3, MILA tasks 101-103), got {scene!r}")
+    raise ValueError(
+        f"expected one of {sorted(BY_KEY)} (DROID scenes 1-3, MILA tasks 101-103, kit-less 201-203), got {scene!r}"
+    )
 
 
 def scene_prompt(scene: int) -> str:

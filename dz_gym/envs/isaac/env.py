@@ -35,7 +35,7 @@ import numpy as np
 
 from dz_gym.envs import droid, scenes
 from dz_gym.envs.base import BatchedDroidEnv
-from dz_gym.envs.isaac import checks, launch, tasks
+from dz_gym.envs.isaac import checks, kitless, launch, tasks
 from dz_gym.envs.isaac.build import InitialConditions, MilestoneProbe, parse_task_cfg
 from dz_gym.envs.isaac.config import keep_one_dome_light, patch_env_cfg
 from dz_gym.envs.isaac.mila import MilaFallback
@@ -81,7 +81,8 @@ class IsaacDroidEnv(BatchedDroidEnv):
     ):
         task = scenes.task_for(scene)
         self.task = task
-        shape = tuple(int(v) for v in image_shape) if image_shape is not None else droid.ISAAC_IMAGE_SHAPE
+        default_shape = droid.DEFAULT_EMBEDDED_IMAGE_SHAPE if task.kitless else droid.ISAAC_IMAGE_SHAPE
+        shape = tuple(int(v) for v in image_shape) if image_shape is not None else default_shape
         device = device or getattr(app_args, "device", None) or "cuda:0"
         super().__init__(
             num_envs, shape, task.scene or 1, device=str(device), seed=seed, milestone_names=task.milestones
@@ -94,6 +95,33 @@ class IsaacDroidEnv(BatchedDroidEnv):
         self._closed = True  # until built
         self._milestones: MilestoneProbe | None = None
 
+        options = dict(app_args=app_args, device=str(device), version=isaaclab_version, image_shape=image_shape,
+                       env_spacing=env_spacing)  # fmt: skip
+        if task.kitless:
+            self._build_kitless(task, **options)
+        else:
+            self._build_sim_evals(task, headless=headless, check_gpu=check_gpu, assets_dir=assets_dir,
+                                  tiled_cameras=tiled_cameras, tcp_bodies=tcp_bodies, **options)  # fmt: skip
+        self._closed = False
+
+        import torch
+
+        self._torch = torch
+        self.device = str(self.isaac_env.device)
+        self.max_episode_length = int(self.isaac_env.max_episode_length)
+        self.step_dt = float(self.isaac_env.step_dt)
+        self._fallback = MilaFallback(task, self.num_envs) if task.is_mila else None
+        self._initial_conditions = InitialConditions.find(self.isaac_env)
+        self._pending: tuple[np.ndarray, np.ndarray] | None = None  # (ids, seeds) of the in-step autoreset
+        if self._initial_conditions is not None:
+            self._probe.before_reset = self._before_in_step_reset
+            self.patches.append("events.reset_initial_conditions: pose set = episode seed mod count")
+        self._started = False
+        self._last_obs = None
+
+    def _build_sim_evals(self, task, *, app_args, headless, device, version, assets_dir, check_gpu, tiled_cameras,
+                         env_spacing, image_shape, tcp_bodies) -> None:  # fmt: skip
+        """sim-evals' env of ``task`` on Isaac Sim (Kit), patched for N envs."""
         # Everything that can fail fast, before a minutes-long start of Isaac Sim.
         checks.check_packages()
         self.layout, has_mila = tasks.detect_layout(checks.sim_evals_package_dir())
@@ -104,7 +132,7 @@ class IsaacDroidEnv(BatchedDroidEnv):
             )
         checks.check_assets(task.key, assets_dir, files=task.assets)
         if check_gpu:
-            checks.check_rtx_gpu(str(device))
+            checks.check_rtx_gpu(device)
         if self.num_envs >= CAMERA_ENV_WARNING and not tiled_cameras:
             warnings.warn(
                 f"isaac: {self.num_envs} envs x 3 cameras: Isaac Lab's Camera is known to fail around 32 envs; "
@@ -114,10 +142,10 @@ class IsaacDroidEnv(BatchedDroidEnv):
 
         launch.claim_scene(task.key)
         try:
-            app = launch.launch_app(app_args, headless=headless, device=str(device), version=isaaclab_version)
+            app = launch.launch_app(app_args, headless=headless, device=device, version=version)
             self.api = app.api
             importlib.import_module("sim_evals.environments")  # registers the gym ids; only after the app runs
-            cfg, built = parse_task_cfg(self.api, task, self.layout, device=str(device), num_envs=self.num_envs)
+            cfg, built = parse_task_cfg(self.api, task, self.layout, device=device, num_envs=self.num_envs)
             instruction = getattr(cfg, "language_instruction", None) if task.is_mila else None
             self.scene = task.scene_spec(instruction if isinstance(instruction, str) and instruction else None)
             self._probe = StateProbe(self.api, self.scene, tcp_bodies)
@@ -148,22 +176,23 @@ class IsaacDroidEnv(BatchedDroidEnv):
         except BaseException:
             launch.release_scene()
             raise
-        self._closed = False
 
-        import torch
-
-        self._torch = torch
-        self.device = str(self.isaac_env.device)
-        self.max_episode_length = int(self.isaac_env.max_episode_length)
-        self.step_dt = float(self.isaac_env.step_dt)
-        self._fallback = MilaFallback(task, self.num_envs) if task.is_mila else None
-        self._initial_conditions = InitialConditions.find(self.isaac_env)
-        self._pending: tuple[np.ndarray, np.ndarray] | None = None  # (ids, seeds) of the in-step autoreset
-        if self._initial_conditions is not None:
-            self._probe.before_reset = self._before_in_step_reset
-            self.patches.append("events.reset_initial_conditions: pose set = episode seed mod count")
-        self._started = False
-        self._last_obs = None
+    def _build_kitless(self, task, *, app_args, device, version, image_shape, env_spacing) -> None:
+        """A dz-gym task on Isaac Lab 3.0 kit-less (:mod:`dz_gym.envs.isaac.kitless`)."""
+        self.layout = "kitless"
+        launch.claim_scene(task.key)
+        try:
+            built = kitless.build(
+                task, self.num_envs, device=device, app_args=app_args, version=version, image_shape=image_shape,
+                env_spacing=env_spacing,
+            )  # fmt: skip
+        except BaseException:
+            launch.release_scene()
+            raise
+        self.api, self.cfg, self._gym_env, self._probe, self.patches = (
+            built.api, built.cfg, built.gym_env, built.probe, built.patches
+        )  # fmt: skip
+        self.isaac_env = self._gym_env.unwrapped
 
     # -- Gymnasium API --------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from dz_gym.envs.isaac.compat import IsaacLabApi, detect
 
@@ -98,6 +99,27 @@ def launch_app(
     api.prepare_launch_args(args, headless=headless)
     close = api.launch(args)
     _app = RunningApp(api=api, args=args, _close=close)
+    return _app
+
+
+def launch_kitless(cfg: Any, app_args: argparse.Namespace | None = None, *, device: str | None = None,
+                   api: IsaacLabApi | None = None) -> RunningApp:  # fmt: skip
+    """Enter Isaac Lab 3.0's ``launch_simulation(cfg, args)`` for a kit-less config (Newton physics, Warp
+    cameras: it starts no Kit app), or return the app already running; the context closes with the app."""
+    global _app
+    if _app is not None and not _app.closed:
+        return _app
+    if _closed_once:
+        raise RuntimeError("isaac: the simulation was closed in this process; start a new process")
+    api = api or detect()
+    args = dict(vars(app_args)) if app_args is not None else {}
+    if device is not None:
+        args["device"] = device
+    from isaaclab.app.sim_launcher import launch_simulation
+
+    context = launch_simulation(cfg, args)
+    context.__enter__()
+    _app = RunningApp(api=api, args=argparse.Namespace(**args), _close=lambda: context.__exit__(None, None, None))
     return _app
 
 

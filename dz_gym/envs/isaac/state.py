@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from dz_gym.envs import droid, episodes
-from dz_gym.envs.isaac.compat import IsaacLabApi
+from dz_gym.envs.isaac.compat import IsaacLabApi, as_tensor
 from dz_gym.preprocess import to_numpy
 
 # The Robotiq 2F-85 inner finger links of sim-evals' robot USD; their midpoint stands for the tool
@@ -33,7 +33,7 @@ class TaskState:
     container_pos: np.ndarray
     tcp_pos: np.ndarray
     object_speed: np.ndarray
-    gripper: np.ndarray  # (N,) finger_joint / (pi/4): 0 open, 1 closed
+    gripper: np.ndarray  # (N,) gripper joint / its closed angle (finger_joint / (pi/4)): 0 open, 1 closed
 
     def for_episodes(self, milestone_flags: np.ndarray | None = None) -> episodes.TaskState:
         """The record :class:`~dz_gym.envs.episodes.Episodes` takes, with a MILA task's milestone flags."""
@@ -45,10 +45,21 @@ class TaskState:
 class StateProbe:
     """Reads :class:`TaskState` from an Isaac env; ``term`` is its never-terminating termination term."""
 
-    def __init__(self, api: IsaacLabApi, scene: droid.SceneSpec, tcp_bodies: Sequence[str] = DEFAULT_TCP_BODIES):
+    def __init__(
+        self,
+        api: IsaacLabApi,
+        scene: droid.SceneSpec,
+        tcp_bodies: Sequence[str] = DEFAULT_TCP_BODIES,
+        gripper_joint: str = "finger_joint",
+        gripper_closed: float = np.pi / 4,
+        tcp_from_com: bool = False,
+    ):
         self.api = api
         self.scene = scene
         self.tcp_bodies = tuple(tcp_bodies)
+        self.gripper_joint = gripper_joint  # its angle over ``gripper_closed`` is the gripper's closure
+        self.gripper_closed = float(gripper_closed)
+        self.tcp_from_com = tcp_from_com  # the TCP bodies' centres of mass instead of their link origins
         self.latest: TaskState | None = None
         self.calls = 0
         self.before_reset = None  # optional callback(env), called last: every other termination term has run
@@ -79,16 +90,17 @@ class StateProbe:
         obj = self._entity(env, self.scene.isaac_object)
         container = self._entity(env, self.scene.isaac_container)
         robot = env.scene["robot"]
-        tcp = self.api.body_pos_w(robot)[:, self._tcp_body_ids(env), :].mean(dim=1)
+        bodies = as_tensor(robot.data.body_com_pos_w) if self.tcp_from_com else self.api.body_pos_w(robot)
+        tcp = bodies[:, self._tcp_body_ids(env), :].mean(dim=1)
         speed = self.api.root_lin_vel_w(obj).norm(dim=-1)
         if self._finger is None:
-            self._finger = self.api.joint_names(robot).index("finger_joint")
+            self._finger = self.api.joint_names(robot).index(self.gripper_joint)
         return TaskState(
             object_pos=_host(self.api.root_pos_w(obj) - origins),
             container_pos=_host(self.api.root_pos_w(container) - origins),
             tcp_pos=_host(tcp - origins),
             object_speed=_host(speed),
-            gripper=_host(self.api.joint_pos(robot)[:, self._finger]) / (np.pi / 4),
+            gripper=_host(self.api.joint_pos(robot)[:, self._finger]) / self.gripper_closed,
         )
 
     def _entity(self, env: Any, name: str):
