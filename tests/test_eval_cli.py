@@ -186,14 +186,34 @@ def test_preflight_backend_not_importable(capsys, tmp_path):
     assert not root.exists()
 
 
-def test_stop_signals_first_stops_second_only_where_safe():
+@pytest.fixture
+def sigint_disposition():
+    """Sets SIGINT's disposition for one test (``set(handler)``) and restores whatever it was (the suite may
+    have been started with SIGINT ignored, or with Python's default handler)."""
+    import signal
+
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    try:
+        yield lambda handler: signal.signal(signal.SIGINT, handler)
+    finally:
+        signal.signal(signal.SIGINT, before[0])
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_stop_signals_first_stops_second_only_where_safe(sigint_disposition):
     """First signal: stop at the next step (no exception). A repeated one raises KeyboardInterrupt only inside
-    an interruptible block and never inside a shielded one (writing results); SIGTERM is worded as such."""
+    an interruptible block and never inside a shielded one (writing results); SIGTERM is worded as such. The
+    handlers in place before are restored at the end, whatever they were."""
     import signal
     import threading
 
     from dz_gym.eval.signals import StopOnSignal, interruptible, shielded
 
+    def previous_handler(signum, frame):  # what a caller had installed before: it must come back
+        raise AssertionError("the previous handler must not run inside the block")
+
+    sigint_disposition(previous_handler)
+    expected = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     said: list[str] = []
     stop = threading.Event()
     with StopOnSignal(stop, said.append) as handler:
@@ -205,13 +225,35 @@ def test_stop_signals_first_stops_second_only_where_safe():
             signal.raise_signal(signal.SIGINT)  # writing results: never interrupted
         with pytest.raises(KeyboardInterrupt), interruptible():
             signal.raise_signal(signal.SIGINT)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == expected
+    sigint_disposition(signal.default_int_handler)
     said.clear()
     with StopOnSignal(threading.Event(), said.append):
         signal.raise_signal(signal.SIGINT)
         assert "Ctrl-C again to stop now" in said[0]
         with pytest.raises(KeyboardInterrupt), interruptible():
             signal.raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_an_ignored_sigint_stays_ignored(sigint_disposition):
+    """Started with SIGINT ignored (a background job of a script, nohup under some shells), the evaluator does
+    not start reacting to Ctrl-C; SIGTERM still stops it, and SIGINT is ignored again afterwards."""
+    import signal
+    import threading
+
+    from dz_gym.eval.signals import StopOnSignal, interruptible
+
+    sigint_disposition(signal.SIG_IGN)
+    said: list[str] = []
+    stop = threading.Event()
+    with StopOnSignal(stop, said.append) as handler, interruptible():
+        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)
+        assert not stop.is_set() and handler.signals == 0 and said == []
+        signal.raise_signal(signal.SIGTERM)
+        assert stop.is_set() and handler.signals == 1 and "SIGTERM" in said[0]
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
 
 
 def test_docs_flags_table_is_generated_from_the_declarations():

@@ -10,11 +10,7 @@ Every run is short (2 envs, a few episodes of 16 steps).
 from __future__ import annotations
 
 import json
-import os
-import queue
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -24,6 +20,8 @@ import pytest
 
 pytest.importorskip("mujoco")
 
+from eval_process import BOUND_S, Evaluator  # noqa: E402
+
 from dz_gym.eval import cli, results  # noqa: E402
 from dz_gym.eval.config import EvalConfig  # noqa: E402
 from dz_gym.eval.evaluate import evaluate  # noqa: E402
@@ -31,10 +29,10 @@ from dz_gym.eval.rundir import RunDir  # noqa: E402
 from dz_gym.eval.runner import RunControl  # noqa: E402
 from dz_gym.server.launch import start_server_process, start_server_thread  # noqa: E402
 from dz_gym.server.policies import load_policy  # noqa: E402
+from dz_gym.testing.gated import GatedPolicy  # noqa: E402
 
 VOLATILE = {"env", "session_id", "server", "started_at", "wall_s", "latency_ms", "latencies_ms", "video"}
 BASE = ["--num-envs", "2", "--episodes", "4", "--max-steps", "16", "--no-progress"]
-BOUND_S = 180  # every wait on the evaluator subprocess is bounded by this
 
 
 def stable(rows):
@@ -116,100 +114,6 @@ def test_simulated_delay_is_recorded_and_independent_of_num_envs(tmp_path):
     assert config["prefetch"] == 4 and config["simulated_delay"] == 3
 
 
-class GatedPolicy:
-    """A policy whose inferences after the first ``free`` wait until ``gate`` is set (bounded).
-
-    With 2 envs, 16-step episodes and a horizon of 8, the first 4 requests are episodes 0 and 1; request 5
-    is sent only after both of their rows are on disk, so ``held`` says exactly that.
-    """
-
-    def __init__(self, inner, free: int):
-        self.inner = inner
-        self.metadata = getattr(inner, "metadata", None)
-        self.free = free
-        self.calls = 0
-        self.lock = threading.Lock()
-        self.gate = threading.Event()
-        self.held = threading.Event()
-
-    def infer(self, request, *, session_id, new_session):
-        with self.lock:
-            self.calls += 1
-            gated = self.calls > self.free
-        if gated:
-            self.held.set()
-            self.gate.wait(BOUND_S)
-        return self.inner.infer(request, session_id=session_id, new_session=new_session)
-
-    def reset(self, session_id):
-        reset = getattr(self.inner, "reset", None)
-        if callable(reset):
-            reset(session_id)
-
-
-class Evaluator:
-    """``python -m dz_gym.eval.cli ...`` in its own process group (a terminal's job), stderr read by lines."""
-
-    def __init__(self, argv):
-        env = dict(os.environ, MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dz_gym.eval.cli", *argv],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        self.err_lines: list[str] = []
-        self.out_lines: list[str] = []
-        self._lines: queue.Queue = queue.Queue()
-        self._readers = [
-            threading.Thread(target=self._read, daemon=True),
-            threading.Thread(target=self._read_out, daemon=True),
-        ]
-        for reader in self._readers:
-            reader.start()
-
-    def _read(self):
-        for line in self.proc.stderr:
-            self._lines.put(line)
-        self._lines.put(None)
-
-    def _read_out(self):
-        self.out_lines.extend(self.proc.stdout)
-
-    def wait_for_line(self, needle: str) -> str:
-        """The first stderr line containing ``needle`` (bounded; fails if the process ends first)."""
-        deadline = time.monotonic() + BOUND_S
-        while time.monotonic() < deadline:
-            line = self._lines.get(timeout=max(0.1, deadline - time.monotonic()))
-            if line is None:
-                pytest.fail(f"the evaluator ended before printing {needle!r}: {''.join(self.err_lines)}")
-            self.err_lines.append(line)
-            if needle in line:
-                return line
-        pytest.fail(f"no line with {needle!r} within {BOUND_S} s")
-
-    def signal_group(self, signum=signal.SIGINT):
-        os.killpg(self.proc.pid, signum)  # like Ctrl-C in a terminal: the whole process group gets it
-
-    def finish(self) -> tuple[int, str, str]:
-        """Wait (bounded) for the process to end: its exit status, stdout and the whole of stderr."""
-        try:
-            self.proc.wait(BOUND_S)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-        for reader in self._readers:
-            reader.join(BOUND_S)
-        out = "".join(self.out_lines)
-        while not self._lines.empty():
-            line = self._lines.get_nowait()
-            if line is not None:
-                self.err_lines.append(line)
-        return self.proc.returncode, out, "".join(self.err_lines)
-
-
 def assert_clean_stop(code, err, run):
     """Exit 130, no traceback from this process or its workers, the summary written."""
     assert code == 130, err
@@ -230,7 +134,7 @@ def gated_reference():
         try:
             yield policy, server.url + cli.DEFAULT_PATH
         finally:
-            policy.gate.set()
+            policy.open()
 
 
 @pytest.fixture
@@ -240,7 +144,7 @@ def gated_hold():
         try:
             yield policy, server.url + cli.DEFAULT_PATH
         finally:
-            policy.gate.set()
+            policy.open()
 
 
 def test_sigint_then_resume_equals_an_uninterrupted_run(reference_run, gated_reference, tmp_path):
@@ -250,7 +154,7 @@ def test_sigint_then_resume_equals_an_uninterrupted_run(reference_run, gated_ref
     run.signal_group(signal.SIGINT)
     line = run.wait_for_line("stopping after this step")
     assert "Ctrl-C again to stop now" in line
-    policy.gate.set()  # the step in flight completes, then the run stops at its boundary
+    policy.open()  # the step in flight completes, then the run stops at its boundary
     code, out, err = run.finish()
     run_dir = run_dir_of(tmp_path)
     assert_clean_stop(code, err, run_dir)
@@ -287,12 +191,12 @@ def test_double_sigint_mid_run_keeps_results_and_removes_partial_videos(gated_ho
 def test_sigint_while_simulator_workers_start(gated_hold, tmp_path):
     """Ctrl-C to the whole process group while the MuJoCo worker processes are being spawned."""
     policy, url = gated_hold
-    policy.free = 0  # no reply until the test says so: the run cannot finish before the signal
+    policy.allow(0)  # no reply until the test says so: the run cannot finish before the signal
     run = Evaluator([*BASE, "--no-video", "--server", url, "--output-root", str(tmp_path)])
     run.wait_for_line("scene 1: 4 episode(s)")  # printed right before the env (and its workers) is created
     run.signal_group(signal.SIGINT)
     run.wait_for_line("stopping after this step")
-    policy.gate.set()
+    policy.open()
     code, _, err = run.finish()
     assert_clean_stop(code, err, run_dir_of(tmp_path))
 
@@ -304,9 +208,27 @@ def test_sigterm_is_worded_as_such(gated_hold, tmp_path):
     run.proc.send_signal(signal.SIGTERM)  # like kill PID: this process only
     line = run.wait_for_line("stopping after this step")
     assert "SIGTERM" in line and "Ctrl-C" not in line
-    policy.gate.set()
+    policy.open()
     code, _, err = run.finish()
     assert_clean_stop(code, err, run_dir_of(tmp_path))
+
+
+def test_an_ignored_sigint_stays_ignored_and_sigterm_still_stops(gated_hold, tmp_path):
+    """Started with SIGINT ignored (a background job of a script), Ctrl-C to the process group changes
+    nothing (an ignored signal is discarded when sent, so the order is certain); SIGTERM then stops the run
+    as a first signal does."""
+    policy, url = gated_hold
+    run = Evaluator([*BASE, "--no-video", "--server", url, "--output-root", str(tmp_path)], sigint="ignore")
+    assert policy.held.wait(BOUND_S)
+    run.signal_group(signal.SIGINT)
+    run.signal_group(signal.SIGINT)
+    run.proc.send_signal(signal.SIGTERM)
+    line = run.wait_for_line("stopping after this step")
+    assert "SIGTERM" in line and "send SIGTERM again to stop now" in line
+    policy.open()
+    code, _, err = run.finish()
+    assert_clean_stop(code, err, run_dir_of(tmp_path))
+    assert "Ctrl-C" not in err
 
 
 def test_server_failures_are_recorded_per_episode(tmp_path, capsys):

@@ -30,6 +30,7 @@ from dz_gym.protocol import (
 )
 from dz_gym.server import ProbePolicy, start_server_process, start_server_thread
 from dz_gym.server.policies import load_policy, parse_policy_args
+from dz_gym.testing.sigint import python_executable
 
 RECV_S = 10.0
 KEY = "observation/exterior_image_0_left"
@@ -383,12 +384,29 @@ def test_subprocess_launcher_reports_startup_failures():
         start_server_process(["--policy", "nope"], timeout=60)
 
 
-def test_sigint_also_stops_the_subprocess():
-    server = start_server_process(["--flavor", "openpi", "--quiet"], timeout=60)
+def test_sigint_also_stops_the_subprocess(tmp_path):
+    """SIGINT at its default, as in a terminal (even where this test process inherited it ignored)."""
+    python = python_executable(tmp_path, sigint="default")
+    server = start_server_process(["--flavor", "openpi", "--quiet"], timeout=60, python=python)
     server.proc.send_signal(signal.SIGINT)
     assert server.proc.wait(20) == 0
     server.stop()
     assert server.summary()["requests"] == "0"
+
+
+def test_a_server_started_with_sigint_ignored_keeps_ignoring_it(tmp_path):
+    """A background job of a script has SIGINT ignored: the server must not start reacting to Ctrl-C. An
+    ignored signal is discarded when sent, so the request after it proves the server went on; SIGTERM stops."""
+    python = python_executable(tmp_path, sigint="ignore")
+    server = start_server_process(["--policy", "hold", "--quiet"], timeout=60, python=python)
+    try:
+        server.proc.send_signal(signal.SIGINT)
+        with _open(server.url) as (ws, _):
+            assert _infer(ws).shape[1] == 8
+        assert server.proc.poll() is None
+    finally:
+        code = server.stop(timeout=20)
+    assert code == 0 and server.summary()["requests"] == "1"
 
 
 # ------------------------------------------------------------------------------------------- openpi-client

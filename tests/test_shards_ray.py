@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,6 +27,8 @@ for _key, _value in LOOPBACK_ENV.items():  # read by Ray at import: node address
 pytest.importorskip("mujoco")
 ray = pytest.importorskip("ray")
 
+from eval_process import BOUND_S, Evaluator  # noqa: E402
+
 from dz_gym.eval import cli  # noqa: E402
 from dz_gym.eval.config import EvalConfig  # noqa: E402
 from dz_gym.eval.evaluate import evaluate  # noqa: E402
@@ -35,7 +37,9 @@ from dz_gym.eval.runner import RunControl  # noqa: E402
 from dz_gym.eval.shards.driver import actor_name, evaluate_sharded  # noqa: E402
 from dz_gym.eval.shards.options import RayOptions  # noqa: E402
 from dz_gym.eval.shards.worker import TOKEN_FILE  # noqa: E402
-from dz_gym.server.launch import start_server_process  # noqa: E402
+from dz_gym.server.launch import start_server_process, start_server_thread  # noqa: E402
+from dz_gym.server.policies import load_policy  # noqa: E402
+from dz_gym.testing.gated import GatedPolicy  # noqa: E402
 
 PATH = "/v1/realtime/robot/openpi"
 VOLATILE = {
@@ -202,59 +206,52 @@ def test_stop_then_resume_equals_an_uninterrupted_run(cluster, server, one_proce
     assert len(resumed["segments"]) == 2
 
 
-def test_cli_ctrl_c_then_resume_on_the_cluster(cluster, server, one_process, tmp_path):
+def test_cli_ctrl_c_then_resume_on_the_cluster(cluster, one_process, tmp_path):
     """dz-gym-eval --ray ADDRESS in a process of its own: Ctrl-C stops every shard (exit 130, summary written,
-    finished rows kept), then --resume on the same cluster completes the run with the one-process rows."""
-    flags = [
-        "--server",
-        server,
-        "--ray",
-        cluster.address,
-        "--shards",
-        "2",
-        "--num-envs",
-        "2",
-        "--episodes",
-        "6",
-        "--max-steps",
-        "16",
-        "--no-video",
-        "--no-report",
-        "--no-progress",
-    ]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dz_gym.eval.cli", *flags, "--output-root", str(tmp_path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 180
-        rows_file = None
-        while time.monotonic() < deadline and proc.poll() is None:
-            found = list(tmp_path.glob("*/episodes.jsonl"))
-            if found and found[0].read_text().count("\n") >= 1:
-                rows_file = found[0]
-                break
-            time.sleep(0.05)
-        assert rows_file is not None, "no episode finished in time"
-        os.killpg(proc.pid, signal.SIGINT)  # like Ctrl-C in a terminal: the whole process group gets it
-        out, err = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-    assert proc.returncode == 130, err[-2000:]
-    run = RunDir(rows_file.parent)
-    summary = json.loads((run.path / "summary.json").read_text())
-    first = run.read_rows()
-    assert summary["interrupted"] and not summary["complete"] and summary["shards"]["count"] == 2
-    assert 1 <= len(first) < 6 and "INTERRUPTED" in out
-    assert cli.main(["--resume", str(run.path), "--ray", cluster.address, "--shards", "2", "--no-progress"]) == 0
+    finished rows kept), then --resume on the same cluster completes the run with the one-process rows.
+
+    The run cannot finish before the signal, nor after it before the shards have stopped: the server (in this
+    process) answers 4 of the 12 inferences the run needs, and after Ctrl-C 11 in all; so at least one
+    episode is done when the signal is sent (4 answers over two shards of one env, 2 per episode) and at most
+    five when the run stops."""
+    policy = GatedPolicy(load_policy("reference"), free=4)
+    with start_server_thread(policy) as srv:
+        flags = ["--server", srv.url + PATH, "--ray", cluster.address, "--shards", "2", "--num-envs", "2"]
+        flags += ["--episodes", "6", "--max-steps", "16", "--no-video", "--no-report", "--no-progress"]
+        run_proc = Evaluator([*flags, "--output-root", str(tmp_path)])
+        try:
+            assert policy.held.wait(BOUND_S), "the run never reached its 5th inference"
+            rows_file = wait_for_rows(tmp_path, 1, run_proc.proc)
+            run_proc.signal_group(signal.SIGINT)  # like Ctrl-C in a terminal: the whole process group gets it
+            run_proc.wait_for_line("stopping after this step")
+            policy.allow(11)  # the steps in flight complete; the run still cannot
+            code, out, err = run_proc.finish()
+        finally:
+            policy.open()
+            if run_proc.proc.poll() is None:
+                os.killpg(run_proc.proc.pid, signal.SIGKILL)
+                run_proc.proc.wait(timeout=30)
+        assert code == 130, err[-2000:]
+        run = RunDir(rows_file.parent)
+        summary = json.loads((run.path / "summary.json").read_text())
+        first = run.read_rows()
+        assert summary["interrupted"] and not summary["complete"] and summary["shards"]["count"] == 2
+        assert 1 <= len(first) <= 5 and "INTERRUPTED" in out
+        assert cli.main(["--resume", str(run.path), "--ray", cluster.address, "--shards", "2", "--no-progress"]) == 0
     rows = run.read_rows()
     assert len(rows) == 6 and rows[: len(first)] == first
     assert stable(rows) == stable(one_process.read_rows())
+
+
+def wait_for_rows(root, count: int, proc) -> Path:
+    """The run's episodes.jsonl once it has ``count`` rows (bounded; fails if the process ends first)."""
+    deadline = time.monotonic() + BOUND_S
+    while time.monotonic() < deadline and proc.poll() is None:
+        found = list(root.glob("*/episodes.jsonl"))
+        if found and found[0].read_text().count("\n") >= count:
+            return found[0]
+        time.sleep(0.05)
+    pytest.fail(f"no {count} row(s) within {BOUND_S} s (exit status {proc.poll()})")
 
 
 def _isaac_standin_setup() -> None:

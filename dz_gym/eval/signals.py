@@ -8,6 +8,10 @@ worker processes, writing the results) it is noted and the work there finishes f
 always written and no worker is left half-started. A third signal raises anyway, except inside a
 :func:`shielded` block (writing the results).
 
+A signal that is ignored when the ``with`` block starts stays ignored: a program started with SIGINT ignored
+(a background job of a non-interactive shell, some CI runners) was asked not to react to Ctrl-C, so only
+SIGTERM stops it then. The handlers in place before are restored at the end, whatever they were.
+
 Only the main thread sets handlers (Python runs them there); :func:`interruptible` is process-wide state,
 as signals are.
 """
@@ -71,6 +75,8 @@ class StopOnSignal:
 
     def __enter__(self) -> StopOnSignal:
         for sig in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(sig) is signal.SIG_IGN:  # the user asked to ignore it: keep ignoring it
+                continue
             try:
                 self._previous[sig] = signal.signal(sig, self._handle)
             except ValueError:  # not the main thread: the caller handles signals

@@ -2,8 +2,8 @@
 
 Prints one ready line on stdout once it listens (``dz-gym-serve ready on ws://HOST:PORT (flavor=...,
 policy=..., workers=...)``), logs one line per request on stderr, stops cleanly on SIGINT/SIGTERM and then
-prints a summary line with the request count, busy time and utilization. A bad flag is one line on stderr and
-exit status 2.
+prints a summary line with the request count, busy time and utilization (a signal ignored at start, as SIGINT
+is for a background job of a script, stays ignored). A bad flag is one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -92,7 +92,8 @@ async def _run(server: PolicyServer) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        if signal.getsignal(sig) is not signal.SIG_IGN:  # started with it ignored (a background job): keep so
+            loop.add_signal_handler(sig, stop.set)
     await server.start()
     print(server.ready_line(), flush=True)
     await server.serve_until(stop)
