@@ -11,7 +11,7 @@ from collections import deque
 import numpy as np
 import pytest
 
-from dz_gym.eval.runner import slot_queues
+from dz_gym.eval.runner import plan_queues
 from dz_gym.eval.shards import MISSING_RAY, RayMissingError, require_ray
 from dz_gym.eval.shards.collector import Collector
 from dz_gym.eval.shards.plan import (
@@ -40,11 +40,11 @@ def test_every_episode_keeps_its_one_process_slot_and_order(n, k):
     todo = {1: list(range(23)), 3: [0, 2, 5, 9, 10]}  # scene 3: a resume with some rows already there
     shards = plan_shards(todo, n, k)
     for scene, episodes in todo.items():
-        one_process = slot_queues(episodes, n)
+        one_process = [[k for k, _ in q] for q in plan_queues([(k, None) for k in episodes], n)]
         seen = []
         for shard in shards:
             for local, queue in enumerate(shard.queues[scene]):
-                assert list(queue) == list(one_process[shard.global_slot(local)])
+                assert list(queue) == one_process[shard.start + local]
                 seen.extend(queue)
         assert sorted(seen) == sorted(episodes)  # each planned episode in exactly one shard
 
@@ -54,8 +54,6 @@ def test_shard_scenes_and_episodes():
     assert a.scenes() == [1] and b.scenes() == [1, 2]
     assert a.episodes(1) == [0, 2] and b.episodes(2) == [1, 3] and a.episodes(2) == []
     assert (a.start, a.stop, b.start, b.stop) == (0, 1, 1, 2)
-    with pytest.raises(ValueError, match="env: expected a local slot"):
-        a.global_slot(1)
 
 
 @pytest.mark.parametrize(

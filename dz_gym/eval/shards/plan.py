@@ -44,11 +44,6 @@ class Shard:
         """The scenes with at least one episode for this shard, in run order."""
         return [s for s, queues in self.queues.items() if any(queues)]
 
-    def global_slot(self, local: int) -> int:
-        if not 0 <= local < self.num_envs:
-            raise ValueError(f"env: expected a local slot in [0, {self.num_envs}), got {local!r}")
-        return self.start + int(local)
-
 
 def slot_ranges(num_envs: int, shards: int) -> list[tuple[int, int]]:
     """``shards`` contiguous, near-equal ranges of ``range(num_envs)`` (the larger ones first)."""
