@@ -28,26 +28,15 @@ CONFIG_VERSION = 1
 BACKENDS = backends.NAMES  # "auto" and every backend of dz_gym.envs.backends
 EXTERNAL_POLICY = "external"  # the ``policy`` of a run against servers it did not start
 
-# Settings that change what an episode does, and so its row: refuse to resume with other values.
-RESULT_KEYS = (
-    "backend",
-    "scenes",
-    "seed",
-    "max_steps",
-    "open_loop_horizon",
-    "policy",
-    "prefetch",
-    "simulated_delay",
-    "max_stale_steps",
-    "policy_b",
-    "sequential",
-    "alpha",
-    "policy_seed",
-    "num_inference_steps",
-)
 ARMS = ("a", "b")  # the arms of an A/B run: slot 2j runs arm a, slot 2j+1 arm b
 DEFAULT_MAX_EPISODES = 200  # --sequential: pairs (episodes per arm) the test may use by default
 DEFAULT_ALPHA = 0.05  # --sequential: the test's type-I error
+
+
+def _result(default: Any = dataclasses.MISSING, **kwargs: Any) -> Any:
+    """A field that changes what an episode does, and so its row: a resume refuses another value
+    (:data:`RESULT_KEYS`, :func:`resume_conflicts`; the CLI marks its flag locked on ``--resume``)."""
+    return dataclasses.field(default=default, metadata={"result": True}, **kwargs)
 
 
 def default_policy(backend: str) -> str:
@@ -87,18 +76,18 @@ class EvalConfig:
     ValueError: prefetch: expected an integer in [0, 8), got 8
     """
 
-    scenes: list[int] = dataclasses.field(default_factory=lambda: [1])
+    scenes: list[int] = _result(default_factory=lambda: [1])
     episodes: int | None = None  # per scene; None: one per env
     num_envs: int = 8
-    seed: int = 0
-    backend: str = "auto"
+    seed: int = _result(0)
+    backend: str = _result("auto")
     servers: list[str] = dataclasses.field(default_factory=list)
-    policy: str | None = None
-    open_loop_horizon: int = droid.DEFAULT_OPEN_LOOP_HORIZON
-    prefetch: int = 0  # latency hiding (dz_gym.chunks): request when this many actions are left
-    simulated_delay: int | None = None  # a fixed delay in steps instead of wall-clock latency
-    max_stale_steps: int | None = None  # rows past a chunk's window while its successor is late
-    max_steps: int = droid.MAX_EPISODE_LENGTH
+    policy: str | None = _result(None)
+    open_loop_horizon: int = _result(droid.DEFAULT_OPEN_LOOP_HORIZON)
+    prefetch: int = _result(0)  # latency hiding (dz_gym.chunks): request when this many actions are left
+    simulated_delay: int | None = _result(None)  # a fixed delay in steps instead of wall-clock latency
+    max_stale_steps: int | None = _result(None)  # rows past a chunk's window while its successor is late
+    max_steps: int = _result(droid.MAX_EPISODE_LENGTH)
     max_errors: int | None = None  # None: 10 % of the planned episodes, at least 5
     request_timeout: float = field_default(TransportConfig, "request_timeout")
     retry_server_errors: int = field_default(TransportConfig, "retry_server_errors")
@@ -106,12 +95,12 @@ class EvalConfig:
     server_idle_timeout: float = 30.0  # vLLM-Omni closes a connection idle this long; 0: the servers have none
     auth_env: str | None = None  # NAME of the environment variable holding the servers' API token
     servers_b: list[str] = dataclasses.field(default_factory=list)  # A/B: arm B's servers (arm A: servers)
-    policy_b: str | None = None  # A/B on the embedded servers: arm B's policy (arm A: policy)
-    sequential: bool = False  # A/B: stop as soon as the anytime-valid test decides (dz_gym.stats.sequential)
-    alpha: float = DEFAULT_ALPHA  # the sequential test's type-I error
+    policy_b: str | None = _result(None)  # A/B on the embedded servers: arm B's policy (arm A: policy)
+    sequential: bool = _result(False)  # A/B: stop as soon as the anytime-valid test decides (dz_gym.stats.sequential)
+    alpha: float = _result(DEFAULT_ALPHA)  # the sequential test's type-I error
     max_episodes: int | None = None  # sequential: the most pairs (episodes per arm); None: DEFAULT_MAX_EPISODES
-    policy_seed: bool = False  # send a per-episode ``seed`` (derived from the episode's seed) in each request
-    num_inference_steps: int | None = None  # send ``sampling_params: {num_inference_steps}`` in each request
+    policy_seed: bool = _result(False)  # send a per-episode ``seed`` (derived from the episode's seed) in each request
+    num_inference_steps: int | None = _result(None)  # send ``sampling_params: {num_inference_steps}`` in each request
     video: bool = True
     report: bool = True  # write report.html into the run directory at the end (dz_gym.report)
     version: int = CONFIG_VERSION
@@ -289,6 +278,10 @@ class EvalConfig:
                 f"config.json: version {data.get('version')!r} is not supported (expected {CONFIG_VERSION})"
             )
         return cls(**dict(data))
+
+
+# Settings that change what an episode does, and so its row (the fields declared with ``_result``).
+RESULT_KEYS = tuple(f.name for f in dataclasses.fields(EvalConfig) if f.metadata.get("result"))
 
 
 def resume_conflicts(saved: EvalConfig, wanted: EvalConfig) -> list[str]:
