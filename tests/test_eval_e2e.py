@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import signal
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -266,22 +265,45 @@ def test_open_loop_horizon_longer_than_the_chunk(capsys, tmp_path):
     assert not any(root.iterdir())
 
 
-def test_killed_and_restarted_server(tmp_path):
-    """The server dies after the first finished episode and comes back on the same port ~1 s later."""
+def test_killed_and_restarted_server(tmp_path, monkeypatch):
+    """The server is killed (SIGKILL) after the first finished episode and comes back on the same port once
+    the client has found it gone: the first connection attempt refused after the kill starts the new server
+    (the attempt still fails, so the retry path runs), whatever the machine's speed."""
+    import asyncio
+
+    import dz_gym.transport.session as transport_session
+
     server = start_server_process(["--policy", "hold", "--quiet"])
     url = server.url + cli.DEFAULT_PATH
     port = server.port
     restarted: list = []
+    killed = threading.Event()
+    restart_lock = threading.Lock()
+    refused_after_kill: list[int] = []
 
-    def restart_later():
-        time.sleep(1.0)
-        restarted.append(start_server_process(["--policy", "hold", "--quiet", "--port", str(port)]))
+    def restart_once():
+        with restart_lock:
+            if not restarted:
+                restarted.append(start_server_process(["--policy", "hold", "--quiet", "--port", str(port)]))
+
+    real_connect = transport_session.ws_connect
+
+    async def connect_or_restart(*args, **kwargs):
+        try:
+            return await real_connect(*args, **kwargs)
+        except OSError:
+            if killed.is_set():
+                refused_after_kill.append(1)
+                await asyncio.to_thread(restart_once)  # back before the retry, however slow the start
+            raise
+
+    monkeypatch.setattr(transport_session, "ws_connect", connect_or_restart)
 
     def on_row(row):
         if control.rows_written == 1:
             server.proc.kill()
             server.stop()
-            threading.Thread(target=restart_later, daemon=True).start()
+            killed.set()
 
     control = RunControl(error_budget=10)
     control.on_row = on_row
@@ -295,6 +317,7 @@ def test_killed_and_restarted_server(tmp_path):
             handle.stop()
     rows = sorted(run.read_rows(), key=lambda r: r["episode"])
     assert [r["episode"] for r in rows] == list(range(6))  # no lost rows
+    assert refused_after_kill and len(restarted) == 1  # the client did find the server gone
     errored = [r for r in rows if r["error"] is not None]
     # Episodes running when the server died either errored, or their unprocessed requests were sent again
     # once it was back (counted in reconnects).
