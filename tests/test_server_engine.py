@@ -92,17 +92,16 @@ def test_stop_fails_queued_jobs_and_refuses_new_ones():
     gate = threading.Event()
 
     async def main():
-        first = asyncio.ensure_future(engine.run(lambda: gate.wait(10)))
+        first = asyncio.ensure_future(engine.run(lambda: gate.wait(60)))
         queued = asyncio.ensure_future(engine.run(lambda: "never"))
         while engine.queue_depth() < 1:
             await asyncio.sleep(0.001)
         loop = asyncio.get_running_loop()
-        stopper = loop.run_in_executor(None, engine.stop, 10)
-        await asyncio.sleep(0.05)
+        stopper = loop.run_in_executor(None, engine.stop, 60)
+        with pytest.raises(RuntimeError, match="shutting down"):  # failed by stop() while the first still runs
+            await asyncio.wait_for(queued, 60)
         gate.set()
         await stopper
-        with pytest.raises(RuntimeError, match="shutting down"):
-            await queued
         assert (await first).value is True
         with pytest.raises(RuntimeError, match="shutting down"):
             await engine.run(lambda: None)
