@@ -65,6 +65,15 @@ def test_mujoco_imported_first_with_glfw_and_no_display_refuses_with_one_line_tw
     assert lines[0] == lines[1]
 
 
+def test_worker_processes_with_glfw_and_no_display_refuse_with_one_line():
+    """Workers start with the backend the user chose (``MUJOCO_GL=glfw``): the same cause reaches the caller."""
+    body = "import mujoco\n" + TWO_ENVS.replace("num_workers=0", "num_workers=1")
+    lines = outcome(run_script(body, MUJOCO_GL="glfw"))
+    for line in lines:
+        assert line.startswith("ERROR rendering: no OpenGL context (MUJOCO_GL tried: glfw; glfw: mujoco was"), line
+        assert "DISPLAY is not set" in line and "set MUJOCO_GL=egl" in line and "<newline>" not in line
+
+
 def test_mujoco_imported_first_without_mujoco_gl_renders_headless():
     """``import mujoco`` with ``MUJOCO_GL`` unset binds GLFW; with no display dz-gym renders through EGL (or
     OSMesa) beside it, since the user chose no backend."""

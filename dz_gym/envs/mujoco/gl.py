@@ -168,7 +168,7 @@ def open_context(height: int, width: int) -> tuple[str, object]:
         except Exception as exc:  # noqa: BLE001 - each backend's failure goes into the one error
             reasons.append(f"{backend}: {_describe(exc)}")
     if not plan:
-        raise RenderingUnavailable(f"rendering: {'; '.join(reasons)}; {FIX}")
+        raise RenderingUnavailable(f"rendering: {'; '.join(reasons)}; {FIX}", "; ".join(reasons))
     raise unavailable("; ".join(reasons), tried=plan)
 
 
