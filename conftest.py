@@ -5,9 +5,10 @@ optional extras except the few below, which import an optional package at module
 their whole job. Each is left out only where its package is missing, so the run with the test extras
 installed (scripts/setup.sh --test) still imports all of them:
 
-- ``dz_gym/rl/rsl_rl_env.py``: rsl_rl's ``VecEnv`` (the ``rl`` extra: rsl-rl-lib, torch, tensordict);
-- ``dz_gym/testing/isaac_stubs/sim.py``, ``scene.py`` and ``sim_evals_layouts.py``: the Isaac Lab and sim-evals
-  stand-ins hold torch tensors, as the real ones do (the ``torch`` extra).
+- ``dz_gym/rl/rsl_rl_env.py``: rsl_rl's ``VecEnv`` (the ``rl`` extra: rsl-rl-lib, torch, tensordict).
+
+The Isaac Lab and sim-evals stand-ins are test code (``tests/isaac_stubs/``, ``tests/isaac_kit.py``), not part
+of the package, so this collection never sees them.
 """
 
 from __future__ import annotations
@@ -16,9 +17,6 @@ import importlib.util
 
 OPTIONAL_MODULES = {
     "dz_gym/rl/rsl_rl_env.py": ("torch", "rsl_rl", "tensordict"),
-    "dz_gym/testing/isaac_stubs/sim.py": ("torch",),
-    "dz_gym/testing/isaac_stubs/scene.py": ("torch",),
-    "dz_gym/testing/isaac_stubs/sim_evals_layouts.py": ("torch",),
 }
 
 

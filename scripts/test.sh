@@ -2,8 +2,10 @@
 # Run the whole test suite: install (scripts/setup.sh --test), lint (ruff check and ruff format --check, the
 # configuration is in pyproject.toml), then pytest and the docstring examples (pytest --doctest-modules dz_gym).
 # Then the same tests again in the environment Isaac Lab 2.2 users have (scripts/setup.sh --test --isaac22:
-# Python 3.11, numpy 1.26, gymnasium 1.2.0, websockets 16), with the slow-marked tests left out to bound
-# CI time. DZ_GYM_SKIP_ISAAC22=1 skips that second run.
+# Python 3.11, numpy 1.26, gymnasium 1.2.0, websockets 16, and the real isaaclab 2.2.0 wheel), with the
+# slow-marked tests left out to bound CI time. DZ_GYM_SKIP_ISAAC22=1 skips that second run. Last, the tests
+# of the backend against the real isaaclab 3.0.0 wheel on Python 3.12 (scripts/setup.sh --isaac30);
+# DZ_GYM_SKIP_ISAAC30=1 skips them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --test
@@ -17,4 +19,9 @@ if [ "${DZ_GYM_SKIP_ISAAC22:-0}" = 0 ]; then
   bash scripts/setup.sh --test --isaac22
   .venv-isaac22/bin/python -m pytest -q -m "not slow" "$@"
   .venv-isaac22/bin/python -m pytest -q --doctest-modules dz_gym
+fi
+if [ "${DZ_GYM_SKIP_ISAAC30:-0}" = 0 ]; then
+  echo "== third environment: the real isaaclab 3.0.0 wheel on Python 3.12 (.venv-isaac30) =="
+  bash scripts/setup.sh --isaac30
+  .venv-isaac30/bin/python -m pytest -q tests/test_isaac_wheels.py
 fi

@@ -11,14 +11,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import isaac_stubs
 from isaac_helpers import SMALL, hold, make
+from isaac_stubs import sim_evals_layouts
 
 import dz_gym
 from dz_gym.envs import scenes
 from dz_gym.envs.isaac import compat, launch
 from dz_gym.errors import BackendUnavailable
-from dz_gym.testing import isaac_stubs
-from dz_gym.testing.isaac_stubs import sim_evals_layouts
 
 
 @pytest.fixture
@@ -75,7 +75,7 @@ def test_version_mapping_table():
 
 
 def test_cli_parser_leaves_isaac_lab_alone_for_the_mujoco_backend(install):
-    install("2.2", install="source")  # importable, version 0.45.3: the old parser refused it
+    install("2.2", install="source")  # importable, version 0.44.9 (2.2.0's extension)
     from dz_gym.eval.cli import build_parser
 
     assert not launch.isaac_flags_wanted(["--backend", "mujoco", "--scene", "1"])
@@ -134,7 +134,7 @@ def test_unknown_task_is_a_usage_error(capsys):
     assert exit_info.value.code == 2 and "--task" in capsys.readouterr().err
 
 
-# -- bug 2: resets on the 3.0.0 release and on develop -------------------------------------------------
+# -- resets on 3.0 (the 3.0.0 release and develop have one signature) ---------------------------------
 @pytest.mark.parametrize("release", ["3.0.0", "develop"])
 def test_reset_passes_env_ids_in_the_form_both_3_0_versions_accept(install, release):
     world = install("3.0", release=release)
@@ -148,18 +148,19 @@ def test_reset_passes_env_ids_in_the_form_both_3_0_versions_accept(install, rele
     assert tuple(obs["policy"]["arm_joint_pos"].shape) == (2, 7)
 
 
-def test_develop_hands_a_slice_to_sim_evals_terms_which_fail_on_it(install):
-    world = install("3.0", release="develop", layout="per_scene", mila=True)
+def test_3_0_hands_a_slice_to_sim_evals_terms_which_fail_on_it(install):
+    world = install("3.0", release="3.0.0", layout="per_scene", mila=True)
     make(scene="place_spoon_in_sink", num_envs=2)
     with pytest.raises((TypeError, RuntimeError)):  # sim-evals' initial-conditions term: torch.tensor(slice)
         world.env.reset(env_ids=slice(None))
 
 
-def test_the_release_fails_on_a_slice_as_upstream_does(install):
+def test_3_0_reset_takes_env_ids_first_and_seed_by_keyword_only(install):
     world = install("3.0", release="3.0.0")
     make(num_envs=1)
+    world.env.reset(None)  # None is normalised to slice(None), as the release does
     with pytest.raises(TypeError):
-        world.env.reset(env_ids=slice(None))
+        world.env.reset(None, 3)  # seed is keyword-only
 
 
 # -- bug 3: time-outs copied out of the termination manager's in-place buffers ---------------------------
@@ -301,7 +302,7 @@ def test_mila_task_needs_a_sim_evals_with_mila(install):
 
 # -- stand-in gaps -------------------------------------------------------------------------------------
 def test_3_0_origin_grid_uses_the_float_square_root(install):
-    from dz_gym.testing.isaac_stubs.sim import env_origins
+    from isaac_stubs.sim import env_origins
 
     assert len(set(env_origins(8, 1.0, float_sqrt=True)[:, 0].tolist())) == 3  # 3x3
     assert len(set(env_origins(8, 1.0)[:, 0].tolist())) == 4  # 2.2: 4x2
@@ -326,36 +327,40 @@ def test_distant_lights_are_kept_once(install):
     assert env.patches
 
 
-def test_3_0_release_launcher_lives_in_sim_launcher_and_viz_is_a_comma_list(install):
-    world = install("3.0", release="3.0.0")
+@pytest.mark.parametrize("release", ["3.0.0", "develop", "develop-old"])
+def test_3_0_launcher_is_isaaclab_app_launch_simulation_where_it_exists(install, release):
+    world = install("3.0", release=release)
     parser = argparse.ArgumentParser()
     dz_gym.envs.isaac.add_launcher_args(parser)
     assert parser.parse_args([]).visualizer is None
-    assert parser.parse_args(["--viz", "kit,newton"]).visualizer == "kit,newton"
+    assert parser.parse_args(["--viz", "kit,newton"]).visualizer == ["kit", "newton"]
     make(num_envs=1)
-    assert world.launched and "isaaclab_tasks.utils.sim_launcher" in sys.modules
+    args = world.calls[world.index("app.launch")][1]
+    assert world.launched and ("require_kit" in args) is (release != "develop-old")
+    # develop snapshots before extension 6.2.1 have no launch_simulation: AppLauncher starts them
+    assert ("headless" in args) is (release == "develop-old")
 
 
 def test_api_reset_of_every_env_is_an_int_tensor_on_the_device():
-    """Bug 2 in isolation: the 3.0.0 release's ``reset`` keeps 2.2's signature and counts ``env_ids``."""
+    """The adapter's reset in isolation, against both signatures (the real wheels' are checked in
+    test_isaac_wheels.py): keywords only, every env as an int64 tensor."""
 
-    class Release:
+    class V22:
         num_envs, device = 4, "cpu"
 
         def reset(self, seed=None, env_ids=None, options=None):
-            return len(range(4)) if env_ids is None else len(env_ids), seed  # a slice: TypeError
+            return len(range(4)) if env_ids is None else len(env_ids), seed
 
-    class Develop:
+    class V30:
         num_envs, device = 4, "cpu"
 
         def reset(self, env_ids=slice(None), *, seed=None, options=None):
             return env_ids, seed
 
-    api = compat.IsaacLabApi((3, 0))
-    assert api.reset(Release(), seed=5) == (4, 5)
-    ids, seed = api.reset(Develop(), seed=5)
+    assert compat.IsaacLabApi((2, 2)).reset(V22(), seed=5) == (4, 5)
+    ids, seed = compat.IsaacLabApi((3, 0)).reset(V30(), seed=5)
     assert ids.dtype == torch.int64 and ids.tolist() == [0, 1, 2, 3] and seed == 5
-    assert api.reset(Release(), env_ids=torch.tensor([1, 3])) == (2, None)
+    assert compat.IsaacLabApi((2, 2)).reset(V22(), env_ids=torch.tensor([1, 3])) == (2, None)
 
 
 @pytest.mark.parametrize("which", [["--task", "stack_red_bowl_into_grey_bowl"], ["--scene", "2"]])
@@ -475,3 +480,38 @@ def test_mila_without_sim_evals_milestone_buffer_computes_them_from_the_poses(in
         key: [step, step] for key, step in MILA_CASES["place_spoon_in_sink"][1].items()
     }
     assert [info["success"].tolist() for info in infos] == [[False, False]] * 3 + [[True, True]]
+
+
+# -- finding 7: the residual RL env on the isaac backend ------------------------------------------------------
+def test_make_residual_env_on_the_isaac_backend(install):
+    """make_residual_env(backend="isaac") used to fail with a TypeError (max_episode_length was no
+    IsaacDroidEnv argument); Isaac Lab's own time-out now sits one step past the residual episode."""
+    from dz_gym.rl.residual import make_residual_env
+    from dz_gym.server.policies import HoldPolicy
+    from dz_gym.testing.memory_client import MemoryPolicyClient
+
+    world = install("2.2")
+    client = MemoryPolicyClient(HoldPolicy(), num_envs=2)
+    env = make_residual_env(
+        1, 2, client=client, episode_length=5, seed=0, backend="isaac",
+        env_kwargs={"device": "cpu", "check_gpu": False, "image_shape": SMALL},
+    )  # fmt: skip
+    try:
+        assert world.env.max_episode_length == 6
+        env.reset(seed=0)
+        ended = []
+        for _ in range(5):
+            _, _, terminated, truncated, info = env.step(torch.zeros(2, 8))
+            ended.append(bool((terminated | truncated).all()))
+        assert ended == [False] * 4 + [True]  # the residual env ends the episode, not Isaac Lab's time-out
+    finally:
+        env.close()
+
+
+def test_max_episode_length_sets_isaac_labs_time_out(install):
+    world = install("3.0")
+    env = make(num_envs=2, max_episode_length=7)
+    assert world.env.max_episode_length == 7 and env.max_episode_length == 7
+    assert any(change.startswith("episode_length_s:") for change in env.patches)
+    with pytest.raises(ValueError, match="max_episode_length"):
+        make(num_envs=2, max_episode_length=0)

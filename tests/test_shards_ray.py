@@ -254,12 +254,17 @@ def wait_for_rows(root, count: int, proc) -> Path:
     pytest.fail(f"no {count} row(s) within {BOUND_S} s (exit status {proc.poll()})")
 
 
+TESTS_DIR = str(Path(__file__).resolve().parent)  # where the stand-ins live (test code, not in the package)
+
+
 def _isaac_standin_setup() -> None:
     """Runs first in every shard's actor: serve the Isaac Lab 2.2 stand-in modules in that process."""
     import tempfile
     from pathlib import Path
 
-    from dz_gym.testing import isaac_stubs
+    if TESTS_DIR not in sys.path:
+        sys.path.insert(0, TESTS_DIR)
+    import isaac_stubs
 
     isaac_stubs.install("2.2", isaac_stubs.make_sim_evals_checkout(Path(tempfile.mkdtemp()) / "sim-evals"))
 

@@ -58,6 +58,7 @@ class BackendTraits:
     shard_cpus: float | None = None
     worker_processes: bool = False
     named_tasks: bool = False  # runs sim-evals' named tasks beyond the DROID scenes (MILA, keys 101+)
+    can_start: str = ""  # ``module:function`` -> bool, stricter than ``package`` importable (nothing imported)
 
     @property
     def starts_app(self) -> bool:
@@ -87,11 +88,12 @@ class BackendTraits:
         return max(1, min(want, int(num_envs)))
 
     def available(self) -> bool:
-        """Whether the backend's package can be imported here (nothing is imported)."""
+        """Whether the backend's package can be imported here, and ``can_start`` says yes (nothing is imported)."""
         try:
-            return importlib.util.find_spec(self.package) is not None
+            found = importlib.util.find_spec(self.package) is not None
         except (ImportError, ValueError):
             return False
+        return found and (not self.can_start or bool(_load(self.can_start)()))
 
 
 def _load(target: str):
@@ -106,11 +108,12 @@ REGISTRY: dict[str, BackendTraits] = {
             name="isaac",
             title="Isaac Lab",
             package="isaaclab",
-            missing="Isaac Lab is not importable here (see docs/isaac.md), or use --backend mujoco",
+            missing="Isaac Lab is not importable here with Isaac Sim (see docs/isaac.md), or use --backend mujoco",
             factory="dz_gym.envs.isaac:make_env",
             embedded_policy="hold",
             one_scene_per_process=True,
             app_launcher="dz_gym.envs.isaac.launch:launch_app",
+            can_start="dz_gym.envs.isaac.checks:isaac_can_start",  # an isaaclab wheel alone cannot start
             shard_gpus=1.0,
             shard_cpus=1.0,
             named_tasks=True,

@@ -69,8 +69,8 @@ def build_parser(isaac_args: bool | None = None) -> argparse.ArgumentParser:
 
         try:
             add_launcher_args(p)
-        except BackendUnavailable:
-            pass  # the preflight check says why in one line
+        except (BackendUnavailable, ImportError):
+            pass  # an Isaac Lab that cannot load (a 2.x wheel without Isaac Sim): the preflight check says why
     return p
 
 

@@ -40,7 +40,7 @@ ignored and every view is redrawn, as the Isaac backend does), the Kit app and i
 double reset for materials, the stale first frame after a reset (IsaacLab#6394) and the hold step that
 works around it, Isaac Lab 2.2's env-0 proprio bug and its one-term observation space, 3.0's
 ``ProxyArray`` asset data and ``reset(env_ids=slice)`` signature, ``final_obs``, sim-evals' layouts and
-MILA tasks (the stand-in modules of :mod:`dz_gym.testing.isaac_stubs` model those, behind the real
+MILA tasks (the test suite's module stand-ins, ``tests/isaac_stubs/``, model those, behind the real
 backend), and per-step cost: a
 step takes about half a millisecond of CPU at N=8 with 720x1280 views (the views are not rewritten, only
 their stamp blocks), so a benchmark of the wrapper on it measures the wrapper.

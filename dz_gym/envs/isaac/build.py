@@ -70,14 +70,28 @@ def register_prim_entities(cfg: Any, api: IsaacLabApi, prims: dict[str, str]) ->
         if not prim or not pxr.UsdPhysics.RigidBodyAPI(prim):
             raise KeyError(f"scene prim /World/{relative} ({alias}): not a rigid body of {usd_path}")
         transform = pxr.UsdGeom.Xformable(prim).ComputeLocalToWorldTransform(pxr.Usd.TimeCode.Default())
-        quat = transform.ExtractRotationQuat()
-        wxyz = (quat.GetReal(), *tuple(quat.GetImaginary()))
+        wxyz = _unit_rotation(transform)
         entity = assets.RigidObjectCfg(prim_path=f"{ENV_NS}/scene/{relative}", spawn=None)
         entity.init_state.pos = tuple(float(v) for v in transform.ExtractTranslation())
         entity.init_state.rot = api.quat_from_wxyz(wxyz)
         setattr(cfg.scene, alias, entity)
         done.append(f"{alias}={relative}")
     return done
+
+
+def _unit_rotation(transform: Any) -> tuple[float, float, float, float]:
+    """The rotation of a world transform as a unit w-x-y-z quaternion.
+
+    ``ExtractRotationQuat`` reads the upper 3x3 block as it is: under a non-unit ``xformOp:scale`` (sim-evals'
+    scene USDs have them) that gives a wrong, non-unit quaternion, which Isaac Lab would write back at every
+    reset. The scale and shear are taken out first (``RemoveScaleShear``), then the result is normalised.
+    """
+    quat = transform.RemoveScaleShear().ExtractRotationQuat()
+    wxyz = np.array([quat.GetReal(), *tuple(quat.GetImaginary())], dtype=np.float64)
+    norm = float(np.linalg.norm(wxyz))
+    if not norm > 0:
+        raise ValueError("scene prim: its transform has no rotation (a zero scale?)")
+    return tuple(float(v) for v in wxyz / norm)
 
 
 class MilestoneProbe:

@@ -12,6 +12,7 @@ import os
 import re
 from pathlib import Path
 
+from dz_gym.envs.isaac.compat import isaaclab_folder
 from dz_gym.errors import BackendUnavailable
 
 SETUP_HINT = "see docs/isaac.md"
@@ -44,8 +45,15 @@ _NO_RT_CORE_PATTERN = re.compile(r"(?<![A-Z0-9])(" + "|".join(NO_RT_CORE_GPUS) +
 
 
 def check_packages() -> None:
-    """Isaac Lab (``isaaclab``, ``isaaclab_tasks``) and sim-evals (``sim_evals``) are installed."""
-    missing = [name for name in ("isaaclab", "isaaclab_tasks", "sim_evals") if _find(name) is None]
+    """Isaac Lab (``isaaclab``, ``isaaclab_tasks``) and sim-evals (``sim_evals``) are installed.
+
+    ``isaaclab_tasks`` is found where each install puts it: a top-level package (source installs, the 3.0
+    wheel), or, in a 2.x wheel, the extension under ``isaaclab/source/isaaclab_tasks/``, which Kit makes
+    importable only once it runs (so ``find_spec`` cannot see it before launch).
+    """
+    missing = [name for name in ("isaaclab", "sim_evals") if _find(name) is None]
+    if "isaaclab" not in missing and not isaaclab_tasks_installed():
+        missing.insert(1, "isaaclab_tasks")
     if not missing:
         return
     if "sim_evals" in missing and len(missing) == 1:
@@ -57,6 +65,21 @@ def check_packages() -> None:
         f"Isaac Lab is not installed (missing modules: {', '.join(missing)}): the isaac backend needs "
         f"Isaac Lab 2.2 (Isaac Sim 5.0) and sim-evals on an RTX GPU; {SETUP_HINT}"
     )
+
+
+def isaaclab_tasks_installed() -> bool:
+    """``isaaclab_tasks`` is importable now, or is the extension a 2.x wheel ships for Kit to load."""
+    if _find("isaaclab_tasks") is not None:
+        return True
+    folder = isaaclab_folder()
+    return folder is not None and (folder / "source" / "isaaclab_tasks" / "isaaclab_tasks" / "__init__.py").is_file()
+
+
+def isaac_can_start() -> bool:
+    """Whether the isaac backend can start here, for ``--backend auto`` (nothing is imported): Isaac Lab
+    is installed and so is Isaac Sim (``isaacsim``), which it starts (Kit renders the cameras). An
+    ``isaaclab`` wheel alone (a 2.x wheel imports ``isaacsim`` on import) cannot run an env."""
+    return isaaclab_folder() is not None and _find("isaacsim") is not None
 
 
 def sim_evals_package_dir() -> Path:

@@ -1,36 +1,43 @@
 """Isaac Lab 2.2 vs 3.0: every difference the adapter touches, in one place.
 
 sim-evals pins Isaac Lab 2.2 (Python 3.11, numpy < 2). Isaac Lab 3.0 changed several APIs the adapter
-uses; the rest of ``dz_gym.envs.isaac`` calls only the methods of :class:`IsaacLabApi` for these:
+uses; the rest of ``dz_gym.envs.isaac`` calls only the methods of :class:`IsaacLabApi` for these. Facts
+from the released wheels (isaaclab 2.2.0, 2.3.0, 3.0.0), which the tests import and call:
 
 ==================  ===========================================  ============================================
-topic               2.2                                          3.0
+topic               2.2 (2.3 alike)                              3.0
 ==================  ===========================================  ============================================
-launch              ``AppLauncher(args).app``                    ``launch_simulation(cfg, args)`` context
-                                                                 (``AppLauncher`` deprecated), in
-                                                                 ``isaaclab_tasks.utils.sim_launcher``
-launcher args       ``AppLauncher.add_app_launcher_args``        ``add_launcher_args`` next to it
-headless            ``--headless``                               no visualizer selected (``--visualizer``
-                                                                 /``--viz``: a comma list, default None)
+launch              ``AppLauncher(args).app``; the wheel's       ``launch_simulation(cfg, args)`` context in
+                    ``isaaclab.app`` module is empty and the     ``isaaclab/app/sim_launcher.py``, exposed as
+                    class is reachable only through              ``isaaclab.app.launch_simulation``
+                    ``from isaaclab.app import AppLauncher``     (``AppLauncher`` is a deprecated adapter on
+                                                                 it); develop snapshots before extension
+                                                                 6.2.1 have no ``launch_simulation``: they
+                                                                 start with ``AppLauncher``
+launcher args       ``AppLauncher.add_app_launcher_args``        ``isaaclab.app.add_launcher_args``
+headless            ``--headless``                               no ``--headless``: headless unless a
+                                                                 visualizer is selected (``--visualizer``/
+                                                                 ``--viz``, a comma list, default None)
 version             wheel: the release (``2.2.0``); source       wheel: ``3.0.0``; source install: the
-                    install: the extension's (``0.41.x`` on      extension's (``6.1.x``); see
-                    2.2.0, ``0.45.x`` on 2.2.1)                  :func:`release_of`
-reset               ``reset(seed=None, env_ids=None,             the 3.0.0 release keeps 2.2's signature and
-                    options=None)``                              needs ``None`` (a slice reaches the event
-                                                                 manager's ``len``); develop has
-                                                                 ``reset(env_ids=slice(None), *, seed=None,
-                                                                 options=None)``, which hands slices on to
-                                                                 the event terms. Always an int64 tensor on
-                                                                 the device (every version accepts it)
+                    install: the extension's (``0.44.9`` on      extension's (``28.0.0`` on 3.0.0); see
+                    2.2.0, ``0.47.2`` on 2.3.0)                  :func:`release_of`
+packages            wheel: ``isaaclab_tasks`` is under           wheel: ``isaaclab_tasks`` is a top-level
+                    ``isaaclab/source/isaaclab_tasks/`` and      package, importable without Kit
+                    importable only once Kit loaded it
+reset               ``reset(seed=None, env_ids=None,             ``reset(env_ids=slice(None), *, seed=None,
+                    options=None)``                              options=None)``; the adapter always passes
+                                                                 keywords and an int64 tensor on the device
+camera term         ``mdp.image`` (a function)                   ``mdp.image_rgb`` (a class term); no
+                                                                 ``mdp.image``
+quaternions         w-x-y-z                                      x-y-z-w (read from the installed
+                                                                 ``AssetBaseCfg.InitialStateCfg.rot``)
 asset data          torch tensors                                ``ProxyArray`` (``.torch``)
 rerender on reset   ``rerender_on_reset: bool``                  ``num_rerenders_on_reset: int``
 ==================  ===========================================  ============================================
 
 Differences the adapter does not need to bridge, and why:
 
-- quaternions (wxyz in 2.2, xyzw in 3.0): the adapter reads positions and speeds only, never orientations;
 - ``sim.physx`` vs ``sim.physics``: the adapter changes no physics setting;
-- ``mdp.observations.image`` (3.0.0 has only ``mdp.image``): the camera terms come from sim-evals unchanged;
 - ``parse_env_cfg`` (3.0 adds ``overrides=()`` and defaults ``device`` to None): called with keywords only,
   the same call works on both;
 - ``extras["final_obs"]`` (3.0, only with ``compute_final_obs``): not used; the state at the end of an
@@ -71,7 +78,8 @@ class IsaacLabApi:
     """The installed Isaac Lab's version and the calls that differ between 2.2 and 3.0."""
 
     version: tuple[int, int]
-    source: str = ""  # how the version was read, e.g. "source install, extension 0.45.3 -> Isaac Lab 2.2"
+    source: str = ""  # how the version was read, e.g. "Isaac Lab extension 0.44.9 (a source install) -> 2.2"
+    has_launch_simulation: bool = False  # isaaclab/app/sim_launcher.py defines launch_simulation (3.0.0 on)
 
     @property
     def major(self) -> int:
@@ -82,35 +90,27 @@ class IsaacLabApi:
         return self.major >= 3
 
     # -- launching ---------------------------------------------------------------------------------
-    def _launcher(self, name: str):
-        """3.0's launcher function ``name``: ``isaaclab_tasks.utils.sim_launcher`` (the release), else
-        ``isaaclab.app`` or ``isaaclab_tasks.utils`` (develop snapshots); None if none has it."""
-        for module in ("isaaclab_tasks.utils.sim_launcher", "isaaclab.app", "isaaclab_tasks.utils"):
-            try:
-                found = getattr(importlib.import_module(module), name, None)
-            except ImportError:
-                continue
-            if found is not None:
-                return found
-        return None
+    @property
+    def uses_launch_simulation(self) -> bool:
+        """Whether the app starts with 3.0's ``launch_simulation`` (else with ``AppLauncher``)."""
+        return self.is_v3 and self.has_launch_simulation
 
     def add_launcher_args(self, parser: argparse.ArgumentParser) -> None:
         """Add Isaac Lab's launcher arguments (``--device``, ``--headless``/``--viz`` ...) to ``parser``."""
-        add = self._launcher("add_launcher_args") if self.is_v3 else None
-        if add is not None:
-            add(parser)
+        if self.uses_launch_simulation:
+            _isaaclab_app("add_launcher_args")(parser)
         else:
-            importlib.import_module("isaaclab.app").AppLauncher.add_app_launcher_args(parser)
+            _isaaclab_app("AppLauncher").add_app_launcher_args(parser)
 
     def prepare_launch_args(self, args: argparse.Namespace, *, headless: bool) -> argparse.Namespace:
         """Set what the DROID env needs on the launcher arguments: cameras on, headless unless asked."""
         args.enable_cameras = True
-        if self.is_v3:
+        if self.uses_launch_simulation:
             # 3.0 runs headless unless a visualizer is selected; the camera sensors need Kit, which a
             # launch without a config cannot infer, so ask for it explicitly.
             args.require_kit = True
             if not headless and not getattr(args, "visualizer", None):
-                args.visualizer = "kit"  # the parsed form of ``--visualizer kit`` (a comma list)
+                args.visualizer = ["kit"]  # the parsed form of ``--visualizer kit``
         else:
             args.headless = bool(headless)
         return args
@@ -118,23 +118,16 @@ class IsaacLabApi:
     def launch(self, args: argparse.Namespace) -> Callable[[], None]:
         """Start the simulator app; returns the function that closes it.
 
-        2.2 starts Kit with ``AppLauncher``. 3.0 enters ``launch_simulation`` with no config (the env
-        config can only be built after launch, since sim-evals must be imported after Kit started) and
-        ``require_kit``/``enable_cameras`` set, which starts Kit with cameras; the context stays open until
-        the returned function exits it.
+        2.2 (and 3.x develop snapshots without ``launch_simulation``) start Kit with ``AppLauncher``. 3.0
+        enters ``launch_simulation`` with no config (the env config can only be built after launch, since
+        sim-evals must be imported after Kit started) and ``require_kit``/``enable_cameras`` set, which
+        starts Kit with cameras; the context stays open until the returned function exits it.
         """
-        app = importlib.import_module("isaaclab.app")
-        if self.is_v3:
-            launch_simulation = self._launcher("launch_simulation")
-            if launch_simulation is None:
-                raise BackendUnavailable(
-                    "Isaac Lab 3.x without launch_simulation (looked in isaaclab_tasks.utils.sim_launcher, "
-                    "isaaclab.app, isaaclab_tasks.utils); see docs/isaac.md"
-                )
-            context = launch_simulation(None, args)
+        if self.uses_launch_simulation:
+            context = _isaaclab_app("launch_simulation")(None, args)
             context.__enter__()
             return lambda: context.__exit__(None, None, None)
-        launcher = app.AppLauncher(args)
+        launcher = _isaaclab_app("AppLauncher")(args)
         return launcher.app.close
 
     # -- env config -------------------------------------------------------------------------------
@@ -154,11 +147,10 @@ class IsaacLabApi:
     def reset(self, env: Any, *, env_ids: Any = None, seed: int | None = None):
         """Reset all envs (``env_ids=None``) or the given ones, always as an int64 tensor on the env's device.
 
-        That is the one form every version accepts: 2.2 and the 3.0.0 release take ``None`` or a tensor (the
-        release passes a slice on to the event manager, whose ``len(env_ids)`` fails), develop takes a slice
-        or a tensor but hands a slice on to the event terms, and sim-evals' own reset terms (its initial
-        conditions) expect a tensor. Always keywords: develop made ``seed`` keyword-only and moved
-        ``env_ids`` first.
+        2.2 has ``reset(seed=None, env_ids=None, options=None)``, 3.0 ``reset(env_ids=slice(None), *,
+        seed=None, options=None)`` (``seed`` keyword-only, ``env_ids`` first): keywords fit both. A tensor
+        is what both hand on to the event terms unchanged, and sim-evals' own reset terms (its initial
+        conditions) index with it, so every env is passed as ``arange(num_envs)`` rather than None or a slice.
         """
         if env_ids is None:
             import torch
@@ -167,9 +159,24 @@ class IsaacLabApi:
         return env.reset(env_ids=env_ids, seed=seed)
 
     def quat_from_wxyz(self, wxyz) -> tuple[float, float, float, float]:
-        """A w-x-y-z quaternion in the order this version's configs take (3.0: x-y-z-w)."""
+        """A w-x-y-z quaternion in the order the installed Isaac Lab's configs take.
+
+        Read from the installed code, not the version: the identity ``rot`` default of
+        ``AssetBaseCfg.InitialStateCfg`` is ``(1, 0, 0, 0)`` where configs take w-x-y-z (2.x) and
+        ``(0, 0, 0, 1)`` where they take x-y-z-w (3.0.0; develop from about extension 4.6.20).
+        """
         w, x, y, z = (float(v) for v in wxyz)
-        return (x, y, z, w) if self.is_v3 else (w, x, y, z)
+        return (x, y, z, w) if quaternion_order() == "xyzw" else (w, x, y, z)
+
+    def image_term(self) -> Any:
+        """Isaac Lab's RGB camera observation term: 2.2's function ``mdp.image``, 3.0's class ``mdp.image_rgb``
+        (3.0 has no ``mdp.image``)."""
+        mdp = importlib.import_module("isaaclab.envs.mdp")
+        name = "image_rgb" if self.is_v3 else "image"
+        term = getattr(mdp, name, None)
+        if term is None:
+            raise BackendUnavailable(f"Isaac Lab {self.source}: isaaclab.envs.mdp has no {name}; see docs/isaac.md")
+        return term
 
     # -- asset data -------------------------------------------------------------------------------
     def root_pos_w(self, asset: Any):
@@ -212,27 +219,27 @@ class IsaacLabApi:
 
 @dataclass(frozen=True)
 class Install:
-    """What is installed: the package metadata's version, ``isaaclab.__version__``, the 3.x launcher."""
+    """What is installed: the package metadata's version, ``isaaclab.__version__``, the 3.0 launcher."""
 
     dist_version: str | None
     module_version: str | None
-    has_sim_launcher: bool
+    has_launch_simulation: bool
 
 
 def release_of(install: Install) -> tuple[tuple[int, int], str]:
     """The Isaac Lab release line ``(major, minor)`` whose APIs an install has, and how it was read.
 
-    The pip wheel's metadata is the release (``2.2.0``, ``3.0.0``). A source install
-    (``pip install -e source/isaaclab``) reports the extension's version from ``config/extension.toml``
-    in both the metadata and ``isaaclab.__version__``: ``0.41.x`` on 2.2.0, ``0.45.x`` on 2.2.1,
-    ``6.1.x`` on 3.0.0 (``3.5.x`` on some develop snapshots). Mapping: ``0.x`` with x >= 41 -> 2.2
-    (below: older than 2.2), ``1.x`` -> older than 2.2, ``2.x`` -> 2.x, major >= 3 -> the 3.0 APIs.
-    ``isaaclab_tasks/utils/sim_launcher.py`` present means the 3.x APIs whatever the numbers say.
+    The pip wheel's metadata is the release (``2.2.0``, ``2.3.0``, ``3.0.0``). A source install
+    (``pip install -e source/isaaclab``) reports the extension's version in both the metadata and
+    ``isaaclab.__version__``: ``0.44.9`` on 2.2.0, ``0.47.2`` on 2.3.0, ``28.0.0`` on 3.0.0 (develop
+    snapshots between them: ``3.x`` .. ``27.x``). Mapping: ``0.x`` with x >= 41 -> 2.2 (below: older than
+    2.2), ``1.x`` -> older than 2.2, ``2.x`` -> 2.x, major >= 3 -> the 3.0 APIs. A ``launch_simulation`` in
+    ``isaaclab/app/sim_launcher.py`` means the 3.0 APIs whatever the numbers say.
     """
     text = install.dist_version or install.module_version
     if not text:
-        if install.has_sim_launcher:
-            return (3, 0), "Isaac Lab 3.x (isaaclab_tasks.utils.sim_launcher found; no version metadata)"
+        if install.has_launch_simulation:
+            return (3, 0), "Isaac Lab 3.x (isaaclab.app.launch_simulation found; no version metadata)"
         raise BackendUnavailable(
             "Isaac Lab: no version in the package metadata nor in isaaclab.__version__; see docs/isaac.md"
         )
@@ -247,55 +254,108 @@ def release_of(install: Install) -> tuple[tuple[int, int], str]:
     else:
         release = (3, 0)
         how = f"Isaac Lab {text}" if (major, minor) == (3, 0) else f"Isaac Lab {text} (3.x APIs)"
-    if install.has_sim_launcher and release < (3, 0):
-        release, how = (3, 0), how + "; isaaclab_tasks.utils.sim_launcher found -> 3.x APIs"
+    if install.has_launch_simulation and release < (3, 0):
+        release, how = (3, 0), how + "; isaaclab.app.launch_simulation found -> 3.x APIs"
     return release, how
 
 
 def read_install() -> Install:
-    """Read the installed Isaac Lab's versions without launching anything (``isaaclab`` is light to import)."""
-    try:
-        isaaclab = importlib.import_module("isaaclab")
-    except ImportError as exc:
+    """Read the installed Isaac Lab's versions without launching or importing anything.
+
+    The package metadata serves wheel and source installs alike; ``isaaclab.__version__`` is read only
+    where there is no metadata (a checkout on ``PYTHONPATH``), since importing a 2.x wheel's ``isaaclab``
+    imports Isaac Sim.
+    """
+    folder = isaaclab_folder()
+    if folder is None:
         raise BackendUnavailable(
             "Isaac Lab is not importable (isaaclab): install Isaac Lab 2.2 with sim-evals, see docs/isaac.md"
-        ) from exc
-    module_version = getattr(isaaclab, "__version__", None) or None
-    try:
-        from importlib.metadata import PackageNotFoundError
-        from importlib.metadata import version as dist_version
+        )
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
 
+    try:
         dist = dist_version("isaaclab")
     except PackageNotFoundError:
         dist = None
-    return Install(dist or None, str(module_version) if module_version else None, _has_sim_launcher())
+    module_version = None
+    if not dist:
+        try:
+            module_version = getattr(importlib.import_module("isaaclab"), "__version__", None) or None
+        except ImportError as exc:
+            raise BackendUnavailable(f"Isaac Lab: importing isaaclab failed ({exc}); see docs/isaac.md") from exc
+    return Install(dist or None, str(module_version) if module_version else None, has_launch_simulation(folder))
 
 
-def _has_sim_launcher() -> bool:
+def isaaclab_folder() -> Path | None:
+    """The installed ``isaaclab`` package folder, located without importing it; None when absent."""
     try:
-        spec = importlib.util.find_spec("isaaclab_tasks")  # a top-level name: located, not imported
+        spec = importlib.util.find_spec("isaaclab")
     except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    for folder in spec.submodule_search_locations or []:
+        return Path(folder)
+    return Path(spec.origin).parent if spec.origin else None
+
+
+def has_launch_simulation(folder: Path | None) -> bool:
+    """Whether the ``isaaclab`` package at ``folder`` has 3.0's ``launch_simulation`` (read, not imported:
+    ``isaaclab/app/sim_launcher.py`` defines it from the 3.0.0 release and develop extension 6.2.1 on)."""
+    path = None if folder is None else Path(folder) / "app" / "sim_launcher.py"
+    try:
+        return path is not None and "def launch_simulation(" in path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
         return False
-    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
-        if (Path(folder) / "utils" / "sim_launcher.py").is_file():
-            return True
-    return False
+
+
+def quaternion_order() -> str:
+    """``"wxyz"`` or ``"xyzw"``: the order the installed Isaac Lab's configs take (after launch on 2.x)."""
+    assets = importlib.import_module("isaaclab.assets")
+    rot = tuple(float(v) for v in assets.AssetBaseCfg.InitialStateCfg().rot)
+    if rot == (1.0, 0.0, 0.0, 0.0):
+        return "wxyz"
+    if rot == (0.0, 0.0, 0.0, 1.0):
+        return "xyzw"
+    raise BackendUnavailable(f"Isaac Lab: AssetBaseCfg.InitialStateCfg.rot default {rot} is no identity quaternion")
+
+
+def _isaaclab_app(name: str) -> Any:
+    """``from isaaclab.app import <name>``: the one form that works on every install. A 2.x wheel's
+    ``isaaclab.app`` module is empty and registers ``AppLauncher`` apart (``sys.modules``), so
+    ``import_module("isaaclab.app").AppLauncher`` fails there; a 2.x wheel also imports Isaac Sim on import."""
+    try:
+        module = importlib.import_module("isaaclab.app")
+        found = getattr(module, name, None)
+        if found is None:
+            import sys
+
+            found = sys.modules.get(f"isaaclab.app.{name}")  # where a 2.x wheel's expose_api puts AppLauncher
+    except ImportError as exc:
+        raise BackendUnavailable(
+            f"Isaac Lab: 'from isaaclab.app import {name}' failed ({exc}); Isaac Sim must be installed, "
+            "see docs/isaac.md"
+        ) from exc
+    if found is None:
+        raise BackendUnavailable(f"Isaac Lab: isaaclab.app has no {name}; see docs/isaac.md")
+    return found
 
 
 def detect(version: str | None = None) -> IsaacLabApi:
-    """The API of the installed Isaac Lab (``version`` overrides what is detected, e.g. ``"3.0"``).
+    """The API of the installed Isaac Lab (``version`` overrides the release detected, e.g. ``"3.0"``).
 
-    Reads the package metadata and ``isaaclab.__version__`` and maps them to a release with
-    :func:`release_of` (wheel and source installs of 2.2.x and 3.0.x). Importing ``isaaclab`` is safe
-    before the app launches; nothing else is imported here.
+    Reads the package metadata (else ``isaaclab.__version__``) and maps it to a release with
+    :func:`release_of` (wheel and source installs of 2.2.x, 2.3.x and 3.0.x); nothing is launched.
     """
+    install = read_install() if version is None or isaaclab_folder() is not None else Install(None, None, False)
     if version is not None:
         parsed, how = parse_version(version), f"Isaac Lab {version} (given)"
     else:
-        parsed, how = release_of(read_install())
+        parsed, how = release_of(install)
     if parsed < (2, 2):
         raise BackendUnavailable(f"{how}: sim-evals needs Isaac Lab 2.2 (or 3.0), see docs/isaac.md")
     if parsed[0] > 3:
         warnings.warn(f"{how} is newer than 3.x; using the 3.0 code paths", stacklevel=2)
         parsed = (3, 0)
-    return IsaacLabApi(parsed, how)
+    return IsaacLabApi(parsed, how, has_launch_simulation=install.has_launch_simulation)

@@ -15,8 +15,10 @@ Applied after ``parse_env_cfg("DROID", ...)`` and ``cfg.set_scene(k)``, before `
 3. **Rerender on reset** stays on (``rerender_on_reset`` / ``num_rerenders_on_reset``).
 4. **State probe.** A termination term that never terminates captures the task state after the physics
    of each step, before the in-step reset (see :mod:`dz_gym.envs.isaac.state`).
-5. Options: ``env_spacing`` (upstream 7 m), ``image_shape`` (camera resolution; upstream 720x1280) and
-   ``tiled_cameras`` (2.2's ``TiledCameraCfg`` instead of one render product per camera and env).
+5. Options: ``env_spacing`` (upstream 7 m), ``image_shape`` (camera resolution; upstream 720x1280),
+   ``tiled_cameras`` (2.2's ``TiledCameraCfg`` instead of one render product per camera and env) and
+   ``max_episode_length`` (env steps before the time-out; upstream 450, or a MILA task's ``max_timesteps``:
+   Isaac Lab derives it from ``episode_length_s / (sim.dt * decimation)``, so that is what is set).
 
 After ``gym.make``, :func:`keep_one_dome_light` fixes what the config cannot reach: a DomeLight or
 DistantLight inside the scene USD is cloned into every env, and infinite lights add up, so all but env
@@ -66,6 +68,7 @@ def patch_env_cfg(
     env_spacing: float | None = None,
     image_shape: tuple[int, int] | None = None,
     tiled_cameras: bool = False,
+    max_episode_length: int | None = None,
 ) -> list[str]:
     """Apply the multi-env patches to a parsed sim-evals DROID config; returns what was changed, in words."""
     changes: list[str] = []
@@ -99,6 +102,13 @@ def patch_env_cfg(
             raise ValueError(f"env_spacing: expected a positive distance in metres, got {env_spacing!r}")
         cfg.scene.env_spacing = float(env_spacing)
         changes.append(f"scene.env_spacing: {cfg.scene.env_spacing} m")
+
+    if max_episode_length is not None:
+        step_dt = float(cfg.sim.dt) * int(cfg.decimation)
+        # Isaac Lab: max_episode_length = ceil(episode_length_s / step_dt); half a step below the target keeps
+        # the ceiling at it despite rounding
+        cfg.episode_length_s = (int(max_episode_length) - 0.5) * step_dt
+        changes.append(f"episode_length_s: {cfg.episode_length_s:.4g} s ({int(max_episode_length)} steps)")
 
     cameras = [getattr(cfg.scene, key) for key in droid.CAMERA_KEYS]
     if image_shape is not None:

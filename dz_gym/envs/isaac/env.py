@@ -78,6 +78,7 @@ class IsaacDroidEnv(BatchedDroidEnv):
         tcp_bodies: Sequence[str] = DEFAULT_TCP_BODIES,
         isaaclab_version: str | None = None,
         close_app_on_close: bool = True,
+        max_episode_length: int | None = None,
     ):
         task = scenes.task_for(scene)
         self.task = task
@@ -91,6 +92,12 @@ class IsaacDroidEnv(BatchedDroidEnv):
         if not isinstance(settle_steps, (int, np.integer)) or settle_steps < 0:
             raise ValueError(f"settle_steps: expected an integer >= 0, got {settle_steps!r}")
         self.settle_steps = int(settle_steps)
+        if max_episode_length is not None and (
+            isinstance(max_episode_length, bool)
+            or not isinstance(max_episode_length, (int, np.integer))
+            or max_episode_length < 1
+        ):
+            raise ValueError(f"max_episode_length: expected an integer >= 1 (env steps), got {max_episode_length!r}")
         self._close_app_on_close = close_app_on_close
         self._closed = True  # until built
         self._milestones: MilestoneProbe | None = None
@@ -159,6 +166,7 @@ class IsaacDroidEnv(BatchedDroidEnv):
                 env_spacing=env_spacing,
                 image_shape=image_shape,
                 tiled_cameras=tiled_cameras,
+                max_episode_length=max_episode_length,
             )
             if self._milestones is not None:
                 self.patches.append(self._milestones.install(cfg))

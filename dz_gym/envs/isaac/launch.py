@@ -49,9 +49,7 @@ def add_launcher_args(parser: argparse.ArgumentParser, version: str | None = Non
 def isaac_flags_wanted(argv: list[str]) -> bool:
     """Whether a ``dz-gym-eval`` command line will run on Isaac Lab, so its launcher flags belong on the
     parser: ``--backend isaac``, or ``auto`` (or none) with Isaac Lab importable, or a resumed run that
-    used Isaac Lab. Nothing of Isaac Lab is imported here (``find_spec`` of a top-level name only)."""
-    import importlib.util
-
+    used Isaac Lab. Nothing of Isaac Lab is imported here (``find_spec`` of top-level names only)."""
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--backend", default=None)
     pre.add_argument("--resume", default=None)
@@ -68,10 +66,9 @@ def isaac_flags_wanted(argv: list[str]) -> bool:
     if backend == "isaac":
         return True
     if backend in (None, "auto"):
-        try:
-            return importlib.util.find_spec("isaaclab") is not None
-        except (ImportError, ValueError):
-            return False
+        from dz_gym.envs.isaac.checks import isaac_can_start
+
+        return isaac_can_start()  # the rule ``--backend auto`` resolves by (dz_gym.envs.backends)
     return False
 
 

@@ -1,6 +1,6 @@
 """Stand-in Isaac Lab scene objects: assets and their data, cameras, stage prims and the env-origin grid.
 
-The pieces :mod:`dz_gym.testing.isaac_stubs.sim`'s env is made of, with Isaac Lab's names and shapes:
+The pieces :mod:`isaac_stubs.sim`'s env is made of, with Isaac Lab's names and shapes:
 ``Articulation`` (joints, bodies, ``find_bodies`` raising ``ValueError`` on a missing name), ``RigidObject``,
 ``Camera``, ``Scene`` (``scene[name]``, ``env_origins`` on ``InteractiveScene``'s grid), 3.0's ``ProxyArray``
 (``.torch``; indexing warns, arithmetic fails), and USD-like ``Stage``/``Prim``/``Attr`` for the lights.
@@ -15,7 +15,7 @@ import warnings
 import numpy as np
 import torch
 
-from dz_gym.testing.isaac_stubs.cfgs import ARM_JOINTS, HOME
+from isaac_stubs.cfgs import ARM_JOINTS, HOME
 
 JOINT_NAMES = ARM_JOINTS + [
     "finger_joint",

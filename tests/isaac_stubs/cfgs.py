@@ -176,7 +176,7 @@ def _raw(value):
 def make_env_cfg_class(world, per_scene: bool = False):
     """sim-evals' ``EnvCfg`` (``run_eval.py`` layout) or, with ``per_scene``, its scene-agnostic
     ``DroidEnvCfg`` of 711ff04 (``set_scene(env_id: str)`` loads the USD only: objects stay plain prims)."""
-    from dz_gym.testing.isaac_stubs import mdp_functions
+    from isaac_stubs import mdp_functions
 
     v3 = world.is_v3
 
@@ -215,7 +215,7 @@ def make_env_cfg_class(world, per_scene: bool = False):
 
         def dynamic_scene(self, scene_name):
             if per_scene:
-                from dz_gym.testing.isaac_stubs import sim_evals_layouts
+                from isaac_stubs import sim_evals_layouts
 
                 path = sim_evals_layouts.scene_asset_path(world, scene_name)
                 self.scene = AssetBaseCfg(prim_path=f"{ENV_NS}/scene", spawn=UsdFileCfg(usd_path=str(path)))
@@ -280,7 +280,7 @@ def make_env_cfg_class(world, per_scene: bool = False):
         def set_scene(self, scene_name):
             world.log("cfg.set_scene", scene_name)
             if per_scene:
-                from dz_gym.testing.isaac_stubs import sim_evals_layouts
+                from isaac_stubs import sim_evals_layouts
 
                 if not isinstance(scene_name, str):
                     raise ValueError(

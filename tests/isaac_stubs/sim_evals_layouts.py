@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from dz_gym.testing.isaac_stubs.cfgs import (
+from isaac_stubs.cfgs import (
     SCENE_BODIES,
     EventTermCfg,
     InitialStateCfg,
@@ -187,6 +187,9 @@ class _Matrix:
 
     def ExtractTranslation(self):
         return self._pos
+
+    def RemoveScaleShear(self):
+        return self  # no scale here (the real pxr's scaled transforms: test_isaac_wheels.py)
 
     def ExtractRotationQuat(self):
         return _Quat((1.0, 0.0, 0.0, 0.0))
@@ -354,7 +357,7 @@ def initial_conditions_file(world, task: MilaTask) -> Path:
 
 def make_mila_cfg_class(world, droid_env_cfg):
     """``MilaDroidEnvCfg``: the per-scene ``DroidEnvCfg`` plus ``set_task(task_id)``."""
-    from dz_gym.testing.isaac_stubs.cfgs import AssetBaseCfg, UsdFileCfg
+    from isaac_stubs.cfgs import AssetBaseCfg, UsdFileCfg
 
     class MilaDroidEnvCfg(droid_env_cfg):
         task_id = "place_spoon_in_sink"

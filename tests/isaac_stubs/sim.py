@@ -29,7 +29,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from dz_gym.testing.isaac_stubs.scene import (
+from isaac_stubs.scene import (
     Camera,
     Prim,
     ProxyArray,
@@ -177,7 +177,7 @@ class StandInRLEnv(gym.Env):
                 prims.append(
                     Prim(f"/World/envs/env_{i}/scene/DistantLight", "DistantLight", **{"inputs:intensity": 200.0})
                 )
-        from dz_gym.testing.isaac_stubs import sim_evals_layouts
+        from isaac_stubs import sim_evals_layouts
 
         for i in range(self.num_envs):
             for name in sim_evals_layouts.scene_rigid_bodies(self.cfg):
@@ -233,7 +233,7 @@ class StandInRLEnv(gym.Env):
 
     def world_check_rigid_prim(self, prim_path):
         """A ``RigidObjectCfg`` without spawn needs a rigid body at its prim path (Isaac Lab raises otherwise)."""
-        from dz_gym.testing.isaac_stubs import sim_evals_layouts
+        from isaac_stubs import sim_evals_layouts
 
         prefix = "{ENV_REGEX_NS}/scene/"
         if str(prim_path).startswith(prefix):
@@ -361,7 +361,7 @@ class StandInRLEnv(gym.Env):
     def _reset(self, env_ids, seed):
         if seed is not None:
             self.world.log("env.seed", seed)
-        ids = torch.arange(self.num_envs) if env_ids is None else env_ids  # develop: a slice passes through
+        ids = torch.arange(self.num_envs) if env_ids is None else env_ids  # 3.0: a slice passes through
         self._reset_idx(ids)
         self._rerender_after_reset()
         return self._compute_obs(), {}
@@ -380,24 +380,17 @@ class StandInRLEnv22(StandInRLEnv):
 
 
 class StandInRLEnv30(StandInRLEnv):
-    """The 3.0.0 release: 2.2's ``reset`` signature; a slice reaches the event manager, whose ``len`` fails."""
-
-    def reset(self, seed=None, env_ids=None, options=None):
-        self.world.log("env.reset", {"seed": seed, "env_ids": _describe(env_ids), "options": options})
-        if env_ids is None:
-            env_ids = torch.arange(self.num_envs)
-        return self._reset(env_ids, seed)
-
-
-class StandInRLEnvDevelop(StandInRLEnv):
-    """Isaac Lab develop: ``reset(env_ids=slice(None), *, seed=None, options=None)``; its event manager
-    counts a slice and hands it on to the event terms unchanged."""
+    """Isaac Lab 3.0 (the 3.0.0 release's ``envs/manager_based_env.py``, and develop):
+    ``reset(env_ids=slice(None), *, seed=None, options=None)``, None normalised to ``slice(None)``; its
+    event manager counts a slice and hands it on to the event terms unchanged."""
 
     def _event_ids(self, ids):
         return len(range(self.num_envs)[ids]) if isinstance(ids, slice) else len(ids)
 
     def reset(self, env_ids=slice(None), *, seed=None, options=None):
         self.world.log("env.reset", {"seed": seed, "env_ids": _describe(env_ids), "options": options})
+        if env_ids is None:
+            env_ids = slice(None)
         if not isinstance(env_ids, slice):
             if not isinstance(env_ids, torch.Tensor) or env_ids.dtype not in (torch.int32, torch.int64):
                 raise TypeError(f"env_ids must be an int tensor on the device or a slice, got {type(env_ids).__name__}")

@@ -19,12 +19,12 @@ Reproduced, per :class:`World` option:
   registered as entities) or "per_scene" (711ff04 and later: ``DROID-CubeInBowl`` ... through a config
   factory, ``set_scene(str)``, objects as plain prims; with ``mila=True`` the MILA tasks under
   ``DROID-MILA`` with their task table, milestone reward term and reset events, see
-  :mod:`dz_gym.testing.isaac_stubs.sim_evals_layouts`); registration happens on import of
+  :mod:`isaac_stubs.sim_evals_layouts`); registration happens on import of
   ``sim_evals.environments``, which fails unless the app runs, as importing ``pxr``/``omni`` does;
 - the env-0 observation bug (``(7,)``/``(1,)`` at any N), and an env with Isaac Lab's step/reset order,
   in-place termination buffers, the env-origin grid of each version, ``find_bodies`` raising
   ``ValueError`` for a missing name, dome and distant lights in the scene USD (see
-  :mod:`dz_gym.testing.isaac_stubs.sim`).
+  :mod:`isaac_stubs.sim`).
 
 What it cannot verify (only a machine with Isaac Sim and an RTX GPU can):
 
@@ -55,8 +55,9 @@ from pathlib import Path
 
 import gymnasium as gym
 
-PREFIXES = ("isaaclab", "isaaclab_tasks", "sim_evals", "pxr")
+PREFIXES = ("isaaclab", "isaaclab_tasks", "sim_evals", "pxr", "isaacsim")
 PACKAGES = (
+    "isaacsim",
     "isaaclab",
     "isaaclab.envs",
     "isaaclab_tasks",
@@ -90,8 +91,12 @@ class World:
             raise ValueError("stand-in world: the MILA tasks exist only in the per-scene layout")
         self.version = version
         self.is_v3 = version.startswith("3")
-        self.release = release or ("3.0.0" if self.is_v3 else "2.2.1")
-        self.is_develop = self.release == "develop"
+        self.release = release or ("3.0.0" if self.is_v3 else "2.2.0")
+        if self.release not in ("2.2.0", "3.0.0", "develop", "develop-old"):
+            raise ValueError(f"stand-in world: release {self.release!r} not modelled")
+        self.is_develop = self.release.startswith("develop")
+        # launch_simulation: the 3.0.0 release and develop from extension 6.2.1; older 3.x develop has none
+        self.has_launch_simulation = self.is_v3 and self.release != "develop-old"
         self.install = install
         self.layout = layout
         self.mila = mila
@@ -100,8 +105,10 @@ class World:
         self.scene_distant_light = scene_distant_light
         self.tasks_root = self.sim_evals_root.parent / "isaaclab_tasks_pkg"
         (self.tasks_root / "utils").mkdir(parents=True, exist_ok=True)
-        if self.is_v3 and not self.is_develop:
-            (self.tasks_root / "utils" / "sim_launcher.py").write_text("# stand-in marker\n")
+        self.isaaclab_root = self.sim_evals_root.parent / "isaaclab_pkg"
+        (self.isaaclab_root / "app").mkdir(parents=True, exist_ok=True)
+        if self.has_launch_simulation:  # what the backend reads (not imports) before launch
+            (self.isaaclab_root / "app" / "sim_launcher.py").write_text("def launch_simulation(cfg, args): ...\n")
         self.calls: list[tuple] = []
         self.launched = False
         self.envs: list = []
@@ -124,9 +131,9 @@ class World:
         """What the package metadata and ``isaaclab.__version__`` report for this install."""
         if self.install == "wheel":
             return "3.0.0" if self.is_v3 else "2.2.0"
-        if self.is_v3:
-            return "3.5.3" if self.is_develop else "6.1.0"
-        return "0.45.3" if self.release == "2.2.1" else "0.41.2"
+        if self.is_v3:  # source installs: the extension's version (3.0.0's pyproject says 28.0.0)
+            return {"3.0.0": "28.0.0", "develop": "6.2.1", "develop-old": "3.5.3"}[self.release]
+        return "0.44.9"  # 2.2.0's config/extension.toml
 
 
 class _Distribution(importlib.metadata.Distribution):
@@ -180,6 +187,8 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             spec.submodule_search_locations = [str(self.world.sim_evals_root / "src" / "sim_evals")]
         elif fullname == "isaaclab_tasks":
             spec.submodule_search_locations = [str(self.world.tasks_root)]
+        elif fullname == "isaaclab":
+            spec.submodule_search_locations = [str(self.world.isaaclab_root)]
         return spec
 
     def find_distributions(self, context=None):
@@ -190,8 +199,6 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def _present(self, fullname: str) -> bool:
         world = self.world
-        if fullname == "isaaclab_tasks.utils.sim_launcher":
-            return world.is_v3 and not world.is_develop
         if fullname == "sim_evals.environments.droid":
             return world.layout == "per_scene"
         if fullname == "sim_evals.environments.mila":
@@ -228,11 +235,9 @@ def uninstall() -> None:
 
 
 def _builders(world: World):
-    from dz_gym.testing.isaac_stubs import cfgs, mdp_functions, sim, sim_evals_layouts
+    from isaac_stubs import cfgs, mdp_functions, sim, sim_evals_layouts
 
-    env_class = (
-        sim.StandInRLEnvDevelop if world.is_develop else (sim.StandInRLEnv30 if world.is_v3 else sim.StandInRLEnv22)
-    )
+    env_class = sim.StandInRLEnv30 if world.is_v3 else sim.StandInRLEnv22
     env_class.world = world
 
     def isaaclab(m):
@@ -256,16 +261,17 @@ def _builders(world: World):
             @staticmethod
             def add_app_launcher_args(parser):
                 world.log("app.add_args")
-                parser.add_argument("--headless", action="store_true", default=False)
+                if not world.has_launch_simulation:  # 3.0's launcher has no --headless
+                    parser.add_argument("--headless", action="store_true", default=False)
                 parser.add_argument("--device", type=str, default=None if world.is_v3 else "cuda:0")
                 parser.add_argument("--enable_cameras", action="store_true", default=False)
                 parser.add_argument("--livestream", type=int, default=-1)
                 parser.add_argument("--kit_args", type=str, default="")
-                if world.is_v3:  # a comma list ("kit,newton"), parsed as the string; None: no visualizer
-                    parser.add_argument("--visualizer", "--viz", type=str, default=None)
+                if world.is_v3:  # a comma list ("kit,newton") parsed to a list of names; None: no visualizer
+                    parser.add_argument("--visualizer", "--viz", type=_visualizers, default=None)
 
         m.AppLauncher = AppLauncher
-        if world.is_develop:
+        if world.has_launch_simulation:  # 3.0: isaaclab/app/sim_launcher.py, exposed by isaaclab.app
             m.add_launcher_args = lambda parser: AppLauncher.add_app_launcher_args(parser)
             m.launch_simulation = _launch_simulation(world)
 
@@ -278,6 +284,9 @@ def _builders(world: World):
         m.RewardTermCfg = cfgs.RewardTermCfg
 
     def assets(m):
+        # the identity quaternion of the installed version's order (2.2: w-x-y-z, 3.0: x-y-z-w)
+        identity = (0.0, 0.0, 0.0, 1.0) if world.is_v3 else (1.0, 0.0, 0.0, 0.0)
+        cfgs.AssetBaseCfg.InitialStateCfg = type("InitialStateCfg", (cfgs.InitialStateCfg,), {"rot": identity})
         m.RigidObjectCfg = cfgs.RigidObjectCfg
         m.AssetBaseCfg = cfgs.AssetBaseCfg
 
@@ -292,16 +301,13 @@ def _builders(world: World):
         m.observations = types.SimpleNamespace(image=mdp_functions.image)
         m.time_out = mdp_functions.time_out
         m.reset_scene_to_default = mdp_functions.reset_scene_to_default
-        m.image = mdp_functions.image  # 3.0.0 has ``mdp.image`` (no ``image_rgb``); 2.2 has it too
+        if world.is_v3:
+            m.image_rgb = mdp_functions.image  # 3.0 has the class term image_rgb and no mdp.image
+        else:
+            m.image = mdp_functions.image
 
     def tasks(m):
         pass
-
-    def sim_launcher(m):
-        from isaaclab.app import AppLauncher
-
-        m.add_launcher_args = lambda parser: AppLauncher.add_app_launcher_args(parser)
-        m.launch_simulation = _launch_simulation(world)
 
     def tasks_utils(m):
         def load(task_name):
@@ -387,6 +393,7 @@ def _builders(world: World):
         sim_evals_layouts.build_pxr(m, world)
 
     return {
+        "isaacsim": lambda m: None,  # Isaac Sim is installed (its app is the launchers' stand-in)
         "isaaclab": isaaclab,
         "isaaclab.app": app,
         "isaaclab.managers": managers,
@@ -396,13 +403,16 @@ def _builders(world: World):
         "isaaclab.envs.mdp": mdp,
         "isaaclab_tasks": tasks,
         "isaaclab_tasks.utils": tasks_utils,
-        "isaaclab_tasks.utils.sim_launcher": sim_launcher,
         "sim_evals": sim_evals_pkg,
         "sim_evals.environments": sim_evals_environments,
         "sim_evals.environments.droid": sim_evals_droid,
         "sim_evals.environments.mila": sim_evals_mila,
         "pxr": pxr,
     }
+
+
+def _visualizers(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
 
 
 def _launch_simulation(world: World):
