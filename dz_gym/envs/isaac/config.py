@@ -32,6 +32,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from dz_gym.envs import droid
 from dz_gym.envs.isaac.compat import IsaacLabApi
 
@@ -104,11 +106,7 @@ def patch_env_cfg(
         changes.append(f"scene.env_spacing: {cfg.scene.env_spacing} m")
 
     if max_episode_length is not None:
-        step_dt = float(cfg.sim.dt) * int(cfg.decimation)
-        # Isaac Lab: max_episode_length = ceil(episode_length_s / step_dt); half a step below the target keeps
-        # the ceiling at it despite rounding
-        cfg.episode_length_s = (int(max_episode_length) - 0.5) * step_dt
-        changes.append(f"episode_length_s: {cfg.episode_length_s:.4g} s ({int(max_episode_length)} steps)")
+        changes.append(set_max_episode_length(cfg, max_episode_length))
 
     cameras = [getattr(cfg.scene, key) for key in droid.CAMERA_KEYS]
     if image_shape is not None:
@@ -128,6 +126,19 @@ def patch_env_cfg(
             setattr(cfg.scene, key, sensors.TiledCameraCfg(**fields))
         changes.append("cameras: TiledCameraCfg (batched render products; image parity unverified, IsaacLab#493)")
     return changes
+
+
+def set_max_episode_length(cfg: Any, steps: int) -> str:
+    """Make Isaac Lab time out after ``steps`` env steps; returns what was changed, in words.
+
+    Isaac Lab derives ``max_episode_length = ceil(episode_length_s / (sim.dt * decimation))``, so that is
+    what is set, half a step below the target so that the ceiling lands on it despite rounding.
+    """
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
+        raise ValueError(f"max_episode_length: expected an integer >= 1 (env steps), got {steps!r}")
+    step_dt = float(cfg.sim.dt) * int(cfg.decimation)
+    cfg.episode_length_s = (int(steps) - 0.5) * step_dt
+    return f"episode_length_s: {cfg.episode_length_s:.4g} s ({int(steps)} steps)"
 
 
 def keep_one_dome_light(stage: Any, num_envs: int) -> list[str]:

@@ -96,14 +96,14 @@ class IsaacDroidEnv(BatchedDroidEnv):
             isinstance(max_episode_length, bool)
             or not isinstance(max_episode_length, (int, np.integer))
             or max_episode_length < 1
-        ):
+        ):  # checked before a minutes-long launch
             raise ValueError(f"max_episode_length: expected an integer >= 1 (env steps), got {max_episode_length!r}")
         self._close_app_on_close = close_app_on_close
         self._closed = True  # until built
         self._milestones: MilestoneProbe | None = None
 
         options = dict(app_args=app_args, device=str(device), version=isaaclab_version, image_shape=image_shape,
-                       env_spacing=env_spacing)  # fmt: skip
+                       env_spacing=env_spacing, max_episode_length=max_episode_length)  # fmt: skip
         if task.kitless:
             self._build_kitless(task, **options)
         else:
@@ -127,7 +127,7 @@ class IsaacDroidEnv(BatchedDroidEnv):
         self._last_obs = None
 
     def _build_sim_evals(self, task, *, app_args, headless, device, version, assets_dir, check_gpu, tiled_cameras,
-                         env_spacing, image_shape, tcp_bodies) -> None:  # fmt: skip
+                         env_spacing, image_shape, tcp_bodies, max_episode_length) -> None:  # fmt: skip
         """sim-evals' env of ``task`` on Isaac Sim (Kit), patched for N envs."""
         # Everything that can fail fast, before a minutes-long start of Isaac Sim.
         checks.check_packages()
@@ -185,14 +185,14 @@ class IsaacDroidEnv(BatchedDroidEnv):
             launch.release_scene()
             raise
 
-    def _build_kitless(self, task, *, app_args, device, version, image_shape, env_spacing) -> None:
+    def _build_kitless(self, task, *, app_args, device, version, image_shape, env_spacing, max_episode_length) -> None:
         """A dz-gym task on Isaac Lab 3.0 kit-less (:mod:`dz_gym.envs.isaac.kitless`)."""
         self.layout = "kitless"
         launch.claim_scene(task.key)
         try:
             built = kitless.build(
                 task, self.num_envs, device=device, app_args=app_args, version=version, image_shape=image_shape,
-                env_spacing=env_spacing,
+                env_spacing=env_spacing, max_episode_length=max_episode_length,
             )  # fmt: skip
         except BaseException:
             launch.release_scene()

@@ -17,7 +17,7 @@ from typing import Any
 
 from dz_gym.envs.isaac import launch
 from dz_gym.envs.isaac.compat import IsaacLabApi, detect
-from dz_gym.envs.isaac.config import PROBE_TERM
+from dz_gym.envs.isaac.config import PROBE_TERM, set_max_episode_length
 from dz_gym.envs.isaac.state import StateProbe
 from dz_gym.envs.scenes import IsaacTask
 from dz_gym.errors import BackendUnavailable
@@ -55,6 +55,7 @@ def build(
     version: str | None = None,
     image_shape: tuple[int, int] | None = None,
     env_spacing: float | None = None,
+    max_episode_length: int | None = None,
 ) -> KitlessBuild:
     """Parse the task's config, add the backend's probe, launch kit-less and ``gym.make`` the env."""
     import gymnasium as gym
@@ -86,6 +87,8 @@ def build(
             raise ValueError(f"env_spacing: expected a positive distance in metres, got {env_spacing!r}")
         cfg.scene.env_spacing = float(env_spacing)
         patches.append(f"scene.env_spacing: {cfg.scene.env_spacing} m")
+    if max_episode_length is not None:
+        patches.append(set_max_episode_length(cfg, max_episode_length))
     api.ensure_rerender_on_reset(cfg)
     launch.launch_kitless(cfg, app_args, device=device, api=api)
     gym_env = gym.make(task.gym_id, cfg=cfg)
