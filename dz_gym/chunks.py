@@ -1,6 +1,6 @@
 """Per-env action-chunk bookkeeping (pure: no I/O, no clocks, no simulator).
 
-Each env has its own cached chunk, the row of its next action, a session id and an episode counter. One
+Each env has its own cached chunk, the row of its next action, a session id and its episode's step count. One
 mechanism serves the reference client's synchronous semantics and latency hiding:
 
 - A chunk's *window* is the ``open_loop_horizon`` actions it executes, starting at row ``d``, where ``d`` is
@@ -62,6 +62,7 @@ import numpy as np
 
 from dz_gym.envs import droid
 from dz_gym.errors import DzGymError
+from dz_gym.protocol.contract import check_chunk
 
 
 class HorizonError(DzGymError, ValueError):
@@ -114,10 +115,6 @@ class EpisodeChunkStats:
     wait_steps: int = 0  # steps at which the env had to wait (or hold) for a reply
     stale_steps: int = 0  # steps executed past a chunk's window
 
-    def copy(self) -> EpisodeChunkStats:
-        """An independent copy (the schedule keeps updating its own)."""
-        return EpisodeChunkStats(list(self.delays), self.wait_steps, self.stale_steps)
-
 
 class ChunkSchedule:
     """Chunk caches, next rows, requests in flight and session ids of ``num_envs`` envs.
@@ -130,8 +127,8 @@ class ChunkSchedule:
         schedule.end_episodes(done_env_ids)      # drop caches, rotate session ids
 
     With requests in flight: ``token = mark_sent(i)`` when env i's request leaves, ``deliver(i, token, chunk)``
-    when its reply is in, ``must_wait()`` says which envs cannot step before their reply, ``must_hold()``
-    which envs hold their pose this step (simulated delay only).
+    when its reply is in, ``must_wait()`` says which envs cannot step before their reply, ``has_action()``
+    which envs have a row to execute this step (the others hold their pose).
     """
 
     def __init__(
@@ -168,7 +165,6 @@ class ChunkSchedule:
         self._pending: list[_Pending | None] = [None] * self.num_envs
         self._tokens = 0
         self.session_ids: list[str] = [session_id_factory() for _ in range(self.num_envs)]
-        self.episode_index = np.zeros(self.num_envs, dtype=np.int64)
         self.episode_step = np.zeros(self.num_envs, dtype=np.int64)
         self.server_calls = np.zeros(self.num_envs, dtype=np.int64)  # chunks received this episode
         self.stats = [EpisodeChunkStats() for _ in range(self.num_envs)]
@@ -223,13 +219,6 @@ class ChunkSchedule:
                 out[i] = self._delay_elapsed(i)
         return out
 
-    def must_hold(self) -> np.ndarray:
-        """``(N,)`` bool: envs with no action to execute this step while a simulated delay runs."""
-        return np.array(
-            [self._pending[i] is not None and self._usable_left(i) == 0 for i in range(self.num_envs)],
-            dtype=bool,
-        )
-
     def pending_token(self, env_id: int) -> int | None:
         """Token of env ``env_id``'s request in flight, or None."""
         pending = self._pending[env_id]
@@ -249,10 +238,6 @@ class ChunkSchedule:
             dtype=bool,
         )
 
-    def cursor(self, env_id: int) -> int:
-        """Row of env ``env_id``'s next action in its current chunk."""
-        return int(self._row[env_id])
-
     # -- updates ---------------------------------------------------------------------------------
     def mark_sent(self, env_id: int) -> int:
         """Record that env ``env_id``'s request left now; returns its token for :meth:`deliver`."""
@@ -262,14 +247,16 @@ class ChunkSchedule:
         self._pending[env_id] = _Pending(self._tokens, int(self.episode_step[env_id]))
         return self._tokens
 
-    def deliver(self, env_id: int, token: int, actions: np.ndarray) -> bool:
+    def deliver(self, env_id: int, token: int, actions: np.ndarray, *, rows: int | None = None) -> bool:
         """Hand env ``env_id`` the reply to request ``token``; False when it was discarded.
 
         A reply to a request of an episode that has ended (or was abandoned) is discarded. Otherwise the
-        chunk is applied now, or, under a simulated delay, once the delay has passed. Raises ``ValueError``
-        for a malformed chunk and :class:`HorizonError` for one shorter than ``open_loop_horizon``.
+        chunk is applied now, or, under a simulated delay, once the delay has passed. Raises
+        :class:`~dz_gym.errors.ProtocolError` for a chunk that is not ``(H, 8)`` (``H == rows`` where the
+        server announced a fixed horizon; :func:`dz_gym.protocol.contract.check_chunk`) and
+        :class:`HorizonError` for one shorter than ``open_loop_horizon``.
         """
-        actions = self._checked(actions)
+        actions = self._checked(actions, rows)
         pending = self._pending[env_id]
         if pending is None or pending.token != token:
             return False
@@ -277,10 +264,9 @@ class ChunkSchedule:
         self.apply_arrivals([env_id])
         return True
 
-    def _checked(self, actions: np.ndarray) -> np.ndarray:
+    def _checked(self, actions: np.ndarray, rows: int | None = None) -> np.ndarray:
         actions = np.asarray(actions)
-        if actions.ndim != 2 or actions.shape[1] != droid.ACTION_DIM or actions.shape[0] < 1:
-            raise ValueError(f"actions: expected shape (H>=1, {droid.ACTION_DIM}), got {actions.shape}")
+        check_chunk(actions, action_dim=droid.ACTION_DIM, horizon=rows)
         check_horizon(self.open_loop_horizon, actions.shape[0])
         return actions
 
@@ -361,7 +347,6 @@ class ChunkSchedule:
             ended.append(self.session_ids[i])
             self.drop_chunk(i)
             self.session_ids[i] = self._new_session_id()
-            self.episode_index[i] += 1
             self.episode_step[i] = 0
             self.server_calls[i] = 0
             self.stats[i] = EpisodeChunkStats()

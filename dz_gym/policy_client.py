@@ -1,41 +1,96 @@
-"""The policy side of :class:`~dz_gym.wrapper.DreamZeroPolicyWrapper`: one interface, injectable.
+"""The contract between :class:`~dz_gym.wrapper.DreamZeroPolicyWrapper` and a policy: :class:`PolicyClient`,
+and :class:`Outcome`, what every one of its requests comes back as.
 
 The wrapper asks a :class:`PolicyClient` for everything it needs from the policy, per env slot ``env_id``:
-send an infer request and get a future of its :class:`~dz_gym.transport.Outcome` (a reply or a typed error,
-with timing and recovery counts), the server's handshake metadata, the URL it talks to, whether the slot's
-connection is healthy, and a bounded reconnect. It is what openpi-client's ``BasePolicy`` is to its
-``ActionChunkBroker``, with the batch, the futures and the failure types that a vectorized evaluator needs;
-the chunk bookkeeping stays in :mod:`dz_gym.chunks` and the wrapper.
+send an infer request and get a future of its :class:`Outcome` (a reply or a typed error, with timing and
+recovery counts), the URL it talks to, whether the slot's connection is usable, and a bounded reconnect
+that returns the new handshake. It is what openpi-client's ``BasePolicy`` is to its ``ActionChunkBroker``,
+with the batch, the futures and the failure types that a vectorized evaluator needs; the chunk bookkeeping
+stays in :mod:`dz_gym.chunks` and the wrapper.
 
-- :class:`WebsocketPolicyClient` (the default) is the websocket :class:`~dz_gym.transport.SessionPool`: one
-  connection per env, spread over the servers round-robin.
+- :class:`~dz_gym.transport.SessionPool` (the default) satisfies it directly: one websocket per env slot,
+  spread over the servers round-robin.
 - :class:`dz_gym.testing.memory_client.MemoryPolicyClient` runs a policy object in this process through the
   protocol's codec, with no sockets (tests, notebooks, a policy that lives in the same process).
 
-A client of your own subclasses :class:`PolicyClient` and implements the abstract methods; ``end_session``
-and ``reply_bound`` have defaults.
+A client of your own subclasses :class:`PolicyClient` and implements the abstract methods; ``end_session``,
+``config`` and ``reply_bound`` have defaults. This module imports nothing of the transport, so the transport
+can build its outcomes here.
 """
 
 from __future__ import annotations
 
 import abc
 import concurrent.futures
-from collections.abc import Sequence
+import dataclasses
+import time
+from typing import Any
 
-from dz_gym.protocol import ServerMetadata
-from dz_gym.protocol.contract import releases_sessions
-from dz_gym.transport import Outcome, SessionPool, TransportConfig
+from dz_gym.errors import DzGymError
+from dz_gym.protocol import InferReply, ServerMetadata
 
-__all__ = ["Outcome", "PolicyClient", "WebsocketPolicyClient"]
+__all__ = ["Outcome", "PolicyClient"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What happened to one request: a reply or a typed error, with client-side timing and recovery counts.
+
+    ``sent_at``/``received_at`` are ``time.perf_counter()`` stamps of the request's last attempt, taken right
+    before the send and right after the reply frame arrived (on failure, when the failure was seen);
+    ``latency_s`` is their difference. ``request_bytes`` is the encoded size. ``reconnects`` counts the fresh
+    connections this request opened (a re-send after the server closed the connection cleanly before
+    replying, or a retry after a fatal server error); each one may have restarted the policy's context on
+    servers that key sessions per connection (vLLM-Omni). ``retries`` counts the re-sends after a server
+    error reply (``TransportConfig.retry_server_errors``).
+    """
+
+    index: int
+    reply: InferReply | None
+    error: DzGymError | None
+    sent_at: float
+    received_at: float
+    request_bytes: int = 0
+    reconnects: int = 0
+    retries: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def latency_s(self) -> float:
+        return self.received_at - self.sent_at
+
+    @classmethod
+    def failed(
+        cls,
+        index: int,
+        error: DzGymError,
+        *,
+        sent_at: float | None = None,
+        received_at: float | None = None,
+        request_bytes: int = 0,
+        reconnects: int = 0,
+        retries: int = 0,
+    ) -> Outcome:
+        """The outcome of a request that ended with ``error``; missing stamps are now."""
+        now = time.perf_counter()
+        sent = sent_at if sent_at is not None else now
+        received = received_at if received_at is not None else now
+        return cls(index, None, error, sent, max(received, sent), request_bytes, reconnects, retries)
 
 
 class PolicyClient(abc.ABC):
     """What the wrapper needs from the policy for ``num_sessions`` env slots (see the module docstring).
 
     Contract: ``submit`` never raises for a failure of the request itself; the future resolves to an
-    :class:`~dz_gym.transport.Outcome` whose ``error`` is a typed :mod:`dz_gym.errors` exception
-    (``ServerError``, ``ConnectionLost``, ``RequestTimeout``, ``ProtocolError``). Every future resolves
-    within ``reply_bound`` seconds; the wrapper treats one that does not as a timeout of that env.
+    :class:`Outcome` whose ``error`` is a typed :mod:`dz_gym.errors` exception (``ServerError``,
+    ``SessionRefused``, ``ConnectionLost``, ``RequestTimeout``, ``ProtocolError``). Every future resolves
+    within ``reply_bound`` seconds; the wrapper treats one that does not as a timeout of that env. After a
+    failure that breaks a connection (:func:`dz_gym.transport.rules.breaks_connection`) the wrapper calls
+    ``reconnect``; the client itself never reconnects on its own account, except to re-send a request the
+    server cannot have processed.
     """
 
     @property
@@ -68,10 +123,6 @@ class PolicyClient(abc.ABC):
         """The server slot ``env_id`` talks to."""
 
     @abc.abstractmethod
-    def metadata(self, env_id: int) -> ServerMetadata | None:
-        """The metadata of slot ``env_id``'s last handshake (None before the first)."""
-
-    @abc.abstractmethod
     def close(self) -> None:
         """Close every connection; idempotent."""
 
@@ -84,70 +135,13 @@ class PolicyClient(abc.ABC):
         """
 
     @property
-    def reply_bound(self) -> float:
+    def config(self) -> Any:
+        """The client's :class:`~dz_gym.transport.TransportConfig`, where it has one (None: the defaults
+        apply); the wrapper reads the wait of a refused session from it."""
+        return None
+
+    @property
+    def reply_bound(self) -> float | None:
         """Seconds within which every submitted future resolves (the wrapper's guard against a lost one);
-        by default the bound of one request under the default transport settings."""
-        return self.config.request_bound()
-
-    @property
-    def config(self) -> TransportConfig:
-        """The transport's bounds and options (the defaults unless the client has its own); the wrapper reads
-        the wait of a refused session from it."""
-        return TransportConfig()
-
-
-class WebsocketPolicyClient(PolicyClient):
-    """The default client: a websocket :class:`~dz_gym.transport.SessionPool`, one connection per env slot.
-
-    ``servers`` are ``ws://``/``wss://`` URLs; slot ``i`` talks to ``servers[i % len(servers)]``.
-    """
-
-    def __init__(self, servers: str | Sequence[str], num_envs: int, config: TransportConfig | None = None):
-        urls = [servers] if isinstance(servers, str) else list(servers)
-        self._config = config or TransportConfig()
-        self._pool = SessionPool(urls, int(num_envs), self._config)
-
-    @property
-    def num_sessions(self) -> int:
-        return self._pool.num_sessions
-
-    @property
-    def config(self) -> TransportConfig:
-        """The transport's bounds and options."""
-        return self._config
-
-    def connect(self) -> list[ServerMetadata]:
-        return self._pool.connect()
-
-    def submit(self, env_id: int, request: dict) -> concurrent.futures.Future[Outcome]:
-        return self._pool.submit(env_id, request)
-
-    def reconnect(self, env_id: int) -> ServerMetadata:
-        return self._pool.reconnect(env_id)
-
-    def is_connected(self, env_id: int) -> bool:
-        return self._pool.is_connected(env_id)
-
-    def url(self, env_id: int) -> str:
-        return self._pool.url(env_id)
-
-    def metadata(self, env_id: int) -> ServerMetadata | None:
-        return self._pool.metadata(env_id)
-
-    def close(self) -> None:
-        self._pool.close()
-
-    def end_session(self, env_id: int, session_id: str) -> None:
-        """Free the ended episode's session on its server where the handshake says that is safe and useful
-        (:func:`~dz_gym.protocol.contract.releases_sessions`): a ``reset`` naming it, on that env's own
-        connection. Elsewhere nothing is sent (see :meth:`PolicyClient.end_session`)."""
-        metadata = self._pool.metadata(env_id)
-        if metadata is not None and releases_sessions(metadata.contract) and self._pool.is_connected(env_id):
-            self._pool.release(env_id, session_id)
-
-    @property
-    def reply_bound(self) -> float:
-        config = self._config
-        request_bound = getattr(config, "request_bound", None)
-        bound = request_bound() if callable(request_bound) else config.request_timeout + config.close_timeout
-        return float(bound) + 10.0
+        None (the default): the bound of one request under ``config``, else the default transport settings."""
+        return None

@@ -19,7 +19,7 @@ from dz_gym.preprocess import is_torch_tensor, resize_with_pad_to_numpy, to_nump
 from dz_gym.protocol import build_infer_request
 
 __all__ = ["build_requests", "contiguous_runs", "hold_actions", "is_torch_tensor", "proprio", "resized_views",
-           "resolve_prompts", "to_numpy", "validate_policy_obs"]  # fmt: skip
+           "resolve_prompts", "to_numpy", "validate_policy_obs", "checked_actions", "env_actions"]  # fmt: skip
 
 
 def validate_policy_obs(policy: Mapping[str, Any], num_envs: int) -> None:
@@ -132,3 +132,22 @@ def resolve_prompts(prompt: str | Sequence[str] | None, env: Any, num_envs: int)
     if len(prompts) != num_envs or not all(isinstance(p, str) for p in prompts):
         raise ValueError(f"prompt: expected a string or {num_envs} strings, got {prompt!r}")
     return prompts
+
+
+def checked_actions(action: Any, num_envs: int) -> np.ndarray:
+    """A caller's ``(num_envs, 8)`` action as float32; one-line ``ValueError`` for another shape."""
+    array = to_numpy(action).astype(np.float32, copy=False)
+    if array.shape != (num_envs, droid.ACTION_DIM):
+        raise ValueError(f"action: expected shape ({num_envs}, {droid.ACTION_DIM}), got {array.shape}")
+    return array
+
+
+def env_actions(actions: np.ndarray, policy: Mapping[str, Any]) -> Any:
+    """``actions`` in the env's own array type: a float32 torch tensor on the device of its joint
+    observation when the env is torch-based (Isaac Lab), else the numpy array itself."""
+    reference = policy[droid.OBS_JOINT_KEY]
+    if is_torch_tensor(reference):
+        import torch
+
+        return torch.as_tensor(actions, dtype=torch.float32, device=reference.device)
+    return actions

@@ -38,7 +38,7 @@ per episode and an action-chunk cache (``dz_gym.chunks``). An env queries the se
 spent (steps 0, 8, 16, ... of each episode with ``open_loop_horizon=8``); the envs that need a chunk in the
 same step are queried concurrently, the others use their cache. Requests are exactly the reference single-env
 client's (``dz_gym.requests``). The policy side is a :class:`~dz_gym.policy_client.PolicyClient`: the
-websocket :class:`~dz_gym.policy_client.WebsocketPolicyClient` by default, or any ``client=`` you pass.
+websocket :class:`~dz_gym.transport.SessionPool` by default, or any ``client=`` you pass.
 
 ``step(action=None)``: the policy's actions are executed. ``step(action)``: the caller's ``(N, 8)`` action is
 executed instead, while the policy is still queried on its usual schedule so that its bookkeeping (cursors,
@@ -95,19 +95,20 @@ from dz_gym.capabilities import check_handshake, single_session_note
 from dz_gym.chunks import ChunkSchedule, HorizonError, new_session_id
 from dz_gym.envs import droid
 from dz_gym.errors import DzGymError, HandshakeError, ProtocolError, RequestTimeout, SessionRefused
-from dz_gym.policy_client import PolicyClient, WebsocketPolicyClient
+from dz_gym.policy_client import Outcome, PolicyClient
 from dz_gym.protocol import ServerMetadata
-from dz_gym.protocol.contract import PolicyContract, check_chunk, expected_horizon, resolve_horizon
+from dz_gym.protocol.contract import PolicyContract, expected_horizon, resolve_horizon
 from dz_gym.records import INTEGRITY_EVENTS, EpisodeCounters, EpisodeStats, StepRecord, event_of
 from dz_gym.requests import (
     build_requests,
+    checked_actions,
+    env_actions,
     hold_actions,
-    is_torch_tensor,
     resolve_prompts,
     to_numpy,
     validate_policy_obs,
 )
-from dz_gym.transport import Outcome, TransportConfig
+from dz_gym.transport import SessionPool, TransportConfig
 from dz_gym.transport.rules import breaks_connection
 
 __all__ = [
@@ -215,7 +216,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         self.server_notes: list[str] = []  # warnings about the servers, also issued with warnings.warn
         self._used = np.zeros(self.num_envs, dtype=bool)  # the current episode sent a request
 
-        self._client = client if client is not None else WebsocketPolicyClient(servers, self.num_envs, transport)
+        self._client = client if client is not None else SessionPool(servers, self.num_envs, transport)
         try:
             self.server_metadata: list[ServerMetadata] = self._client.connect()
             urls = [self._client.url(i) for i in range(self.num_envs)]
@@ -232,8 +233,11 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         except BaseException:
             self._client.close()
             raise
-        self._reply_bound = float(self._client.reply_bound)
-        self._admission = Admission(self._client.config)
+        config, bound = self._client.config or TransportConfig(), self._client.reply_bound
+        self._reply_bound, self._admission = (
+            float(config.request_bound() if bound is None else bound),
+            Admission(config),
+        )
 
     def _resolve_horizon(self, requested: int | None, urls: list[str]) -> int:
         """The open-loop horizon, checked against each server's announced contract (see the module doc)."""
@@ -282,14 +286,14 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         proposal = self._proposal or self._propose(policy_obs)
         self._proposal = None
         record = proposal.record
-        executed = proposal.actions if action is None else self._validate_action(action)
+        executed = proposal.actions if action is None else checked_actions(action, self.num_envs)
         session_ids = np.array(self._schedule.session_ids, dtype=object)
 
         base = self.env.unwrapped
         if hasattr(base, "set_render_mask"):
             render_all = self._render_policy == "all"
             base.set_render_mask(None if render_all else self._schedule.window_nearly_spent() & ~self._idle)
-        obs, reward, terminated, truncated, info = self.env.step(self._to_env_action(executed, policy_obs))
+        obs, reward, terminated, truncated, info = self.env.step(env_actions(executed, policy_obs))
 
         ended = [np.asarray(to_numpy(flags), dtype=bool).reshape(-1) for flags in (terminated, truncated)]
         done = ended[0] | ended[1]
@@ -408,7 +412,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         """
         i = int(env_id)
         try:
-            self._client.reconnect(i)
+            self.server_metadata[i] = self._client.reconnect(i)
         except (DzGymError, OSError) as exc:
             logger.warning("env %d: reconnect failed: %s", i, exc)
             self._counters[i].reconnect_failures += 1
@@ -538,14 +542,11 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         if error is None:
             url = self._client.url(env_id)
             try:
-                check_chunk(outcome.reply.actions, action_dim=droid.ACTION_DIM, horizon=self._reply_rows.get(url))
-                delivered = self._schedule.deliver(env_id, token, outcome.reply.actions)
+                delivered = self._schedule.deliver(env_id, token, outcome.reply.actions, rows=self._reply_rows.get(url))
             except HorizonError as exc:
                 raise HorizonError(exc.horizon, exc.chunk_length, f"server {url}") from None
             except ProtocolError as exc:
                 error = ProtocolError(f"reply from {url}: {exc}")
-            except ValueError as exc:
-                error = ProtocolError(str(exc))
             else:
                 if delivered:
                     record.delivered[env_id] = True
@@ -560,7 +561,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
     def _judge_server(self, url: str, env_id: int, outcome: Outcome) -> None:
         """Once per server, on its first reply: warn when it behaves like DreamZero's single-session server."""
         self._unjudged.discard(url)
-        note = single_session_note(self._client.metadata(env_id), url, outcome.reply, self._envs_on[url])
+        note = single_session_note(self.server_metadata[env_id], url, outcome.reply, self._envs_on[url])
         if note is not None:
             self._note(note)
 
@@ -582,18 +583,3 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         logger.log(level, "env %d: policy call failed (%s): %s", env_id, event, error)
         if breaks_connection(error):
             self.reconnect(env_id)
-
-    def _validate_action(self, action) -> np.ndarray:
-        array = to_numpy(action).astype(np.float32, copy=False)
-        if array.shape != (self.num_envs, droid.ACTION_DIM):
-            raise ValueError(f"action: expected shape ({self.num_envs}, {droid.ACTION_DIM}), got {array.shape}")
-        return array
-
-    @staticmethod
-    def _to_env_action(actions: np.ndarray, policy_obs):
-        reference = policy_obs[droid.OBS_JOINT_KEY]
-        if is_torch_tensor(reference):
-            import torch
-
-            return torch.as_tensor(actions, dtype=torch.float32, device=reference.device)
-        return actions

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from dz_gym.chunks import ChunkSchedule, HorizonError, binarize_gripper
-from dz_gym.errors import DzGymError
+from dz_gym.errors import DzGymError, ProtocolError
 
 
 def chunk(value: float, horizon: int = 24) -> np.ndarray:
@@ -45,15 +45,17 @@ def test_only_envs_with_spent_caches_ask_and_episode_end_touches_one_env():
     assert schedule.session_ids[1] != before[1]
     assert schedule.requests_due().tolist() == [False, True, False]
     assert schedule.episode_step.tolist() == [2, 0, 2]
-    assert schedule.episode_index.tolist() == [0, 1, 0]
 
 
 def test_inactive_envs_keep_their_cursor_and_get_nan_rows():
     schedule = ChunkSchedule(2, open_loop_horizon=8)
     schedule.accept_chunk(0, chunk(0))
+    schedule.accept_chunk(1, chunk(1))
     actions = schedule.pop_actions(active=np.array([True, False]))
     assert np.isfinite(actions[0]).all() and np.isnan(actions[1]).all()
-    assert schedule.cursor(0) == 1 and schedule.cursor(1) == 0
+    actions = schedule.pop_actions()  # env 1 starts at its chunk's first row, env 0 goes on to its second
+    assert actions[1, 0] == chunk(1)[0, 0] and actions[0, 0] == chunk(0)[1, 0]
+    schedule = ChunkSchedule(2, open_loop_horizon=8)
     with pytest.raises(RuntimeError, match="no cached action"):
         schedule.pop_actions()
 
@@ -89,7 +91,7 @@ def test_gripper_is_binarized_and_cached_chunk_is_a_copy():
 @pytest.mark.parametrize("bad", [np.zeros((24, 7)), np.zeros((0, 8)), np.zeros(8)])
 def test_bad_chunk_shapes_are_rejected(bad):
     schedule = ChunkSchedule(1)
-    with pytest.raises(ValueError, match="actions: expected shape"):
+    with pytest.raises(ProtocolError, match="reply actions: expected"):
         schedule.accept_chunk(0, bad)
 
 
@@ -175,7 +177,7 @@ def test_simulated_delay_is_exact_in_steps_whatever_the_arrival_time():
                 schedule.deliver(0, token, rows_chunk(100 * (len(schedule.stats[0].delays) + 1)))
                 token = None
             schedule.apply_arrivals()
-            out.append(float(schedule.pop_actions(active=~schedule.must_hold())[0, 0]))
+            out.append(float(schedule.pop_actions(active=schedule.has_action())[0, 0]))
             reply_in = None if reply_in is None else reply_in - 1
         assert schedule.stats[0].delays == [3] * len(schedule.stats[0].delays)
         assert len(schedule.stats[0].delays) >= 4
@@ -190,11 +192,11 @@ def test_simulated_delay_is_exact_in_steps_whatever_the_arrival_time():
 def test_synchronous_simulated_delay_holds_the_pose_while_waiting():
     schedule = ChunkSchedule(1, open_loop_horizon=8, simulated_delay=2)
     token = schedule.mark_sent(0)
-    assert schedule.must_hold()[0] and not schedule.must_wait()[0]
+    assert not schedule.has_action()[0] and not schedule.must_wait()[0]
     schedule.deliver(0, token, rows_chunk(0))  # early arrival is held back
-    held = schedule.pop_actions(active=~schedule.must_hold())
+    held = schedule.pop_actions(active=schedule.has_action())
     assert np.isnan(held).all() and schedule.stats[0].wait_steps == 1
-    schedule.pop_actions(active=~schedule.must_hold())
+    schedule.pop_actions(active=schedule.has_action())
     schedule.apply_arrivals()
     assert schedule.pop_actions()[0, 0] == 2
 

@@ -107,7 +107,6 @@ def test_garbage_bytes_give_protocol_error():
 @pytest.mark.parametrize(
     ("reply", "words"),
     [
-        (chunk(24, 7), "last dim 8"),
         (np.zeros(8, dtype=np.float32), "shape"),
         ({"no_actions": 1}, "actions"),
         (np.full((24, 8), np.nan, dtype=np.float32), "finite"),
@@ -119,6 +118,24 @@ def test_malformed_action_chunks_give_protocol_error(reply, words):
     error, connected = infer_error(replying(lambda f, n: packed(reply)))
     assert isinstance(error, ProtocolError) and words in str(error)
     assert not connected
+
+
+def test_chunk_of_the_wrong_width_is_a_protocol_error_of_that_env():
+    """The transport decodes any 2-D chunk; the wrapper checks the width against the env's 8-D actions (the
+    one shape check, protocol.contract.check_chunk), flags that env and reconnects, as for a garbled frame."""
+    from dz_gym.testing.toy_env import ToyDroidEnv
+    from dz_gym.wrapper import DreamZeroPolicyWrapper
+
+    with ServerThread(replying(lambda f, n: chunk(24, 7))) as server:
+        env = DreamZeroPolicyWrapper(ToyDroidEnv(1, image_shape=(18, 32)), server=server.url, transport=CFG, prompt="p")
+        try:
+            env.reset(seed=0)
+            _, _, _, _, info = env.step()
+            assert info["integrity_event"].tolist() == ["protocol_error"]
+            assert "last dim 8" in info["policy_error"][0] and info["policy_held"][0]
+            assert env.episode_stats(0).reconnects == 1 and env.is_connected(0)
+        finally:
+            env.close()
 
 
 def packed(value):

@@ -72,7 +72,6 @@ def request(value: int = 0) -> dict:
         ("auth_env", "A=B", "auth_env"),
         ("auth_scheme", "Api Key", "auth_scheme"),
         ("compression", "gzip", "compression"),
-        ("action_horizon", 0, "action_horizon"),
         ("connect_concurrency", 0, "connect_concurrency"),
     ],
 )
@@ -467,11 +466,14 @@ def test_metadata_for_servers_that_send_an_empty_map():
             assert infer(pool, 0, request()).actions.shape == (24, 8)
 
 
-def test_action_horizon_and_dim_come_from_the_config():
-    cfg = TransportConfig(open_timeout=3, request_timeout=5, close_timeout=1, action_dim=7, action_horizon=16)
+def test_the_transport_passes_any_chunk_shape_through():
+    """What a chunk must look like is the client's (the wrapper checks it against the env and the announced
+    contract); the transport only decodes a finite numeric 2-D array."""
+    cfg = TransportConfig(open_timeout=3, request_timeout=5, close_timeout=1)
     with ServerThread(replying(lambda f, n: chunk(16, 7))) as server, SessionPool(server.url, 1, cfg) as pool:
         pool.connect()
         assert infer(pool, 0, request()).actions.shape == (16, 7)
+        assert pool.is_connected(0)
 
 
 def test_server_error_reply_keeps_the_session_when_not_fatal():

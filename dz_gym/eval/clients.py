@@ -16,10 +16,10 @@ from __future__ import annotations
 import concurrent.futures
 from collections.abc import Mapping, Sequence
 
-from dz_gym.policy_client import Outcome, PolicyClient, WebsocketPolicyClient
+from dz_gym.policy_client import Outcome, PolicyClient
 from dz_gym.protocol import ServerMetadata
 from dz_gym.protocol.messages import sampling_fields
-from dz_gym.transport import TransportConfig
+from dz_gym.transport import SessionPool, TransportConfig
 
 __all__ = ["ArmRouter", "RequestFields", "arm_of_slot", "build_client", "policy_seed"]
 
@@ -69,10 +69,6 @@ class _Delegate(PolicyClient):
     def url(self, env_id: int) -> str:
         client, local = self._route(env_id)
         return client.url(local)
-
-    def metadata(self, env_id: int) -> ServerMetadata | None:
-        client, local = self._route(env_id)
-        return client.metadata(local)
 
     def end_session(self, env_id: int, session_id: str) -> None:
         client, local = self._route(env_id)
@@ -126,8 +122,13 @@ class ArmRouter(_Delegate):
             self._clients[arm].close()
 
     @property
-    def reply_bound(self) -> float:
-        return max(self._clients[arm].reply_bound for arm in ARMS)
+    def config(self) -> TransportConfig | None:
+        return self._clients["a"].config
+
+    @property
+    def reply_bound(self) -> float | None:
+        bounds = [self._clients[arm].reply_bound for arm in ARMS]
+        return None if None in bounds else max(bounds)
 
 
 class RequestFields(_Delegate):
@@ -185,7 +186,11 @@ class RequestFields(_Delegate):
         self._inner.close()
 
     @property
-    def reply_bound(self) -> float:
+    def config(self) -> TransportConfig | None:
+        return self._inner.config
+
+    @property
+    def reply_bound(self) -> float | None:
         return self._inner.reply_bound
 
 
@@ -204,11 +209,11 @@ def build_client(
     if servers_b:
         half = int(num_envs) // 2
         client = ArmRouter({
-            "a": WebsocketPolicyClient(list(servers), half, transport),
-            "b": WebsocketPolicyClient(list(servers_b), half, transport),
+            "a": SessionPool(list(servers), half, transport),
+            "b": SessionPool(list(servers_b), half, transport),
         })  # fmt: skip
     else:
-        client = WebsocketPolicyClient(list(servers), int(num_envs), transport)
+        client = SessionPool(list(servers), int(num_envs), transport)
     if policy_seed or num_inference_steps is not None:
         client = RequestFields(client, policy_seed=policy_seed, num_inference_steps=num_inference_steps)
     return client

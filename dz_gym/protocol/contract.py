@@ -156,22 +156,25 @@ def resolve_horizon(
     return horizon
 
 
-def check_chunk(actions: np.ndarray, *, action_dim: int, horizon: int | None) -> None:
-    """Raise a one-line :class:`~dz_gym.errors.ProtocolError` unless ``actions`` (a decoded reply's chunk)
-    is ``(H, action_dim)`` with ``H >= 1`` rows, exactly ``horizon`` of them when that is given.
+def check_chunk(actions: np.ndarray, *, action_dim: int | None, horizon: int | None) -> None:
+    """Raise a one-line :class:`~dz_gym.errors.ProtocolError` unless the decoded chunk ``actions`` is 2-D
+    with at least one row, ``action_dim`` wide and ``horizon`` rows long (each where given). The one check of
+    a reply's shape: the parser applies it to what it decodes, the chunk schedule to what it executes.
 
     >>> check_chunk(np.zeros((16, 8), np.float32), action_dim=8, horizon=24)
     Traceback (most recent call last):
     ...
-    dz_gym.errors.ProtocolError: reply actions: expected horizon 24 (announced), got shape (16, 8)
+    dz_gym.errors.ProtocolError: reply actions: expected horizon 24, got shape (16, 8)
     """
-    shape = getattr(actions, "shape", None)
-    if shape is None or len(shape) != 2 or shape[0] < 1:
-        raise ProtocolError(f"reply actions: expected shape (H>=1, {action_dim}), got {shape}")
-    if shape[1] != action_dim:
-        raise ProtocolError(f"reply actions: expected last dim {action_dim}, got shape {tuple(shape)}")
+    shape = tuple(getattr(actions, "shape", ()))
+    if len(shape) != 2:
+        raise ProtocolError(f"reply actions: expected shape (H, {action_dim or 'D'}), got {shape}")
+    if action_dim is not None and shape[1] != action_dim:
+        raise ProtocolError(f"reply actions: expected last dim {action_dim}, got shape {shape}")
+    if shape[0] == 0:
+        raise ProtocolError(f"reply actions: expected at least one row, got shape {shape}")
     if horizon is not None and shape[0] != horizon:
-        raise ProtocolError(f"reply actions: expected horizon {horizon} (announced), got shape {tuple(shape)}")
+        raise ProtocolError(f"reply actions: expected horizon {horizon}, got shape {shape}")
 
 
 def is_admission_refusal(code: Any, message: Any) -> bool:

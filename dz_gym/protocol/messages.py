@@ -23,7 +23,7 @@ import numpy as np
 
 from dz_gym.errors import ProtocolError, ServerError, SessionRefused
 from dz_gym.protocol.codec import packb, unpackb
-from dz_gym.protocol.contract import PolicyContract, is_admission_refusal, policy_contract
+from dz_gym.protocol.contract import PolicyContract, check_chunk, is_admission_refusal, policy_contract
 
 __all__ = [
     "DREAMZERO_METADATA",
@@ -295,7 +295,7 @@ class InferReply:
     extra: dict = field(default_factory=dict)
 
 
-def _actions(value: Any, action_dim: int, horizon: int | None) -> np.ndarray:
+def _actions(value: Any, action_dim: int | None, horizon: int | None) -> np.ndarray:
     if isinstance(value, list):
         try:
             value = np.asarray(value)
@@ -305,14 +305,7 @@ def _actions(value: Any, action_dim: int, horizon: int | None) -> np.ndarray:
         raise ProtocolError(f"reply actions: expected a numeric 2-D array, got {type(value).__name__}")
     if value.dtype.kind not in "iuf":
         raise ProtocolError(f"reply actions: expected a numeric dtype, got {value.dtype}")
-    if value.ndim != 2:
-        raise ProtocolError(f"reply actions: expected shape (H, {action_dim}), got {value.shape}")
-    if value.shape[1] != action_dim:
-        raise ProtocolError(f"reply actions: expected last dim {action_dim}, got shape {value.shape}")
-    if value.shape[0] == 0:
-        raise ProtocolError(f"reply actions: expected at least one row, got shape {value.shape}")
-    if horizon is not None and value.shape[0] != horizon:
-        raise ProtocolError(f"reply actions: expected horizon {horizon}, got shape {value.shape}")
+    check_chunk(value, action_dim=action_dim, horizon=horizon)
     actions = np.array(value, dtype=np.float32, copy=True, order="C")
     if not np.all(np.isfinite(actions)):
         bad = int(np.count_nonzero(~np.isfinite(actions)))
@@ -320,8 +313,13 @@ def _actions(value: Any, action_dim: int, horizon: int | None) -> np.ndarray:
     return actions
 
 
-def parse_infer_response(frame: bytes | str, *, action_dim: int = 8, horizon: int | None = None) -> InferReply:
-    """Decode an infer reply: a bare ``(H, action_dim)`` array or a dict with ``actions`` (+ ``server_timing``)."""
+def parse_infer_response(frame: bytes | str, *, action_dim: int | None = 8, horizon: int | None = None) -> InferReply:
+    """Decode an infer reply: a bare ``(H, action_dim)`` array or a dict with ``actions`` (+ ``server_timing``).
+
+    The chunk must be a finite numeric 2-D array with at least one row; ``action_dim`` (DreamZero's 8 by
+    default; None: any width) and ``horizon`` (None: any) are checked by
+    :func:`~dz_gym.protocol.contract.check_chunk`.
+    """
     if isinstance(frame, str):
         raise ServerError(frame, fatal=True)
     obj = _decode_binary(frame, "reply")

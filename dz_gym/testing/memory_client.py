@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from dz_gym.errors import ConnectionLost, DzGymError, ProtocolError
-from dz_gym.policy_client import PolicyClient
+from dz_gym.policy_client import Outcome, PolicyClient
 from dz_gym.protocol import (
     ServerMetadata,
     encode_error,
@@ -35,7 +35,6 @@ from dz_gym.protocol import (
     parse_metadata,
     parse_request,
 )
-from dz_gym.transport import Outcome
 
 __all__ = ["MemoryPolicyClient"]
 
@@ -112,7 +111,7 @@ class MemoryPolicyClient(PolicyClient):
         try:
             frame = packb(request)
             size = len(frame)
-            reply = parse_infer_response(self._serve(env_id, frame))
+            reply = parse_infer_response(self._serve(env_id, frame), action_dim=None)  # as the transport
         except DzGymError as exc:
             error = exc
         future.set_result(Outcome(env_id, reply, error, sent_at, time.perf_counter(), size))

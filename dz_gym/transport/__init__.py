@@ -5,20 +5,24 @@ This is the I/O edge of dz-gym, in layers (each usable on its own, each importin
 - :mod:`~dz_gym.transport.rules` -- pure rules, no I/O: the session state machine, what a close code
   means, which failures are retried, the backoff schedule, when a request may be re-sent;
 - :mod:`~dz_gym.transport.config` -- :class:`TransportConfig` (every bound and default) and :func:`validate_url`;
-- :mod:`~dz_gym.transport.session` -- :class:`AsyncSession`, one connection for asyncio code, and :class:`Outcome`;
+- :mod:`~dz_gym.transport.session` -- :class:`AsyncSession`, one connection for asyncio code;
 - :mod:`~dz_gym.transport.loop` -- :class:`LoopThread`, a private event loop for synchronous callers;
-- :mod:`~dz_gym.transport.pool` -- :class:`SessionPool`, the synchronous facade the wrapper uses.
+- :mod:`~dz_gym.transport.pool` -- :class:`SessionPool`, the synchronous facade: the wrapper's default
+  :class:`~dz_gym.policy_client.PolicyClient`.
+
+Every request comes back as a :class:`~dz_gym.policy_client.Outcome` (re-exported here).
 
 What the bytes mean is left to :mod:`dz_gym.protocol`; this package only calls it.
 """
 
 from __future__ import annotations
 
+from dz_gym.policy_client import Outcome
 from dz_gym.transport.config import TransportConfig, validate_url
 from dz_gym.transport.loop import LoopThread
 from dz_gym.transport.pool import PartialConnectError, SessionPool
 from dz_gym.transport.rules import SessionState
-from dz_gym.transport.session import AsyncSession, Outcome
+from dz_gym.transport.session import AsyncSession
 
 __all__ = [
     "AsyncSession",

@@ -69,8 +69,6 @@ class TransportConfig:
             ``Authorization: <auth_scheme> <token>``. The token itself never appears in configs, argv or logs.
         auth_scheme: the scheme word in front of the token (``Api-Key`` as openpi-client, or ``Bearer``).
         compression: ``None`` (the servers' own setting) or ``"deflate"``.
-        action_dim, action_horizon: the reply shape the parser enforces (``action_horizon=None`` accepts
-            any number of rows).
         connect_concurrency: how many sessions of a pool open at once.
         admission_backoff, admission_backoff_max, admission_wait: a session the server refuses for lack of
             room (:class:`~dz_gym.errors.SessionRefused`) asks again after a wait that doubles from
@@ -93,8 +91,6 @@ class TransportConfig:
     auth_env: str | None = None
     auth_scheme: str = "Api-Key"
     compression: str | None = None
-    action_dim: int = 8
-    action_horizon: int | None = None
     connect_concurrency: int = 16
     admission_backoff: float = 0.5
     admission_backoff_max: float = 8.0
@@ -120,12 +116,9 @@ class TransportConfig:
             ("resend_unprocessed", 0),
             ("retry_server_errors", 0),
             ("max_frame_bytes", 1),
-            ("action_dim", 1),
             ("connect_concurrency", 1),
         ):
             _int_at_least(name, getattr(self, name), low)
-        if self.action_horizon is not None:
-            _int_at_least("action_horizon", self.action_horizon, 1)
         if self.auth_env is not None and (not isinstance(self.auth_env, str) or not _ENV_NAME.match(self.auth_env)):
             raise ValueError(
                 f"TransportConfig.auth_env: expected the NAME of an environment variable (letters, digits, _), "

@@ -1,8 +1,9 @@
-"""The synchronous facade for batched evaluation: :class:`SessionPool`.
+"""The synchronous facade for batched evaluation: :class:`SessionPool`, the wrapper's default
+:class:`~dz_gym.policy_client.PolicyClient`.
 
 Session ``i`` talks to ``urls[i % len(urls)]``; all sessions live on one :class:`~dz_gym.transport.loop.LoopThread`.
 :meth:`SessionPool.submit` issues one request and returns a future of its
-:class:`~dz_gym.transport.session.Outcome` at once, so a caller can keep every session's request in flight
+:class:`~dz_gym.policy_client.Outcome` at once, so a caller can keep every session's request in flight
 and one session's failure never touches the others' results.
 
 >>> from dz_gym.server.launch import start_server_thread
@@ -27,10 +28,12 @@ import weakref
 from collections.abc import Iterable
 
 from dz_gym.errors import DzGymError, RequestTimeout
+from dz_gym.policy_client import Outcome, PolicyClient
 from dz_gym.protocol import ServerMetadata
+from dz_gym.protocol.contract import releases_sessions
 from dz_gym.transport.config import TransportConfig, validate_url
 from dz_gym.transport.loop import LoopThread
-from dz_gym.transport.session import AsyncSession, Outcome, encode_request
+from dz_gym.transport.session import AsyncSession, encode_request
 
 __all__ = ["PartialConnectError", "SessionPool"]
 
@@ -53,12 +56,13 @@ class PartialConnectError(DzGymError):
         self.errors = errors
 
 
-class SessionPool:
+class SessionPool(PolicyClient):
     """Synchronous facade over ``num_sessions`` :class:`AsyncSession` objects on one :class:`LoopThread`.
 
     Session ``i`` talks to ``urls[i % len(urls)]``. Every call is bounded by the config. Methods are
     thread-safe; requests to different sessions run concurrently, requests to one session queue.
-    Request dicts are encoded in the calling thread, so the loop thread only moves bytes.
+    Request dicts are encoded in the calling thread, so the loop thread only moves bytes. As the wrapper's
+    :class:`~dz_gym.policy_client.PolicyClient`, slot ``i`` is session ``i``.
     """
 
     def __init__(
@@ -100,6 +104,11 @@ class SessionPool:
     @property
     def config(self) -> TransportConfig:
         return self._config
+
+    @property
+    def reply_bound(self) -> float:
+        """The bound of one submitted request (``config.request_bound()``), with a margin."""
+        return self._config.request_bound() + 10.0
 
     @property
     def closed(self) -> bool:
@@ -204,6 +213,14 @@ class SessionPool:
                 logger.info("session %d: releasing %s failed: %s", i, session_id, exc)
 
         return self._loop.submit(reset())
+
+    def end_session(self, i: int, session_id: str) -> None:
+        """Free the ended episode's session on its server where the handshake says that is safe and useful
+        (:func:`~dz_gym.protocol.contract.releases_sessions`), with :meth:`release`; elsewhere nothing is sent
+        (see :meth:`PolicyClient.end_session <dz_gym.policy_client.PolicyClient.end_session>`)."""
+        metadata = self.metadata(i)
+        if metadata is not None and releases_sessions(metadata.contract) and self.is_connected(i):
+            self.release(i, session_id)
 
     # -- teardown ---------------------------------------------------------------------------------------
     def close(self) -> None:

@@ -5,9 +5,9 @@ every failure into a typed error from :mod:`dz_gym.errors`; the decisions (what 
 failure may be retried or a request re-sent) come from :mod:`dz_gym.transport.rules`, the bytes' meaning
 from :mod:`dz_gym.protocol`.
 
-:meth:`AsyncSession.send` never raises a :class:`~dz_gym.errors.DzGymError`: it returns an :class:`Outcome`
-with the reply or the error, and the counts of reconnects and retries it took. It re-sends a request on a
-fresh connection only when the server cannot have processed it (``TransportConfig.resend_unprocessed``),
+:meth:`AsyncSession.send` never raises a :class:`~dz_gym.errors.DzGymError`: it returns an
+:class:`~dz_gym.policy_client.Outcome` with the reply or the error, and the counts of reconnects and retries
+it took. It re-sends a request on a fresh connection only when the server cannot have processed it (``TransportConfig.resend_unprocessed``),
 and a request that got a server error reply only when asked to (``TransportConfig.retry_server_errors``).
 
 >>> import asyncio
@@ -28,7 +28,6 @@ and a request that got a server error reply only when asked to (``TransportConfi
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import ssl
 import time
@@ -41,6 +40,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidMes
 from websockets.protocol import State
 
 from dz_gym.errors import ConnectionLost, DzGymError, ProtocolError, RequestTimeout, ServerError, SessionRefused
+from dz_gym.policy_client import Outcome
 from dz_gym.protocol import (
     InferReply,
     ServerMetadata,
@@ -63,7 +63,7 @@ from dz_gym.transport.rules import (
     transition,
 )
 
-__all__ = ["AsyncSession", "Outcome", "encode_request"]
+__all__ = ["AsyncSession", "encode_request"]
 
 logger = logging.getLogger("dz_gym.transport")
 
@@ -87,54 +87,6 @@ class _RedactAuthorization(logging.Filter):
 
 _wire_logger = logging.getLogger("dz_gym.transport.wire")
 _wire_logger.addFilter(_RedactAuthorization())
-
-
-@dataclasses.dataclass(frozen=True)
-class Outcome:
-    """What happened to one request: a reply or a typed error, with client-side timing and recovery counts.
-
-    ``sent_at``/``received_at`` are ``time.perf_counter()`` stamps of the request's last attempt, taken on
-    the loop thread right before the send and right after the reply frame arrived (on failure, when the
-    failure was seen); ``latency_s`` is their difference. ``request_bytes`` is the encoded size.
-    ``reconnects`` counts the fresh connections this request opened (a re-send after the server closed the
-    connection cleanly before replying, or a retry after a fatal server error); each one may have restarted
-    the policy's context on servers that key sessions per connection (vLLM-Omni). ``retries`` counts the
-    re-sends after a server error reply (``TransportConfig.retry_server_errors``).
-    """
-
-    index: int
-    reply: InferReply | None
-    error: DzGymError | None
-    sent_at: float
-    received_at: float
-    request_bytes: int = 0
-    reconnects: int = 0
-    retries: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-    @property
-    def latency_s(self) -> float:
-        return self.received_at - self.sent_at
-
-    @classmethod
-    def failed(
-        cls,
-        index: int,
-        error: DzGymError,
-        *,
-        stamps: _Stamps | None = None,
-        request_bytes: int = 0,
-        reconnects: int = 0,
-        retries: int = 0,
-    ) -> Outcome:
-        """The outcome of a request that ended with ``error`` (the one place failure outcomes are built)."""
-        now = time.perf_counter()
-        sent = stamps.sent_at if stamps is not None and stamps.sent_at is not None else now
-        received = stamps.received_at if stamps is not None and stamps.received_at is not None else now
-        return cls(index, None, error, sent, max(received, sent), request_bytes, reconnects, retries)
 
 
 class _Stamps:
@@ -173,6 +125,11 @@ def _close_frames(exc: ConnectionClosed) -> tuple[tuple[int, str] | None, tuple[
     sent = None if exc.sent is None else (int(exc.sent.code), exc.sent.reason)
     rcvd = None if exc.rcvd is None else (int(exc.rcvd.code), exc.rcvd.reason)
     return sent, rcvd
+
+
+def _parse_reply(frame: bytes | str) -> InferReply:
+    """An infer reply of any chunk shape: what the chunk must look like is the client's to check."""
+    return parse_infer_response(frame, action_dim=None)
 
 
 class AsyncSession:
@@ -403,7 +360,7 @@ class AsyncSession:
             while True:
                 stamps = _Stamps()
                 try:
-                    reply = await self._attempt(payload, "infer", stamps, parse_infer_response)
+                    reply = await self._attempt(payload, "infer", stamps, _parse_reply)
                     assert stamps.sent_at is not None and stamps.received_at is not None
                     return Outcome(
                         index, reply, None, stamps.sent_at, stamps.received_at, len(payload), reconnects, retries
@@ -434,7 +391,13 @@ class AsyncSession:
                         break
                     reconnects += 1
         return Outcome.failed(
-            index, error, stamps=stamps, request_bytes=len(payload), reconnects=reconnects, retries=retries
+            index,
+            error,
+            sent_at=stamps.sent_at,
+            received_at=stamps.received_at,
+            request_bytes=len(payload),
+            reconnects=reconnects,
+            retries=retries,
         )
 
     async def infer(self, request: dict | Payload) -> InferReply:
@@ -500,9 +463,6 @@ class AsyncSession:
             self._release(SessionState.BROKEN, error)
             raise error from None
         try:
-            cfg = self._config
-            if parser is parse_infer_response:
-                return parser(frame, action_dim=cfg.action_dim, horizon=cfg.action_horizon)
             return parser(frame)
         except ServerError as exc:
             if breaks_connection(exc):  # the server closes after a text traceback: the stream is over
