@@ -9,6 +9,7 @@ that announces the robot policy contract is checked against the wrapper before i
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -100,6 +101,27 @@ def test_wrapper_waits_for_admission_without_a_tight_loop():
                 calls += int(info["policy_called"][i])
             assert calls == 0 and server.server.sessions.refusals == 1
             assert env.admitted_sessions == {server.url + PATH: 1}
+        finally:
+            env.close()
+
+
+def test_ended_episodes_free_their_sessions_on_the_server():
+    """Where the handshake announces a session cap, each ended episode's session is freed with a reset on
+    its env's connection: once the last episodes end, nothing of this run stays resident on the server."""
+    with start_server_thread("hold", max_sessions=8) as server:
+        env = DreamZeroPolicyWrapper(
+            ToyDroidEnv(2, max_episode_length=10, image_shape=(18, 32)), server=server.url + PATH, transport=FAST
+        )
+        try:
+            env.reset(seed=0)
+            for _ in range(30):  # three episodes per env, the last ones end at step 30
+                env.step()
+            sessions = server.server.sessions
+            for _ in range(200):  # the releases are sent without waiting: bounded wait for their count
+                if len(sessions) == 0:
+                    break
+                threading.Event().wait(0.05)
+            assert len(sessions) == 0 and sessions.admitted == 6 and sessions.peak == 2
         finally:
             env.close()
 

@@ -386,9 +386,7 @@ class SceneRunner:
                         ep.env_seed,
                         ep.seed,
                     )
-            if errors[i] is not None and events[i] == SESSION_REFUSED and wrapper.admission_retry_at(i) is not None:
-                finished.append((i, None, SESSION_REFUSED, "deferred"))
-            elif errors[i] is not None:
+            if errors[i] is not None:
                 ep.server_errors += 1
                 finished.append((i, str(errors[i]), None if events[i] is None else str(events[i]), "error"))
             elif done[i]:
@@ -398,11 +396,9 @@ class SceneRunner:
         if self.progress is not None:
             self.progress.steps(len(active), last_latency)
 
-        to_reset = []
-        starts = []
+        to_reset, starts = [], []
         for i, error, event, ended_by in finished:
-            if ended_by == "deferred":
-                self._defer(i)
+            if event == SESSION_REFUSED and self._defer(i):
                 continue
             if milestones is not None:  # this step's info is the finished episode's (before any autoreset)
                 self._current[i].milestones = {name: int(steps[i]) for name, steps in milestones.items()}
@@ -423,14 +419,18 @@ class SceneRunner:
         if finished:
             self._set_idle()
 
-    def _defer(self, slot: int) -> None:
-        """The server refused the slot's session: drop the attempt (no row) and queue the episode again."""
+    def _defer(self, slot: int) -> bool:
+        """The server refused the slot's session: unless the wrapper gave up waiting, drop the attempt (no
+        row) and queue the episode again; whether it did."""
+        if self.wrapper.admission_retry_at(slot) is None:
+            return False
         ep, self._current[slot] = self._current[slot], None
         if self.recorder is not None and ep.video_key is not None:
             self.recorder.abort(ep.video_key)
         self._started.discard((ep.episode, ep.arm))
         self._queues[slot].appendleft((ep.episode, ep.arm))
         self._waiting.add(slot)
+        return True
 
     def _resume_waiting(self) -> None:
         """Restart the waiting slots whose retry time has come; with nothing to step, sleep (<= 1 s) till one."""
