@@ -56,7 +56,7 @@ def test_asset_sources_compile_in_mujoco(scene_id):
     robot = mujoco.MjModel.from_xml_string(sources["robot"])
     actuators = [robot.actuator(i).name for i in range(robot.nu)]
     assert actuators == [assets.GRIPPER_ACTUATOR]  # the arm's PD is Isaac Lab's
-    assert robot.tendon(assets.GRIPPER_TENDON).id == 0 and robot.ncam == 0
+    assert robot.tendon(assets.GRIPPER_TENDON).id == 0 and robot.ncam == 0 and robot.nsite == 0
     table = mujoco.MjModel.from_xml_string(sources["table"])
     visual = {table.geom(i).name for i in range(table.ngeom) if table.geom_contype[i] == 0}
     assert {"floor_visual", "table_top_visual"} <= visual

@@ -8,7 +8,7 @@ MJCF the MuJoCo backend compiles (:mod:`dz_gym.envs.mujoco.scene`, :mod:`dz_gym.
 - ``robot.usd``: the Franka + Robotiq 2F-85 with its MuJoCo tendon ``split`` and the gripper's tendon
   actuator ``fingers_actuator`` (driven through Isaac Lab's fixed-tendon action); the arm's seven MJCF
   position actuators are dropped, since Isaac Lab's implicit actuators drive the arm joints with the same
-  gains (kp 400, kd 80); cameras are not converted (the task config places them);
+  gains (kp 400, kd 80); cameras (the task config places them) and sites (markers) are not converted;
 - ``table.usd``: the table top, legs and floor as static colliders;
 - ``scene{k}_object.usd`` / ``scene{k}_container.usd``: one free rigid body each, posed at reset.
 
@@ -52,6 +52,10 @@ def _robot_mjcf() -> str:
             spec.delete(actuator)
     for camera in list(spec.cameras):
         spec.delete(camera)
+    # Sites are markers (the ``tcp`` sphere is transparent in MuJoCo); the converter makes them visible
+    # shapes, and the Warp renderer would draw the tcp as a red dot in the wrist view.
+    for site in list(spec.sites):
+        spec.delete(site)
     spec.modelname = "droid_robot"
     _ = mujoco  # the spec API is mujoco's
     return spec.to_xml()
