@@ -130,6 +130,16 @@ def test_a_failed_gl_set_up_is_remembered_instead_of_retried():
     assert first.startswith("rendering: no OpenGL context") and "FatalError" in first and "\n" not in first
 
 
+def test_a_chosen_backend_that_cannot_load_names_the_import_error():
+    """``MUJOCO_GL=egl`` with ``PYOPENGL_PLATFORM=osmesa``: MuJoCo's EGL module refuses to import, and MuJoCo
+    only defers the error; dz-gym names it and the packages, once per env, without an abort."""
+    lines = outcome(run_script(TWO_ENVS, MUJOCO_GL="egl", PYOPENGL_PLATFORM="osmesa"))
+    for line in lines:
+        assert line.startswith("ERROR rendering: no OpenGL context (MUJOCO_GL tried: egl;"), line
+        assert "mujoco could not load its OpenGL backend" in line and "PYOPENGL_PLATFORM" in line
+        assert "libegl1" in line and "<newline>" not in line
+
+
 def test_mujoco_gl_disabled_is_named():
     lines = outcome(run_script("import mujoco\n" + TWO_ENVS, MUJOCO_GL="disable"))
     for line in lines:

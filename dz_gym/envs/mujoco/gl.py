@@ -119,10 +119,17 @@ def _plan() -> tuple[list[str], list[str]]:
                 f"{loaded}, which needs a display, but DISPLAY is not set"
             )
     else:
-        skipped.append(f"mujoco could not load its OpenGL backend (MUJOCO_GL={_user_choice or '(unset)'})")
+        skipped.append(f"mujoco could not load its OpenGL backend (MUJOCO_GL={setting or '(unset)'}{_import_error()})")
     if _user_choice is None or _user_choice.strip().lower() not in ("glfw", "glx", "cgl", "egl", "osmesa"):
         plan += [b for b in HEADLESS_BACKENDS if b not in plan]  # the user chose nothing: dz-gym may pick
     return plan, skipped
+
+
+def _import_error() -> str:
+    """``: <why>`` for the backend import MuJoCo's ``gl_context`` module caught, or nothing."""
+    context_class = getattr(sys.modules.get("mujoco"), "GLContext", None)
+    error = getattr(sys.modules.get(getattr(context_class, "__module__", "")), "_import_error", None)
+    return f": {_describe(error)}" if error is not None else ""
 
 
 def _context_class(backend: str):
@@ -167,6 +174,8 @@ def open_context(height: int, width: int) -> tuple[str, object]:
             return backend, _make_current(backend, width, height)
         except Exception as exc:  # noqa: BLE001 - each backend's failure goes into the one error
             reasons.append(f"{backend}: {_describe(exc)}")
+    if not plan and loaded_backend() == "missing":  # the backend the user chose cannot load: packages
+        raise unavailable("; ".join(reasons), tried=[os.environ.get("MUJOCO_GL", "")])
     if not plan:
         raise RenderingUnavailable(f"rendering: {'; '.join(reasons)}; {FIX}", "; ".join(reasons))
     raise unavailable("; ".join(reasons), tried=plan)
