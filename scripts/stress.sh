@@ -7,7 +7,7 @@
 #
 # The tests: signals and Ctrl-C (dz-gym-eval's stop handler, the CLI under Ctrl-C/SIGTERM, dz-gym-serve),
 # Ray (Ctrl-C and a killed shard on a loopback cluster), transport faults, network faults (a proxy that
-# injects latency, stalls, resets, half-open connections), re-sends and idle closes. STRESS_TESTS replaces
+# injects latency, stalls, resets, half-open connections), re-sends, idle closes and refused sessions. STRESS_TESTS replaces
 # the list (pytest node ids or files, space-separated); STRESS_LOAD sets the number of busy processes
 # (default: one per core, 0 for none); STRESS_LOG_DIR keeps each run's output (default: a temporary folder).
 # Exit status: 0 when every run passed.
@@ -27,6 +27,9 @@ export MUJOCO_GL=${MUJOCO_GL:-egl}
 
 default_tests="tests/test_eval_cli.py tests/test_server.py tests/test_faults.py tests/test_network_faults.py
 tests/test_transport.py tests/test_resend.py tests/test_idle_episodes.py
+tests/test_admission.py::test_server_refuses_beyond_the_cap_and_frees_on_reset_switch_and_close
+tests/test_admission.py::test_wrapper_waits_for_admission_without_a_tight_loop
+tests/test_admission.py::test_ended_episodes_free_their_sessions_on_the_server
 tests/test_eval_e2e.py::test_sigint_then_resume_equals_an_uninterrupted_run
 tests/test_eval_e2e.py::test_double_sigint_mid_run_keeps_results_and_removes_partial_videos
 tests/test_eval_e2e.py::test_sigint_while_simulator_workers_start
