@@ -7,9 +7,10 @@
 #
 # The tests: signals and Ctrl-C (dz-gym-eval's stop handler, the CLI under Ctrl-C/SIGTERM, dz-gym-serve),
 # Ray (Ctrl-C and a killed shard on a loopback cluster), transport faults, network faults (a proxy that
-# injects latency, stalls, resets, half-open connections), re-sends, idle closes and refused sessions. STRESS_TESTS replaces
-# the list (pytest node ids or files, space-separated); STRESS_LOAD sets the number of busy processes
-# (default: one per core, 0 for none); STRESS_LOG_DIR keeps each run's output (default: a temporary folder).
+# injects latency, stalls, resets, half-open connections), re-sends, idle closes and refused sessions.
+# STRESS_TESTS replaces the list (pytest node ids or files, space-separated); STRESS_LOAD sets the number of
+# busy processes (default: one per core, 0 for none); STRESS_LOG_DIR keeps each run's output (default: a
+# temporary folder).
 # Exit status: 0 when every run passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
