@@ -17,6 +17,7 @@ import pytest
 from dz_gym.envs import droid, scenes
 from dz_gym.errors import BackendUnavailable
 
+KITLESS_STACK = ("isaaclab_newton", "newton", "warp", "mujoco_warp")
 CFG_MODULE = Path(__file__).resolve().parents[1] / "dz_gym" / "envs" / "isaac_droid3" / "env_cfg.py"
 
 
@@ -83,3 +84,21 @@ def test_make_env_fails_fast_without_isaac_lab_3():
         pytest.skip("Isaac Lab 3.0 kit-less is installed here: examples/isaac3_smoke.py runs the env")
     with pytest.raises(BackendUnavailable, match="kit-less"):
         make_env("DZ-DROID-CubeInBowl-Newton-v0", num_envs=2, device="cpu")
+
+
+@pytest.mark.parametrize(
+    ("installed", "expected"),
+    [
+        ({"isaacsim"}, True),  # Isaac Sim: sim-evals' scenes
+        (set(KITLESS_STACK), True),  # kit-less: our tasks
+        ({"isaaclab_newton"}, False),  # the 3.0 wheel alone (it holds isaaclab_newton, not Newton itself)
+        (set(), False),
+    ],
+)
+def test_isaac_can_start_with_isaac_sim_or_the_kitless_stack(monkeypatch, installed, expected):
+    from dz_gym.envs.isaac import checks
+
+    assert checks.KITLESS_STACK == KITLESS_STACK
+    monkeypatch.setattr(checks, "isaaclab_folder", lambda: Path("isaaclab"))
+    monkeypatch.setattr(checks, "_find", lambda name: object() if name in installed else None)
+    assert checks.isaac_can_start() is expected

@@ -75,11 +75,17 @@ def isaaclab_tasks_installed() -> bool:
     return folder is not None and (folder / "source" / "isaaclab_tasks" / "isaaclab_tasks" / "__init__.py").is_file()
 
 
+KITLESS_STACK = ("isaaclab_newton", "newton", "warp", "mujoco_warp")
+
+
 def isaac_can_start() -> bool:
     """Whether the isaac backend can start here, for ``--backend auto`` (nothing is imported): Isaac Lab
-    is installed and so is Isaac Sim (``isaacsim``), which it starts (Kit renders the cameras). An
-    ``isaaclab`` wheel alone (a 2.x wheel imports ``isaacsim`` on import) cannot run an env."""
-    return isaaclab_folder() is not None and _find("isaacsim") is not None
+    is installed and so is Isaac Sim (``isaacsim``), which it starts (Kit renders the cameras), or Isaac
+    Lab 3.0's kit-less stack (Newton, Warp, MuJoCo-Warp), on which dz-gym's own tasks run without Isaac Sim.
+    An ``isaaclab`` wheel alone (a 2.x wheel imports ``isaacsim`` on import) cannot run an env."""
+    if isaaclab_folder() is None:
+        return False
+    return _find("isaacsim") is not None or all(_find(name) is not None for name in KITLESS_STACK)
 
 
 def sim_evals_package_dir() -> Path:
