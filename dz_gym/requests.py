@@ -91,15 +91,20 @@ def build_requests(
     prompts: Sequence[str],
     session_ids: Sequence[str],
     image_resolution: tuple[int, int] | None,
+    image_keys: Mapping[str, str] | None = None,
 ) -> dict[int, dict]:
-    """Infer requests for ``env_ids`` (keyed by env id); ``prompts``/``session_ids`` are indexed by env id."""
+    """Infer requests for ``env_ids`` (keyed by env id); ``prompts``/``session_ids`` are indexed by env id.
+
+    ``image_keys`` maps each camera to its request key (default ``droid.REQUEST_IMAGE_KEYS``; an env whose
+    task sends another camera as the first exterior view says so with its ``request_image_keys``)."""
+    image_keys = droid.REQUEST_IMAGE_KEYS if image_keys is None else image_keys
     if len(env_ids) == 0:
         return {}
     views = resized_views(policy, env_ids, image_resolution)
     joints, gripper = proprio(policy)
     requests = {}
     for row, env_id in enumerate(sorted(int(i) for i in env_ids)):
-        images = {droid.REQUEST_IMAGE_KEYS[camera]: views[camera][row] for camera in droid.CAMERA_KEYS}
+        images = {image_keys[camera]: views[camera][row] for camera in droid.CAMERA_KEYS}
         requests[int(env_id)] = build_infer_request(
             images=images,
             joint_position=joints[env_id],

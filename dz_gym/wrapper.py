@@ -487,6 +487,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
                 prompts=self.prompts,
                 session_ids=self._schedule.session_ids,
                 image_resolution=self.image_resolution,
+                image_keys=getattr(self.env.unwrapped, "request_image_keys", None),
             )
             self._used[due] = True
             for env_id in due:

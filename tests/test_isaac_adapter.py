@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import math
+import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -491,7 +492,7 @@ def test_missing_assets_say_how_to_download_them(tmp_path):
         with pytest.raises(BackendUnavailable, match=r"scene2.usd.*hf download owhan/DROID-sim-environments"):
             make(scene=2)
         assert not world.launched  # checked before the simulator starts
-        (root / "src" / "sim_evals" / "environments").rmdir()
+        shutil.rmtree(root / "src" / "sim_evals" / "environments")
         with pytest.raises(BackendUnavailable, match="older than 423e87c"):
             make(scene=1)
     finally:
@@ -594,3 +595,27 @@ def test_check_batched_example_fails_when_an_env_differs(capsys):
     }
     assert not example.report(example.compare(reference, batched), 2)
     assert capsys.readouterr().out.strip().endswith("FAIL")
+
+
+def test_scenes_from_the_asset_root_and_the_robot_from_the_checkout(tmp_path, monkeypatch):
+    """sim-evals 711ff04 reads the scenes from SIM_EVALS_ASSET_ROOT and the robot from the checkout's assets/:
+    the check used to want both in one folder and refused that install before launch."""
+    from dz_gym.envs.isaac import checks
+
+    root = isaac_stubs.make_sim_evals_checkout(tmp_path / "se", scenes=())
+    scenes = tmp_path / "scenes"
+    scenes.mkdir()
+    (scenes / "scene2.usd").write_text("#usda 1.0\n")
+    monkeypatch.setenv("SIM_EVALS_ASSET_ROOT", str(scenes))
+    launch._forget_app_for_tests()
+    isaac_stubs.install("2.2", root)
+    try:
+        assert checks.check_assets(2) == scenes
+        (root / "assets" / checks.ROBOT_USD).unlink()
+        with pytest.raises(BackendUnavailable, match=rf"{checks.ROBOT_USD} in {root / 'assets'}"):
+            checks.check_assets(2)
+        with pytest.raises(BackendUnavailable, match=rf"scene1.usd in {scenes}"):
+            checks.check_assets(1)
+    finally:
+        isaac_stubs.uninstall()
+        launch._forget_app_for_tests()

@@ -515,3 +515,73 @@ def test_max_episode_length_sets_isaac_labs_time_out(install):
     assert any(change.startswith("episode_length_s:") for change in env.patches)
     with pytest.raises(ValueError, match="max_episode_length"):
         make(num_envs=2, max_episode_length=0)
+
+
+# -- finding 3: the layout is what the installed sim-evals registers and exposes -----------------------------
+@pytest.mark.parametrize(
+    ("layout", "expected", "built"),
+    [
+        ("run_eval", "run_eval", "sim-evals scene 2 (DROID.set_scene)"),  # 3a6b0e8
+        ("per_scene", "per_scene", "sim-evals scene DROID-CanInMug"),  # 711ff04
+        ("de7ae486", "per_scene", "sim-evals scene DROID-CanInMug"),  # per-scene ids only, no DROID, no droid/
+        ("fea59e52", "droid_by_id", "sim-evals DROID.set_scene('DROID-CanInMug')"),  # set_scene(env_id: str)
+        ("7ef6f1bc", "per_scene", "sim-evals scene DROID-CanInMug"),  # DROID and the per-scene ids
+    ],
+)
+def test_layout_is_decided_before_launch_by_gym_ids_and_set_scene(install, layout, expected, built):
+    from dz_gym.envs import scenes
+    from dz_gym.envs.isaac import checks, tasks
+
+    world = install("2.2", layout=layout)
+    read = tasks.read_sim_evals(checks.sim_evals_package_dir())
+    assert read.layout_for(scenes.task_for(2)) == expected and not world.launched  # before Kit starts
+    env = make(scene=2, num_envs=2)
+    assert env.layout == expected and env.patches[0].startswith(built)
+    obs, _ = env.reset(seed=0)
+    state = env._probe.read(env.isaac_env)  # the object and the container are entities in every layout
+    assert state.object_pos.shape == (2, 3) and np.isfinite(state.container_pos).all()
+    env.close()
+
+
+def test_a_sim_evals_without_the_scene_fails_before_launch(install):
+    from dz_gym.envs.isaac import checks, tasks
+
+    world = install("2.2", layout="de7ae486")
+    ids = tasks.read_sim_evals(checks.sim_evals_package_dir()).gym_ids
+    assert "DROID" not in ids and "DROID-CubeInBowl" in ids
+    broken = tasks.SimEvalsInstall(frozenset({"DROID-Other"}), None, False, False)
+    with pytest.raises(ValueError, match="registers neither 'DROID-CubeInBowl' nor 'DROID'"):
+        broken.layout_for(scenes.task_for(1))
+    assert not world.launched
+
+
+def test_mila_on_the_droid_environment_layout(install):
+    """MILA first shipped on the droid_environment.py layout (510b7dfb): no droid/ package."""
+    world = install("2.2", layout="run_eval", mila=True)
+    env = make(scene="place_spoon_in_sink", num_envs=2)
+    obs, info = env.reset(seed=0)
+    assert env.patches[0].startswith("sim-evals MILA task place_spoon_in_sink")
+    assert set(info["milestones"]) >= {"reached_spoon", "completely_in_sink"} and world.launched
+    env.close()
+
+
+# -- finding 6: the exterior view a MILA task sends ----------------------------------------------------------
+def test_mila_task_sends_its_policy_external_camera_as_the_first_exterior_view(install):
+    from dz_gym.envs import droid
+    from dz_gym.requests import build_requests
+
+    install("2.2", layout="per_scene", mila=True)
+    env = make(scene="place_spoon_in_sink", num_envs=2)
+    obs, _ = env.reset(seed=0)
+    keys = env.request_image_keys
+    assert keys["external_cam_2"] == "observation/exterior_image_0_left"
+    assert keys["external_cam"] == "observation/exterior_image_1_left"
+    request = build_requests(
+        obs["policy"], [1], prompts=["p", "p"], session_ids=["a", "b"], image_resolution=None, image_keys=keys
+    )[1]
+    sent = request["observation/exterior_image_0_left"]
+    assert np.array_equal(np.asarray(sent), obs["policy"]["external_cam_2"][1].numpy())
+    env.close()
+    launch._forget_app_for_tests()
+    install("2.2")
+    assert make(num_envs=1).request_image_keys == droid.REQUEST_IMAGE_KEYS  # DROID scenes: the reference mapping

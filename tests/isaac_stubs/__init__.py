@@ -85,10 +85,8 @@ class World:
         mila: bool = False,
         scene_distant_light: bool = False,
     ):
-        if install not in ("wheel", "source") or layout not in ("run_eval", "per_scene"):
+        if install not in ("wheel", "source") or layout not in SIM_EVALS_LAYOUTS:
             raise ValueError(f"stand-in world: install {install!r} / layout {layout!r} not modelled")
-        if mila and layout != "per_scene":
-            raise ValueError("stand-in world: the MILA tasks exist only in the per-scene layout")
         self.version = version
         self.is_v3 = version.startswith("3")
         self.release = release or ("3.0.0" if self.is_v3 else "2.2.0")
@@ -149,16 +147,54 @@ class _Distribution(importlib.metadata.Distribution):
         return Path(str(path))
 
 
+# sim-evals' layouts, by the commit that has each: what its environments package registers and how its
+# set_scene reads (the source the backend reads before launch; the stand-in registers the same on import).
+SIM_EVALS_LAYOUTS = {
+    "run_eval": "3a6b0e8",  # droid_environment.py: DROID, set_scene(scene: int) registers the objects
+    "per_scene": "711ff04",  # droid/: one gym id per scene through a factory, objects are plain prims
+    "de7ae486": "de7ae486",  # droid_environment.py registering the per-scene ids only (no DROID)
+    "fea59e52": "fea59e52",  # DROID only, set_scene(env_id: str), no objects registered
+    "7ef6f1bc": "7ef6f1bc",  # DROID and the per-scene ids
+}
+_SCENE_IDS = '{"DROID-CubeInBowl": 1, "DROID-CanInMug": 2, "DROID-BananaInBin": 3}'
+_SOURCES = {
+    "run_eval": {
+        "__init__.py": 'gym.register(id="DROID", entry_point="isaaclab.envs:ManagerBasedRLEnv")\n',
+        "droid_environment.py": "class EnvCfg:\n    def set_scene(self, scene: int):\n        ...\n",
+    },
+    "per_scene": {
+        "__init__.py": "from . import droid\n",
+        "droid/__init__.py": "for env_id in DROID_SCENES:\n    gym.register(id=env_id, entry_point=make)\n",
+        "droid/scenes.py": f"DROID_SCENES = {_SCENE_IDS}\n",
+        "droid/env_cfg.py": "class DroidEnvCfg:\n    def set_scene(self, env_id: str):\n        ...\n",
+    },
+    "de7ae486": {
+        "__init__.py": f"SCENES = {_SCENE_IDS}\nfor env_id in SCENES:\n    gym.register(id=env_id, entry_point=make)\n",
+        "droid_environment.py": "class EnvCfg:\n    def set_scene(self, env_id: str):\n        ...\n",
+    },
+    "fea59e52": {
+        "__init__.py": 'gym.register(id="DROID", entry_point="isaaclab.envs:ManagerBasedRLEnv")\n',
+        "droid_environment.py": "class EnvCfg:\n    def set_scene(self, env_id: str):\n        ...\n",
+    },
+    "7ef6f1bc": {
+        "__init__.py": f'gym.register(id="DROID", entry_point=make)\nfor env_id in {_SCENE_IDS}:\n'
+        "    gym.register(id=env_id, entry_point=make)\n",
+        "droid_environment.py": "class EnvCfg:\n    def set_scene(self, env_id: str):\n        ...\n",
+    },
+}
+
+
 def make_sim_evals_checkout(root: Path, scenes=(1, 2, 3), layout: str = "run_eval", mila: bool = False) -> Path:
-    """A sim-evals checkout: ``src/sim_evals/environments/`` (with ``droid/`` and ``mila/`` for the
-    per-scene layout) and ``assets/*.usd`` (empty files)."""
-    (root / "src" / "sim_evals" / "environments").mkdir(parents=True, exist_ok=True)
-    if layout == "per_scene":
-        (root / "src" / "sim_evals" / "environments" / "droid").mkdir(exist_ok=True)
-        (root / "src" / "sim_evals" / "environments" / "droid" / "scenes.py").write_text("# stand-in marker\n")
+    """A sim-evals checkout: ``src/sim_evals/environments/`` with the registration source of ``layout``
+    (:data:`SIM_EVALS_LAYOUTS`), ``mila/`` with ``mila``, and ``assets/*.usd`` (empty files)."""
+    environments = root / "src" / "sim_evals" / "environments"
+    environments.mkdir(parents=True, exist_ok=True)
+    for name, text in _SOURCES[layout].items():
+        (environments / name).parent.mkdir(parents=True, exist_ok=True)
+        (environments / name).write_text(text)
     if mila:
-        (root / "src" / "sim_evals" / "environments" / "mila").mkdir(exist_ok=True)
-        (root / "src" / "sim_evals" / "environments" / "mila" / "tasks.py").write_text("# stand-in marker\n")
+        (environments / "mila").mkdir(exist_ok=True)
+        (environments / "mila" / "__init__.py").write_text('gym.register(id="DROID-MILA", entry_point=make)\n')
         for folder in ("Task1", "Task2"):
             (root / "assets" / "mila" / folder).mkdir(parents=True, exist_ok=True)
             (root / "assets" / "mila" / folder / "Scene.usd").write_text("#usda 1.0\n")
@@ -217,8 +253,7 @@ def install(version: str, sim_evals_root: Path, **options) -> World:
     """Serve the stand-ins for Isaac Lab ``version`` ("2.2" or "3.0"); returns the call-recording world."""
     uninstall()
     world = World(version, sim_evals_root, **options)
-    if world.layout == "per_scene" or world.mila:
-        make_sim_evals_checkout(world.sim_evals_root, layout=world.layout, mila=world.mila)
+    make_sim_evals_checkout(world.sim_evals_root, scenes=(), layout=world.layout, mila=world.mila)
     finder = _Finder(world)
     sys.meta_path.insert(0, finder)
     return world
@@ -362,24 +397,39 @@ def _builders(world: World):
             import sim_evals.environments.droid  # noqa: F401  (registers the per-scene ids, as upstream)
 
             return
-        env_cfg = cfgs.make_env_cfg_class(world)
+        if world.layout == "run_eval":
+            env_cfg = cfgs.make_env_cfg_class(world)  # set_scene(k) registers the objects
+        else:  # set_scene(env_id) with no objects registered
+            env_cfg = cfgs.make_env_cfg_class(world, per_scene=True)
         m.EnvCfg = env_cfg
-        gym.register(id="DROID", entry_point=make, kwargs={"env_cfg_entry_point": env_cfg}, disable_env_checker=True)
+        if world.layout != "de7ae486":
+            gym.register(
+                id="DROID", entry_point=make, kwargs={"env_cfg_entry_point": env_cfg}, disable_env_checker=True
+            )
+        if world.layout in ("de7ae486", "7ef6f1bc"):
+            register_per_scene_ids(env_cfg)
+
+    def register_per_scene_ids(cfg_class):
+        for env_id in sim_evals_layouts.PER_SCENE_IDS:
+
+            def factory(env_id=env_id):
+                return cfg_class().set_scene(env_id)
+
+            gym.register(id=env_id, entry_point=make, kwargs={"env_cfg_entry_point": factory}, disable_env_checker=True)
 
     def sim_evals_droid(m):
         m.DroidEnvCfg = cfgs.make_env_cfg_class(world, per_scene=True)
         m.DROID_SCENES = dict(sim_evals_layouts.PER_SCENE_IDS)
-        for env_id in sim_evals_layouts.PER_SCENE_IDS:
-
-            def factory(env_id=env_id):
-                return m.DroidEnvCfg().set_scene(env_id)
-
-            gym.register(id=env_id, entry_point=make, kwargs={"env_cfg_entry_point": factory}, disable_env_checker=True)
+        register_per_scene_ids(m.DroidEnvCfg)
 
     def sim_evals_mila(m):
-        import sim_evals.environments.droid as droid_pkg
+        if world.layout == "per_scene":
+            import sim_evals.environments.droid as droid_pkg
 
-        m.MilaDroidEnvCfg = sim_evals_layouts.make_mila_cfg_class(world, droid_pkg.DroidEnvCfg)
+            base = droid_pkg.DroidEnvCfg
+        else:  # MILA on the droid_environment.py layout (510b7dfb)
+            base = cfgs.make_env_cfg_class(world, per_scene=True)
+        m.MilaDroidEnvCfg = sim_evals_layouts.make_mila_cfg_class(world, base)
         m.MILA_TASKS = sim_evals_layouts.MILA_TASKS
         m.get_mila_task = sim_evals_layouts.get_mila_task
         gym.register(

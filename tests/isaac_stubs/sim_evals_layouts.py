@@ -386,6 +386,9 @@ def make_mila_cfg_class(world, droid_env_cfg):
             self.events.reset_milestones = EventTermCfg(func=reset_milestones, mode="reset")
             self.episode_length_s = task.max_timesteps * self.sim.dt * self.decimation
             self.language_instruction = task.language_instruction
+            # set_task repositions external_cam for the task and makes external_cam_2 the camera the
+            # client sends as the first exterior view
+            self.policy_external_camera = "external_cam_2"
             return self
 
     return MilaDroidEnvCfg

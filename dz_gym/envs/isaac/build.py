@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from dz_gym.envs.isaac.compat import IsaacLabApi
+from dz_gym.envs.isaac.tasks import confirm_layout
 from dz_gym.envs.scenes import MILA_GYM_ID, IsaacTask
 from dz_gym.preprocess import to_numpy
 
@@ -33,27 +34,38 @@ MILESTONE_PROBE_TERM = "dz_gym_milestone_probe"
 
 def parse_task_cfg(
     api: IsaacLabApi, task: IsaacTask, layout: str, *, device: str, num_envs: int
-) -> tuple[Any, list[str]]:
-    """The parsed, task-composed sim-evals config of ``task`` in ``layout``; returns it and what was done."""
+) -> tuple[Any, list[str], str]:
+    """The parsed, task-composed sim-evals config of ``task``; returns it, what was done, and the layout it was
+    built in: ``layout`` as read from the source before launch, confirmed by the running sim-evals
+    (:func:`~dz_gym.envs.isaac.tasks.confirm_layout`)."""
     gym = importlib.import_module("gymnasium")
     if task.is_mila:
         importlib.import_module("sim_evals.environments.mila")  # registers DROID-MILA on import
         cfg = api.parse_env_cfg(MILA_GYM_ID, device=device, num_envs=num_envs)
         cfg.set_task(task.mila_task)
-        return cfg, [f"sim-evals MILA task {task.mila_task} ({MILA_GYM_ID}.set_task)"]
+        return cfg, [f"sim-evals MILA task {task.mila_task} ({MILA_GYM_ID}.set_task)"], layout
+    layout = confirm_layout(layout, task, gym.registry)
+    prims = {task.object_name: task.object_prim, task.container_name: task.container_prim}
     if layout == "per_scene":
-        if task.gym_id not in gym.registry:
-            raise ValueError(f"sim-evals: gym id {task.gym_id!r} is not registered (per-scene layout expected)")
         cfg = api.parse_env_cfg(task.gym_id, device=device, num_envs=num_envs)
-        names = register_prim_entities(
-            cfg, api, {task.object_name: task.object_prim, task.container_name: task.container_prim}
+        names = register_prim_entities(cfg, api, prims)
+        return (
+            cfg,
+            [f"sim-evals scene {task.gym_id}; prims {', '.join(names) or 'none'} registered as rigid objects"],
+            layout,
         )
-        return cfg, [f"sim-evals scene {task.gym_id}; prims {', '.join(names)} registered as rigid objects"]
-    if "DROID" not in gym.registry:
-        raise ValueError("sim-evals: gym id 'DROID' is not registered (run_eval.py layout expected)")
     cfg = api.parse_env_cfg("DROID", device=device, num_envs=num_envs)
+    layout = confirm_layout(layout, task, gym.registry, getattr(cfg, "set_scene", None))
+    if layout == "droid_by_id":  # set_scene(env_id: str), no objects registered (fea59e52)
+        cfg.set_scene(task.gym_id)
+        names = register_prim_entities(cfg, api, prims)
+        return (
+            cfg,
+            [f"sim-evals DROID.set_scene({task.gym_id!r}); prims {', '.join(names) or 'none'} registered"],
+            layout,
+        )
     cfg.set_scene(task.scene)
-    return cfg, [f"sim-evals scene {task.scene} (DROID.set_scene)"]
+    return cfg, [f"sim-evals scene {task.scene} (DROID.set_scene)"], layout
 
 
 def register_prim_entities(cfg: Any, api: IsaacLabApi, prims: dict[str, str]) -> list[str]:
@@ -66,6 +78,8 @@ def register_prim_entities(cfg: Any, api: IsaacLabApi, prims: dict[str, str]) ->
         raise FileNotFoundError(f"sim-evals scene USD: cannot open {usd_path}")
     done = []
     for alias, relative in prims.items():
+        if getattr(getattr(cfg.scene, alias, None), "prim_path", None):
+            continue  # this sim-evals registered it already
         prim = stage.GetPrimAtPath(f"/World/{relative}")
         if not prim or not pxr.UsdPhysics.RigidBodyAPI(prim):
             raise KeyError(f"scene prim /World/{relative} ({alias}): not a rigid body of {usd_path}")

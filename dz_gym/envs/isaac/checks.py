@@ -115,22 +115,30 @@ def sim_evals_root() -> Path:
 
 
 def check_assets(scene: int, assets_dir: str | os.PathLike | None = None, files: tuple[str, ...] | None = None) -> Path:
-    """The scene (``files`` under the assets folder, default ``scene{k}.usd``) and robot USDs sim-evals will
-    load exist; returns the assets folder."""
-    candidates: list[Path] = []
+    """The scene files (``files`` under the scenes folder, default ``scene{k}.usd``) and the robot USD that
+    sim-evals will load exist; returns the scenes folder.
+
+    sim-evals reads them from different places: the scenes from ``SIM_EVALS_ASSET_ROOT`` when set (711ff04
+    and later), else from the checkout's ``assets/``; the robot from the checkout's ``assets/`` (older
+    versions: next to the scenes). ``assets_dir`` overrides where the scenes are looked for.
+    """
+    checkout = sim_evals_root() / "assets"
     if assets_dir is not None:
-        candidates.append(Path(assets_dir))
+        scene_folders = [Path(assets_dir)]
     else:
-        if os.environ.get("SIM_EVALS_ASSET_ROOT"):
-            candidates.append(Path(os.environ["SIM_EVALS_ASSET_ROOT"]))
-        candidates.append(sim_evals_root() / "assets")
-    needed = (*(files or (f"scene{int(scene)}.usd",)), ROBOT_USD)
-    for folder in candidates:
-        if all((folder / name).exists() for name in needed):
-            return folder
-    folder = candidates[0]
-    absent = [name for name in needed if not (folder / name).exists()]
-    raise BackendUnavailable(f"sim-evals assets missing in {folder}: {', '.join(absent)}; {ASSETS_HINT}")
+        scene_folders = [Path(os.environ["SIM_EVALS_ASSET_ROOT"])] if os.environ.get("SIM_EVALS_ASSET_ROOT") else []
+        scene_folders.append(checkout)
+    scene_files = tuple(files or (f"scene{int(scene)}.usd",))
+    found = next((f for f in scene_folders if all((f / name).exists() for name in scene_files)), None)
+    robot = next((f for f in (checkout, *scene_folders) if (f / ROBOT_USD).exists()), None)
+    if found is not None and robot is not None:
+        return found
+    folder = found or scene_folders[0]
+    absent = [name for name in scene_files if not (folder / name).exists()]
+    where = [f"{', '.join(absent)} in {folder}"] if absent else []
+    if robot is None:
+        where.append(f"{ROBOT_USD} in {checkout}")
+    raise BackendUnavailable(f"sim-evals assets missing: {'; '.join(where)}; {ASSETS_HINT}")
 
 
 def gpu_lacks_rt_cores(name: str) -> bool:

@@ -50,6 +50,20 @@ MULTI_ENV_SPACING = 30.0
 CAMERA_ENV_WARNING = 32
 
 
+def request_image_keys(cfg: Any) -> dict[str, str]:
+    """Which camera goes out under which request key: the reference mapping, except where sim-evals' task
+    names another camera as the policy's exterior view (MILA's ``set_task`` sets ``policy_external_camera``
+    to ``external_cam_2``, having moved ``external_cam``; upstream's client sends that one as
+    ``exterior_image_0_left``): the two exterior views then swap keys."""
+    keys = dict(droid.REQUEST_IMAGE_KEYS)
+    camera = getattr(cfg, "policy_external_camera", None)
+    if camera == "external_cam_2":
+        keys["external_cam"], keys["external_cam_2"] = keys["external_cam_2"], keys["external_cam"]
+    elif camera not in (None, "external_cam"):
+        raise ValueError(f"sim-evals config: policy_external_camera {camera!r} is not one of {droid.CAMERA_KEYS[:2]}")
+    return keys
+
+
 class IsaacDroidEnv(BatchedDroidEnv):
     """sim-evals' DROID scene on Isaac Lab with ``num_envs`` envs, behind the batched DROID contract.
 
@@ -131,7 +145,9 @@ class IsaacDroidEnv(BatchedDroidEnv):
         """sim-evals' env of ``task`` on Isaac Sim (Kit), patched for N envs."""
         # Everything that can fail fast, before a minutes-long start of Isaac Sim.
         checks.check_packages()
-        self.layout, has_mila = tasks.detect_layout(checks.sim_evals_package_dir())
+        installed = tasks.read_sim_evals(checks.sim_evals_package_dir())
+        has_mila = installed.has_mila
+        self.layout = "mila" if task.is_mila else installed.layout_for(task)  # decided before Kit starts
         if task.is_mila and not has_mila:
             raise checks.BackendUnavailable(
                 f"task {task.name}: this sim-evals has no MILA tasks (src/sim_evals/environments/mila); update it, "
@@ -152,7 +168,8 @@ class IsaacDroidEnv(BatchedDroidEnv):
             app = launch.launch_app(app_args, headless=headless, device=device, version=version)
             self.api = app.api
             importlib.import_module("sim_evals.environments")  # registers the gym ids; only after the app runs
-            cfg, built = parse_task_cfg(self.api, task, self.layout, device=device, num_envs=self.num_envs)
+            cfg, built, self.layout = parse_task_cfg(self.api, task, self.layout, device=device, num_envs=self.num_envs)
+            self.request_image_keys = request_image_keys(cfg)
             instruction = getattr(cfg, "language_instruction", None) if task.is_mila else None
             self.scene = task.scene_spec(instruction if isinstance(instruction, str) and instruction else None)
             self._probe = StateProbe(self.api, self.scene, tcp_bodies)
