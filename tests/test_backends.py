@@ -32,12 +32,28 @@ def test_auto_picks_the_first_importable_backend(monkeypatch):
 
 def test_default_shard_count_follows_shard_gpus():
     isaac, mujoco = backends.traits("isaac"), backends.traits("mujoco")
-    assert mujoco.shard_count(8, nodes=3, gpus=4) == 3 and isaac.shard_count(8, nodes=3, gpus=4) == 4
+    assert mujoco.shard_count(8, nodes=3, gpus=0) == 3 and isaac.shard_count(8, nodes=3, gpus=4) == 4
+    # MuJoCo shares the GPUs: one shard per GPU where there are more GPUs than nodes, else one per node
+    assert mujoco.shard_count(8, nodes=2, gpus=4) == 4 and mujoco.shard_count(8, nodes=3, gpus=2) == 3
+    assert mujoco.shard_count(64, nodes=1, gpus=4, shard_gpus=0.25) == 16  # --shard-gpus 0.25: 4 per GPU
+    assert mujoco.shard_count(8, nodes=2, gpus=4, shard_gpus=0) == 2  # --shard-gpus 0: no GPU, one per node
     assert isaac.shard_count(2, nodes=1, gpus=8) == 2  # at most one shard per env slot
     half = backends.dataclasses.replace(isaac, shard_gpus=0.5)  # e.g. a per-backend default below one GPU
     assert half.shard_count(8, nodes=1, gpus=3) == 6
     with pytest.raises(ValueError, match="needs 0.5 GPUs per shard"):
         half.shard_count(8, nodes=1, gpus=0)
+
+
+def test_a_mujoco_shard_renders_on_one_gpu_at_most():
+    mujoco, isaac = backends.traits("mujoco"), backends.traits("isaac")
+    mujoco.check_shard_gpus(1)
+    mujoco.check_shard_gpus(0.25)
+    with pytest.raises(
+        ValueError, match="shard_gpus: the embedded MuJoCo simulator uses at most 1 GPU per shard, got 2"
+    ):
+        mujoco.check_shard_gpus(2)
+    isaac.check_shard_gpus(2)  # Isaac Lab takes what it is given
+    assert isaac.device_option == "device" and not mujoco.device_option
 
 
 def test_the_registry_builds_the_env_of_make_droid_env():

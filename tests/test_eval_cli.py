@@ -282,7 +282,12 @@ def test_every_config_field_has_one_flag_and_every_flag_a_field():
     assert all(flag_table.config_class(flag) is not None for flag in flag_table.ALL if flag.field)
     eval_fields = {f.name for f in dataclasses.fields(EvalConfig)} - {"version"}
     assert eval_fields <= set(fields), eval_fields - set(fields)
-    ray_fields = {f.name for f in dataclasses.fields(RayOptions)} - {"resources", "local_cpus", "worker_setup"}
+    ray_fields = {f.name for f in dataclasses.fields(RayOptions)} - {
+        "resources",
+        "local_cpus",
+        "local_gpus",
+        "worker_setup",
+    }
     assert ray_fields - {"poll_s", "stop_grace_s"} <= set(fields)
 
 

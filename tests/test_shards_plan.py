@@ -18,6 +18,7 @@ from dz_gym.eval.shards.plan import (
     cpus_per_shard,
     default_shard_count,
     env_workers,
+    gpus_per_shard,
     plan_shards,
     shard_servers,
     slot_ranges,
@@ -88,6 +89,22 @@ def test_default_shards_and_cpus():
     assert cpus_per_shard(32, 16, shards_per_node=4) == 4 and cpus_per_shard(4, 2, shards_per_node=2) == 1
     assert cpus_per_shard(4, 16, requested=2.5) == 2.5
     assert env_workers(4, 1) == 0 and env_workers(4, 2) == 2 and env_workers(3, 8) == 3
+
+
+def test_gpus_per_shard_shares_a_nodes_gpus_so_every_shard_fits():
+    share = lambda k, gpus: gpus_per_shard(None, None, k, gpus)  # noqa: E731 - MuJoCo's default
+    assert share(16, 0) == 0.0 and share(1, 0.5) == 0.0  # no whole GPU on some node: none (today's behaviour)
+    assert share(1, 4) == share(4, 4) == 1.0  # enough GPUs: one each
+    assert share(16, 4) == 0.25 and share(16, 1) == 0.0625 and share(8, 2) == 0.25
+    assert share(6, 4) == 0.5  # ceil(6/4) = 2 a GPU: 0.5 each, so all 6 fit on 4 GPUs
+    for k, gpus in ((3, 1), (6, 1), (7, 1), (12, 4), (5, 2), (16, 3)):
+        each = share(k, gpus)
+        assert int(1 / each + 1e-9) * gpus >= k  # Ray fits floor(1/each) shards on a GPU: all k of them fit
+        assert each * -(-k // gpus) <= 1.0
+    assert gpus_per_shard(1.0, None, 8, 0) == 1.0  # Isaac Lab: its default, whatever the nodes
+    assert gpus_per_shard(1.0, 0.5, 8, 4) == gpus_per_shard(None, 0.5, 8, 0) == 0.5  # --shard-gpus wins
+    with pytest.raises(ValueError, match="shard_gpus: expected a number >= 0"):
+        gpus_per_shard(None, -1, 1, 1)
 
 
 class _Recorder:
@@ -200,6 +217,10 @@ def test_missing_ray_is_one_clear_line(monkeypatch):
         (["--ray", "local", "--ray-resource", "gpu_node=x"], "--ray-resource: expected NAME=AMOUNT"),
         (["--ray", "local", "--shard-restarts", "-1"], "--shard-restarts: expected an integer >= 0"),
         (["--ray", "local", "--servers-per-shard", "0"], "--servers-per-shard: expected an integer >= 1"),
+        (["--shard-gpus", "1"], "--shard-gpus: only with --ray ADDRESS|local"),
+        (["--ray", "local", "--shard-gpus", "1.5"], "--shard-gpus: expected a number >= 0, at most 1 or a whole"),
+        (["--ray", "local", "--shard-gpus", "-0.5"], "--shard-gpus: expected a number >= 0"),
+        (["--ray", "local", "--shard-gpus", "2"], "--shard-gpus: the embedded MuJoCo simulator uses at most 1 GPU"),
     ],
 )
 def test_bad_ray_flags_exit_2_with_one_line(capsys, argv, needle):
@@ -209,6 +230,21 @@ def test_bad_ray_flags_exit_2_with_one_line(capsys, argv, needle):
         cli.main(["--backend", "mujoco", *argv])
     err = capsys.readouterr().err.strip()
     assert info.value.code == 2 and needle in err and len(err.splitlines()) == 1, err
+
+
+def test_shard_gpus_flag_sets_ray_options():
+    import argparse
+
+    from dz_gym.eval.config import EvalConfig
+    from dz_gym.eval.shards.options import RAY_FLAGS, ray_options_from_args
+
+    parser = argparse.ArgumentParser()
+    for flag in RAY_FLAGS:
+        flag.add(parser)
+    config = EvalConfig(num_envs=8, backend="mujoco")
+    options = ray_options_from_args(parser, parser.parse_args(["--ray", "local", "--shard-gpus", "0.25"]), config)
+    assert options.shard_gpus == 0.25
+    assert ray_options_from_args(parser, parser.parse_args(["--ray", "local"]), config).shard_gpus is None
 
 
 def test_ray_flag_without_ray_installed_is_a_usage_error(capsys, monkeypatch):

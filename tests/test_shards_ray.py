@@ -54,6 +54,7 @@ VOLATILE = {
     "trajectory",
     "shard",
     "node",
+    "gpu",
 }
 
 
@@ -76,7 +77,8 @@ def cluster():
     from ray.cluster_utils import Cluster
 
     os.environ.setdefault("MUJOCO_GL", "egl")
-    # One declared GPU per node for the Isaac Lab stand-in's shards (num_gpus=1 each); MuJoCo shards ask for none.
+    # One declared GPU per node: the Isaac Lab stand-in's shards ask for one each; MuJoCo shards share a node's
+    # GPUs (one each here: EGL device 0, the one this machine has).
     head = {"num_cpus": 1, "num_gpus": 1, "resources": {"node_a": 1}, "include_dashboard": False}
     cluster = Cluster(initialize_head=True, head_node_args=head)
     try:

@@ -9,7 +9,7 @@ under ``dz_gym/envs/``). Nothing here imports a simulator: the factory and the a
 >>> traits("mujoco").embedded_policy, traits("isaac").embedded_policy
 ('reference', 'hold')
 >>> traits("isaac").shard_gpus, traits("mujoco").shard_gpus
-(1.0, 0.0)
+(1.0, None)
 >>> traits("vulkan")
 Traceback (most recent call last):
 ValueError: backend: expected one of auto, isaac, mujoco, got 'vulkan'
@@ -39,8 +39,12 @@ class BackendTraits:
       once per process), so each scene gets a fresh process (or Ray actor) by default;
     - ``app_launcher``: ``module:function`` that starts the simulator app in a process before any other
       simulator import, given the launcher flags (``app_args``); empty when there is no app;
-    - ``shard_gpus``: GPUs one Ray shard asks for; > 0 also means one shard per ``shard_gpus`` GPUs by
-      default (else one per node);
+    - ``shard_gpus``: GPUs one Ray shard asks for by default; > 0 also means one shard per ``shard_gpus``
+      GPUs by default; None: a share of its node's GPUs where every node has some (the shards of a node
+      spread evenly over its GPUs, one shard per GPU at least), else none;
+    - ``max_shard_gpus``: the most GPUs one shard can use (MuJoCo renders on one), None: no limit;
+    - ``device_option``: the launcher flag and env keyword naming the simulator's torch device
+      (``--device cuda:k``), which a shard given a GPU points at it; empty when the backend has none;
     - ``shard_cpus``: CPUs one Ray shard asks for; None: one per env slot, at most its share of a node;
     - ``worker_processes``: a shard steps its envs in worker processes, one per CPU it was given.
     """
@@ -54,7 +58,9 @@ class BackendTraits:
     embedded_policy: str = "hold"
     one_scene_per_process: bool = False
     app_launcher: str = ""
-    shard_gpus: float = 0.0
+    shard_gpus: float | None = 0.0
+    max_shard_gpus: float | None = None
+    device_option: str = ""
     shard_cpus: float | None = None
     worker_processes: bool = False
     named_tasks: bool = False  # runs sim-evals' named tasks beyond the DROID scenes (MILA, keys 101+)
@@ -74,18 +80,30 @@ class BackendTraits:
         if self.app_launcher:
             _load(self.app_launcher)(app_args)
 
-    def shard_count(self, num_envs: int, *, nodes: int, gpus: float) -> int:
-        """Default Ray shards: one per ``shard_gpus`` GPUs (else one per node), at most one per env slot."""
-        if self.shard_gpus > 0:
-            want = int(gpus // self.shard_gpus)
+    def shard_count(self, num_envs: int, *, nodes: int, gpus: float, shard_gpus: float | None = None) -> int:
+        """Default Ray shards, at most one per env slot: one per ``shard_gpus`` GPUs (default: the backend's)
+        when that is > 0; for a backend that shares GPUs (``shard_gpus`` None), one per GPU and at least one
+        per node; else one per node."""
+        each = self.shard_gpus if shard_gpus is None else shard_gpus
+        if each is not None and each > 0:
+            want = int(gpus // each + 1e-9)
             if want < 1:
-                each = "one GPU" if self.shard_gpus == 1 else f"{self.shard_gpus:g} GPUs"
+                text = "one GPU" if each == 1 else f"{each:g} GPUs"
                 raise ValueError(
-                    f"shards: the {self.name} backend needs {each} per shard and the Ray cluster reports {gpus:g} GPUs"
+                    f"shards: the {self.name} backend needs {text} per shard and the Ray cluster reports {gpus:g} GPUs"
                 )
+        elif each is None:
+            want = max(int(nodes), int(gpus))
         else:
             want = int(nodes)
         return max(1, min(want, int(num_envs)))
+
+    def check_shard_gpus(self, shard_gpus: float) -> None:
+        """ValueError naming ``shard_gpus`` when one shard of this backend cannot use that many GPUs."""
+        if self.max_shard_gpus is not None and shard_gpus > self.max_shard_gpus:
+            raise ValueError(
+                f"shard_gpus: {self.title} uses at most {self.max_shard_gpus:g} GPU per shard, got {shard_gpus:g}"
+            )
 
     def available(self) -> bool:
         """Whether the backend's package can be imported here, and ``can_start`` says yes (nothing is imported)."""
@@ -115,6 +133,7 @@ REGISTRY: dict[str, BackendTraits] = {
             app_launcher="dz_gym.envs.isaac.launch:launch_app",
             can_start="dz_gym.envs.isaac.checks:isaac_can_start",  # an isaaclab wheel alone cannot start
             shard_gpus=1.0,
+            device_option="device",
             shard_cpus=1.0,
             named_tasks=True,
         ),
@@ -126,6 +145,8 @@ REGISTRY: dict[str, BackendTraits] = {
             factory="dz_gym.envs.mujoco:make_env",
             config_kwargs={"seed": "seed", "max_episode_length": "max_steps"},
             embedded_policy="reference",
+            shard_gpus=None,
+            max_shard_gpus=1.0,
             worker_processes=True,
         ),
     )

@@ -40,6 +40,7 @@ INFO_KEYS = (
     "retries",
     "shard",
     "node",
+    "gpu",
     "wall_s",
     "started_at",
 )

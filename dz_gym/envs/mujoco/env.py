@@ -273,6 +273,14 @@ class MujocoDroidEnv(BatchedDroidEnv):
         ``close``): what a benchmark needs to account the CPU time spent outside the caller."""
         return [proc.pid for proc in self._pool.procs] if self._pool is not None else []
 
+    @property
+    def render_devices(self) -> list[dict[str, str | None]]:
+        """Per rendering process (each worker, or this process), the GL backend and the EGL device it renders
+        with (:func:`dz_gym.envs.mujoco.gl.rendering_device`): where a sharded run's views were drawn."""
+        if self._pool is not None:
+            return list(self._pool.render_devices)
+        return [gl.rendering_device()] if self._group is not None else []
+
     def privileged_state(self) -> dict[str, np.ndarray]:
         """True state of every env now (after any autoreset), for tests and the scripted expert.
 

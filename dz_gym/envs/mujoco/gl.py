@@ -74,6 +74,13 @@ def backend_in_process() -> str:
     return loaded_backend() or os.environ.get("MUJOCO_GL", "")
 
 
+def rendering_device() -> dict[str, str | None]:
+    """What this process renders with: the GL backend (:func:`backend_in_process`) and the EGL device that
+    ``MUJOCO_EGL_DEVICE_ID`` asks MuJoCo's EGL backend for (None: MuJoCo's own choice; only the ``egl`` backend
+    reads it), for a run to record where its views were drawn."""
+    return {"backend": backend_in_process() or None, "egl_device_id": os.environ.get("MUJOCO_EGL_DEVICE_ID")}
+
+
 def _one_line(text: str) -> str:
     lines = [line.strip() for line in str(text).strip().splitlines() if line.strip()]
     return lines[-1] if lines else ""

@@ -7,6 +7,8 @@ Commands and results travel through one shared-memory block (:class:`Buffers`): 
 ops, actions, seeds and the render mask, sends a few bytes down each pipe, and reads states and images
 the workers wrote in place. Pipes carry only short byte strings (no pickled objects after start-up).
 
+Start-up: a worker replies ``b"ready <json>"`` once its group is built, the JSON being
+:func:`~dz_gym.envs.mujoco.gl.rendering_device` in the worker (the GL backend and EGL device it renders with).
 Pipe protocol (main -> worker / reply): ``b"run"`` -> ``b"ok"``; ``b"perturb <env> <kind> <distance>"``
 -> ``b"ok 1"`` / ``b"ok 0"``; ``b"close"`` -> ``b"ok"`` and the worker exits. Any failure replies
 ``b"error <traceback>"``; a failure to create the renderer at start-up replies ``b"glerror <message>"``.
@@ -14,6 +16,7 @@ Pipe protocol (main -> worker / reply): ``b"run"`` -> ``b"ok"``; ``b"perturb <en
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import signal
@@ -96,7 +99,7 @@ def worker_main(conn: Connection, config, fields, shm_name: str) -> None:
         conn.send_bytes(b"error " + traceback.format_exc().encode())
         buffers.close()
         return
-    conn.send_bytes(b"ready")
+    conn.send_bytes(b"ready " + json.dumps(gl.rendering_device()).encode())
     try:
         while True:
             try:
@@ -178,6 +181,7 @@ class WorkerPool:
                 detail = gl_errors[0][len(b"glerror ") :].decode(errors="replace")
                 raise gl.unavailable(detail, tried=[worker_env.get("MUJOCO_GL", "")])
             raise WorkerError(f"mujoco worker failed to start: {_last_line(errors[0])}\n{errors[0].decode()}")
+        self.render_devices = [json.loads(r[len(b"ready ") :] or b"{}") for r in replies]
 
     def _gather(self, timeout: float | None = None, conns: list[Connection] | None = None) -> list[bytes]:
         """One reply from each pipe in ``conns`` (default: all), failing fast if a worker dies."""

@@ -3,7 +3,8 @@
 :func:`evaluate_sharded` is the Ray counterpart of :func:`dz_gym.eval.evaluate.evaluate` (same inputs, same
 outputs): it plans the shards (:mod:`dz_gym.eval.shards.plan`), starts one
 :class:`~dz_gym.eval.shards.worker.ShardWorker` actor per shard (spread over the nodes, or on the nodes with
-the resources the user names; ``num_cpus`` = the shard's env workers on MuJoCo, ``num_gpus=1`` on Isaac Lab),
+the resources the user names; ``num_cpus`` = the shard's env workers on MuJoCo; ``num_gpus``: one on Isaac
+Lab, a share of the node's GPUs on MuJoCo, or ``--shard-gpus``),
 lets each run its scenes in turn (a fresh actor per scene on Isaac Lab: one scene per process), drains the
 :class:`~dz_gym.eval.shards.collector.Collector` every ``poll`` seconds and appends every new row to the one
 ``episodes.jsonl`` (flushed per episode; trajectories and videos shipped back are written next to it), with
@@ -36,10 +37,11 @@ from dz_gym.eval.evaluate import remaining_episodes, write_run_summary
 from dz_gym.eval.progress import Progress
 from dz_gym.eval.rundir import RunDir, _write_atomic
 from dz_gym.eval.runner import RunControl
+from dz_gym.eval.shards import plan as planning
 from dz_gym.eval.shards import require_ray
 from dz_gym.eval.shards.collector import Collector
 from dz_gym.eval.shards.options import RayOptions, check_shardable
-from dz_gym.eval.shards.plan import Shard, cpus_per_shard, default_shard_count, env_workers, plan_shards, shard_servers
+from dz_gym.eval.shards.plan import Shard, cpus_per_shard, env_workers, plan_shards, shard_servers
 from dz_gym.eval.shards.worker import TOKEN_FILE, ShardWorker
 from dz_gym.eval.signals import interruptible, shielded
 
@@ -78,6 +80,8 @@ def connect(options: RayOptions) -> bool:
     kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING}
     if options.address == "local":
         kwargs["num_cpus"] = options.local_cpus or os.cpu_count() or 1
+        if options.local_gpus is not None:
+            kwargs["num_gpus"] = options.local_gpus
     env_vars = {name: os.environ[name] for name in FORWARDED_ENV if name in os.environ}
     if env_vars:
         kwargs["runtime_env"] = {"env_vars": env_vars}
@@ -120,19 +124,29 @@ class ShardedRun:
         self.token = secrets.token_hex(16)
         self.collector = None
         self.num_shards = 0
+        self.shard_gpus = 0.0  # what each shard's actor asks Ray for (planned)
 
     # -- set-up ---------------------------------------------------------------------------------------
     def plan(self, todo: Mapping[int, Sequence[int]]) -> None:
         ray = self.ray
         nodes = [n for n in ray.nodes() if n.get("Alive")]
-        gpus = sum(float(n.get("Resources", {}).get("GPU", 0)) for n in nodes)
+        node_gpus = [float(n.get("Resources", {}).get("GPU", 0)) for n in nodes]
         self.node_cpus = max((float(n.get("Resources", {}).get("CPU", 0)) for n in nodes), default=1.0)
-        k = self.options.shards or default_shard_count(
-            self.config.num_envs, nodes=len(nodes), gpus=gpus, backend=self.config.backend
+        backend = traits(self.config.backend)
+        k = self.options.shards or planning.default_shard_count(
+            self.config.num_envs,
+            nodes=len(nodes),
+            gpus=sum(node_gpus),
+            backend=self.config.backend,
+            shard_gpus=self.options.shard_gpus,
         )
         shards = plan_shards(todo, self.config.num_envs, k)
         self.num_shards = k
         self.shards_per_node = -(-k // max(1, len(nodes)))
+        self.shard_gpus = planning.gpus_per_shard(
+            backend.shard_gpus, self.options.shard_gpus, self.shards_per_node, min(node_gpus, default=0.0)
+        )
+        backend.check_shard_gpus(self.shard_gpus)
         for shard in shards:
             servers = shard_servers(self.servers, shard, self.options.servers_per_shard)
             self.states.append(_ShardState(shard, servers, shard.scenes()))
@@ -140,8 +154,8 @@ class ShardedRun:
     def _actor_options(self, shard: Shard) -> dict[str, Any]:
         opts: dict[str, Any] = {"max_restarts": 0, "max_task_retries": 0, "scheduling_strategy": "SPREAD"}
         backend = traits(self.config.backend)
-        if backend.shard_gpus:
-            opts["num_gpus"] = backend.shard_gpus
+        if self.shard_gpus:
+            opts["num_gpus"] = self.shard_gpus
         opts["num_cpus"] = backend.shard_cpus if backend.shard_cpus is not None else self._cpus(shard)
         if self.options.resources:
             opts["resources"] = dict(self.options.resources)
@@ -362,6 +376,7 @@ class ShardedRun:
             "stale_steps": 0,
             "shard": st.shard.index,
             "node": st.where.get("node"),
+            "gpu": st.where.get("gpu"),
         }
 
     def _note_where(self, st: _ShardState) -> None:
@@ -407,6 +422,8 @@ class ShardedRun:
                 "slots": [st.shard.start, st.shard.stop],
                 "nodes": st.nodes,
                 "host": st.where.get("host"),
+                "gpu": st.where.get("gpu"),
+                "render_devices": st.where.get("render_devices"),
                 "actors": st.attempt,
                 "restarts": st.restarts,
                 "servers": sorted(set(st.servers)),
@@ -414,7 +431,8 @@ class ShardedRun:
             for st in self.states
         ]
         nodes = sorted({n for st in self.states for n in st.nodes})
-        return {"count": self.num_shards, "nodes": nodes, "per_shard": per_shard, "ray_address": self.options.address}
+        return {"count": self.num_shards, "nodes": nodes, "gpus_per_shard": self.shard_gpus, "per_shard": per_shard,
+                "ray_address": self.options.address}  # fmt: skip
 
 
 def evaluate_sharded(

@@ -13,7 +13,7 @@ import importlib.util
 from collections.abc import Callable, Mapping
 
 from dz_gym.cli_types import Flag, flag_message, given_fields, integer, number
-from dz_gym.envs.backends import BackendTraits, per_backend
+from dz_gym.envs.backends import BackendTraits, per_backend, traits
 
 AB_NOT_SHARDED = "A/B runs (--server-b/--policy-b) keep each pair's two slots in one batch; run them without --ray"
 
@@ -34,8 +34,8 @@ class RayOptions:
     ``servers_per_shard``: each shard uses its own group of that many server URLs. ``shard_cpus``: CPUs per
     MuJoCo shard (default: one per env slot, at most its share of a node), also its env worker count.
     ``resources``: custom Ray resources every shard asks for (to place shards on the nodes that have them).
-    ``max_restarts``: new actors per shard after its actor died. ``local_cpus``: CPUs of the ``local``
-    instance (default: all). ``ship_files``: send trajectories and videos back as bytes (True), or have shards
+    ``max_restarts``: new actors per shard after its actor died. ``local_cpus``, ``local_gpus``: CPUs and
+    GPUs of the ``local`` instance (default: all that Ray detects). ``ship_files``: send trajectories and videos back as bytes (True), or have shards
     write them into the run directory (False: it must be on a file system every node shares); default: write
     directly from the nodes that see the run directory (a token file written by the driver tells), ship from
     the others. ``worker_setup``: a function every shard's actor calls first, before it starts Isaac Sim or
@@ -48,9 +48,11 @@ class RayOptions:
     shards: int | None = None
     servers_per_shard: int | None = None
     shard_cpus: float | None = None
+    shard_gpus: float | None = None
     resources: Mapping[str, float] = dataclasses.field(default_factory=dict)
     max_restarts: int = 2
     local_cpus: int | None = None
+    local_gpus: int | None = None
     ship_files: bool | None = None
     worker_setup: Callable[[], None] | None = None
     poll_s: float = 0.1
@@ -65,6 +67,14 @@ class RayOptions:
                 raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
         if self.shard_cpus is not None and not self.shard_cpus > 0:
             raise ValueError(f"shard_cpus: expected a number > 0, got {self.shard_cpus!r}")
+        if self.shard_gpus is not None and not (
+            self.shard_gpus >= 0 and (self.shard_gpus <= 1 or float(self.shard_gpus).is_integer())
+        ):
+            raise ValueError(
+                f"shard_gpus: expected a number >= 0, at most 1 or a whole number, got {self.shard_gpus!r}"
+            )
+        if self.local_gpus is not None and (not isinstance(self.local_gpus, int) or self.local_gpus < 0):
+            raise ValueError(f"local_gpus: expected an integer >= 0, got {self.local_gpus!r}")
         if not isinstance(self.max_restarts, int) or self.max_restarts < 0:
             raise ValueError(f"max_restarts: expected an integer >= 0, got {self.max_restarts!r}")
         for name, amount in self.resources.items():
@@ -75,9 +85,17 @@ class RayOptions:
 
 
 def _default_shards(traits: BackendTraits) -> str:
+    if traits.shard_gpus is None:
+        return "one per GPU, at least one per Ray node"
     if not traits.shard_gpus:
         return "one per Ray node"
     return "one per GPU" if traits.shard_gpus == 1 else f"one per {traits.shard_gpus:g} GPUs"
+
+
+def _default_gpus(traits: BackendTraits) -> str:
+    if traits.shard_gpus is None:
+        return "a share of its node's GPUs (none without)"
+    return f"{traits.shard_gpus:g}"
 
 
 def _default_cpus(traits: BackendTraits) -> str:
@@ -95,6 +113,9 @@ RAY_FLAGS = (
          shown="envs spread over all servers as in one process"),
     Flag("--shard-cpus", "CPUs (and simulator workers) per shard", field="shard_cpus", type=number, metavar="C",
          shown=per_backend(_default_cpus)),
+    Flag("--shard-gpus", "GPUs per shard, fractional allowed (0.25: four shards share a GPU); a shard simulates "
+         "and renders on the GPU Ray gives it", field="shard_gpus", type=number, metavar="F",
+         shown=per_backend(_default_gpus)),
     Flag("--ray-resource", "a custom Ray resource every shard asks for (repeatable): places shards on the nodes "
          "that have it", dest="resources", action="append", metavar="NAME=AMOUNT"),
     Flag("--shard-restarts", "new actors for a shard whose actor died", field="max_restarts", type=integer,
@@ -132,6 +153,9 @@ def ray_options_from_args(parser: argparse.ArgumentParser, args: argparse.Namesp
     if args.shards is not None and args.shards > num_envs:
         parser.error(f"--shards: expected at most --num-envs={num_envs} shards (each needs an env), got {args.shards}")
     try:
-        return RayOptions(address=args.address, resources=resources, **given)
+        options = RayOptions(address=args.address, resources=resources, **given)
+        if options.shard_gpus is not None:
+            traits(config.backend).check_shard_gpus(options.shard_gpus)
+        return options
     except ValueError as exc:
         parser.error(flag_message(exc, RAY_FLAGS))

@@ -101,12 +101,34 @@ def shard_servers(servers: Sequence[str], shard: Shard, servers_per_shard: int |
     return [group[i % servers_per_shard] for i in range(shard.num_envs)]
 
 
-def default_shard_count(num_envs: int, *, nodes: int, gpus: float, backend: str) -> int:
-    """One shard per Ray node (MuJoCo) or per GPU (Isaac Lab: one GPU per shard), at most one per env slot
-    (the backend's :meth:`~dz_gym.envs.backends.BackendTraits.shard_count`)."""
+def default_shard_count(
+    num_envs: int, *, nodes: int, gpus: float, backend: str, shard_gpus: float | None = None
+) -> int:
+    """One shard per Ray node (MuJoCo on nodes without GPUs), per GPU (MuJoCo on GPU nodes, Isaac Lab) or per
+    ``shard_gpus`` GPUs when that is given, at most one per env slot (the backend's
+    :meth:`~dz_gym.envs.backends.BackendTraits.shard_count`)."""
     from dz_gym.envs.backends import traits
 
-    return traits(backend).shard_count(num_envs, nodes=nodes, gpus=gpus)
+    return traits(backend).shard_count(num_envs, nodes=nodes, gpus=gpus, shard_gpus=shard_gpus)
+
+
+def gpus_per_shard(default: float | None, requested: float | None, shards_per_node: int, node_gpus: float) -> float:
+    """GPUs a shard asks Ray for: ``requested`` (``--shard-gpus``), else the backend's ``default``; a default
+    of None shares the GPUs of a node among its shards: a whole GPU each while there are enough, else
+    ``1/m`` with ``m = ceil(shards_per_node / node_gpus)`` (Ray puts a fractional request on one GPU, so ``m``
+    shards fill each GPU and every shard fits); no GPU where a node has none (``node_gpus``: the fewest GPUs
+    of any node)."""
+    if requested is not None:
+        if not requested >= 0:
+            raise ValueError(f"shard_gpus: expected a number >= 0, got {requested!r}")
+        return float(requested)
+    if default is not None:
+        return float(default)
+    gpus = int(node_gpus + 1e-9)
+    if gpus < 1:
+        return 0.0
+    per_gpu = -(-max(1, int(shards_per_node)) // gpus)
+    return 1.0 if per_gpu <= 1 else (10_000 // per_gpu) / 10_000  # rounded down: Ray counts 1e-4 GPUs
 
 
 def cpus_per_shard(

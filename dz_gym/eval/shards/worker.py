@@ -21,6 +21,7 @@ The wait is bounded (``START_WAIT_S``) and ends early on a stop request.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import os
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from dz_gym.envs.backends import traits
+from dz_gym.envs.devices import GpuPin, pin_gpu, place_device
 from dz_gym.eval.config import EvalConfig
 from dz_gym.eval.rundir import RunDir, episode_name
 
@@ -61,7 +63,7 @@ class ShardRunDir(RunDir):
 class Outbox:
     """Finished episodes and step counts waiting to go to the driver (thread-safe).
 
-    ``meta`` (shard, node) is added to every row and the row's local env slot becomes the global one
+    ``meta`` (shard, node, gpu) is added to every row and the row's local env slot becomes the global one
     (``slot_start + env``). With ``ship_files`` the row's trajectory and video are read from ``root`` and sent
     as bytes (and deleted here once sent); otherwise they are already in the driver's run directory.
     """
@@ -244,21 +246,39 @@ class Pusher:
 
 class ShardWorker:
     """A Ray actor running one shard (see the module docstring). ``app_args``: Isaac Lab's launcher flags;
-    ``setup``: called first (``RayOptions.worker_setup``)."""
+    ``setup``: called first (``RayOptions.worker_setup``).
+
+    A shard given GPUs runs on the first of them (:func:`~dz_gym.envs.devices.pin_gpu`): the rendering
+    variables (``MUJOCO_EGL_DEVICE_ID``) go into this process's environment before any simulator is imported,
+    so the env's worker processes (started with ``spawn``) inherit them, and the simulator's torch device
+    (Isaac Lab's ``--device``) becomes that GPU's CUDA index here."""
 
     def __init__(self, backend: str, app_args=None, setup=None):
         self.backend = backend
         if setup is not None:  # the user's set-up comes first, before any simulator module is imported
             setup()
-        traits(backend).start_app(app_args)  # Isaac Sim: before any torch-dependent import in this process
-        self.app_args = app_args
         import ray
 
+        self.pin = pin_actor()
+        option = traits(backend).device_option
+        if option and app_args is not None and hasattr(app_args, option):
+            app_args = copy.copy(app_args)
+            setattr(app_args, option, place_device(getattr(app_args, option), self.pin))
+        traits(backend).start_app(app_args)  # Isaac Sim: before any torch-dependent import in this process
+        self.app_args = app_args
         self.node_id = ray.get_runtime_context().get_node_id()
+        self.render_devices: list[dict[str, Any]] | None = None  # the last env's, where the backend says
 
     def where(self) -> dict[str, Any]:
-        """Where this actor runs: the Ray node id, the host name and the process id."""
-        return {"node": self.node_id, "host": socket.gethostname(), "pid": os.getpid()}
+        """Where this actor runs: the Ray node id, its GPU (None without one), the host name, the process id and
+        its last env's rendering processes (MuJoCo: the GL backend and EGL device of each)."""
+        return {
+            "node": self.node_id,
+            "gpu": self.pin.gpu,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "render_devices": self.render_devices,
+        }
 
     def run_scene(self, spec: dict[str, Any], collector) -> dict[str, Any]:
         """Run one scene's episodes of this shard (``spec`` from the driver); returns the timing of the loop."""
@@ -276,11 +296,14 @@ class ShardWorker:
         shared = _sees_run_dir(spec["run_dir"], spec["token"]) if ship is None else not ship
         root = Path(spec["run_dir"]) if shared else Path(tempfile.mkdtemp(prefix=f"dz-gym-shard{spec['shard']}-"))
         recorder = VideoRecorder() if config.video else None
-        meta = {"shard": int(spec["shard"]), "node": self.node_id}
+        meta = {"shard": int(spec["shard"]), "node": self.node_id, "gpu": self.pin.gpu}
         outbox = Outbox(root, slot_start=spec["slot_start"], meta=meta, ship_files=not shared, recorder=recorder)
         control = RunControl(None)
         pusher = Pusher(collector, int(spec["shard"]), int(spec["attempt"]), outbox, control.stop).start()
         env_kwargs = dict(spec.get("env_kwargs") or {})
+        option = traits(self.backend).device_option
+        if option and option in env_kwargs:
+            env_kwargs[option] = place_device(env_kwargs[option], self.pin)
         if traits(self.backend).starts_app and self.app_args is not None:
             env_kwargs.setdefault("app_args", self.app_args)
         out: dict[str, Any] = {
@@ -297,6 +320,7 @@ class ShardWorker:
         env = wrapper = None
         try:
             env = default_env_factory(spec["scene"], config, **env_kwargs)
+            self.render_devices = getattr(env, "render_devices", None)
             if spec.get("start_line"):
                 wait_at_start_line(collector, int(spec["shard"]), control.stop)
             client = _request_fields_client(config, list(spec["servers"]))
@@ -351,6 +375,16 @@ class ShardWorker:
                 + (f" ({pusher.lost})" if pusher.lost else "")
             )
         return out
+
+
+def pin_actor() -> GpuPin:
+    """Pin this Ray actor's process to the first GPU Ray gave it (:func:`~dz_gym.envs.devices.pin_gpu`): set
+    its rendering variables in ``os.environ`` (inherited by the processes it starts) and return the pin."""
+    import ray
+
+    pin = pin_gpu(ray.get_gpu_ids(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    os.environ.update(pin.environ)
+    return pin
 
 
 def wait_at_start_line(collector, shard: int, stop: threading.Event, timeout: float = START_WAIT_S) -> bool:
