@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from dz_gym.envs.devices import EGL_DEVICE_ENV, NO_GPU, pin_gpu, place_device
+from dz_gym.envs.devices import EGL_DEVICE_ENV, NO_GPU, pin_gpu, place_device, place_options
 
 
 def test_ray_ids_become_the_visible_cuda_index_and_the_egl_device_id():
@@ -30,6 +30,20 @@ def test_a_cuda_device_moves_to_the_pinned_gpu_and_cpu_stays():
     pin = pin_gpu([2], cuda_visible="2")
     assert [place_device(d, pin) for d in ("cuda:3", "cuda", None, "cpu")] == ["cuda:0", "cuda:0", "cuda:0", "cpu"]
     assert place_device("cuda:3", NO_GPU) == "cuda:3" and place_device(None, NO_GPU) is None
+
+
+def test_isaac_launcher_flags_and_env_keywords_move_to_the_shards_gpu():
+    import argparse
+
+    pin = pin_gpu(["1"], cuda_visible="1")
+    args = argparse.Namespace(device="cuda:3", headless=True)
+    moved = place_options(args, "device", pin)
+    assert moved.device == "cuda:0" and moved.headless and args.device == "cuda:3"  # the caller's is kept
+    assert place_options(argparse.Namespace(device="cpu"), "device", pin).device == "cpu"
+    assert place_options({"device": "cuda", "seed": 1}, "device", pin) == {"device": "cuda:0", "seed": 1}
+    assert place_options({"seed": 1}, "device", pin) == {"seed": 1}  # nothing named: the env's default
+    assert place_options(args, "", pin) is args and place_options(args, "device", NO_GPU) is args
+    assert place_options(None, "device", pin) is None
 
 
 def _mujoco_egl():

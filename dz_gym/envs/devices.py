@@ -34,6 +34,7 @@ True
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Mapping, Sequence
 
@@ -81,3 +82,18 @@ def place_device(device: str | None, pin: GpuPin) -> str | None:
     if device is None or str(device) == "cuda" or str(device).startswith("cuda:"):
         return pin.cuda_device
     return device
+
+
+def place_options(options, name: str, pin: GpuPin):
+    """``options`` (a namespace of launcher flags, e.g. Isaac Lab's, or a dict of env keywords) with its
+    device entry ``name`` moved by :func:`place_device`; the same object when there is nothing to move (a copy
+    otherwise: the caller's stays as given)."""
+    if not name or options is None or pin.cuda_device is None:
+        return options
+    if isinstance(options, dict):
+        return {**options, name: place_device(options[name], pin)} if name in options else options
+    if not hasattr(options, name):
+        return options
+    moved = copy.copy(options)
+    setattr(moved, name, place_device(getattr(options, name), pin))
+    return moved

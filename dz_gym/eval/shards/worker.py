@@ -21,7 +21,6 @@ The wait is bounded (``START_WAIT_S``) and ends early on a stop request.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 import os
@@ -35,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from dz_gym.envs.backends import traits
-from dz_gym.envs.devices import GpuPin, pin_gpu, place_device
+from dz_gym.envs.devices import GpuPin, pin_gpu, place_options
 from dz_gym.eval.config import EvalConfig
 from dz_gym.eval.rundir import RunDir, episode_name
 
@@ -260,10 +259,7 @@ class ShardWorker:
         import ray
 
         self.pin = pin_actor()
-        option = traits(backend).device_option
-        if option and app_args is not None and hasattr(app_args, option):
-            app_args = copy.copy(app_args)
-            setattr(app_args, option, place_device(getattr(app_args, option), self.pin))
+        app_args = place_options(app_args, traits(backend).device_option, self.pin)
         traits(backend).start_app(app_args)  # Isaac Sim: before any torch-dependent import in this process
         self.app_args = app_args
         self.node_id = ray.get_runtime_context().get_node_id()
@@ -300,10 +296,7 @@ class ShardWorker:
         outbox = Outbox(root, slot_start=spec["slot_start"], meta=meta, ship_files=not shared, recorder=recorder)
         control = RunControl(None)
         pusher = Pusher(collector, int(spec["shard"]), int(spec["attempt"]), outbox, control.stop).start()
-        env_kwargs = dict(spec.get("env_kwargs") or {})
-        option = traits(self.backend).device_option
-        if option and option in env_kwargs:
-            env_kwargs[option] = place_device(env_kwargs[option], self.pin)
+        env_kwargs = place_options(dict(spec.get("env_kwargs") or {}), traits(self.backend).device_option, self.pin)
         if traits(self.backend).starts_app and self.app_args is not None:
             env_kwargs.setdefault("app_args", self.app_args)
         out: dict[str, Any] = {
