@@ -23,6 +23,8 @@ import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
+from dz_gym.envs.devices import MAX_RENDER_GPUS
+
 AUTO = "auto"
 
 
@@ -146,7 +148,7 @@ REGISTRY: dict[str, BackendTraits] = {
             config_kwargs={"seed": "seed", "max_episode_length": "max_steps"},
             embedded_policy="reference",
             shard_gpus=None,
-            max_shard_gpus=1.0,
+            max_shard_gpus=MAX_RENDER_GPUS,
             worker_processes=True,
         ),
     )
