@@ -1,20 +1,24 @@
-"""Pairs needed by the sequential A/B test vs a fixed-n exact McNemar test of the same power.
+"""Exact operating characteristics of the sequential A/B rule vs a fixed-n exact McNemar test (no Monte-Carlo).
 
-Model: every pair is one seed run under both arms; arm A succeeds with probability ``0.5 - delta/2`` and
-arm B with ``0.5 + delta/2``, independently given the seed (the most discordant pairs a difference ``delta``
-can give, so the hardest case for any paired test). For each true difference:
+A cell is a true difference ``delta`` (B - A), a base rate (the mean of the arms' success rates) and the
+correlation of the two arms' outcomes on the same seed (phi coefficient). From it: the discordance ``pi``
+(a pair has one success and one failure) and ``q`` (a discordant pair is B-only). Every number is computed by
+dynamic programming (``dz_gym.stats.walk``) or exact binomial sums:
 
-- fixed n: the smallest number of pairs at which the exact two-sided McNemar test at ``alpha`` (the one
-  ``dz-gym-compare`` reports, :func:`dz_gym.stats.mcnemar_exact_p`) has the target power, computed exactly;
-- sequential: :class:`dz_gym.stats.SequentialPairTest` (the same e-value, vectorized: ``log_e_values``) run on
-  simulated sequences, stopped at the first rejection or at a cap (``max_pairs``); the cap is the smallest that
-  gives the same target power, and the pairs needed are ``min(first rejection, cap)`` averaged over sequences.
+- sequential: the shipped rule, ``SequentialDesign.plan(min_difference)``, whose cap is chosen from what a
+  user knows: the smallest difference they care about, the power and alpha (planned for the worst case
+  without negative correlation, ``pi = (1 + delta^2) / 2``); the user's difference is the cell's ``delta``;
+- fixed n: the smallest n at which the exact two-sided McNemar test at alpha has the same power **in that
+  cell** (the power the sequential rule reaches there, at least the target), knowing the cell's ``pi``: the
+  most favourable baseline;
+- previous: the rule this one replaces (mixture e-process over q in {0.65, 0.75, 0.85}, reject at 1/alpha,
+  no futility), capped at the smallest n with the target power at the planned point.
 
-Both are valid level-``alpha`` tests; the sequential one also at any earlier stopping time. Printed: the fixed
-n, the cap, the average pairs of the sequential test and their ratio (< 1: fewer pairs), plus the rejection
-rate of the sequential test under no difference (any time up to the cap).
+Printed: pairs used (expected), ratio to the fixed n, power, type-I error (the rule's, exact, at every
+truncation: its maximum over budgets and concordance rates), pairs used when there is no difference, and the
+bias of the naive estimate at the stop.
 
-    python benchmarks/bench_ab.py [--sequences 4000] [--alpha 0.05] [--seed 0]
+    python benchmarks/bench_ab.py [--alpha 0.05] [--quick]
 """
 
 from __future__ import annotations
@@ -25,119 +29,179 @@ import time
 
 import numpy as np
 
-from dz_gym.stats import DEFAULT_ALTERNATIVES, log_e_values, mcnemar_exact_p
+from dz_gym.stats import SequentialDesign, log_e_values, mcnemar_exact_p
+from dz_gym.stats.design import planning_discordance
+from dz_gym.stats.walk import Boundaries, pair_characteristics, walk
 
 POWERS = (0.8, 0.9)
 DELTAS = (0.1, 0.2, 0.3)
+BASES = (0.3, 0.5, 0.7)
+CORRELATIONS = (0.0, 0.3, 0.6)
+PREVIOUS_ALTERNATIVES = (0.65, 0.75, 0.85)
+MAX_N = 2000
+LOGF = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, MAX_N + 1, dtype=np.float64)))])
 
 
-def _log_factorials(n: int) -> np.ndarray:
-    return np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, n + 1, dtype=np.float64)))])
+def binom(n: int, p: float) -> np.ndarray:
+    k = np.arange(n + 1)
+    if p <= 0.0 or p >= 1.0:
+        out = np.zeros(n + 1)
+        out[0 if p <= 0.0 else n] = 1.0
+        return out
+    return np.exp(LOGF[n] - LOGF[k] - LOGF[n - k] + k * math.log(p) + (n - k) * math.log1p(-p))
+
+
+def cell(delta: float, base: float, rho: float) -> tuple[float, float] | None:
+    """``(pi, q)`` of a cell, or None when no joint law has these margins and correlation."""
+    p_a, p_b = base - delta / 2, base + delta / 2
+    if not (0.0 < p_a < 1.0 and 0.0 < p_b < 1.0):
+        return None
+    both = p_a * p_b + rho * math.sqrt(p_a * (1 - p_a) * p_b * (1 - p_b))
+    if both > min(p_a, p_b) + 1e-12 or both < max(0.0, p_a + p_b - 1) - 1e-12:
+        return None
+    pi = p_a + p_b - 2 * both
+    return pi, (p_b - both) / pi
 
 
 class FixedMcNemar:
-    """Exact power of the two-sided exact McNemar test with ``n`` pairs."""
+    """Exact power of the fixed-n two-sided exact McNemar test; ``crit[d]``: the smallest |B only - A only|
+    that the test rejects with ``d`` discordant pairs (checked against ``dz_gym.stats.mcnemar_exact_p``)."""
 
-    def __init__(self, alpha: float, max_n: int):
-        self.alpha = alpha
-        self.logf = _log_factorials(max_n)
-        # low[d]: the largest k with p(k B-only of d) <= alpha on the low side (-1: none); symmetric high side.
-        self.low = np.full(max_n + 1, -1, dtype=np.int64)
-        for d in range(1, max_n + 1):
-            ks = np.arange(d + 1)
-            logpmf = self.logf[d] - self.logf[ks] - self.logf[d - ks] - d * math.log(2)
-            cdf = np.cumsum(np.exp(logpmf))
-            k = int(np.searchsorted(2 * cdf > alpha * (1 + 1e-12), True)) - 1
-            k = min(k, (d - 1) // 2)
-            # Settle the boundary with the package's exact test.
+    def __init__(self, alpha: float, max_d: int = MAX_N):
+        self.crit = np.empty(max_d + 1, dtype=np.int64)
+        for d in range(max_d + 1):
+            cdf = np.cumsum(binom(d, 0.5))
+            low = np.nonzero(2 * cdf <= alpha * (1 + 1e-9))[0]
+            k = int(low[-1]) if low.size else -1
             while k >= 0 and mcnemar_exact_p(d - k, k) > alpha:
                 k -= 1
-            while k + 1 <= (d - 1) // 2 and mcnemar_exact_p(d - k - 1, k + 1) <= alpha:
+            while k + 1 < d / 2 and mcnemar_exact_p(d - k - 1, k + 1) <= alpha:
                 k += 1
-            self.low[d] = k
+            self.crit[d] = d - 2 * k if k >= 0 else d + 2
+        self._given_d: dict[float, np.ndarray] = {}
 
-    def _binom(self, n: int, p: float) -> np.ndarray:
-        ks = np.arange(n + 1)
-        with np.errstate(divide="ignore"):
-            return np.exp(self.logf[n] - self.logf[ks] - self.logf[n - ks] + ks * np.log(p) + (n - ks) * np.log1p(-p))
+    def _reject_given_d(self, q: float) -> np.ndarray:
+        if q not in self._given_d:
+            out = np.zeros(len(self.crit))
+            for d in range(1, len(self.crit)):
+                s = 2 * np.arange(d + 1) - d
+                out[d] = binom(d, q)[np.abs(s) >= self.crit[d]].sum()
+            self._given_d[q] = out
+        return self._given_d[q]
 
-    def power(self, n: int, p_a: float, p_b: float) -> float:
-        discordant = p_a * (1 - p_b) + p_b * (1 - p_a)
-        q = p_b * (1 - p_a) / discordant
-        total = 0.0
-        pd = self._binom(n, discordant)
-        for d in range(1, n + 1):
-            k = self.low[d]
-            if k < 0 or pd[d] < 1e-16:
-                continue
-            pk = self._binom(d, q)
-            total += pd[d] * (pk[: k + 1].sum() + pk[d - k :].sum())
-        return total
+    def power(self, n: int, pi: float, q: float) -> float:
+        return float(binom(n, pi) @ self._reject_given_d(q)[: n + 1])
 
-    def n_for(self, power: float, p_a: float, p_b: float) -> int:
-        n = 4
-        while self.power(n, p_a, p_b) < power:
-            n = int(n * 1.25) + 1
-        lo = max(1, int(n / 1.25) - 1)
-        return next(m for m in range(lo, n + 1) if self.power(m, p_a, p_b) >= power)
+    def n_for(self, power: float, pi: float, q: float) -> int:
+        n = 2
+        while self.power(n, pi, q) < power:
+            n *= 2
+            if n > MAX_N:
+                raise ValueError(f"fixed n beyond {MAX_N} pairs (pi {pi:.3f}, q {q:.3f})")
+        lo = n // 2
+        return next(m for m in range(lo, n + 1) if self.power(m, pi, q) >= power)
 
 
-def first_rejections(p_a: float, p_b: float, cap: int, sequences: int, alpha: float, rng) -> np.ndarray:
-    """1-based pair index of each sequence's first rejection (``cap + 1``: none up to ``cap``)."""
-    out = np.empty(sequences, dtype=np.int64)
-    threshold = math.log(1 / alpha)
-    block = max(1, 2_000_000 // cap)
-    for start in range(0, sequences, block):
-        m = min(block, sequences - start)
-        a = rng.random((m, cap)) < p_a
-        b = rng.random((m, cap)) < p_b
-        b_only = np.cumsum(b & ~a, axis=1, dtype=np.int32)
-        discordant = b_only + np.cumsum(a & ~b, axis=1, dtype=np.int32)
-        crossed = log_e_values(b_only, discordant) >= threshold
-        out[start : start + m] = np.where(crossed.any(axis=1), crossed.argmax(axis=1) + 1, cap + 1)
-    return out
+def previous_rule(alpha: float, cap: int) -> Boundaries:
+    """The replaced rule as boundaries on |S|: reject once the mixture e-value reaches 1/alpha."""
+    reject = np.empty(cap + 1, dtype=np.int64)
+    for d in range(cap + 1):
+        k = np.arange((d + 1) // 2, d + 1)  # B-only counts with S >= 0
+        ok = np.nonzero(log_e_values(k, d, PREVIOUS_ALTERNATIVES) >= math.log(1 / alpha))[0]
+        reject[d] = 2 * int(k[ok[0]]) - d if ok.size else d + 1
+    none = np.full(cap + 1, -1)
+    return Boundaries(reject, none, reject.copy())
+
+
+def previous_cap(alpha: float, power: float, pi: float, q: float) -> tuple[Boundaries, int]:
+    cap = 64
+    while True:
+        bounds = previous_rule(alpha, cap)
+        if pair_characteristics(bounds, cap, pi, q).b_better >= power:
+            break
+        cap *= 2
+    lo, hi = 1, cap
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if pair_characteristics(bounds, mid, pi, q).b_better >= power:
+            hi = mid
+        else:
+            lo = mid + 1
+    return bounds, hi
+
+
+def max_type_one(design: SequentialDesign) -> float:
+    """The largest type-I error over every truncation of the walk (all budgets and concordance rates)."""
+    w = walk(design.bounds, 0.5)
+    return float((np.cumsum(w.up + w.down) + w.final_up + w.final_down)[: design.max_pairs + 1].max())
+
+
+def design_table(alpha: float, fixed: FixedMcNemar, deltas) -> dict:
+    print("\nAt the planned point (base rate 0.5, independent outcomes: the most pairs a difference can need)")
+    print(
+        "| diff | power | fixed-n McNemar | previous rule | sequential cap | sequential mean pairs | fewer than fixed "
+        "| no difference: pairs (vs fixed) | type I (max) | bias at stop |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    designs = {}
+    for delta in deltas:
+        pi = planning_discordance(delta)
+        for power in POWERS:
+            design = SequentialDesign.plan(delta, alpha=alpha, power=power)
+            designs[(delta, power)] = design
+            alt = design.characteristics(pi, design.q1)
+            n_fixed = fixed.n_for(alt.b_better, pi, design.q1)
+            bounds, cap = previous_cap(alpha, power, pi, design.q1)
+            prev = pair_characteristics(bounds, cap, pi, design.q1).mean_pairs
+            null = design.characteristics(pi, 0.5)
+            print(f"| {delta:.1f} | {power:.0%} | {n_fixed} | {prev:.1f} (cap {cap}) | {design.max_pairs} "
+                  f"| {alt.mean_pairs:.1f} | {1 - alt.mean_pairs / n_fixed:.0%} | {null.mean_pairs:.1f} "
+                  f"({null.mean_pairs / n_fixed:.2f}) | {max_type_one(design):.4f} "
+                  f"| {alt.mean_estimate - delta:+.3f} |")  # fmt: skip
+    return designs
+
+
+def grid_table(alpha: float, fixed: FixedMcNemar, designs: dict, deltas) -> None:
+    print("\nOver base rate x correlation (the design planned from the difference alone, as above)")
+    print(
+        "| diff | power target | base | corr | pi | power reached | sequential mean pairs | fixed-n same power "
+        "| fewer | no difference at this base/corr: pairs (vs planned fixed n; vs fixed n knowing pi) | type I |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for delta in deltas:
+        for power in POWERS:
+            design = designs[(delta, power)]
+            for base in BASES:
+                for rho in CORRELATIONS:
+                    here, null_cell = cell(delta, base, rho), cell(0.0, base, rho)
+                    if here is None or null_cell is None:
+                        continue
+                    pi, q = here
+                    alt = design.characteristics(pi, q)
+                    n_fixed = fixed.n_for(alt.b_better, pi, q)
+                    null = design.characteristics(null_cell[0], 0.5)
+                    # the fixed-n test planned from the same knowledge (the difference), and one that knows pi
+                    n_plan = fixed.n_for(power, planning_discordance(delta), design.q1)
+                    pi0 = max(null_cell[0], delta)
+                    n_knows = fixed.n_for(power, pi0, 0.5 + delta / (2 * pi0))
+                    print(f"| {delta:.1f} | {power:.0%} | {base:.1f} | {rho:.1f} | {pi:.3f} | {alt.b_better:.3f} "
+                          f"| {alt.mean_pairs:.1f} | {n_fixed} | {1 - alt.mean_pairs / n_fixed:.0%} "
+                          f"| {null.mean_pairs:.1f} ({null.mean_pairs / n_plan:.2f}; {null.mean_pairs / n_knows:.2f}) "
+                          f"| {null.a_better + null.b_better:.4f} |")  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sequences", type=int, default=4000)
     parser.add_argument("--alpha", type=float, default=0.05)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="differences 0.2 and 0.3 only")
     args = parser.parse_args()
-    rng = np.random.default_rng(args.seed)
     started = time.perf_counter()
-    print(f"alpha {args.alpha}, {args.sequences} simulated sequences per difference, "
-          f"alternatives {list(DEFAULT_ALTERNATIVES)} (and mirrored)")  # fmt: skip
-    print(
-        "| true diff (A -> B) | power | fixed-n McNemar pairs | sequential cap | sequential mean pairs | ratio | fewer |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    fixed = FixedMcNemar(args.alpha, 1200)
-    caps = {}
-    for delta in DELTAS:
-        p_a, p_b = 0.5 - delta / 2, 0.5 + delta / 2
-        n_fixed = {power: fixed.n_for(power, p_a, p_b) for power in POWERS}
-        horizon = 3 * max(n_fixed.values())
-        first = first_rejections(p_a, p_b, horizon, args.sequences, args.alpha, rng)
-        ordered = np.sort(first)
-        for power in POWERS:
-            cap = int(ordered[math.ceil(power * len(ordered)) - 1])
-            if cap > horizon:
-                print(f"| {delta:.1f} | {power:.0%} | {n_fixed[power]} | > {horizon} | - | - | - |")
-                continue
-            caps[(delta, power)] = cap
-            mean = float(np.minimum(first, cap).mean())
-            ratio = mean / n_fixed[power]
-            print(f"| {p_a:.2f} -> {p_b:.2f} | {power:.0%} | {n_fixed[power]} | {cap} | {mean:.1f} | {ratio:.2f} "
-                  f"| {1 - ratio:.0%} |")  # fmt: skip
-    # Type-I error of the sequential rule under no difference, rejecting at any time up to the largest cap.
-    cap = max(caps.values())
-    null = first_rejections(0.5, 0.5, cap, args.sequences, args.alpha, rng)
-    rate = float((null <= cap).mean())
-    se = math.sqrt(args.alpha * (1 - args.alpha) / args.sequences)
-    print(f"\nno difference (0.50 -> 0.50): rejected at any time up to {cap} pairs in {rate:.2%} of sequences "
-          f"(alpha {args.alpha:.0%}, Monte-Carlo SE {se:.2%})")  # fmt: skip
-    print(f"({time.perf_counter() - started:.0f} s)")
+    deltas = DELTAS[1:] if args.quick else DELTAS
+    fixed = FixedMcNemar(args.alpha)
+    print(f"alpha {args.alpha}; all numbers exact (dynamic programming over the discordant walk)")
+    designs = design_table(args.alpha, fixed, deltas)
+    grid_table(args.alpha, fixed, designs, [d for d in deltas if d >= 0.2])
+    print(f"\n({time.perf_counter() - started:.0f} s)")
 
 
 if __name__ == "__main__":

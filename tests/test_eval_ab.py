@@ -285,15 +285,36 @@ def test_milestone_funnel_counts_completed_episodes_only():
     assert funnel["reached"]["ci95"][0] > 0.0 and milestone_funnel([{"error": None}]) is None
 
 
-def test_pair_tracker_feeds_pairs_in_completion_order():
+def test_pair_tracker_feeds_pairs_in_plan_order():
     rows = [{"scene": 1, "episode": k, "seed": k, "arm": arm, "error": None, "success_at_end": arm == "b"}
             for k in range(30) for arm in "ab"]  # fmt: skip
-    tracker = PairTracker(sequential=True, alpha=0.05, max_pairs=100)
+    order = [(1, k) for k in range(30)]
+    tracker = PairTracker(sequential=True, alpha=0.05, max_pairs=100, order=order)
     stops = [tracker.add(r) for r in rows]
     first = stops.index(True)
     assert rows[first]["arm"] == "b" and tracker.decision.better == "b"
-    rebuilt = PairTracker(sequential=True, alpha=0.05, max_pairs=100, rows=rows[: first + 1])
+    rebuilt = PairTracker(sequential=True, alpha=0.05, max_pairs=100, rows=rows[: first + 1], order=order)
     assert rebuilt.stopped and rebuilt.decision == tracker.decision
+
+
+def test_pair_tracker_waits_for_the_next_pair_in_plan_order():
+    # Pairs 1..29 (B wins each) complete before pair 0: the test sees nothing until pair 0 is in, then all
+    # of them in plan order, so the decision is the same as if they had completed in order.
+    def pair(k, b_wins=True):
+        return [{"scene": 1, "episode": k, "seed": k, "arm": arm, "error": None,
+                 "success_at_end": (arm == "b") == b_wins} for arm in "ab"]  # fmt: skip
+
+    order = [(1, k) for k in range(30)]
+    early = PairTracker(sequential=True, max_pairs=100, order=order)
+    for k in range(1, 30):
+        for row in pair(k):
+            assert not early.add(row)
+    assert early.next_pair == 0 and early.decision.pairs == 0
+    for row in pair(0, b_wins=False):
+        early.add(row)
+    in_order = PairTracker(sequential=True, max_pairs=100, order=order,
+                           rows=[r for k in range(30) for r in pair(k, b_wins=k != 0)])  # fmt: skip
+    assert early.stopped and early.decision == in_order.decision and early.decision.better == "b"
 
 
 @pytest.mark.parametrize(
@@ -342,6 +363,9 @@ def test_embedded_sequential_ab_names_the_better_arm(tmp_path):
     assert seq["stopped_by"] == "decision" and seq["better"] == "a", seq["why"]
     assert seq["pairs"] < 24 and len(RunDir(run).read_rows()) < 48
     assert "A is better" in proc.stdout and "stopped by: decision" in proc.stdout
+    assert "DECISION (sequential test): a_better" in proc.stdout and "DESCRIPTIVE ONLY" in proc.stdout
+    low, high = seq["difference"]["confidence_sequence"]
+    assert high < 0 and low <= seq["difference"]["estimate"] <= high
     assert unpaired_rows(RunDir(run).read_rows()) == seq["unpaired"]
 
 
@@ -359,3 +383,24 @@ def test_resume_keeps_a_run_ab_or_not(capsys, tmp_path):
     parser = cli.build_parser(isaac_args=False)
     config, _, _ = cli.resolve_config(parser, parser.parse_args(["--resume", str(ab.path), "--num-envs", "4"]))
     assert config.ab and config.policy_b == "reference:skill=0.3" and config.num_envs == 4
+
+
+def test_pair_tracker_summary_futility_difference_and_arm_dependent_errors():
+    def rows_of(pairs):
+        return [{"scene": 1, "episode": k, "seed": k, "arm": arm, "error": None if out is not None else "boom",
+                 "success_at_end": bool(out)} for k, pair in enumerate(pairs) for arm, out in zip("ab", pair)]  # fmt: skip
+
+    # No difference, every pair discordant half-and-half: the futility bound stops it early.
+    even = [(True, False), (False, True)] * 100
+    tracker = PairTracker(sequential=True, rows=rows_of(even))
+    entry = tracker.summary(rows_of(even), planned_pairs=200, finished=False)
+    assert entry["reason"] == "no_difference" and entry["stopped_by"] == "futility" and entry["better"] is None
+    assert entry["pairs"] < 200 and len(entry["log10_e_path"]) == entry["pairs"]
+    low, high = entry["difference"]["confidence_sequence"]
+    assert low < entry["difference"]["estimate"] < high and entry["difference"]["bias"] is not None
+    # B errors on seeds where it would fail; on the rest B wins: flagged, no decision.
+    skewed = [(True, None)] * 10 + [(False, True)] * 40
+    flagged = PairTracker(sequential=True, rows=rows_of(skewed))
+    entry = flagged.summary(rows_of(skewed), planned_pairs=50, finished=True)
+    assert entry["reason"] == "errors_differ" and entry["stopped_by"] == "errors_differ"
+    assert (entry["errored_a"], entry["errored_b"]) == (0, 10) and "errors differ" in entry["why"]

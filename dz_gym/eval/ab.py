@@ -1,12 +1,15 @@
-"""A/B runs: the pairs of episodes as they complete, and the sequential stopping rule fed with them.
+"""A/B runs: the pairs of episodes in plan order, and the sequential stopping rule fed with them.
 
 In an A/B run every (scene, episode) runs once per arm; the two rows share the seed and differ only in the
-policy. :class:`PairTracker` receives rows in the order they are written (``episodes.jsonl`` order), folds
-each completed pair, the moment its second row arrives, into :class:`~dz_gym.stats.sequential.SequentialPairTest`
-(with ``--sequential``), and says when to stop starting new episodes. A resumed run rebuilds the same state
-from the rows, in the same order, so the decision does not depend on interruptions.
+policy. :class:`PairTracker` receives rows in the order they are written, but folds the pairs into
+:class:`~dz_gym.stats.sequential.SequentialPairTest` (with ``--sequential``) **in the order of the plan**
+(``order``: the (scene, episode) of every pair): a pair that completes early waits until every pair before it
+is in. Completion order may depend on the outcomes (an episode that succeeds can end early, and an arm that
+ends early runs more episodes per second), and a test fed in that order loses its type-I guarantee; the plan
+order is fixed before any outcome. A resumed run rebuilds the same state from its rows.
 
-A pair with an errored episode is counted as errored by the test and left out (as ``dz-gym-compare`` does).
+A pair with an errored episode is counted by arm and left out of the walk; the test refuses to decide when
+errors differ between arms beyond chance (see :mod:`dz_gym.stats.sequential`).
 Pairs completed after the decision are ignored by the test (its decision is final) but are real pairs and
 appear in the comparison; an episode whose twin never ran (cut off at the decision) is listed under
 ``unpaired`` in the summary and left out of the comparison.
@@ -15,10 +18,17 @@ appear in the comparison; an episode whose twin never ran (cut off at the decisi
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from dz_gym.stats.sequential import SequentialDecision, SequentialPairTest
+from dz_gym.stats.confseq import difference_confidence_sequence
+from dz_gym.stats.sequential import (
+    DEFAULT_MIN_DIFFERENCE,
+    DEFAULT_POWER,
+    MAX_PAIRS,
+    SequentialDecision,
+    SequentialPairTest,
+)
 
 __all__ = ["PairTracker", "unpaired_rows"]
 
@@ -57,16 +67,28 @@ def unpaired_rows(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 class PairTracker:
-    """Completed pairs of an A/B run and, with ``sequential``, the stopping rule (see the module docstring).
+    """Pairs of an A/B run and, with ``sequential``, the stopping rule (see the module docstring).
 
-    ``rows``: the rows already written (resume), in file order. ``max_pairs``: the test's cap.
+    ``order``: the (scene, episode) of every planned pair, in plan order (default: sorted). ``rows``: the rows
+    already written (resume). ``max_pairs``: the run's budget of usable pairs; ``min_difference``, ``power``:
+    the design (:class:`~dz_gym.stats.design.SequentialDesign`).
     """
 
     def __init__(self, *, sequential: bool, alpha: float = 0.05, max_pairs: int | None = None,
-                 rows: Iterable[Mapping[str, Any]] = ()):  # fmt: skip
-        self.test = SequentialPairTest(alpha, max_pairs) if sequential else None
-        self._waiting: dict[tuple[int, int], Mapping[str, Any]] = {}
+                 rows: Iterable[Mapping[str, Any]] = (), order: Sequence[tuple[int, int]] | None = None,
+                 min_difference: float = DEFAULT_MIN_DIFFERENCE, power: float = DEFAULT_POWER):  # fmt: skip
+        self.test = (SequentialPairTest(alpha, max_pairs, min_difference=min_difference, power=power)
+                     if sequential else None)  # fmt: skip
+        rows = list(rows)
+        if order is None:
+            order = sorted({(int(r["scene"]), int(r["episode"])) for r in rows if r.get("arm") in ARMS})
+        self.order = [(int(scene), int(episode)) for scene, episode in order]
+        self._position = {key: i for i, key in enumerate(self.order)}
+        self._halves: dict[tuple[int, int], dict[str, Mapping[str, Any]]] = {}
+        self._done: dict[int, tuple[bool | None, bool | None]] = {}
+        self.next_pair = 0  # plan index of the next pair the test waits for
         self.pairs = 0
+        self.outcomes: list[tuple[bool, bool]] = []  # usable pairs, in the order the test saw them
         for row in rows:
             self.add(row)
 
@@ -76,7 +98,7 @@ class PairTracker:
 
     @property
     def stopped(self) -> bool:
-        """Whether the sequential test has decided (or reached its cap): start no new episodes."""
+        """Whether the sequential test has stopped (decided, futile, cap, refused): start no new episodes."""
         return self.test is not None and self.test.decision.stop
 
     def add(self, row: Mapping[str, Any]) -> bool:
@@ -84,41 +106,72 @@ class PairTracker:
         arm = row.get("arm")
         if arm not in ARMS:
             return self.stopped
-        key = _pair_key(row)
-        twin = self._waiting.pop(key, None)
-        if twin is None or twin.get("arm") == arm:
-            self._waiting[key] = row
+        key = (int(row["scene"]), int(row["episode"]))
+        halves = self._halves.setdefault(key, {})
+        if arm in halves:
+            return self.stopped
+        halves[arm] = row
+        if len(halves) < 2:
             return self.stopped
         self.pairs += 1
-        a, b = (twin, row) if arm == "b" else (row, twin)
-        if self.test is not None:
-            self.test.update([(_outcome(a), _outcome(b))])
+        del self._halves[key]
+        index = self._position.get(key)
+        if index is None:  # not in the plan given (an older run's layout): append in arrival order
+            index = len(self.order)
+            self.order.append(key)
+            self._position[key] = index
+        self._done[index] = (_outcome(halves["a"]), _outcome(halves["b"]))
+        while self.next_pair in self._done:
+            pair = self._done.pop(self.next_pair)
+            self.next_pair += 1
+            if pair[0] is not None and pair[1] is not None and (self.test is None or not self.test.decision.stop):
+                self.outcomes.append((pair[0], pair[1]))
+            if self.test is not None:
+                self.test.update([pair])
         return self.stopped
+
+    def _difference(self) -> dict[str, Any] | None:
+        n = len(self.outcomes)
+        if self.test is None or not n:
+            return None
+        estimate = sum(int(b) - int(a) for a, b in self.outcomes) / n
+        discordance = sum(a != b for a, b in self.outcomes) / n
+        interval = difference_confidence_sequence(self.outcomes, self.test.alpha)
+        bias = self.test.design.estimate_bias(discordance, estimate, pairs=self.test.max_pairs)
+        return {
+            "estimate": estimate,
+            "confidence_sequence": list(interval) if interval else None,
+            "level": 1 - self.test.alpha,
+            "bias": bias,
+            "note": "B - A over the pairs the test used; the interval is a confidence sequence (valid at the stop); "
+            "bias: E[estimate at the stop] - difference for this design, computed exactly at the estimate",
+        }
 
     def summary(
         self, rows: Iterable[Mapping[str, Any]], *, planned_pairs: int, finished: bool
     ) -> dict[str, Any] | None:
-        """``summary.json``'s ``sequential`` entry (None without ``--sequential``): the test's settings and
-        decision, why the run stopped (``stopped_by``) and the episodes left without a twin.
-
-        ``finished``: every planned episode has a row (else the run was interrupted or aborted).
-        """
+        """``summary.json``'s ``sequential`` entry (None without ``--sequential``): the test's design, its
+        decision, why the run stopped (``stopped_by``), the difference with a confidence sequence, and the
+        episodes left without a twin. ``finished``: every planned episode has a row; an undecided test then
+        takes its final look at this budget."""
         if self.test is None:
             return None
+        if finished and not self.test.decision.stop and self.next_pair >= len(self.order):
+            self.test.finish()
         decision = self.test.decision
-        if decision.reason in ("a_better", "b_better"):
-            stopped_by = "decision"
-        elif decision.reason == "max_pairs":
-            stopped_by = "max_episodes"
-        elif finished:
-            stopped_by = "planned_episodes_done"
-        else:
+        stopped_by = {"a_better": "decision", "b_better": "decision", "no_difference": "futility",
+                      "errors_differ": "errors_differ"}.get(decision.reason)  # fmt: skip
+        if decision.reason == MAX_PAIRS:
+            stopped_by = "max_episodes" if decision.pairs >= self.test.max_pairs else "planned_episodes_done"
+        elif stopped_by is None:
             stopped_by = "not_stopped"  # interrupted or aborted: --resume continues the test
         entry = self.test.to_dict()
         entry.update(
             stopped_by=stopped_by,
             planned_pairs=int(planned_pairs),
             completed_pairs=self.pairs,
+            waiting_for_pair=None if decision.stop or self.next_pair >= len(self.order) else self.next_pair,
+            difference=self._difference(),
             unpaired=unpaired_rows(rows),
             log10_e_value=None if decision.e_value <= 0 else math.log10(decision.e_value),
         )

@@ -84,8 +84,9 @@ def pair_tracker(config: EvalConfig, rows: Sequence[Mapping[str, Any]]):
         return None
     from dz_gym.eval.ab import PairTracker
 
+    order = [(scene, k) for scene in config.scenes for k in range(config.episodes)]  # the plan's pair order
     return PairTracker(sequential=config.sequential, alpha=config.alpha, max_pairs=config.sequential_max_pairs,
-                       rows=rows)  # fmt: skip
+                       rows=rows, order=order)  # fmt: skip
 
 
 def _ab_summary(

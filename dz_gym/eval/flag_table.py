@@ -109,9 +109,9 @@ AB = (
          "seeds", field="servers_b", action="append", metavar="URL"),
     Flag("--policy-b", "embedded servers: arm B's policy (arm A: --policy), e.g. --policy reference --policy-b "
          "reference:skill=0.3; a second embedded server serves it", field="policy_b", metavar="NAME"),
-    Flag("--sequential", "stop as soon as an anytime-valid test on the discordant pairs decides which arm is "
-         "better", field="sequential", action="store_true"),
-    Flag("--alpha", "with --sequential: the test's type-I error, valid at any stopping time", field="alpha",
+    Flag("--sequential", "stop as soon as the sequential test on the discordant pairs (fed in plan order) decides "
+         "which arm is better or finds no difference", field="sequential", action="store_true"),
+    Flag("--alpha", "with --sequential: the test's type-I error, exact at any stop", field="alpha",
          type=number, metavar="A"),
     Flag("--max-episodes", "with --sequential: stop undecided after N pairs (N episodes per arm); --episodes "
          "defaults to N spread over the scenes", field="max_episodes", type=integer, metavar="N",

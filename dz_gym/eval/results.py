@@ -293,10 +293,20 @@ def format_table(summary: Mapping[str, Any]) -> str:
 
         out.append("")
         shown = {k: v for k, v in comparison["metrics"].items() if k in ("success_at_end", "success_any_step")}
-        out.append(format_comparison({**comparison, "metrics": shown}))
+        sequential_run = isinstance(summary.get("sequential"), Mapping)
+        out.append(format_comparison({**comparison, "metrics": shown}, descriptive=sequential_run))
     sequential = summary.get("sequential")
     if isinstance(sequential, Mapping):
-        out.append(f"sequential test: {sequential.get('why')} [stopped by: {sequential.get('stopped_by')}]")
+        out.append("")
+        out.append(
+            f"DECISION (sequential test): {sequential.get('reason')} [stopped by: {sequential.get('stopped_by')}]"
+        )
+        out.append(f"  {sequential.get('why')}")
+        diff = sequential.get("difference")
+        if isinstance(diff, Mapping) and diff.get("confidence_sequence"):
+            low, high = diff["confidence_sequence"]
+            out.append(f"  B - A {diff['estimate']:+.3f}, {diff['level']:.0%} confidence sequence [{low:+.2f}, {high:+.2f}] "
+                       f"(valid at the stop); bias of the estimate at the stop {diff['bias']:+.3f}")  # fmt: skip
         if sequential.get("unpaired") or sequential.get("dropped"):
             unpaired, dropped = len(sequential.get("unpaired") or []), len(sequential.get("dropped") or [])
             out.append(f"left out of the comparison: {unpaired} episode(s) without a twin, "

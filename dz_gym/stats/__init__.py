@@ -4,23 +4,29 @@ Pure functions and small state machines, no I/O:
 
 - :mod:`~dz_gym.stats.proportions`: Wilson interval, Newcombe's paired-difference interval;
 - :mod:`~dz_gym.stats.exact`: exact McNemar p-value, Holm adjustment;
-- :mod:`~dz_gym.stats.sequential`: an anytime-valid sequential test on discordant pairs;
+- :mod:`~dz_gym.stats.walk`: exact operating characteristics of a sequential paired rule (dynamic program);
+- :mod:`~dz_gym.stats.design`: the sequential design (truncated SPRT with futility, alpha spent to the cap);
+- :mod:`~dz_gym.stats.sequential`: that rule fed pair by pair in plan order, errors counted by arm;
+- :mod:`~dz_gym.stats.confseq`: a confidence sequence for the paired difference (valid at any stop);
 - :mod:`~dz_gym.stats.comparison`: rows of two arms -> the comparison JSON and its printed table.
 """
 
 from dz_gym.stats.comparison import compare_rows, format_comparison, pair_rows, split_arms
+from dz_gym.stats.confseq import difference_confidence_sequence
+from dz_gym.stats.design import SequentialDesign
 from dz_gym.stats.exact import binomial_half_two_sided_p, holm_adjust, mcnemar_exact_p
 from dz_gym.stats.proportions import Z95, PairedCounts, paired_difference_interval, wilson_interval
-from dz_gym.stats.sequential import DEFAULT_ALTERNATIVES, SequentialDecision, SequentialPairTest, log_e_values
+from dz_gym.stats.sequential import SequentialDecision, SequentialPairTest, log_e_values
 
 __all__ = [
-    "DEFAULT_ALTERNATIVES",
     "Z95",
     "PairedCounts",
     "SequentialDecision",
+    "SequentialDesign",
     "SequentialPairTest",
     "binomial_half_two_sided_p",
     "compare_rows",
+    "difference_confidence_sequence",
     "format_comparison",
     "holm_adjust",
     "log_e_values",

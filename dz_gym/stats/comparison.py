@@ -221,13 +221,20 @@ def _lines(table: Mapping[str, Any], scene_keys: Sequence[str]) -> list[tuple[st
     return out
 
 
-def format_comparison(result: Mapping[str, Any]) -> str:
-    """The printed tables: one block per metric, one line per scene and the pooled ``overall`` line."""
+def format_comparison(result: Mapping[str, Any], *, descriptive: bool = False) -> str:
+    """The printed tables: one block per metric, one line per scene and the pooled ``overall`` line.
+
+    ``descriptive``: the runs stopped by a sequential test, whose decision is the one to read: the fixed-n
+    p-values are shown as descriptive only and the verdict column is left out."""
     header = ("scene", "pairs", "errored", "A", "B", "A only", "B only", "B - A [95% CI]", "p", "p Holm", "verdict")
     blocks = [f"A = {result['arms']['a']}", f"B = {result['arms']['b']}"]
+    if descriptive:
+        header = header[:-1]
+        blocks.append("fixed-n p-values and intervals below are DESCRIPTIVE ONLY: the run stopped by a sequential "
+                      "test, whose decision is the one to read")  # fmt: skip
     for metric, table in result["metrics"].items():
         keys = [k for k in table if k != "overall"] + ["overall"]
-        lines = _lines(table, keys)
+        lines = [line[: len(header)] for line in _lines(table, keys)]
         widths = [max(len(header[i]), *(len(line[i]) for line in lines)) for i in range(len(header))]
         blocks.append("")
         blocks.append(f"{metric} (paired by scene and seed, alpha {result['alpha']:g})")
