@@ -186,7 +186,8 @@ def test_sequential_stops_early_names_the_better_arm_and_leaves_no_half_pair(tmp
     comparison = summary["comparison"]["scenes"]["overall"]
     assert comparison["verdict"] == "b_better" and comparison["errored_pairs"] == 1
     table = format_table(summary)
-    assert "1 A" in table and "1 B" in table and "B better" in table and "stopped by: decision" in table
+    assert "1 A" in table and "1 B" in table and "B is better" in table and "stopped by: decision" in table
+    assert "DECISION (sequential test): b_better" in table and "DESCRIPTIVE ONLY" in table
     # Resume of a decided run: nothing more runs, the decision stays.
     again, _ = run_ab(tmp_path, "ws://127.0.0.1:9" + PATH, "ws://127.0.0.1:9" + PATH, env_cls=GripperToyEnv,
                       sequential=True, max_episodes=40, max_steps=4, run_dir=run_dir)  # fmt: skip
@@ -404,3 +405,35 @@ def test_pair_tracker_summary_futility_difference_and_arm_dependent_errors():
     entry = flagged.summary(rows_of(skewed), planned_pairs=50, finished=True)
     assert entry["reason"] == "errors_differ" and entry["stopped_by"] == "errors_differ"
     assert (entry["errored_a"], entry["errored_b"]) == (0, 10) and "errors differ" in entry["why"]
+
+
+class ScenePolicy(HoldPolicy):
+    """Hold; close the gripper (the gripper toy then succeeds) only on the scenes whose prompt is in ``close``."""
+
+    def __init__(self, close_prompts):
+        super().__init__()
+        self.close_prompts = set(close_prompts)
+
+    def infer(self, request, *, session_id, new_session):
+        chunk = super().infer(request, session_id=session_id, new_session=new_session)
+        chunk[:, -1] = 1.0 if request.get("prompt") in self.close_prompts else 0.0
+        return chunk
+
+
+def test_two_scenes_with_opposite_effects_do_not_stop_in_scene_one(tmp_path):
+    # B is better in scene 1 and A in scene 2 (no difference overall). Scenes run one after another, but the
+    # test takes the pairs in the interleaved plan order (scene 1 and 2 alternately), so it cannot decide on
+    # scene 1's pairs alone: the walk goes +1, -1, ... and never decides.
+    from dz_gym.envs.scenes import scene_prompt
+
+    with (
+        start_server_thread(ScenePolicy([scene_prompt(2)])) as a,
+        start_server_thread(ScenePolicy([scene_prompt(1)])) as b,
+    ):
+        summary, run_dir = run_ab(tmp_path, a.url + PATH, b.url + PATH, env_cls=GripperToyEnv, sequential=True,
+                                  scenes=[1, 2], episodes=30, max_episodes=60, max_steps=4)  # fmt: skip
+    seq = summary["sequential"]
+    assert seq["better"] is None and seq["reason"] in ("no_difference", "max_pairs"), seq["why"]
+    by_scene = {s: summary["comparison"]["scenes"][str(s)] for s in (1, 2)}
+    assert by_scene[1]["b_only"] > 0 and by_scene[2]["a_only"] > 0  # the effects are real, and opposite
+    assert abs(seq["b_only"] - seq["a_only"]) <= 1  # scene 1 never got ahead of scene 2 in the test

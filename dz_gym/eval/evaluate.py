@@ -84,7 +84,9 @@ def pair_tracker(config: EvalConfig, rows: Sequence[Mapping[str, Any]]):
         return None
     from dz_gym.eval.ab import PairTracker
 
-    order = [(scene, k) for scene in config.scenes for k in range(config.episodes)]  # the plan's pair order
+    # The test's pair order: the scenes interleaved (episode-major), so that it never decides before every
+    # scene has contributed its share, even when the scenes run one after another.
+    order = [(scene, k) for k in range(config.episodes) for scene in config.scenes]
     return PairTracker(sequential=config.sequential, alpha=config.alpha, max_pairs=config.sequential_max_pairs,
                        rows=rows, order=order)  # fmt: skip
 

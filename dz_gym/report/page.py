@@ -22,6 +22,7 @@ from dz_gym.eval import results
 from dz_gym.report import plots
 from dz_gym.report.load import RunView, episode_key, outcome
 from dz_gym.report.paired import compare, split_arms
+from dz_gym.report.sequential import sequential_block
 
 INFO_KEYS = (
     "arm",
@@ -424,6 +425,8 @@ def build_page(views: Sequence[RunView], out_dir: str | os.PathLike) -> str:
         pair = (a, b, views[0], views[0], (labels.get("a", "arm A"), labels.get("b", "arm B")))
     if pair is not None:
         nav.insert(1, '<a href="#compare">A/B comparison</a>')
+    if len(views) == 1 and isinstance(views[0].summary.get("sequential"), Mapping):
+        nav.insert(1, '<a href="#sequential">sequential decision</a>')
     parts.append("<nav>" + " · ".join(nav) + "</nav></header><main>")
     multi = len(views) > 1
     sections = []
@@ -444,6 +447,8 @@ def build_page(views: Sequence[RunView], out_dir: str | os.PathLike) -> str:
             block.append(f'<p class="muted">Note: {escape(note)}.</p>')
         sections.append("".join(block))
     parts.append('<section id="results">' + "".join(sections) + "</section>")
+    if len(views) == 1:
+        parts.append(sequential_block(views[0].summary))
     if pair is not None:
         parts.append(
             '<section id="compare"><h2>A/B comparison (paired by scene and seed)</h2>'
