@@ -328,6 +328,11 @@ def test_pair_tracker_waits_for_the_next_pair_in_plan_order():
         ),
         (["--policy-b", "hold", "--alpha", "0.1"], "--alpha: only with --sequential"),
         (["--max-episodes", "5"], "--max-episodes: only with --sequential"),
+        (["--policy-b", "hold", "--power", "0.9"], "--power: only with --sequential"),
+        (
+            ["--policy-b", "hold", "--sequential", "--min-difference", "1.5"],
+            "--min-difference: expected a number in (0, 1)",
+        ),
         (
             ["--server-b", "ws://127.0.0.1:9/x"],
             "--server-b: an A/B run against external servers needs",

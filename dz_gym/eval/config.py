@@ -31,6 +31,8 @@ EXTERNAL_POLICY = "external"  # the ``policy`` of a run against servers it did n
 ARMS = ("a", "b")  # the arms of an A/B run: slot 2j runs arm a, slot 2j+1 arm b
 DEFAULT_MAX_EPISODES = 200  # --sequential: pairs (episodes per arm) the test may use by default
 DEFAULT_ALPHA = 0.05  # --sequential: the test's type-I error
+DEFAULT_MIN_DIFFERENCE = 0.2  # --sequential: the smallest difference in success rate the design is planned for
+DEFAULT_POWER = 0.8  # --sequential: the design's power at that difference
 
 
 def _result(default: Any = dataclasses.MISSING, **kwargs: Any) -> Any:
@@ -96,8 +98,10 @@ class EvalConfig:
     auth_env: str | None = None  # NAME of the environment variable holding the servers' API token
     servers_b: list[str] = dataclasses.field(default_factory=list)  # A/B: arm B's servers (arm A: servers)
     policy_b: str | None = _result(None)  # A/B on the embedded servers: arm B's policy (arm A: policy)
-    sequential: bool = _result(False)  # A/B: stop as soon as the anytime-valid test decides (dz_gym.stats.sequential)
+    sequential: bool = _result(False)  # A/B: stop as soon as the sequential test stops (dz_gym.stats.sequential)
     alpha: float = _result(DEFAULT_ALPHA)  # the sequential test's type-I error
+    min_difference: float = _result(DEFAULT_MIN_DIFFERENCE)  # sequential: the difference the design looks for
+    power: float = _result(DEFAULT_POWER)  # sequential: the design's power at min_difference
     max_episodes: int | None = None  # sequential: the most pairs (episodes per arm); None: DEFAULT_MAX_EPISODES
     policy_seed: bool = _result(False)  # send a per-episode ``seed`` (derived from the episode's seed) in each request
     num_inference_steps: int | None = _result(None)  # send ``sampling_params: {num_inference_steps}`` in each request
@@ -208,6 +212,15 @@ class EvalConfig:
             raise ValueError(f"alpha: expected a number in (0, 1), got {self.alpha!r}")
         if self.alpha != DEFAULT_ALPHA and not self.sequential:
             raise ValueError("alpha: only with --sequential (dz-gym-compare --alpha sets the verdicts' level)")
+        for name, default, low in (
+            ("min_difference", DEFAULT_MIN_DIFFERENCE, 0.0),
+            ("power", DEFAULT_POWER, self.alpha),
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not low < value < 1.0:
+                raise ValueError(f"{name}: expected a number in ({low:g}, 1), got {value!r}")
+            if value != default and not self.sequential:
+                raise ValueError(f"{name}: only with --sequential (it plans the sequential test)")
         if self.max_episodes is not None:
             if not self.sequential:
                 raise ValueError("max_episodes: only with --sequential (--episodes sets the episodes of a fixed run)")

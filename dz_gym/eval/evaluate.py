@@ -88,7 +88,7 @@ def pair_tracker(config: EvalConfig, rows: Sequence[Mapping[str, Any]]):
     # scene has contributed its share, even when the scenes run one after another.
     order = [(scene, k) for k in range(config.episodes) for scene in config.scenes]
     return PairTracker(sequential=config.sequential, alpha=config.alpha, max_pairs=config.sequential_max_pairs,
-                       rows=rows, order=order)  # fmt: skip
+                       rows=rows, order=order, min_difference=config.min_difference, power=config.power)  # fmt: skip
 
 
 def _ab_summary(

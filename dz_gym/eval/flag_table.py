@@ -113,6 +113,11 @@ AB = (
          "which arm is better or finds no difference", field="sequential", action="store_true"),
     Flag("--alpha", "with --sequential: the test's type-I error, exact at any stop", field="alpha",
          type=number, metavar="A"),
+    Flag("--min-difference", "with --sequential: the smallest difference in success rate you care about; the "
+         "test is planned to find it with --power and to stop early when it is absent", field="min_difference",
+         type=number, metavar="D"),
+    Flag("--power", "with --sequential: the test's power at --min-difference", field="power", type=number,
+         metavar="P"),
     Flag("--max-episodes", "with --sequential: stop undecided after N pairs (N episodes per arm); --episodes "
          "defaults to N spread over the scenes", field="max_episodes", type=integer, metavar="N",
          shown=lambda: str(_config().DEFAULT_MAX_EPISODES)),
