@@ -442,3 +442,32 @@ def test_two_scenes_with_opposite_effects_do_not_stop_in_scene_one(tmp_path):
     by_scene = {s: summary["comparison"]["scenes"][str(s)] for s in (1, 2)}
     assert by_scene[1]["b_only"] > 0 and by_scene[2]["a_only"] > 0  # the effects are real, and opposite
     assert abs(seq["b_only"] - seq["a_only"]) <= 1  # scene 1 never got ahead of scene 2 in the test
+
+
+class FailOnSeedsPolicy(HoldPolicy):
+    """Hold with the gripper closed (the gripper toy succeeds), but raise on the episodes whose start joint is
+    in ``fail``: a server that errors on chosen seeds."""
+
+    def __init__(self, fail):
+        super().__init__(gripper=1.0)
+        self.fail = list(fail)
+
+    def infer(self, request, *, session_id, new_session):
+        joint0 = float(request["observation/joint_position"][0])
+        if any(abs(joint0 - f) < 1e-6 for f in self.fail):
+            raise RuntimeError("injected failure for this episode")
+        return super().infer(request, session_id=session_id, new_session=new_session)
+
+
+def test_arm_dependent_errors_are_flagged_and_no_decision_is_made(tmp_path):
+    # Both arms are the same policy, but B's server errors on exactly the seeds where it would fail (seed % 3
+    # == 2 never succeeds in the gripper toy). Dropping those pairs would make B look perfect; the test
+    # counts the errors by arm, finds them one-sided (exact McNemar) and refuses to decide.
+    fail = [_joint0(seed) for seed in range(24) if seed % 3 == 2]
+    with start_server_thread(FailOnSeedsPolicy([])) as a, start_server_thread(FailOnSeedsPolicy(fail)) as b:
+        summary, _ = run_ab(tmp_path, a.url + PATH, b.url + PATH, env_cls=GripperToyEnv, sequential=True,
+                            episodes=24, max_episodes=24, max_steps=4, max_errors=50, retry_server_errors=0)  # fmt: skip
+    seq = summary["sequential"]
+    assert seq["errored_b"] == 8 and seq["errored_a"] == 0, seq["why"]
+    assert seq["reason"] == "errors_differ" and seq["stopped_by"] == "errors_differ" and seq["better"] is None
+    assert seq["errors_p_value"] == pytest.approx(2 / 2**8)
