@@ -34,7 +34,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from dz_gym.stats.walk import Boundaries, PairCharacteristics, pair_characteristics
+from dz_gym.stats.walk import Boundaries, PairCharacteristics, pair_characteristics, walk
 
 __all__ = ["FUTILITY_SCALE", "REJECT_SCALE", "SequentialDesign", "planning_discordance"]
 
@@ -59,11 +59,12 @@ def _check(name: str, value: float, low: float, high: float) -> float:
 
 def _final_thresholds(reject: np.ndarray, futile: np.ndarray, alpha: float) -> tuple[np.ndarray, float]:
     """``final[d]``: the smallest ``m`` with P0(cross by d) + P0(alive at d, |S| >= m) <= alpha; and
-    P0(cross by the cap)."""
+    P0(cross by the cap). The walk is kept on the window ``|S| <= max(reject)`` (the rest is absorbed)."""
     cap = len(reject) - 1
-    s = np.arange(-cap, cap + 1)
-    mass = np.zeros(2 * cap + 1)
-    mass[cap] = 1.0
+    width = int(min(cap, int(reject.max()))) + 1
+    s = np.arange(-width, width + 1)
+    mass = np.zeros(2 * width + 1)
+    mass[width] = 1.0
     crossed = 0.0
     final = np.empty(cap + 1, dtype=np.int64)
     for j in range(cap + 1):
@@ -74,11 +75,12 @@ def _final_thresholds(reject: np.ndarray, futile: np.ndarray, alpha: float) -> t
             mass = new
         hit = np.abs(s) >= reject[j]
         crossed += mass[hit].sum()
-        mass = np.where(hit | (np.abs(s) <= futile[j]), 0.0, mass)
+        mass[hit | (np.abs(s) <= futile[j])] = 0.0
         budget = alpha - crossed
-        # tail[m] = P(alive, |S| >= m) for m = 0..cap (the walk is symmetric under the null)
-        by_abs = np.zeros(cap + 2)
-        np.add.at(by_abs, np.abs(s), mass)
+        # tail[m] = P(alive, |S| >= m) for m = 0..width + 1 (the walk is symmetric under the null)
+        by_abs = np.zeros(width + 2)
+        by_abs[: width + 1] = mass[width:]
+        by_abs[1 : width + 1] += mass[width - 1 :: -1]
         tail = np.cumsum(by_abs[::-1])[::-1]
         ok = np.nonzero(tail <= budget * (1 + 1e-12))[0]
         final[j] = max(int(ok[0]), 1) if ok.size else cap + 1
@@ -109,6 +111,12 @@ def _calibrated(q1: float, alpha: float, beta: float, cap: int, reject_scale: fl
         reject_scale *= 1.05
 
 
+@lru_cache(maxsize=32)
+def _planned(cls, delta, alpha, power, pi, reject_scale, futility_scale):
+    """Designs are pure functions of their settings: plan each once per process (resume, summaries)."""
+    return cls._search(delta, alpha, power, pi, reject_scale, futility_scale)
+
+
 @dataclass(frozen=True)
 class SequentialDesign:
     """A calibrated design (see the module docstring); build it with :meth:`plan`."""
@@ -136,6 +144,12 @@ class SequentialDesign:
         pi = planning_discordance(delta) if discordance is None else _check("discordance", discordance, 0.0, 1.0001)
         if delta > pi:
             raise ValueError(f"discordance: expected at least min_difference {delta:g}, got {pi:g}")
+        return _planned(cls, delta, alpha, power, pi, float(reject_scale), float(futility_scale))
+
+    @classmethod
+    def _search(cls, delta: float, alpha: float, power: float, pi: float, reject_scale: float,
+                futility_scale: float) -> SequentialDesign:  # fmt: skip
+        """The cap search of :meth:`plan` (settings already checked)."""
         q1 = min(0.5 + delta / (2 * pi), 1 - 1e-9)
         cap, last = 64, 0.0
         while True:
@@ -151,9 +165,10 @@ class SequentialDesign:
             last = reached
             cap = min(MAX_CAP, cap * 2)
         lo, hi = 1, cap  # power(hi) >= power; find the smallest such cap (power is close to monotone in n)
+        walked = walk(bounds, q1)
         while lo < hi:
             mid = (lo + hi) // 2
-            if pair_characteristics(bounds, mid, pi, q1).b_better >= power:
+            if pair_characteristics(bounds, mid, pi, q1, walked).b_better >= power:
                 hi = mid
             else:
                 lo = mid + 1

@@ -64,31 +64,32 @@ class WalkResult:
 
 
 def walk(bounds: Boundaries, q: float) -> WalkResult:
-    """The walk's step arrays under ``P(step +1) = q`` (see :class:`WalkResult`)."""
+    """The walk's step arrays under ``P(step +1) = q`` (see :class:`WalkResult`).
+
+    The mass still running has ``|S| < reject``, so the walk is kept on the window ``|S| <= max(reject)``."""
     cap = bounds.cap
-    size = 2 * cap + 1
-    s = np.arange(-cap, cap + 1)
-    mass = np.zeros(size)
-    mass[cap] = 1.0
+    width = int(min(cap, int(bounds.reject.max()))) + 1
+    s = np.arange(-width, width + 1)
+    mass = np.zeros(2 * width + 1)
+    mass[width] = 1.0
     out = {name: np.zeros(cap + 1) for name in WalkResult.__dataclass_fields__}
-    out["alive"][0] = 1.0
     for j in range(cap + 1):
         if j:
-            new = np.zeros(size)
+            new = np.zeros_like(mass)
             new[1:] += q * mass[:-1]
             new[:-1] += (1 - q) * mass[1:]
             mass = new
         up = s >= bounds.reject[j]
         down = s <= -bounds.reject[j]
-        fut = np.abs(s) <= bounds.futile[j]
+        fut = (np.abs(s) <= bounds.futile[j]) & ~up & ~down
         stop = up | down | fut
         out["up"][j] = mass[up].sum()
         out["down"][j] = mass[down].sum()
-        out["futile"][j] = mass[fut & ~up & ~down].sum()
-        out["s_stop"][j] = (mass[stop] * s[stop]).sum()
-        mass = np.where(stop, 0.0, mass)
+        out["futile"][j] = mass[fut].sum()
+        out["s_stop"][j] = mass[stop] @ s[stop]
+        mass[stop] = 0.0
         out["alive"][j] = mass.sum()
-        out["s_alive"][j] = (mass * s).sum()
+        out["s_alive"][j] = mass @ s
         out["final_up"][j] = mass[s >= bounds.final[j]].sum()
         out["final_down"][j] = mass[s <= -bounds.final[j]].sum()
     return WalkResult(**out)
@@ -143,13 +144,15 @@ class PairCharacteristics:
     mean_estimate: float
 
 
-def pair_characteristics(bounds: Boundaries, pairs: int, pi: float, q: float) -> PairCharacteristics:
+def pair_characteristics(bounds: Boundaries, pairs: int, pi: float, q: float,
+                         walked: WalkResult | None = None) -> PairCharacteristics:  # fmt: skip
     """The rule's characteristics when each pair is discordant with probability ``pi`` and a discordant pair
-    is B-only with probability ``q``, the run capped at ``pairs`` pairs (the walk truncated at ``D_pairs``)."""
+    is B-only with probability ``q``, the run capped at ``pairs`` pairs (the walk truncated at ``D_pairs``).
+    ``walked``: ``walk(bounds, q)`` when already computed (it does not depend on ``pairs`` or ``pi``)."""
     cap = bounds.cap
     if pairs > cap:
         raise ValueError(f"pairs: expected at most the walk's cap {cap}, got {pairs}")
-    w = walk(bounds, q)
+    w = walk(bounds, q) if walked is None else walked
     mean_min, inv, reached = _arrival_moments(pairs, pi, cap)
     trunc = binomial_pmf(pairs, pi)  # P(D_pairs = j), j = 0..pairs
     trunc = np.concatenate([trunc, np.zeros(cap - pairs)])
