@@ -2,6 +2,7 @@
 
     dz-gym-compare RUN_A RUN_B [--json FILE] [--force] [--alpha 0.05]
     dz-gym-compare RUN                 # one A/B run whose rows carry ``arm`` ("a" / "b")
+    dz-gym-compare RUN_1 RUN_2 RUN_3 ...   # K >= 3 runs on the same seeds: a ranking (dz_gym.stats.ranking)
 
 Rows are paired by (scene, seed): two runs with the same ``--seed`` ran the same initial conditions, so
 only the policy differs within a pair. The statistics are :func:`dz_gym.stats.comparison.compare_rows`; this
@@ -29,6 +30,7 @@ from typing import Any
 
 from dz_gym.cli_types import Flag, OneLineErrorParser, add_flags, flag_message, number, show
 from dz_gym.stats.comparison import compare_rows, format_comparison
+from dz_gym.stats.ranking import format_ranking, outcomes_by_seed, rank_arms
 
 __all__ = ["build_parser", "comparability", "load_run", "main"]
 
@@ -133,7 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dz-gym-compare",
         description="Paired A/B comparison of two dz-gym-eval runs (or of one A/B run): is B better than A?",
     )
-    parser.add_argument("runs", nargs="+", metavar="RUN", help="RUN_A RUN_B, or one A/B run directory")
+    parser.add_argument("runs", nargs="+", metavar="RUN",
+                        help="RUN_A RUN_B, one A/B run directory, or K >= 3 runs to rank")  # fmt: skip
     add_flags(parser, FLAGS)
     return parser
 
@@ -141,9 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if len(args.runs) > 2:
-        parser.error(f"RUN: expected RUN_A RUN_B or one A/B run, got {len(args.runs)} directories")
     level = {} if args.alpha is None else {"alpha": args.alpha}
+    if len(args.runs) > 2:
+        return _rank(parser, args, level)
     problems: list[str] = []
     differences: list[str] = []
     try:
@@ -169,7 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     overall = result["scenes"]["overall"]
     if overall["pairs"] + overall["errored_pairs"] + overall["missing"] == 0:
         parser.error("no pairs: the runs share no (scene, seed); run both with the same --seed and scenes")
-    text = format_comparison(result)
+    sequential = len(args.runs) == 1 and bool(config.get("sequential"))
+    text = format_comparison(result, descriptive=sequential)
+    if sequential:
+        text += "\n\n" + _sequential_line(args.runs[0])
     notes = [f"note: not comparable, compared anyway (--force): {p}" for p in problems]
     notes += [f"note: {d} (this may be what the comparison is about)" for d in differences]
     if args.json == "-":
@@ -177,6 +183,45 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join([text, *notes]), file=sys.stderr)
     else:
         print("\n".join([text, *notes]))
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+def _sequential_line(run: str) -> str:
+    """The decision of a sequential A/B run, from its summary (the line to read after such a run)."""
+    try:
+        entry = json.loads((Path(run) / "summary.json").read_text()).get("sequential") or {}
+    except (OSError, json.JSONDecodeError, AttributeError):
+        entry = {}
+    if not entry:
+        return "DECISION (sequential test): not in summary.json (run still in progress?); the table is descriptive"
+    return f"DECISION (sequential test): {entry.get('reason')} [stopped by: {entry.get('stopped_by')}]\n  {entry.get('why')}"
+
+
+def _rank(parser: argparse.ArgumentParser, args: argparse.Namespace, level: Mapping[str, Any]) -> int:
+    """K >= 3 runs: check each against the first, rank them on their common seeds, print the leaderboard."""
+    problems: list[str] = []
+    try:
+        loaded = [load_run(run) for run in args.runs]
+        for run, (config, rows) in zip(args.runs[1:], loaded[1:]):
+            found, _ = comparability(loaded[0][0], loaded[0][1], config, rows)
+            problems += [f"{run}: {p}" for p in found]
+        if problems and not args.force:
+            parser.error(f"runs not comparable: {'; '.join(problems)} (--force compares them anyway)")
+        names = [str(run) for run in args.runs]
+        if len(set(names)) != len(names):
+            parser.error("RUN: the same run directory given twice")
+        result = rank_arms(outcomes_by_seed({n: rows for n, (_, rows) in zip(names, loaded)}), **level)
+    except ValueError as exc:
+        parser.error(flag_message(exc, FLAGS))
+    result.update(schema="dz-gym-rank/1", runs=list(args.runs), forced=bool(problems), problems=problems)
+    text = format_ranking(result)
+    if args.json == "-":
+        print(json.dumps(result, indent=2))
+        print(text, file=sys.stderr)
+    else:
+        print(text)
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0

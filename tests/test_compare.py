@@ -226,3 +226,34 @@ def test_cli_one_ab_run_and_usage_errors(tmp_path):
     other = make_run(tmp_path / "other", [row(2, 0, True)])
     code, _, err = cli(plain, other)
     assert code == 2 and "no pairs" in err
+
+
+def test_cli_ranks_three_runs_on_the_same_seeds(tmp_path):
+    runs = [
+        make_run(tmp_path / "best", [row(1, i, True) for i in range(30)]),
+        make_run(tmp_path / "mid", [row(1, i, i < 15) for i in range(30)]),
+        make_run(tmp_path / "worst", [row(1, i, False) for i in range(29)] + [row(1, 29, False, error="boom")]),
+    ]
+    out_json = tmp_path / "rank.json"
+    code, out, err = cli(runs[2], runs[0], runs[1], "--json", str(out_json))
+    assert code == 0, err
+    result = json.loads(out_json.read_text())
+    assert result["schema"] == "dz-gym-rank/1" and [e["arm"] for e in result["arms"]] == [runs[0], runs[1], runs[2]]
+    assert [e["rank_interval"] for e in result["arms"]] == [[1, 1], [2, 2], [3, 3]]
+    assert result["arms"][2]["n"] == 29  # the errored episode is left out
+    assert "ranking of 3 arms" in out and "30/30 100%" in out
+    horizon = make_run(tmp_path / "horizon", [row(1, i, True) for i in range(30)], open_loop_horizon=4)
+    code, _, err = cli(runs[0], runs[1], horizon)
+    assert code == 2 and "not comparable" in err
+
+
+def test_cli_on_a_sequential_ab_run_reads_its_decision_and_marks_the_table_descriptive(tmp_path):
+    rows = [row(1, i, False, arm="a") for i in range(12)] + [row(1, i, True, arm="b") for i in range(12)]
+    run = make_run(tmp_path / "seq", rows, policy_b="reference:skill=0.3", sequential=True)
+    code, out, err = cli(run)
+    assert code == 0, err
+    assert "DESCRIPTIVE ONLY" in out and "DECISION (sequential test): not in summary.json" in out
+    (tmp_path / "seq" / "summary.json").write_text(json.dumps({"sequential": {
+        "reason": "b_better", "stopped_by": "decision", "why": "B is better after 11 pairs"}}))  # fmt: skip
+    code, out, _ = cli(run)
+    assert "DECISION (sequential test): b_better [stopped by: decision]" in out and "B is better" in out

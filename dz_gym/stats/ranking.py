@@ -20,7 +20,7 @@ from typing import Any
 from dz_gym.stats.exact import holm_adjust, mcnemar_exact_p
 from dz_gym.stats.proportions import wilson_interval
 
-__all__ = ["rank_arms"]
+__all__ = ["format_ranking", "outcomes_by_seed", "rank_arms"]
 
 
 def rank_arms(outcomes: Mapping[str, Sequence[bool | None]], alpha: float = 0.05) -> dict[str, Any]:
@@ -75,3 +75,38 @@ def rank_arms(outcomes: Mapping[str, Sequence[bool | None]], alpha: float = 0.05
         "arms": entries,
         "pairs": pairs,
     }
+
+
+def outcomes_by_seed(runs: Mapping[str, Sequence[Mapping[str, Any]]],
+                     metric: str = "success_at_end") -> dict[str, list[bool | None]]:  # fmt: skip
+    """Per arm, its outcome on every (scene, seed) that any arm ran, in (scene, seed) order (``None``: the arm
+    has no row there, or its episode errored). ``runs``: arm name -> episode rows."""
+    tables = {}
+    for arm, rows in runs.items():
+        table: dict[tuple[int, int], bool | None] = {}
+        for row in rows:
+            key = (int(row["scene"]), int(row["seed"]))
+            if key in table:
+                raise ValueError(f"arm {arm}: scene {key[0]} seed {key[1]} appears twice (expected one row per seed)")
+            table[key] = None if row.get("error") is not None or row.get(metric) is None else bool(row[metric])
+        tables[arm] = table
+    keys = sorted(set().union(*tables.values()))
+    return {arm: [table.get(k) for k in keys] for arm, table in tables.items()}
+
+
+def format_ranking(result: Mapping[str, Any]) -> str:
+    """The leaderboard: one line per arm, best first, with its Wilson interval and rank interval."""
+    header = ("rank", "arm", "success", "95% Wilson", "rank interval", "surely better than")
+    lines = []
+    for e in result["arms"]:
+        rate = "-" if e["rate"] is None else f"{e['successes']}/{e['n']} {100 * e['rate']:.0f}%"
+        ci = "-" if e["wilson95"] is None else f"[{100 * e['wilson95'][0]:.0f}, {100 * e['wilson95'][1]:.0f}]%"
+        low, high = e["rank_interval"]
+        lines.append((str(e["rank"]), str(e["arm"]), rate, ci, str(low) if low == high else f"{low}-{high}",
+                      ", ".join(e["surely_better_than"]) or "-"))  # fmt: skip
+    widths = [max(len(header[i]), *(len(line[i]) for line in lines)) for i in range(len(header))]
+    out = [f"ranking of {len(lines)} arms on the same seeds (alpha {result['alpha']:g}; {result['method']})"]
+    out.append("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip())
+    out.append("  ".join("-" * w for w in widths).rstrip())
+    out.extend("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
+    return "\n".join(out)
