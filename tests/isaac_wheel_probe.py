@@ -64,6 +64,16 @@ def scenario_wheel() -> None:
     with step("detect"):
         api = compat.detect()
         OUT["detect"] = [list(api.version), api.source, api.has_launch_simulation]
+    with step("checkout"):
+        # a checkout on PYTHONPATH has no package metadata: 3.0.0's isaaclab/__init__.py then says "0.0.0"
+        folder = compat.isaaclab_folder()
+        fallback = re.search(r'__version__ = "([^"]+)"', (folder / "__init__.py").read_text())
+        OUT["checkout_fallback_version"] = fallback.group(1) if fallback else None
+        install = compat.Install(None, OUT["checkout_fallback_version"], compat.has_launch_simulation(folder))
+        try:
+            OUT["checkout_release"] = list(compat.release_of(install)[0])
+        except compat.BackendUnavailable as exc:
+            OUT["checkout_release"] = str(exc)
     with step("packages"):
         OUT["tasks_found_before_launch"] = checks.isaaclab_tasks_installed()
         OUT["tasks_find_spec_before_launch"] = importlib.util.find_spec("isaaclab_tasks") is not None

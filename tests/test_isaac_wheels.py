@@ -59,6 +59,14 @@ def test_version_of_the_wheel_install():
         assert result["detect"] == [[2, 2], "Isaac Lab 2.2.0", False]
 
 
+@pytest.mark.skipif(not V3, reason="3.0.0's fallback version")
+def test_version_of_a_3_0_checkout_without_metadata_is_read_from_its_launcher():
+    """A 3.0 checkout on PYTHONPATH reports "0.0.0"; only the launcher file tells it is 3.0 (finding 4: the
+    launcher was looked for in isaaclab_tasks/utils/, where no release has it, so it was refused)."""
+    result = ok(probe("wheel"), "checkout")
+    assert result["checkout_fallback_version"] == "0.0.0" and result["checkout_release"] == [3, 0]
+
+
 def test_version_of_a_source_install_is_the_extensions():
     result = ok(probe("source"), "detect", "packages")
     if V3:  # source/isaaclab/pyproject.toml of the 3.0.0 release

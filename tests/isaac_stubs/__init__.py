@@ -1,44 +1,39 @@
-"""Stand-in ``isaaclab`` / ``isaaclab_tasks`` / ``sim_evals`` modules for testing the Isaac backend on a CPU.
+"""The stand-in of what the Isaac backend's tests cannot have for real: Kit with the simulator, and sim-evals.
 
-:func:`install` puts an import finder in ``sys.meta_path`` that serves these modules (so
-``importlib.util.find_spec`` sees them without importing them, and importing them is recorded), for an
-Isaac Lab ``"2.2"`` or ``"3.0"``; :class:`World` records every call in order (``world.calls``).
+This is the one place that says what the stand-in models and from where. Test code only (``tests/``): it
+is not in the package, and its import finder exists only in a test's process (:func:`install`, undone by
+:func:`uninstall`). Where a real package can run on a CPU, the tests use it instead: the isaaclab 2.2.0 and
+3.0.0 wheels' own code, with only Isaac Sim's modules faked, is tested by ``tests/test_isaac_wheels.py``
+(``tests/isaac_kit.py`` is that fake). What is modelled here, and from which upstream source:
 
-Reproduced, per :class:`World` option:
+- **Kit and the simulator** (Isaac Sim 5.0 under Isaac Lab 2.2.0; Isaac Lab 3.0.0's Kit launcher): the app
+  start and close (``AppLauncher``; 3.0's ``isaaclab.app.launch_simulation`` in ``isaaclab/app/sim_launcher.py``,
+  which develop snapshots before extension 6.2.1 lack), and a ``ManagerBasedRLEnv`` that steps a tiny
+  kinematic world with Isaac Lab's step/reset/manager semantics (:mod:`isaac_stubs.sim`, from the
+  releases' ``envs/manager_based_rl_env.py``): reset signatures (2.2 ``reset(seed=None, env_ids=None,
+  options=None)``, 3.0 ``reset(env_ids=slice(None), *, seed=None, options=None)``), in-place termination
+  buffers, the env-origin grid, ``ProxyArray`` asset data on 3.0, ``find_bodies`` raising ``ValueError``,
+  the stale first frame after a reset, lights and a stage with dome and distant lights;
+- **the Isaac Lab API surface the backend reaches through the simulator** (``isaaclab``, ``isaaclab_tasks``
+  as the backend imports them after launch): config classes shaped as the releases' (:mod:`isaac_stubs.cfgs`),
+  ``parse_env_cfg`` with both releases' signatures, ``mdp.image`` (2.2) / ``mdp.image_rgb`` (3.0), the
+  identity quaternion order of ``InitialStateCfg`` (w-x-y-z on 2.2, x-y-z-w on 3.0), and the package
+  metadata of ``install`` "wheel" (2.2.0, 3.0.0) or "source" (the extension's: 0.44.9 for 2.2.0, 28.0.0 for
+  3.0.0, 6.2.1 / 3.5.3 for ``release`` "develop" / "develop-old");
+- **sim-evals** (not on PyPI), by ``layout`` (:data:`SIM_EVALS_LAYOUTS`, each the commit that has it):
+  ``run_eval`` (3a6b0e8: gym id ``DROID``, ``set_scene(scene: int)`` registering the rigid bodies),
+  ``per_scene`` (711ff04: one gym id per scene through a factory, objects as plain prims), ``de7ae486``
+  (per-scene ids only), ``fea59e52`` (``DROID`` with ``set_scene(env_id: str)``, no objects registered),
+  ``7ef6f1bc`` (both); ``mila=True`` adds the MILA tasks (``DROID-MILA``, ``set_task``, its task table,
+  milestone reward term, reset events and ``policy_external_camera``), on either file
+  layout (510b7dfb: MILA on ``droid_environment.py``). The checkout's ``environments/`` holds the
+  registration source of its commit, which the backend reads before launch; the env-0 observation bug
+  (``(7,)``/``(1,)`` at any N) of every version; ``pxr`` over the stand-in scene USDs (identity rotations).
 
-- Isaac Lab ``version`` "2.2" or "3.0", ``release`` "3.0.0" (the release: ``launch_simulation`` and
-  ``add_launcher_args`` in ``isaaclab_tasks.utils.sim_launcher``, 2.2's ``reset(seed=None,
-  env_ids=None, options=None)`` that fails on a slice, ``mdp.image`` only) or "develop"
-  (``isaaclab.app.launch_simulation``, ``reset(env_ids=slice(None), *, seed, options)``);
-- ``install`` "wheel" (the package metadata and ``isaaclab.__version__`` give the release: 2.2.0,
-  3.0.0) or "source" (both give the extension's version: 0.45.3 for 2.2.1, 6.1.0 for 3.0.0, 3.5.3 for
-  develop), served through ``importlib.metadata`` as well;
-- the launchers (2.2 ``AppLauncher`` with ``add_app_launcher_args``; 3.0 ``--visualizer``/``--viz`` as a
-  comma list with default None), ``parse_env_cfg`` (both signatures);
-- sim-evals ``layout`` "run_eval" (up to 3a6b0e8: gym id ``DROID``, ``set_scene(int)``, rigid bodies
-  registered as entities) or "per_scene" (711ff04 and later: ``DROID-CubeInBowl`` ... through a config
-  factory, ``set_scene(str)``, objects as plain prims; with ``mila=True`` the MILA tasks under
-  ``DROID-MILA`` with their task table, milestone reward term and reset events, see
-  :mod:`isaac_stubs.sim_evals_layouts`); registration happens on import of
-  ``sim_evals.environments``, which fails unless the app runs, as importing ``pxr``/``omni`` does;
-- the env-0 observation bug (``(7,)``/``(1,)`` at any N), and an env with Isaac Lab's step/reset order,
-  in-place termination buffers, the env-origin grid of each version, ``find_bodies`` raising
-  ``ValueError`` for a missing name, dome and distant lights in the scene USD (see
-  :mod:`isaac_stubs.sim`).
-
-What it cannot verify (only a machine with Isaac Sim and an RTX GPU can):
-
-- that Isaac Sim starts, renders, and what the images look like; whether the RTX-less GPU heuristic is
-  right for a given GPU;
-- PhysX: contacts, grasps, object dynamics, numerical equality of batched vs single-env physics;
-- the real names and layout in sim-evals' USD assets (body names of the gripper, entity names, whether
-  the scene USDs contain DomeLights), the real Isaac Lab 3.0 argument names of ``launch_simulation``;
-- that Fabric propagates the dome-light edits to the renderer, and how stale the first frame after a
-  reset really is on a given Isaac Lab version;
-- memory and speed with N envs x 3 cameras at 720p;
-- sim-evals' MILA scenes themselves (USD contents, lighting, hidden prims, camera poses, initial-condition
-  files): the stand-in keeps only the task table, the entities and the milestone terms;
-- the exact extension version numbers of every Isaac Lab build (those named above are modelled).
+What it cannot verify (only a machine with Isaac Sim and an RTX GPU can): that Isaac Sim starts and
+renders, PhysX (contacts, grasps, batched vs single-env physics), the real names and contents of
+sim-evals' USD assets and MILA scenes, the Fabric propagation of light edits, how stale the first frame
+after a reset really is, memory and speed with N envs x 3 cameras at 720p.
 """
 
 from __future__ import annotations
