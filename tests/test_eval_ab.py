@@ -471,3 +471,69 @@ def test_arm_dependent_errors_are_flagged_and_no_decision_is_made(tmp_path):
     assert seq["errored_b"] == 8 and seq["errored_a"] == 0, seq["why"]
     assert seq["reason"] == "errors_differ" and seq["stopped_by"] == "errors_differ" and seq["better"] is None
     assert seq["errors_p_value"] == pytest.approx(2 / 2**8)
+
+
+class EarlySuccessEnv(GripperToyEnv):
+    """The gripper toy whose episodes end (``terminated``) at their first successful step: successes are short,
+    failures run to the time limit, so episodes complete in an order that depends on their outcomes."""
+
+    def step(self, action):
+        self._check_started()
+        action = self._numpy_action(action).astype(np.float32)
+        self.joints += 0.5 * (action[:, :7] - self.joints)
+        self.gripper[:, 0] = action[:, -1]
+        book = self.episodes
+        state = self._task_state(book.episode_seed, book.episode_step + 1)
+        success = np.asarray(state.success(self.scene.success), dtype=bool)
+        time_outs = book.ending_next_step(self.max_episode_length)
+        ended = time_outs | success
+        info = book.record_step(state, ended)
+        done = np.flatnonzero(ended)
+        if done.size:
+            seeds = book.next_seeds(done)
+            book.start(done, seeds)
+            for i, episode_seed in zip(done, seeds):
+                self.reset_one(int(i), int(episode_seed))
+        reward = np.asarray(info["success"], dtype=np.float32)
+        return self._obs(), reward, success & ~time_outs, time_outs.copy(), info
+
+
+class SeedGripperPolicy(HoldPolicy):
+    """Hold; close the gripper only in the episodes whose start joint is in ``close`` (chosen seeds)."""
+
+    def __init__(self, close):
+        super().__init__()
+        self.close = list(close)
+
+    def infer(self, request, *, session_id, new_session):
+        chunk = super().infer(request, session_id=session_id, new_session=new_session)
+        joint0 = float(request["observation/joint_position"][0])
+        chunk[:, -1] = 1.0 if any(abs(joint0 - c) < 1e-6 for c in self.close) else 0.0
+        return chunk
+
+
+def test_pairs_enter_the_test_in_plan_order_when_successes_end_early(tmp_path):
+    # Successes end after 3 steps, failures run all 12. A closes the gripper on every seed, B on even seeds
+    # only: even pairs are concordant and end early, odd pairs are A-only and end late, so pairs complete
+    # out of plan order (even ones first). The test's e-value path must be that of the pairs in plan order.
+    from dz_gym.stats import SequentialPairTest
+
+    seeds = range(40)
+    with (
+        start_server_thread(SeedGripperPolicy([_joint0(s) for s in seeds])) as a,
+        start_server_thread(SeedGripperPolicy([_joint0(s) for s in seeds if s % 2 == 0])) as b,
+    ):
+        summary, run_dir = run_ab(tmp_path, a.url + PATH, b.url + PATH, env_cls=EarlySuccessEnv, sequential=True,
+                                  episodes=40, max_episodes=40, max_steps=12)  # fmt: skip
+    rows = run_dir.read_rows()
+    assert any(r["steps"] < 12 for r in rows) and any(r["steps"] == 12 for r in rows)  # lengths follow outcomes
+    seq = summary["sequential"]
+    assert seq["reason"] == "a_better" and seq["better"] == "a", seq["why"]
+    by_key = {(r["episode"], r["arm"]): r for r in rows}
+    plan_order = SequentialPairTest()
+    for k in seeds:
+        plan_order.update([(by_key[k, "a"]["success_at_end"], by_key[k, "b"]["success_at_end"])])
+        if plan_order.decision.stop:
+            break
+    assert seq["log10_e_path"] == plan_order.to_dict()["log10_e_path"]
+    assert seq["pairs"] == plan_order.decision.pairs
