@@ -31,6 +31,7 @@ __all__ = [
     "PROTOCOL_ERROR",
     "SERVER_ERROR",
     "SESSION_REFUSED",
+    "SHARD_LOST",
     "TIMEOUT",
     "EpisodeCounters",
     "EpisodeStats",
@@ -38,12 +39,14 @@ __all__ = [
     "event_of",
 ]
 
-# The cause of a failed policy call, as info["integrity_event"] and the evaluator's error_event name it.
+# The cause of a failed policy call, as info["integrity_event"] and the evaluator's error_event name it; and the
+# evaluator's own cause of an errored episode: the process running it (a Ray shard) was lost for good.
 SERVER_ERROR, CONNECTION_LOST, TIMEOUT, PROTOCOL_ERROR = "server_error", "connection_lost", "timeout", "protocol_error"
 # The server refused a new session (its resident-session cap is reached): nothing ran, the episode can start
 # again later. The evaluator waits and re-runs it; only one refused for longer than the bound is recorded.
 SESSION_REFUSED = "session_refused"
-INTEGRITY_EVENTS = (SERVER_ERROR, CONNECTION_LOST, TIMEOUT, PROTOCOL_ERROR, SESSION_REFUSED)
+SHARD_LOST = "shard_lost"
+INTEGRITY_EVENTS = (SERVER_ERROR, CONNECTION_LOST, TIMEOUT, PROTOCOL_ERROR, SESSION_REFUSED, SHARD_LOST)
 
 
 def event_of(error: BaseException) -> str:

@@ -1,0 +1,248 @@
+"""The run plan: who runs what. Scene x episode x arm -> seed, env slot, server, shard, pair (pure, no I/O).
+
+Every executor (one process, a process per scene, Ray shards) runs the entries of one :class:`RunPlan` and
+decides nothing itself; the rows a run writes are therefore the same whichever executor runs it.
+
+The map, fixed for a run by its config (``num_envs``, servers, shard count) and independent of timing:
+
+- episode ``k`` of a scene has seed ``seed + k``;
+- without arms it runs on env slot ``k % num_envs``; in an A/B run arm A on slot ``2 (k % P)`` and arm B on
+  ``2 (k % P) + 1`` with ``P = num_envs // 2`` (the two runs of a seed side by side, in the same batch);
+- each slot runs its entries in plan order; a slot whose entries are done idles;
+- server: slot ``g`` talks to ``servers[g % len(servers)]`` (as the transport's pool numbers its sessions);
+  in an A/B run the slots of arm A (``2j``) to ``servers[j % len(servers)]`` and those of arm B to
+  ``servers_b[j % len(servers_b)]``; with ``servers_per_shard = M`` shard ``s`` uses its own group of ``M``
+  servers, ``servers[(s*M + m) % len(servers)]``, over its slots in turn;
+- shard: the ``num_envs`` slots are cut into contiguous near-equal ranges, one per shard (one shard when the
+  run is not sharded); a shard runs the entries of its slots;
+- plan order: scenes in their config order, then episode, then arm (``order``); with ``interleave=True`` the
+  scenes alternate (episode-major). A/B entries carry ``pair``: the index of their (scene, episode) among the
+  plan's pairs in plan order, which a sequential test can consume in that order whatever order the episodes
+  finish in.
+
+Example::
+
+    >>> plan = build_plan(scenes=[1, 2], episodes=3, num_envs=2, seed=10, servers=["ws://a", "ws://b"])
+    >>> [(e.scene, e.episode, e.seed, e.slot, e.server) for e in plan.entries][:4]
+    [(1, 0, 10, 0, 'ws://a'), (1, 1, 11, 1, 'ws://b'), (1, 2, 12, 0, 'ws://a'), (2, 0, 10, 0, 'ws://a')]
+    >>> [[e.episode for e in q] for q in plan.slot_queues(1)]
+    [[0, 2], [1]]
+    >>> ab = build_plan(scenes=[1], episodes=2, num_envs=4, seed=0, servers=["ws://a"], servers_b=["ws://b"])
+    >>> [(e.episode, e.arm, e.slot, e.server, e.pair) for e in ab.entries]
+    [(0, 'a', 0, 'ws://a', 0), (0, 'b', 1, 'ws://b', 0), (1, 'a', 2, 'ws://a', 1), (1, 'b', 3, 'ws://b', 1)]
+    >>> rest = plan.remaining([{"scene": 1, "episode": 0}])
+    >>> len(rest.entries), rest.entries[0].order
+    (5, 1)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+ARMS = ("a", "b")
+
+__all__ = ["ARMS", "PlanEntry", "RunPlan", "build_plan", "plan_of", "slot_ranges"]
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanEntry:
+    """One episode of the plan: what it is (scene, episode, arm, seed) and where it runs (slot, server, shard).
+
+    ``order``: its position in the whole plan (kept by :meth:`RunPlan.remaining`); ``pair``: A/B runs only,
+    the index of its (scene, episode) among the plan's pairs, in plan order."""
+
+    order: int
+    scene: int
+    episode: int
+    arm: str | None
+    seed: int
+    slot: int
+    server: str
+    shard: int = 0
+    pair: int | None = None
+
+    @property
+    def key(self) -> tuple[int, int, str | None]:
+        """What identifies the episode in the rows: ``(scene, episode, arm)``."""
+        return self.scene, self.episode, self.arm
+
+
+def row_key(row: Mapping[str, Any]) -> tuple[int, int, str | None]:
+    """The :attr:`PlanEntry.key` of a written row."""
+    return int(row["scene"]), int(row["episode"]), row.get("arm")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """Entries in plan order, and the run's slot layout (see the module docstring)."""
+
+    entries: tuple[PlanEntry, ...]
+    num_envs: int
+    scenes: tuple[int, ...]
+    arms: tuple[str, ...]
+    shards: tuple[tuple[int, int], ...]  # per shard, its global slots [start, stop)
+    slot_servers: tuple[str, ...]  # per global slot, its server URL
+
+    def remaining(self, rows: Iterable[Mapping[str, Any]]) -> RunPlan:
+        """The plan without the entries that have a row (an errored episode's row counts: it is not re-run)."""
+        done = {row_key(r) for r in rows}
+        return dataclasses.replace(self, entries=tuple(e for e in self.entries if e.key not in done))
+
+    def only_scenes(self, scenes: Iterable[int]) -> RunPlan:
+        """The plan restricted to ``scenes`` (a process per scene runs one of them)."""
+        keep = {int(s) for s in scenes}
+        return dataclasses.replace(self, entries=tuple(e for e in self.entries if e.scene in keep))
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def scene_order(self) -> list[int]:
+        """The scenes that have entries, in the order their first entry comes in the plan."""
+        out: list[int] = []
+        for e in self.entries:
+            if e.scene not in out:
+                out.append(e.scene)
+        return out
+
+    def scene_entries(self, scene: int) -> list[PlanEntry]:
+        return [e for e in self.entries if e.scene == int(scene)]
+
+    def slot_queues(self, scene: int, shard: int | None = None) -> list[list[PlanEntry]]:
+        """Per slot (of the whole run, or of ``shard``: its local slots), the entries of ``scene`` in order."""
+        start, stop = (0, self.num_envs) if shard is None else self.shards[shard]
+        queues: list[list[PlanEntry]] = [[] for _ in range(stop - start)]
+        for e in self.entries:
+            if e.scene == int(scene) and start <= e.slot < stop:
+                queues[e.slot - start].append(e)
+        return queues
+
+    def servers_of(self, shard: int | None = None) -> list[str]:
+        """The server URL of each slot (of the whole run, or of ``shard``'s local slots)."""
+        start, stop = (0, self.num_envs) if shard is None else self.shards[shard]
+        return list(self.slot_servers[start:stop])
+
+    def arm_servers(self, arm: str) -> list[str]:
+        """A/B runs: the server of each of ``arm``'s slots (slot ``2j`` or ``2j + 1`` is the arm's slot ``j``)."""
+        offset = ARMS.index(arm)
+        return [self.slot_servers[g] for g in range(offset, 2 * (self.num_envs // 2), 2)]
+
+    def shard_entries(self, shard: int) -> list[PlanEntry]:
+        return [e for e in self.entries if e.shard == int(shard)]
+
+    def pairs(self) -> list[tuple[int, int]]:
+        """A/B runs: the (scene, episode) of every pair in pair order (empty without arms)."""
+        seen: dict[int, tuple[int, int]] = {}
+        for e in self.entries:
+            if e.pair is not None:
+                seen.setdefault(e.pair, (e.scene, e.episode))
+        return [seen[i] for i in sorted(seen)]
+
+
+def slot_ranges(num_envs: int, shards: int) -> list[tuple[int, int]]:
+    """``shards`` contiguous, near-equal ranges of ``range(num_envs)`` (the larger ones first).
+
+    >>> slot_ranges(5, 2)
+    [(0, 3), (3, 5)]
+    """
+    if not isinstance(num_envs, int) or num_envs < 1:
+        raise ValueError(f"num_envs: expected an integer >= 1, got {num_envs!r}")
+    if not isinstance(shards, int) or isinstance(shards, bool) or shards < 1:
+        raise ValueError(f"shards: expected an integer >= 1, got {shards!r}")
+    if shards > num_envs:
+        raise ValueError(f"shards: expected at most num_envs={num_envs} shards (each needs an env slot), got {shards}")
+    base, extra = divmod(num_envs, shards)
+    out, start = [], 0
+    for j in range(shards):
+        width = base + (1 if j < extra else 0)
+        out.append((start, start + width))
+        start += width
+    return out
+
+
+def _slot_servers(
+    num_envs: int,
+    servers: Sequence[str],
+    servers_b: Sequence[str],
+    ranges: Sequence[tuple[int, int]],
+    servers_per_shard: int | None,
+) -> tuple[str, ...]:
+    if not servers:
+        raise ValueError("servers: expected at least one server URL")
+    if servers_b:
+        a, b = list(servers), list(servers_b)
+        return tuple((a if g % 2 == 0 else b)[(g // 2) % len(a if g % 2 == 0 else b)] for g in range(num_envs))
+    if servers_per_shard is None:
+        return tuple(servers[g % len(servers)] for g in range(num_envs))
+    if not isinstance(servers_per_shard, int) or isinstance(servers_per_shard, bool) or servers_per_shard < 1:
+        raise ValueError(f"servers_per_shard: expected an integer >= 1, got {servers_per_shard!r}")
+    if servers_per_shard > len(servers):
+        raise ValueError(
+            f"servers_per_shard: expected at most the {len(servers)} servers given, got {servers_per_shard}"
+        )
+    out: list[str] = []
+    for j, (start, stop) in enumerate(ranges):
+        group = [servers[(j * servers_per_shard + m) % len(servers)] for m in range(servers_per_shard)]
+        out.extend(group[i % servers_per_shard] for i in range(stop - start))
+    return tuple(out)
+
+
+def build_plan(
+    *,
+    scenes: Sequence[int],
+    episodes: int,
+    num_envs: int,
+    seed: int,
+    servers: Sequence[str],
+    servers_b: Sequence[str] = (),
+    shards: int = 1,
+    servers_per_shard: int | None = None,
+    interleave: bool = False,
+) -> RunPlan:
+    """The plan of a run (see the module docstring); ``servers_b`` non-empty makes it an A/B run."""
+    if not isinstance(episodes, int) or isinstance(episodes, bool) or episodes < 0:
+        raise ValueError(f"episodes: expected an integer >= 0, got {episodes!r}")
+    arms = ARMS if servers_b else ()
+    if arms and num_envs < 2:
+        raise ValueError(f"num_envs: an A/B run needs at least 2 env slots (one per arm), got {num_envs}")
+    if arms and shards != 1:
+        raise ValueError("shards: an A/B run runs in one process (its arms share each batch); expected 1 shard")
+    ranges = slot_ranges(int(num_envs), int(shards))
+    slot_servers = _slot_servers(int(num_envs), list(servers), list(servers_b), ranges, servers_per_shard)
+    shard_of = [j for j, (start, stop) in enumerate(ranges) for _ in range(start, stop)]
+    per_arm = int(num_envs) // 2
+    scene_list = [int(s) for s in scenes]
+    if interleave:
+        grid = [(s, k) for k in range(episodes) for s in scene_list]
+    else:
+        grid = [(s, k) for s in scene_list for k in range(episodes)]
+    entries = []
+    for pair, (scene, k) in enumerate(grid):
+        for arm in arms or (None,):
+            slot = k % int(num_envs) if arm is None else 2 * (k % per_arm) + ARMS.index(arm)
+            entries.append(PlanEntry(order=len(entries), scene=scene, episode=k, arm=arm, seed=int(seed) + k,
+                                     slot=slot, server=slot_servers[slot], shard=shard_of[slot],
+                                     pair=pair if arm is not None else None))  # fmt: skip
+    return RunPlan(tuple(entries), int(num_envs), tuple(scene_list), arms, tuple(ranges), slot_servers)
+
+
+def plan_of(
+    config: Any,
+    servers: Sequence[str],
+    servers_b: Sequence[str] = (),
+    *,
+    shards: int = 1,
+    servers_per_shard: int | None = None,
+) -> RunPlan:
+    """The plan of an :class:`~dz_gym.eval.config.EvalConfig` with these servers (arm B's only in A/B runs)."""
+    return build_plan(
+        scenes=config.scenes,
+        episodes=config.episodes,
+        num_envs=config.num_envs,
+        seed=config.seed,
+        servers=servers,
+        servers_b=servers_b if config.ab else (),
+        shards=shards,
+        servers_per_shard=servers_per_shard,
+    )
