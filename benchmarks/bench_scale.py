@@ -62,7 +62,8 @@ import bench_eval  # noqa: E402  (the bound, s_N, the one-env loop and the one-p
 from dz_gym.envs import droid  # noqa: E402
 from dz_gym.eval.shards.driver import connect, evaluate_sharded  # noqa: E402
 from dz_gym.eval.shards.options import RayOptions  # noqa: E402
-from dz_gym.eval.shards.plan import cpus_per_shard, env_workers, plan_shards  # noqa: E402
+from dz_gym.eval.plan import slot_ranges  # noqa: E402
+from dz_gym.eval.shards.plan import cpus_per_shard, env_workers  # noqa: E402
 
 HORIZON = bench_eval.HORIZON
 VIEWS = len(droid.CAMERA_KEYS)  # views an env renders before each request
@@ -107,10 +108,10 @@ def shard_step_s(ray, n: int, k: int, max_steps: int, scene: int, gpus: float = 
     node_cpus = max(float(node.get("Resources", {}).get("CPU", 0)) for node in nodes)
     per_node = -(-k // len(nodes))
     probes = []
-    for shard in plan_shards({scene: range(n)}, n, k):
-        cpus = cpus_per_shard(shard.num_envs, node_cpus, per_node)
+    for start, stop in slot_ranges(n, k):
+        cpus = cpus_per_shard(stop - start, node_cpus, per_node)
         actor = ray.remote(Probe).options(num_cpus=cpus, num_gpus=gpus, scheduling_strategy="SPREAD")
-        probes.append(actor.remote(shard.num_envs, env_workers(shard.num_envs, cpus), max_steps, scene))
+        probes.append(actor.remote(stop - start, env_workers(stop - start, cpus), max_steps, scene))
     try:
         ray.get([p.ready.remote() for p in probes], timeout=600)  # all built first: start-up costs no CPU then
         start_at = time.time() + 1.0

@@ -18,24 +18,18 @@ from dz_gym.eval.ab import PairTracker, unpaired_rows
 from dz_gym.eval.clients import ArmRouter, RequestFields, arm_of_slot, policy_seed
 from dz_gym.eval.config import EvalConfig
 from dz_gym.eval.evaluate import evaluate
+from dz_gym.eval.plan import build_plan
 from dz_gym.eval.results import format_table, milestone_funnel
+from dz_gym.eval.row import PLACEMENT, VOLATILE
 from dz_gym.eval.rundir import RunDir
-from dz_gym.eval.runner import RunControl, plan_queues
+from dz_gym.eval.runner import RunControl
 from dz_gym.server.launch import start_server_thread
 from dz_gym.server.policies import HoldPolicy
 from dz_gym.testing.memory_client import MemoryPolicyClient
 from dz_gym.testing.toy_env import ToyDroidEnv
 
 PATH = "/v1/realtime/robot/openpi"
-VOLATILE = {
-    "env",
-    "session_id",
-    "server",
-    "started_at",
-    "wall_s",
-    "latency_ms",
-    "latencies_ms",
-}
+VARIES = VOLATILE | PLACEMENT  # what differs between the runs compared here (slot and server, session, timing)
 
 
 class GripperToyEnv(ToyDroidEnv):
@@ -103,15 +97,15 @@ def hold_pair():
         yield a.url + PATH, b.url + PATH
 
 
-def test_plan_queues_put_both_arms_of_a_seed_on_neighbouring_slots():
-    queues = plan_queues([(k, arm) for k in range(5) for arm in "ab"], 4)
-    assert [list(q) for q in queues] == [[(0, "a"), (2, "a"), (4, "a")], [(0, "b"), (2, "b"), (4, "b")],
-                                         [(1, "a"), (3, "a")], [(1, "b"), (3, "b")]]  # fmt: skip
+def test_the_plan_puts_both_arms_of_a_seed_on_neighbouring_slots():
+    plan = build_plan(scenes=[1], episodes=5, num_envs=4, seed=0, servers=["ws://a"], servers_b=["ws://b"])
+    queues = [[(e.episode, e.arm) for e in q] for q in plan.slot_queues(1)]
+    assert queues == [[(0, "a"), (2, "a"), (4, "a")], [(0, "b"), (2, "b"), (4, "b")],
+                      [(1, "a"), (3, "a")], [(1, "b"), (3, "b")]]  # fmt: skip
     assert [arm_of_slot(i) for i in range(4)] == ["a", "b", "a", "b"]
-    assert [list(q) for q in plan_queues([(0, None), (1, None), (2, None)], 2)] == [
-        [(0, None), (2, None)],
-        [(1, None)],
-    ]
+    assert all(e.server == ("ws://a" if e.arm == "a" else "ws://b") for e in plan.entries)
+    one = build_plan(scenes=[1], episodes=3, num_envs=2, seed=0, servers=["ws://a"])
+    assert [[(e.episode, e.arm) for e in q] for q in one.slot_queues(1)] == [[(0, None), (2, None)], [(1, None)]]
 
 
 def test_arm_router_sends_each_slot_to_its_arm():
@@ -153,8 +147,8 @@ def test_a_vs_a_never_rejects(tmp_path, hold_pair):
     for seed in range(12):
         a, b = by_key[(seed, "a")], by_key[(seed, "b")]
         assert b["env"] == a["env"] + 1 and a["env"] % 2 == 0
-        assert {k: v for k, v in a.items() if k not in VOLATILE | {"arm", "trajectory"}} == {
-            k: v for k, v in b.items() if k not in VOLATILE | {"arm", "trajectory"}
+        assert {k: v for k, v in a.items() if k not in VARIES | {"arm", "trajectory"}} == {
+            k: v for k, v in b.items() if k not in VARIES | {"arm", "trajectory"}
         }
         assert a["server"] == hold_pair[0] and b["server"] == hold_pair[1]
         assert (run_dir.path / a["trajectory"]).is_file() and a["trajectory"].endswith("_a.npz")
@@ -212,7 +206,7 @@ def test_ab_resume_equals_an_uninterrupted_run(tmp_path, hold_pair):
 
     def stable(rs):
         return sorted(
-            ({k: v for k, v in r.items() if k not in VOLATILE} for r in rs),
+            ({k: v for k, v in r.items() if k not in VARIES} for r in rs),
             key=lambda r: (r["episode"], r["arm"]),
         )
 

@@ -24,20 +24,19 @@ from eval_process import BOUND_S, Evaluator  # noqa: E402
 from dz_gym.eval import cli, results  # noqa: E402
 from dz_gym.eval.config import EvalConfig  # noqa: E402
 from dz_gym.eval.evaluate import evaluate  # noqa: E402
+from dz_gym.eval.row import PLACEMENT, comparable  # noqa: E402
 from dz_gym.eval.rundir import RunDir  # noqa: E402
 from dz_gym.eval.runner import RunControl  # noqa: E402
 from dz_gym.server.launch import start_server_process, start_server_thread  # noqa: E402
 from dz_gym.server.policies import load_policy  # noqa: E402
 from dz_gym.testing.gated import GatedPolicy  # noqa: E402
 
-VOLATILE = {"env", "session_id", "server", "started_at", "wall_s", "latency_ms", "latencies_ms", "video"}
 BASE = ["--num-envs", "2", "--episodes", "4", "--max-steps", "16", "--no-progress"]
 
 
 def stable(rows):
-    return sorted(
-        ({k: v for k, v in r.items() if k not in VOLATILE} for r in rows), key=lambda r: (r["scene"], r["episode"])
-    )
+    """What two runs of the same plan share (the runs compared here differ in slots, servers and videos)."""
+    return comparable(rows, ignore=PLACEMENT | {"video"})
 
 
 def run_dir_of(root: Path) -> RunDir:

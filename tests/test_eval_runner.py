@@ -10,21 +10,20 @@ from dz_gym.envs import droid
 from dz_gym.eval import results
 from dz_gym.eval.config import EvalConfig
 from dz_gym.eval.evaluate import evaluate
+from dz_gym.eval.plan import PlanEntry
+from dz_gym.eval.row import PLACEMENT, comparable
 from dz_gym.eval.rundir import RunDir
-from dz_gym.eval.runner import RunControl, plan_queues
+from dz_gym.eval.runner import RunControl
 from dz_gym.server.launch import start_server_thread
 from dz_gym.server.policies import HoldPolicy
 from dz_gym.testing.toy_env import ToyDroidEnv, expected_success
 
 PATH = "/v1/realtime/robot/openpi"
-VOLATILE = {"env", "session_id", "server", "started_at", "wall_s", "latency_ms", "latencies_ms"}
 
 
 def stable(rows):
-    """Rows without the fields that legitimately differ between runs (slot, session, timing)."""
-    return sorted(
-        ({k: v for k, v in r.items() if k not in VOLATILE} for r in rows), key=lambda r: (r["scene"], r["episode"])
-    )
+    """Rows without the fields that legitimately differ between runs (slot and server, session, timing)."""
+    return comparable(rows, ignore=PLACEMENT)
 
 
 class FailOnSeedPolicy(HoldPolicy):
@@ -82,14 +81,6 @@ def run(
 
     summary = evaluate(config, run_dir, servers, env_factory=factory, control=control, progress=False)
     return summary, run_dir, made
-
-
-def test_slot_queues_are_fixed_quotas():
-    def episodes(queues):
-        return [[k for k, _ in q] for q in queues]
-
-    assert episodes(plan_queues([(k, None) for k in range(7)], 3)) == [[0, 3, 6], [1, 4], [2, 5]]
-    assert episodes(plan_queues([(k, None) for k in (4, 1, 6)], 4)) == [[4], [1], [6], []]
 
 
 def test_rows_do_not_depend_on_num_envs(tmp_path, hold_server):
@@ -304,14 +295,14 @@ def test_explicit_slot_episodes_run_on_their_slots_in_order(tmp_path):
     wrapper = DreamZeroPolicyWrapper(env, client=MemoryPolicyClient(HoldPolicy(), 2))
     try:
         queues = [[5, 1], [0, 2, 4]]  # not the k % num_envs placement
-        runner = SceneRunner(
-            wrapper, scene=1, slot_episodes=queues, seed=0, max_steps=5, run_dir=run_dir, control=RunControl()
-        )
+        entries = [
+            [PlanEntry(order=0, scene=1, episode=k, arm=None, seed=k, slot=slot, server="-") for k in queue]
+            for slot, queue in enumerate(queues)
+        ]
+        runner = SceneRunner(wrapper, scene=1, queues=entries, max_steps=5, run_dir=run_dir, control=RunControl())
         runner.run()
-        with pytest.raises(ValueError, match="slot_episodes: expected one episode list per env slot"):
-            SceneRunner(
-                wrapper, scene=1, slot_episodes=[[0]], seed=0, max_steps=5, run_dir=run_dir, control=RunControl()
-            )
+        with pytest.raises(ValueError, match="queues: expected one entry list per env slot"):
+            SceneRunner(wrapper, scene=1, queues=entries[:1], max_steps=5, run_dir=run_dir, control=RunControl())
     finally:
         wrapper.close()
     rows = run_dir.read_rows()

@@ -1,5 +1,6 @@
-"""Shard planning (pure): slot ranges, the one-process episode map kept, servers per slot and per shard; the
-row outbox of a shard; Ray stays unimported without --ray and its absence is one clear line."""
+"""Sharded runs' side of the run plan (pure): slot ranges, the one-process episode map kept, servers per slot
+and per shard, shard sizes; the row outbox of a shard; Ray stays unimported without --ray and its absence is
+one clear line."""
 
 from __future__ import annotations
 
@@ -11,18 +12,10 @@ from collections import deque
 import numpy as np
 import pytest
 
-from dz_gym.eval.runner import plan_queues
+from dz_gym.eval.plan import build_plan, slot_ranges
 from dz_gym.eval.shards import MISSING_RAY, RayMissingError, require_ray
 from dz_gym.eval.shards.collector import Collector
-from dz_gym.eval.shards.plan import (
-    cpus_per_shard,
-    default_shard_count,
-    env_workers,
-    gpus_per_shard,
-    plan_shards,
-    shard_servers,
-    slot_ranges,
-)
+from dz_gym.eval.shards.plan import cpus_per_shard, default_shard_count, env_workers, gpus_per_shard
 from dz_gym.eval.shards.worker import Outbox
 
 
@@ -36,25 +29,34 @@ def test_slot_ranges_cover_the_slots_once():
             assert max(widths) - min(widths) <= 1
 
 
+def plan(n, k, episodes=23, scenes=(1, 3), servers=("ws://h0",), **kw):
+    return build_plan(scenes=list(scenes), episodes=episodes, num_envs=n, seed=0, servers=list(servers), shards=k,
+                      **kw)  # fmt: skip
+
+
 @pytest.mark.parametrize("n,k", [(8, 2), (5, 2), (7, 3), (3, 3), (1, 1)])
 def test_every_episode_keeps_its_one_process_slot_and_order(n, k):
-    todo = {1: list(range(23)), 3: [0, 2, 5, 9, 10]}  # scene 3: a resume with some rows already there
-    shards = plan_shards(todo, n, k)
-    for scene, episodes in todo.items():
-        one_process = [[k for k, _ in q] for q in plan_queues([(k, None) for k in episodes], n)]
+    one = plan(n, 1)
+    sharded = plan(n, k).remaining([{"scene": 3, "episode": e} for e in (1, 3, 4)])  # a resume: some rows there
+    for scene in (1, 3):
+        one_process = one.remaining([{"scene": 3, "episode": e} for e in (1, 3, 4)]).slot_queues(scene)
         seen = []
-        for shard in shards:
-            for local, queue in enumerate(shard.queues[scene]):
-                assert list(queue) == one_process[shard.start + local]
-                seen.extend(queue)
-        assert sorted(seen) == sorted(episodes)  # each planned episode in exactly one shard
+        for j, (start, _) in enumerate(sharded.shards):
+            for local, queue in enumerate(sharded.slot_queues(scene, shard=j)):
+                assert [e.episode for e in queue] == [e.episode for e in one_process[start + local]]
+                assert all(e.shard == j and e.slot == start + local for e in queue)
+                seen.extend(e.episode for e in queue)
+        assert sorted(seen) == [
+            e.episode for e in one.scene_entries(scene) if (scene, e.episode) not in {(3, 1), (3, 3), (3, 4)}
+        ]  # fmt: skip  (each planned episode in exactly one shard)
 
 
 def test_shard_scenes_and_episodes():
-    (a, b) = plan_shards({1: [0, 1, 2, 3], 2: [1, 3]}, 2, 2)
-    assert a.scenes() == [1] and b.scenes() == [1, 2]
-    assert a.episodes(1) == [0, 2] and b.episodes(2) == [1, 3] and a.episodes(2) == []
-    assert (a.start, a.stop, b.start, b.stop) == (0, 1, 1, 2)
+    p = plan(2, 2, episodes=4, scenes=(1, 2)).remaining([{"scene": 2, "episode": e} for e in (0, 2)])
+    assert p.shards == ((0, 1), (1, 2))
+    assert [[e.episode for e in q] for q in p.slot_queues(1, shard=0)] == [[0, 2]]
+    assert [[e.episode for e in q] for q in p.slot_queues(2, shard=1)] == [[1, 3]]
+    assert p.slot_queues(2, shard=0) == [[]]
 
 
 @pytest.mark.parametrize(
@@ -68,15 +70,17 @@ def test_bad_shard_counts_are_one_line_errors(n, k, needle):
 
 def test_servers_follow_global_slots_or_per_shard_groups():
     urls = [f"ws://h{i}:8000/p" for i in range(4)]
-    a, b = plan_shards({1: range(10)}, 6, 2)  # slots 0-2 and 3-5
-    assert shard_servers(urls, a) == [urls[0], urls[1], urls[2]]
-    assert shard_servers(urls, b) == [urls[3], urls[0], urls[1]]  # as slot g % 4 in one process
-    assert shard_servers(urls, a, servers_per_shard=2) == [urls[0], urls[1], urls[0]]
-    assert shard_servers(urls, b, servers_per_shard=2) == [urls[2], urls[3], urls[2]]
+    p = plan(6, 2, episodes=10, scenes=(1,), servers=urls)  # slots 0-2 and 3-5
+    assert p.servers_of(0) == [urls[0], urls[1], urls[2]]
+    assert p.servers_of(1) == [urls[3], urls[0], urls[1]]  # as slot g % 4 in one process
+    assert all(e.server == urls[e.slot % 4] for e in p.entries)
+    grouped = plan(6, 2, episodes=10, scenes=(1,), servers=urls, servers_per_shard=2)
+    assert grouped.servers_of(0) == [urls[0], urls[1], urls[0]]
+    assert grouped.servers_of(1) == [urls[2], urls[3], urls[2]]
     with pytest.raises(ValueError, match="servers_per_shard: expected at most the 4 servers"):
-        shard_servers(urls, a, servers_per_shard=5)
+        plan(6, 2, servers=urls, servers_per_shard=5)
     with pytest.raises(ValueError, match="servers: expected at least one"):
-        shard_servers([], a)
+        plan(6, 2, servers=())
 
 
 def test_default_shards_and_cpus():
@@ -118,6 +122,8 @@ def _row(episode: int, env: int, video: bool = True) -> dict:
         "scene": 1,
         "episode": episode,
         "env": env,
+        "shard": 1,
+        "node": "n1",
         "trajectory": f"trajectories/scene1_ep{episode:04d}.npz",
         "video": f"videos/scene1_ep{episode:04d}.mp4" if video else None,
     }
@@ -125,14 +131,14 @@ def _row(episode: int, env: int, video: bool = True) -> dict:
 
 def test_outbox_ships_rows_in_order_once_their_video_is_closed(tmp_path):
     recorder = _Recorder()
-    box = Outbox(tmp_path, slot_start=4, meta={"shard": 1, "node": "n1"}, ship_files=True, recorder=recorder)
+    box = Outbox(tmp_path, meta={"shard": 1, "node": "n1"}, ship_files=True, recorder=recorder)
     for k in (0, 1):
         for rel in _row(k, 0).values():
             if isinstance(rel, str):
                 (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
                 (tmp_path / rel).write_bytes(f"{rel}".encode())
-    box.put(_row(0, 1))
-    box.put(_row(1, 0))
+    box.put(_row(0, 5))  # rows come with the plan's global slot, their shard and node (the runner's placement)
+    box.put(_row(1, 4))
     box.steps(5, 12.0)
     payloads, steps, latency = box.take()
     assert payloads == [] and steps == 5 and latency == 12.0  # episode 0's video is still being written
@@ -142,10 +148,10 @@ def test_outbox_ships_rows_in_order_once_their_video_is_closed(tmp_path):
     payloads, steps, _ = box.take()
     assert [p["row"]["episode"] for p in payloads] == [0, 1] and steps == 0
     first, second = payloads
-    assert first["row"]["env"] == 5 and first["row"]["shard"] == 1 and first["row"]["node"] == "n1"
+    assert first["row"]["env"] == 5 and first["row"]["shard"] == 1 and first["row"]["node"] == "n1"  # unchanged
     assert first["row"]["video"] is None and list(first["files"]) == ["trajectories/scene1_ep0000.npz"]
     assert second["files"]["videos/scene1_ep0001.mp4"] == b"videos/scene1_ep0001.mp4"
-    box.give_back(payloads, 3)  # a failed push: everything is sent again, in order, env not offset twice
+    box.give_back(payloads, 3)  # a failed push: everything is sent again, in order, unchanged
     again, steps, _ = box.take()
     assert [p["row"]["episode"] for p in again] == [0, 1] and steps == 3 and again[0]["row"]["env"] == 5
     box.delete_files(again)
@@ -153,7 +159,7 @@ def test_outbox_ships_rows_in_order_once_their_video_is_closed(tmp_path):
 
 
 def test_outbox_is_thread_safe(tmp_path):
-    box = Outbox(tmp_path, slot_start=0, meta={"shard": 0, "node": "n"}, ship_files=False)
+    box = Outbox(tmp_path, meta={"shard": 0, "node": "n"}, ship_files=False)
     got: deque = deque()
 
     def produce(offset):

@@ -32,6 +32,7 @@ from eval_process import BOUND_S, Evaluator  # noqa: E402
 from dz_gym.eval import cli  # noqa: E402
 from dz_gym.eval.config import EvalConfig  # noqa: E402
 from dz_gym.eval.evaluate import evaluate  # noqa: E402
+from dz_gym.eval.row import EpisodeRow, comparable  # noqa: E402
 from dz_gym.eval.rundir import RunDir  # noqa: E402
 from dz_gym.eval.runner import RunControl  # noqa: E402
 from dz_gym.eval.shards.driver import actor_name, evaluate_sharded  # noqa: E402
@@ -42,20 +43,6 @@ from dz_gym.server.policies import load_policy  # noqa: E402
 from dz_gym.testing.gated import GatedPolicy  # noqa: E402
 
 PATH = "/v1/realtime/robot/openpi"
-VOLATILE = {
-    "env",
-    "session_id",
-    "server",
-    "started_at",
-    "wall_s",
-    "latency_ms",
-    "latencies_ms",
-    "video",
-    "trajectory",
-    "shard",
-    "node",
-    "gpu",
-}
 
 
 def config(**kw) -> EvalConfig:
@@ -65,10 +52,9 @@ def config(**kw) -> EvalConfig:
     return EvalConfig(**values)
 
 
-def stable(rows):
-    return sorted(
-        ({k: v for k, v in r.items() if k not in VOLATILE} for r in rows), key=lambda r: (r["scene"], r["episode"])
-    )
+def stable(rows, *ignore):
+    """What a sharded run and a one-process run of the same plan share (not the shard or where files went)."""
+    return comparable(rows, ignore={"shard", "video", "trajectory", *ignore})
 
 
 @pytest.fixture(scope="module")
@@ -180,6 +166,10 @@ def test_a_shard_lost_beyond_its_restarts_is_recorded_errored(cluster, server, t
     assert all(r["error"].startswith("shard 1 lost after 0 restart(s)") for r in errored)
     assert all(r["error"] is None for r in rows if r["shard"] == 0)
     assert summary["overall"]["errored"] == len(errored) and summary["complete"]
+    # A lost episode's row is an errored row like any other: every field of the schema, the plan's slot.
+    for r in errored:
+        assert set(r) == set(rows[0]) and EpisodeRow.from_dict(r).to_dict() == r
+        assert r["task"] == "DROID-CubeInBowl" and r["env"] == r["episode"] % 2 and r["error_step"] == 0
 
 
 @pytest.mark.slow
@@ -319,7 +309,7 @@ def test_uneven_shards_keep_the_one_process_slots(cluster, server, one_process, 
     """3 envs on 2 shards (2 + 1 slots): every episode still runs on slot k % 3, and the rows equal one process."""
     run, summary = sharded(cluster, server, tmp_path, cfg=config(num_envs=3))
     rows = run.read_rows()
-    assert stable(rows) == stable(one_process.read_rows())
+    assert stable(rows, "env") == stable(one_process.read_rows(), "env")  # the one process ran 2 envs
     assert all(r["env"] == r["episode"] % 3 and r["shard"] == (0 if r["env"] < 2 else 1) for r in rows)
     assert [s["slots"] for s in summary["shards"]["per_shard"]] == [[0, 2], [2, 3]]
 

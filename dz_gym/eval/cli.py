@@ -25,7 +25,6 @@ import argparse
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import threading
 from typing import TYPE_CHECKING, Any
@@ -96,54 +95,26 @@ def _print_results(run_dir: RunDir, summary: dict[str, Any] | None) -> None:
 
 
 def _run_scene_processes(argv: list[str], config: EvalConfig, run_dir: RunDir, command: str) -> int:
-    """Run each scene in a fresh ``dz-gym-eval --resume RUN_DIR --only-scene S`` process, in turn."""
-    drop_with_value = {"--scene", "--task", "--resume", "--output-root", "--only-scene"}
-    base: list[str] = []
-    skip = False
-    for item in argv:
-        if skip:
-            skip = False
-            continue
-        name = item.split("=", 1)[0]
-        if name in drop_with_value:
-            skip = "=" not in item
-            continue
-        base.append(item)
-    from dz_gym.eval.runner import RunControl
+    """Run each scene in a fresh ``dz-gym-eval --resume RUN_DIR --only-scene S`` process, in turn
+    (:class:`~dz_gym.eval.processes.SceneProcesses`), as one run segment of this process."""
+    from dz_gym.eval.plan import plan_of
+    from dz_gym.eval.processes import SceneProcesses
+    from dz_gym.eval.segment import RunSegment, run_segment
 
-    env = dict(os.environ)
-    env[COMMAND_ENV] = command
-    control = RunControl()
-    children: list[subprocess.Popen] = []
-    code = EXIT_OK
-    with StopOnSignal(control.stop, _say, children):
-        for scene in config.scenes:
-            if control.stop.is_set():
-                code = EXIT_INTERRUPTED
-                break
-            child_argv = [
-                sys.executable,
-                "-m",
-                "dz_gym.eval.cli",
-                *base,
-                "--resume",
-                str(run_dir.path),
-                "--only-scene",
-                str(scene),
-            ]
-            _say(f"dz-gym-eval: scene {scene} in a new process")
-            # A session of its own: a Ctrl-C in the terminal reaches only this process, which forwards it once.
-            proc = subprocess.Popen(child_argv, env=env, start_new_session=True)
-            children[:] = [proc]
-            code = proc.wait()
-            if code != EXIT_OK:
-                break
-    summary = run_dir.read_summary()
-    if code != EXIT_USAGE:
+    # The children start the embedded servers: this process plans the scenes, not the servers' URLs.
+    servers = config.servers or ["embedded"]
+    plan = plan_of(config, servers, config.servers_b or ["embedded"])
+    segment = RunSegment(config, run_dir, plan, servers=config.servers, servers_b=config.servers_b, progress=False,
+                         log=_say, command=command, inherit=True)  # fmt: skip
+    executor = SceneProcesses(argv, command, _say)
+    summary = None
+    try:
+        summary = run_segment(segment, executor)
+    except KeyboardInterrupt:
+        summary = run_dir.read_summary()
+    if executor.code != EXIT_USAGE:
         _print_results(run_dir, summary)
-    if code == EXIT_OK and (summary is None or not summary.get("complete")):
-        code = EXIT_ABORTED
-    return code if code in (EXIT_OK, EXIT_ABORTED, EXIT_USAGE, EXIT_INTERRUPTED) else EXIT_ABORTED
+    return executor.exit_code(summary)
 
 
 def _preflight(config: EvalConfig) -> str | None:

@@ -43,7 +43,7 @@ from typing import Any
 
 ARMS = ("a", "b")
 
-__all__ = ["ARMS", "PlanEntry", "RunPlan", "build_plan", "plan_of", "slot_ranges"]
+__all__ = ["ARMS", "PlanEntry", "RunPlan", "build_plan", "pair_order", "plan_of", "slot_ranges"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,6 +188,18 @@ def _slot_servers(
     return tuple(out)
 
 
+def pair_order(scenes: Sequence[int], episodes: int, interleave: bool = False) -> list[tuple[int, int]]:
+    """Every (scene, episode) of a plan in plan order: scene after scene, or with ``interleave`` episode-major
+    (the scenes alternate), the order an A/B run's sequential test takes its pairs in.
+
+    >>> pair_order([1, 2], 2), pair_order([1, 2], 2, interleave=True)
+    ([(1, 0), (1, 1), (2, 0), (2, 1)], [(1, 0), (2, 0), (1, 1), (2, 1)])
+    """
+    if interleave:
+        return [(int(s), k) for k in range(int(episodes)) for s in scenes]
+    return [(int(s), k) for s in scenes for k in range(int(episodes))]
+
+
 def build_plan(
     *,
     scenes: Sequence[int],
@@ -213,12 +225,8 @@ def build_plan(
     shard_of = [j for j, (start, stop) in enumerate(ranges) for _ in range(start, stop)]
     per_arm = int(num_envs) // 2
     scene_list = [int(s) for s in scenes]
-    if interleave:
-        grid = [(s, k) for k in range(episodes) for s in scene_list]
-    else:
-        grid = [(s, k) for s in scene_list for k in range(episodes)]
     entries = []
-    for pair, (scene, k) in enumerate(grid):
+    for pair, (scene, k) in enumerate(pair_order(scene_list, episodes, interleave)):
         for arm in arms or (None,):
             slot = k % int(num_envs) if arm is None else 2 * (k % per_arm) + ARMS.index(arm)
             entries.append(PlanEntry(order=len(entries), scene=scene, episode=k, arm=arm, seed=int(seed) + k,
@@ -245,4 +253,5 @@ def plan_of(
         servers_b=servers_b if config.ab else (),
         shards=shards,
         servers_per_shard=servers_per_shard,
+        interleave=True,  # pairs numbered as the sequential test takes them (eval/ab.py); each scene runs whole
     )

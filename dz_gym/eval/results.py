@@ -1,6 +1,7 @@
 """Evaluation results: episode rows, summaries, Wilson intervals and the printed table (pure, no I/O).
 
-An *episode row* is one JSON object of ``episodes.jsonl`` (see ``docs/eval.md`` for the schema). The summary
+An *episode row* is one JSON object of ``episodes.jsonl``; its schema is :class:`dz_gym.eval.row.EpisodeRow`
+(:func:`check_row` is the row module's). The summary
 is computed from the rows alone, so anyone can recompute ``summary.json`` from ``episodes.jsonl``; the only
 inputs that rows cannot carry (wall time of the stepping loop, server metadata, versions, the command) are
 passed in by the caller.
@@ -24,22 +25,11 @@ from typing import Any
 
 import numpy as np
 
+from dz_gym.eval.row import check_row
 from dz_gym.stats.proportions import wilson_interval
 
 ERRORED_NOTE = "errored episodes are excluded from the success denominators (n) and counted in 'errored'"
 LATENCY_KEYS = ("mean", "p50", "p90", "p99", "max")
-REQUIRED_ROW_KEYS = (
-    "scene",
-    "episode",
-    "seed",
-    "env",
-    "session_id",
-    "steps",
-    "server_calls",
-    "success_at_end",
-    "success_any_step",
-    "error",
-)
 
 
 def rate(k: int, n: int) -> dict[str, Any]:
@@ -81,23 +71,6 @@ def latency_stats(latencies_ms: Iterable[float]) -> dict[str, float] | None:
         "max": float(values.max()),
         "count": int(values.size),
     }
-
-
-def check_row(row: Mapping[str, Any]) -> None:
-    """One-line ``ValueError`` when ``row`` lacks a required key or has a wrong-typed core field."""
-    for key in REQUIRED_ROW_KEYS:
-        if key not in row:
-            raise ValueError(f"episode row: missing key {key!r} (expected {', '.join(REQUIRED_ROW_KEYS)})")
-    for key in ("scene", "episode", "seed", "env", "steps", "server_calls"):
-        if not isinstance(row[key], int) or isinstance(row[key], bool):
-            raise ValueError(f"episode row: {key!r} expected an int, got {row[key]!r}")
-    errored = row["error"] is not None
-    for key in ("success_at_end", "success_any_step"):
-        value = row[key]
-        if errored and value is not None:
-            raise ValueError(f"episode row: {key!r} expected null for an errored episode, got {value!r}")
-        if not errored and not isinstance(value, bool):
-            raise ValueError(f"episode row: {key!r} expected true/false, got {value!r}")
 
 
 def milestone_funnel(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]] | None:

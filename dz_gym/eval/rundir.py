@@ -172,6 +172,23 @@ class RunDir:
         os.replace(tmp, path)
         return rel
 
+    def write_file(self, rel: str | os.PathLike, data: bytes) -> Path:
+        """Write ``data`` to ``rel`` (a path inside the run directory; its folder is created) atomically:
+        a file a shard shipped back, the page of the report, the shards' token. Returns the path."""
+        parts = Path(rel).parts
+        if not parts or Path(rel).is_absolute() or ".." in parts:
+            raise ValueError(f"run directory file: expected a relative path inside {self.path}, got {str(rel)!r}")
+        path = self.path.joinpath(*parts)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomic(path, data)
+        return path
+
+    def video_path(self, scene: int, episode: int, arm: str | None = None) -> Path:
+        """Where an episode's video goes (its folder created): the video recorder streams into this file."""
+        path = self.path / self.video_relpath(scene, episode, arm)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
     # -- summary ------------------------------------------------------------------------------------
     def write_summary(self, summary: Mapping[str, Any]) -> None:
         data = json.dumps(_to_json(summary), indent=2, allow_nan=False) + "\n"

@@ -1,8 +1,9 @@
 """Runs one scene's episodes on a wrapped batched env: fixed per-slot quotas, per-episode seeds, rows.
 
-Unbiased accounting: episode ``k`` of a scene has seed ``seed + k`` and is run by env slot ``k % num_envs``;
-each slot runs its episodes in order, and a slot whose quota is done idles (holds its pose, sends no
-requests, its results are ignored) until the others finish. Nothing depends on which episodes finish first,
+Unbiased accounting: the run plan (:mod:`dz_gym.eval.plan`) gives every episode its seed and its env slot
+(episode ``k`` of a scene: seed ``seed + k``, slot ``k % num_envs``); each slot runs its plan entries in order,
+and a slot whose quota is done idles (holds its pose, sends no requests, its results are ignored) until the
+others finish. Nothing depends on which episodes finish first,
 so for a deterministic policy the rows do not depend on ``num_envs`` (only the ``env`` and timing fields do).
 The seed of a slot's next episode is queued with the env's ``set_episode_seeds`` as soon as its current
 episode starts, so it applies whether that episode ends by the env's own time-out (same-step autoreset) or
@@ -22,9 +23,9 @@ connection).
 The runner uses only the wrapper's public surface (``set_idle``, ``render_policy``, ``episode_stats``,
 ``server_url``, ``admission_retry_at``, ``session_ids``, ``last_obs``, the step's ``info``); it never reconnects.
 
-A/B runs (``arms``): episode ``k`` runs twice, under arm A on slot ``2j`` and under arm B on slot ``2j + 1``
-with ``j = k % (num_envs / 2)`` (:func:`plan_queues`): the two runs of a seed are on neighbouring slots, at
-about the same time, in the same batch. Rows then carry ``arm``. With a
+A/B runs (entries with an ``arm``): episode ``k`` runs twice, under arm A on slot ``2j`` and under arm B on
+slot ``2j + 1`` with ``j = k % (num_envs / 2)`` (the plan's): the two runs of a seed are on neighbouring slots,
+at about the same time, in the same batch. Rows then carry ``arm``. With a
 :class:`~dz_gym.eval.ab.PairTracker` that stops (the sequential test decided), no new episode starts; an
 episode in progress whose twin has already run or is running finishes, one whose twin has not started is
 dropped (no row; listed in ``SceneResult.dropped``), so no pair is left half-finished by the stop.
@@ -35,7 +36,7 @@ reports, including a task's own); trajectories keep the milestones' first steps 
 checked on (``object_pos``, ``object_quat``, ``container_pos``, ``tcp_pos``, ``object_start_pos``).
 
 Per finished episode the runner writes, in order: the trajectory file, the video (closed in the background)
-and its row in ``episodes.jsonl``; the trajectory and the row are written by an
+and its row in ``episodes.jsonl`` (an :class:`~dz_gym.eval.row.EpisodeRow`); the trajectory and the row are written by an
 :class:`~dz_gym.eval.writer.EpisodeWriter` thread (in that order), off the stepping loop, and all of them are
 on disk when :meth:`SceneRunner.run` returns. A stop request (Ctrl-C) or an exhausted error budget ends the scene at the
 next step boundary; episodes in progress are dropped (no row; their partial videos are deleted) and run again
@@ -57,8 +58,10 @@ from typing import Any
 import numpy as np
 
 from dz_gym.envs import droid
+from dz_gym.eval.plan import PlanEntry
 from dz_gym.eval.progress import Progress
 from dz_gym.eval.results import latency_stats
+from dz_gym.eval.row import EpisodeRow
 from dz_gym.eval.rundir import RunDir, episode_name
 from dz_gym.eval.video import VideoRecorder, strip_frames
 from dz_gym.eval.writer import EpisodeWriter
@@ -66,21 +69,6 @@ from dz_gym.records import SESSION_REFUSED, EpisodeStats
 from dz_gym.requests import proprio, to_numpy
 
 logger = logging.getLogger(__name__)
-
-
-def plan_queues(work: Iterable[tuple[int, str | None]], num_envs: int) -> list[deque[tuple[int, str | None]]]:
-    """Per env slot, its ``(episode, arm)`` items in order: without an arm, episode ``k`` goes to slot
-    ``k % num_envs``; in an A/B run to slot ``2 (k % P) + (arm == "b")`` with ``P = num_envs // 2``."""
-    queues: list[deque[tuple[int, str | None]]] = [deque() for _ in range(int(num_envs))]
-    pairs = int(num_envs) // 2
-    for k, arm in sorted({(int(e), a) for e, a in work}, key=lambda item: (item[0], item[1] or "")):
-        if arm is None:
-            queues[k % num_envs].append((k, None))
-        else:
-            if arm not in ("a", "b") or pairs < 1:
-                raise ValueError(f"arm: expected 'a' or 'b' with at least 2 envs, got {arm!r} on {num_envs}")
-            queues[2 * (k % pairs) + (arm == "b")].append((k, arm))
-    return queues
 
 
 class RunControl:
@@ -139,13 +127,13 @@ def union_seconds(intervals: Iterable[tuple[float, float]]) -> float:
 
 @dataclasses.dataclass
 class _Episode:
-    """An episode in progress on one slot: identity and the per-step record."""
+    """An episode in progress on one slot: its plan entry, its identity and the per-step record."""
 
+    entry: PlanEntry
+    slot: int  # the wrapper's env slot (a shard's local slot)
     scene: int
     episode: int
     seed: int
-    env: int
-    server: str
     prompt: str
     session_id: str
     started_at: float
@@ -205,12 +193,11 @@ def task_name(scene: int) -> str | None:
 class SceneRunner:
     """Run the given episodes of one scene on ``wrapper`` (a :class:`~dz_gym.wrapper.DreamZeroPolicyWrapper`).
 
-    ``episodes`` are the episode indices still to run (all of them for a fresh run, the missing ones on
-    resume); each runs on slot ``k % num_envs`` with seed ``seed + k``. In an A/B run they are ``(episode,
-    arm)`` items placed by :func:`plan_queues`. ``slot_episodes`` (instead of ``episodes``): each slot's
-    episodes, in order (a shard's slots run the episodes of its global slots). ``pairs`` (A/B): the
-    :class:`~dz_gym.eval.ab.PairTracker` fed with every row; ``on_episode_start(slot, seed)``: called as each
-    episode starts (per-episode request fields).
+    ``queues``: per env slot of ``wrapper``, the :class:`~dz_gym.eval.plan.PlanEntry` items it runs, in order
+    (:meth:`~dz_gym.eval.plan.RunPlan.slot_queues`: the scene's entries still without a row; a shard's local
+    slots run its global slots' entries). ``placement`` (e.g. a shard's ``shard`` and ``node``) goes into
+    every row. ``pairs`` (A/B): the :class:`~dz_gym.eval.ab.PairTracker` fed with every row;
+    ``on_episode_start(slot, seed)``: called as each episode starts (per-episode request fields).
     """
 
     def __init__(
@@ -218,8 +205,7 @@ class SceneRunner:
         wrapper,
         *,
         scene: int,
-        episodes: Sequence[int] = (),
-        seed: int,
+        queues: Sequence[Sequence[PlanEntry]],
         max_steps: int,
         run_dir: RunDir,
         control: RunControl,
@@ -227,7 +213,7 @@ class SceneRunner:
         progress: Progress | None = None,
         pairs: Any = None,
         on_episode_start: Callable[[int, int], None] | None = None,
-        slot_episodes: Sequence[Sequence[int]] | None = None,
+        placement: Mapping[str, Any] | None = None,
     ):
         self.wrapper = wrapper
         self.base = wrapper.unwrapped
@@ -235,26 +221,19 @@ class SceneRunner:
             raise TypeError("env: the evaluator needs set_episode_seeds() (see dz_gym.envs.base) for per-episode seeds")
         self.num_envs = int(wrapper.num_envs)
         self.scene = int(scene)
-        if slot_episodes is not None:
-            if len(episodes) or len(slot_episodes) != self.num_envs:
-                raise ValueError(
-                    f"slot_episodes: expected one episode list per env slot ({self.num_envs}) and no episodes, "
-                    f"got {len(slot_episodes)} lists and {len(episodes)} episodes"
-                )
-            episodes = [int(k) for q in slot_episodes for k in q]
-        work = [(int(e), None) if not isinstance(e, tuple) else (int(e[0]), e[1]) for e in episodes]
-        self.episodes = sorted({k for k, _ in work})
-        self._todo = set(work)
-        self.seed = int(seed)
+        if len(queues) != self.num_envs:
+            raise ValueError(f"queues: expected one entry list per env slot ({self.num_envs}), got {len(queues)}")
+        if any(e.scene != self.scene for q in queues for e in q):
+            raise ValueError(f"queues: expected entries of scene {self.scene} only")
+        self._todo = {(e.episode, e.arm) for q in queues for e in q}
+        self.episodes = sorted({k for k, _ in self._todo})
+        self.placement = dict(placement or {})
         self.max_steps = int(max_steps)
         self.run_dir = run_dir
         self.control = control
         self.recorder = recorder
         self.progress = progress
-        if slot_episodes is None:
-            self._queues = plan_queues(work, self.num_envs)
-        else:
-            self._queues = [deque((int(k), None) for k in q) for q in slot_episodes]
+        self._queues: list[deque[PlanEntry]] = [deque(q) for q in queues]
         self._current: list[_Episode | None] = [None] * self.num_envs
         self._warned_seed = False
         self.pairs = pairs
@@ -276,7 +255,7 @@ class SceneRunner:
             return result
         self._writer = EpisodeWriter(self.run_dir)
         try:
-            self.base.set_episode_seeds(first, [self.seed + self._queues[i][0][0] for i in first])
+            self.base.set_episode_seeds(first, [self._queues[i][0].seed for i in first])
             wrapper.render_policy = "all" if self.recorder is not None else "due"
             self._set_idle()
             t0 = time.perf_counter()
@@ -428,7 +407,7 @@ class SceneRunner:
         if self.recorder is not None and ep.video_key is not None:
             self.recorder.abort(ep.video_key)
         self._started.discard((ep.episode, ep.arm))
-        self._queues[slot].appendleft((ep.episode, ep.arm))
+        self._queues[slot].appendleft(ep.entry)
         self._waiting.add(slot)
         return True
 
@@ -447,7 +426,7 @@ class SceneRunner:
             return
         self._waiting.difference_update(ready)
         items = [(i, self._queues[i].popleft()) for i in ready]
-        self.base.set_episode_seeds(ready, [self.seed + item[0] for _, item in items])
+        self.base.set_episode_seeds(ready, [entry.seed for _, entry in items])
         self.wrapper.reset(options={"env_ids": np.asarray(ready, dtype=np.int64)})
         for i, item in items:
             self._start(i, item)
@@ -482,24 +461,24 @@ class SceneRunner:
             result.intervals.setdefault(url, []).append((float(sent[i]), float(received[i])))
 
     # -- episode boundaries ---------------------------------------------------------------------------
-    def _start(self, slot: int, item: tuple[int, str | None]) -> None:
-        """Begin ``item`` (episode, arm) on ``slot`` (its env was just reset) and queue the slot's next seed."""
-        episode, arm = item
+    def _start(self, slot: int, entry: PlanEntry) -> None:
+        """Begin ``entry`` on ``slot`` (its env was just reset) and queue the slot's next seed."""
+        episode, arm = entry.episode, entry.arm
         self._started.add((episode, arm))
         if self._queues[slot]:
-            self.base.set_episode_seeds([slot], [self.seed + self._queues[slot][0][0]])
+            self.base.set_episode_seeds([slot], [self._queues[slot][0].seed])
         if self.on_episode_start is not None:
-            self.on_episode_start(slot, self.seed + episode)
+            self.on_episode_start(slot, entry.seed)
         key = None
         if self.recorder is not None:
             key = episode_name(self.scene, episode, arm)
-            self.recorder.open(key, self.run_dir.path / self.run_dir.video_relpath(self.scene, episode, arm))
+            self.recorder.open(key, self.run_dir.video_path(self.scene, episode, arm))
         self._current[slot] = _Episode(
+            entry=entry,
+            slot=slot,
             scene=self.scene,
             episode=episode,
-            seed=self.seed + episode,
-            env=slot,
-            server=self.wrapper.server_url(slot),
+            seed=entry.seed,
             prompt=self.wrapper.prompts[slot],
             session_id=self.wrapper.session_ids[slot],
             started_at=time.time(),
@@ -519,12 +498,7 @@ class SceneRunner:
         if self.recorder is not None:
             self.recorder.finish(ep.video_key)
             video = self.run_dir.video_relpath(self.scene, ep.episode, ep.arm)
-        row = self._row(ep, error, event, ended_by, trajectory, video)
-        row["chunk_delays"] = list(stats.delays) if stats is not None else []
-        row["wait_steps"] = int(stats.wait_steps) if stats is not None else 0
-        row["stale_steps"] = int(stats.stale_steps) if stats is not None else 0
-        row["reconnects"] = int(stats.reconnects) if stats is not None else 0
-        row["retries"] = int(stats.retries) if stats is not None else 0
+        row = self._row(ep, error, event, ended_by, trajectory, video, stats)
         self._writer.submit(self.scene, ep.episode, ep.arm, self._arrays(ep), row)
         self.control.record(row)
         if self.pairs is not None and self.pairs.add(row):
@@ -559,42 +533,47 @@ class SceneRunner:
             arrays["milestone_first_step"] = np.asarray(list(ep.milestones.values()), dtype=np.int64)
         return arrays
 
-    def _row(self, ep: _Episode, error, event, ended_by, trajectory, video) -> dict[str, Any]:
+    def _row(self, ep: _Episode, error, event, ended_by, trajectory, video, stats: EpisodeStats | None) -> dict:
+        """The episode's :class:`~dz_gym.eval.row.EpisodeRow` as the dict written to ``episodes.jsonl``."""
         latencies = [round(float(v), 3) for v in ep.latency_ms if np.isfinite(v)]
-        errored = error is not None
-        first_success = next((t + 1 for t, ok in enumerate(ep.success) if ok), None)
-        row: dict[str, Any] = {"arm": ep.arm} if ep.arm is not None else {}
         milestones = None
         if ep.milestones is not None:
             milestones = {name: (step if step >= 0 else None) for name, step in ep.milestones.items()}
-        return row | {
-            "scene": ep.scene,
-            "task": ep.task,
-            "episode": ep.episode,
-            "seed": ep.seed,
-            "env": ep.env,
-            "prompt": ep.prompt,
-            "server": ep.server,
-            "session_id": ep.session_id,
-            "steps": ep.steps,
-            "max_steps": self.max_steps,
-            "ended_by": ended_by,
-            "success_at_end": None if errored else bool(ep.success[-1]),
-            "success_any_step": None if errored else bool(ep.success_any),
-            "first_success_step": None if errored else first_success,
-            "milestones": milestones,
-            "server_calls": int(sum(ep.called)),
-            "server_errors": ep.server_errors,
-            "latency_ms": latency_stats(latencies),
-            "latencies_ms": latencies,
-            "error": error,
-            "error_event": event,
-            "error_step": ep.steps if errored else None,
-            "env_seed": ep.env_seed,
-            "final_object_pos": ep.object_pos[-1].tolist() if ep.object_pos else None,
-            "final_container_pos": ep.container_pos[-1].tolist() if ep.container_pos else None,
-            "started_at": _iso(ep.started_at),
-            "wall_s": round(time.perf_counter() - ep.t0, 4),
-            "trajectory": trajectory,
-            "video": video,
-        }
+        measured: dict[str, Any] = {}
+        if error is None:
+            measured.update(
+                success_at_end=bool(ep.success[-1]),
+                success_any_step=bool(ep.success_any),
+                first_success_step=next((t + 1 for t, ok in enumerate(ep.success) if ok), None),
+            )
+        if stats is not None:
+            measured.update(chunk_delays=list(stats.delays), wait_steps=int(stats.wait_steps),
+                            stale_steps=int(stats.stale_steps), reconnects=int(stats.reconnects),
+                            retries=int(stats.retries))  # fmt: skip
+        row = EpisodeRow.of(
+            ep.entry,
+            prompt=ep.prompt,
+            task=ep.task,
+            max_steps=self.max_steps,
+            server=self.wrapper.server_url(ep.slot),  # where its requests went (the plan's server)
+            session_id=ep.session_id,
+            steps=ep.steps,
+            ended_by=ended_by,
+            milestones=milestones,
+            server_calls=int(sum(ep.called)),
+            server_errors=ep.server_errors,
+            latency_ms=latency_stats(latencies),
+            latencies_ms=latencies,
+            error=error,
+            error_event=event,
+            env_seed=ep.env_seed,
+            final_object_pos=ep.object_pos[-1].tolist() if ep.object_pos else None,
+            final_container_pos=ep.container_pos[-1].tolist() if ep.container_pos else None,
+            started_at=_iso(ep.started_at),
+            wall_s=round(time.perf_counter() - ep.t0, 4),
+            trajectory=trajectory,
+            video=video,
+            **self.placement,
+            **measured,
+        )
+        return row.to_dict()

@@ -15,16 +15,13 @@ Example::
 
 from __future__ import annotations
 
-import logging
 import os
-from collections.abc import Callable
 from pathlib import Path
 
+from dz_gym.eval.rundir import RunDir
 from dz_gym.report.load import REPORT_FILE, RunView, load_run
 
-__all__ = ["REPORT_FILE", "RunView", "build_report", "load_run", "write_report", "write_report_safely"]
-
-logger = logging.getLogger(__name__)
+__all__ = ["REPORT_FILE", "RunView", "build_report", "load_run", "write_report"]
 
 
 def build_report(
@@ -49,25 +46,4 @@ def write_report(
     """Write the report into ``out_dir`` (default: ``run_dir``) atomically; returns the page's path."""
     target = Path(out_dir) if out_dir is not None else Path(run_dir)
     html = build_report(run_dir, run_dir_b, out_dir=target)
-    target.mkdir(parents=True, exist_ok=True)
-    path = target / filename
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(html, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
-
-
-def write_report_safely(run_dir: str | os.PathLike, say: Callable[[str], None] | None = None) -> Path | None:
-    """:func:`write_report` for the evaluator's last step: a failure is one warning line, never a lost run.
-
-    The results (rows, summary) are already on disk when this runs; a report that cannot be written (a full
-    disk, an unreadable file) must not change the run's outcome or exit status.
-    """
-    try:
-        path = write_report(run_dir)
-    except Exception as exc:  # noqa: BLE001 - the run's results stand without the page
-        logger.warning("report: could not write %s in %s: %s: %s", REPORT_FILE, run_dir, type(exc).__name__, exc)
-        return None
-    if say is not None:
-        say(f"report: {path}")
-    return path
+    return RunDir(target).write_file(filename, html.encode("utf-8"))

@@ -19,32 +19,13 @@ from typing import Any
 from urllib.parse import quote
 
 from dz_gym.eval import results
+from dz_gym.eval.row import INFO_FIELDS
 from dz_gym.report import plots
 from dz_gym.report.load import RunView, episode_key, outcome
 from dz_gym.report.paired import compare, split_arms
 from dz_gym.report.sequential import sequential_block
 
-INFO_KEYS = (
-    "arm",
-    "task",
-    "prompt",
-    "session_id",
-    "server",
-    "first_success_step",
-    "wait_steps",
-    "stale_steps",
-    "error",
-    "error_event",
-    "error_step",
-    "milestones",
-    "reconnects",
-    "retries",
-    "shard",
-    "node",
-    "gpu",
-    "wall_s",
-    "started_at",
-)
+INFO_KEYS = INFO_FIELDS  # shown under each episode
 
 
 def _asset(name: str) -> str:

@@ -1,6 +1,7 @@
 """Sharded runs of ``dz-gym-eval`` on a Ray cluster (``--ray ADDRESS|local --shards K``).
 
-- :mod:`~dz_gym.eval.shards.plan`: which env slots, episodes and servers each shard gets (pure);
+- :mod:`~dz_gym.eval.shards.plan`: what a shard asks the cluster for (pure; who runs what is the run plan's,
+  :mod:`dz_gym.eval.plan`);
 - :mod:`~dz_gym.eval.shards.worker`: the shard's Ray actor (its own simulator batch and connections);
 - :mod:`~dz_gym.eval.shards.collector`: the actor on the driver's node that shards push rows to;
 - :mod:`~dz_gym.eval.shards.driver`: :func:`~dz_gym.eval.shards.driver.evaluate_sharded`, the driver.

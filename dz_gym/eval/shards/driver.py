@@ -1,19 +1,21 @@
 """The driver of a sharded run: starts the shards' actors on a Ray cluster, collects their rows, one run directory.
 
 :func:`evaluate_sharded` is the Ray counterpart of :func:`dz_gym.eval.evaluate.evaluate` (same inputs, same
-outputs): it plans the shards (:mod:`dz_gym.eval.shards.plan`), starts one
+outputs): it makes the run plan with one shard per node or GPU (:mod:`dz_gym.eval.plan`; resources:
+:mod:`dz_gym.eval.shards.plan`) and runs it as one run segment (:mod:`dz_gym.eval.segment`) with the
+:class:`ShardedRun` executor, which starts one
 :class:`~dz_gym.eval.shards.worker.ShardWorker` actor per shard (spread over the nodes, or on the nodes with
 the resources the user names; ``num_cpus`` = the shard's env workers on MuJoCo; ``num_gpus``: one on Isaac
 Lab, a share of the node's GPUs on MuJoCo, or ``--shard-gpus``),
 lets each run its scenes in turn (a fresh actor per scene on Isaac Lab: one scene per process), drains the
 :class:`~dz_gym.eval.shards.collector.Collector` every ``poll`` seconds and appends every new row to the one
 ``episodes.jsonl`` (flushed per episode; trajectories and videos shipped back are written next to it), with
-one set of progress bars. ``summary.json`` is written at the end, also after Ctrl-C, an exhausted error budget
-or a crash, with the shard count and the nodes used.
+one set of progress bars. The segment writes ``summary.json`` at the end, also after Ctrl-C, an exhausted error
+budget or a crash, with the shard count and the nodes used.
 
 Faults: a shard whose actor dies (process killed, node lost) loses no row the driver has; the rest of its
-episodes run on a new actor (at most ``max_restarts`` times per shard), then are recorded as errored with the
-reason. An exception inside a shard (e.g. a server that cannot be reached) aborts the run, as in one process.
+episodes run on a new actor (at most ``max_restarts`` times per shard), then are recorded as errored rows like
+any other (``error_event`` ``shard_lost``, with the reason). An exception inside a shard (e.g. a server that cannot be reached) aborts the run, as in one process.
 A stop request (first Ctrl-C) reaches every shard with its next push; they stop at the next step boundary
 and flush their rows; shards still running after ``stop_grace_s`` are killed.
 """
@@ -27,23 +29,23 @@ import secrets
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any
 
 from dz_gym.envs.backends import traits
-from dz_gym.eval.capacity import IdleGapCheck, envs_per_server, session_warning
 from dz_gym.eval.config import EvalConfig
-from dz_gym.eval.evaluate import remaining_episodes, write_run_summary
-from dz_gym.eval.progress import Progress
-from dz_gym.eval.rundir import RunDir, _write_atomic
-from dz_gym.eval.runner import RunControl
-from dz_gym.eval.shards import plan as planning
+from dz_gym.eval.plan import PlanEntry, RunPlan, plan_of, row_key
+from dz_gym.eval.row import EpisodeRow
+from dz_gym.eval.rundir import RunDir
+from dz_gym.eval.runner import RunControl, task_name
+from dz_gym.eval.segment import RunSegment, run_segment
 from dz_gym.eval.shards import require_ray
 from dz_gym.eval.shards.collector import Collector
 from dz_gym.eval.shards.options import RayOptions, check_shardable
-from dz_gym.eval.shards.plan import Shard, cpus_per_shard, env_workers, plan_shards, shard_servers
+from dz_gym.eval.shards.plan import cpus_per_shard, default_shard_count, env_workers, gpus_per_shard
 from dz_gym.eval.shards.worker import TOKEN_FILE, ShardWorker
-from dz_gym.eval.signals import interruptible, shielded
+from dz_gym.eval.signals import interruptible
+from dz_gym.records import SHARD_LOST
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +57,9 @@ CALL_TIMEOUT_S = 60.0
 
 @dataclasses.dataclass
 class _ShardState:
-    shard: Shard
-    servers: list[str]
+    index: int
+    slots: tuple[int, int]  # its global slots [start, stop)
+    servers: list[str]  # per local slot
     scenes: list[int]  # scenes still to run, the current one first
     actor: Any = None
     ref: Any = None
@@ -89,96 +92,132 @@ def connect(options: RayOptions) -> bool:
     return True
 
 
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """How many shards a run gets on the cluster and how the cluster's CPUs and GPUs are shared between them."""
+
+    shards: int
+    node_cpus: float
+    shards_per_node: int
+    shard_gpus: float = 0.0  # what each shard's actor asks Ray for
+
+
+def cluster_layout(config: EvalConfig, options: RayOptions) -> Layout:
+    """The shard count (``options.shards``, else one per node or GPU), the CPUs of the largest node and the
+    GPUs of each shard (checked against the backend's needs)."""
+    nodes = [n for n in require_ray().nodes() if n.get("Alive")]
+    node_gpus = [float(n.get("Resources", {}).get("GPU", 0)) for n in nodes]
+    node_cpus = max((float(n.get("Resources", {}).get("CPU", 0)) for n in nodes), default=1.0)
+    backend = traits(config.backend)
+    k = options.shards or default_shard_count(config.num_envs, nodes=len(nodes), gpus=sum(node_gpus),
+                                              backend=config.backend, shard_gpus=options.shard_gpus)  # fmt: skip
+    per_node = -(-k // max(1, len(nodes)))
+    shard_gpus = gpus_per_shard(backend.shard_gpus, options.shard_gpus, per_node, min(node_gpus, default=0.0))
+    backend.check_shard_gpus(shard_gpus)
+    return Layout(k, node_cpus, per_node, shard_gpus)
+
+
 class ShardedRun:
-    """One sharded run segment (see the module docstring); :func:`evaluate_sharded` is the entry point."""
+    """The Ray executor of one run segment (see the module docstring): ``plan`` is the segment's plan left,
+    with one shard per :class:`Layout` shard; :func:`evaluate_sharded` is the entry point."""
 
     def __init__(
         self,
         config: EvalConfig,
         run_dir: RunDir,
-        servers: Sequence[str],
+        plan: RunPlan,
         options: RayOptions,
+        layout: Layout,
         *,
-        control: RunControl,
-        bars: Progress,
         env_kwargs: Mapping[str, Any] | None,
-        say: Callable[[str], None],
     ):
         self.ray = require_ray()
         self.config = config
         self.run_dir = run_dir
-        self.servers = list(servers)
+        self.plan = plan
         self.options = options
-        self.control = control
-        self.bars = bars
         self.env_kwargs = dict(env_kwargs or {})
-        self.say = say
-        self.recorded = {(int(r["scene"]), int(r["episode"])) for r in run_dir.read_rows()}
+        self.node_cpus = layout.node_cpus
+        self.shards_per_node = layout.shards_per_node
+        self.shard_gpus = layout.shard_gpus
+        self.num_shards = len(plan.shards)
+        self.recorded = {row_key(r) for r in run_dir.read_rows()}
         self.env_steps = 0
         self.busy_s: dict[str, float] = {}
         self.server_metadata: dict[str, Any] = {}
         self.video_errors: dict[str, str] = {}
         self.aborted: str | None = None
-        self.states: list[_ShardState] = []
+        self.states = [
+            _ShardState(j, plan.shards[j], plan.servers_of(j), [s for s in plan.scene_order() if any(
+                plan.slot_queues(s, shard=j))]) for j in range(self.num_shards)
+        ]  # fmt: skip
         self.spans: list[tuple[float, float]] = []  # (start, end) epoch seconds of the shards' stepping loops
         self.token = secrets.token_hex(16)
         self.collector = None
-        self.num_shards = 0
-        self.shard_gpus = 0.0  # what each shard's actor asks Ray for (planned)
+        self.t0 = time.perf_counter()
+        self.control = RunControl()
+        self.bars: Any = None
+        self.say: Callable[[str], None] = logger.info
+
+    # -- the executor ---------------------------------------------------------------------------------
+    def run(self, segment: RunSegment) -> None:
+        self.control, self.bars, self.say = segment.control, segment.bars, segment.say
+        total = len(self.plan)
+        self.say(f"{total} episode(s) on {self.num_shards} shard(s) of {self.config.num_envs} env(s) in all (Ray)")
+        with interruptible():
+            self.start()
+            self.loop()
+
+    def close(self, segment: RunSegment, error: BaseException | None) -> None:
+        """Drain what arrived, stop every actor, and hand the segment its timing and the shards' summary."""
+        try:
+            if self.collector is not None and error is not None:
+                self.drain()  # rows that arrived before the failure
+        except Exception as exc:  # noqa: BLE001 - the collector may be gone with the cluster
+            logger.warning("rows not yet collected are lost (their episodes run again on --resume): %s", exc)
+        self._close_actors()
+        segment.aborted = segment.aborted or self.aborted
+        if self.env_steps:
+            segment.timing.update(
+                wall_s=self.loop_wall_s() or time.perf_counter() - self.t0,
+                env_steps=self.env_steps,
+                busy_s=dict(self.busy_s),
+                shards=self.num_shards,
+                driver_wall_s=time.perf_counter() - self.t0,
+            )
+        segment.server_metadata.update(self.server_metadata)
+        segment.video_errors.update(self.video_errors)
+        segment.extra["shards"] = self.shards_summary()
 
     # -- set-up ---------------------------------------------------------------------------------------
-    def plan(self, todo: Mapping[int, Sequence[int]]) -> None:
-        ray = self.ray
-        nodes = [n for n in ray.nodes() if n.get("Alive")]
-        node_gpus = [float(n.get("Resources", {}).get("GPU", 0)) for n in nodes]
-        self.node_cpus = max((float(n.get("Resources", {}).get("CPU", 0)) for n in nodes), default=1.0)
-        backend = traits(self.config.backend)
-        k = self.options.shards or planning.default_shard_count(
-            self.config.num_envs,
-            nodes=len(nodes),
-            gpus=sum(node_gpus),
-            backend=self.config.backend,
-            shard_gpus=self.options.shard_gpus,
-        )
-        shards = plan_shards(todo, self.config.num_envs, k)
-        self.num_shards = k
-        self.shards_per_node = -(-k // max(1, len(nodes)))
-        self.shard_gpus = planning.gpus_per_shard(
-            backend.shard_gpus, self.options.shard_gpus, self.shards_per_node, min(node_gpus, default=0.0)
-        )
-        backend.check_shard_gpus(self.shard_gpus)
-        for shard in shards:
-            servers = shard_servers(self.servers, shard, self.options.servers_per_shard)
-            self.states.append(_ShardState(shard, servers, shard.scenes()))
-
-    def _actor_options(self, shard: Shard) -> dict[str, Any]:
+    def _actor_options(self, st: _ShardState) -> dict[str, Any]:
         opts: dict[str, Any] = {"max_restarts": 0, "max_task_retries": 0, "scheduling_strategy": "SPREAD"}
         backend = traits(self.config.backend)
         if self.shard_gpus:
             opts["num_gpus"] = self.shard_gpus
-        opts["num_cpus"] = backend.shard_cpus if backend.shard_cpus is not None else self._cpus(shard)
+        opts["num_cpus"] = backend.shard_cpus if backend.shard_cpus is not None else self._cpus(st)
         if self.options.resources:
             opts["resources"] = dict(self.options.resources)
         return opts
 
-    def _env_kwargs(self, shard: Shard) -> dict[str, Any]:
+    def _env_kwargs(self, st: _ShardState) -> dict[str, Any]:
         kwargs = {k: v for k, v in self.env_kwargs.items() if k != "app_args"}
         if traits(self.config.backend).worker_processes:
-            kwargs.setdefault("num_workers", env_workers(shard.num_envs, self._cpus(shard)))
+            kwargs.setdefault("num_workers", env_workers(len(st.servers), self._cpus(st)))
         return kwargs
 
-    def _cpus(self, shard: Shard) -> float:
-        return cpus_per_shard(shard.num_envs, self.node_cpus, self.shards_per_node, self.options.shard_cpus)
+    def _cpus(self, st: _ShardState) -> float:
+        return cpus_per_shard(len(st.servers), self.node_cpus, self.shards_per_node, self.options.shard_cpus)
 
     def _new_actor(self, st: _ShardState) -> None:
         st.attempt += 1
-        name = actor_name(self.token, st.shard.index, st.attempt)
-        remote = self.ray.remote(ShardWorker).options(name=name, **self._actor_options(st.shard))
+        name = actor_name(self.token, st.index, st.attempt)
+        remote = self.ray.remote(ShardWorker).options(name=name, **self._actor_options(st))
         st.actor = remote.remote(self.config.backend, self.env_kwargs.get("app_args"), self.options.worker_setup)
 
-    def _queues(self, st: _ShardState, scene: int) -> list[list[int]]:
-        """The shard's per-slot episodes of ``scene`` that have no row yet."""
-        return [[k for k in q if (scene, k) not in self.recorded] for q in st.shard.queues[scene]]
+    def _queues(self, st: _ShardState, scene: int) -> list[list[PlanEntry]]:
+        """The shard's per-slot plan entries of ``scene`` that have no row yet."""
+        return [[e for e in q if e.key not in self.recorded] for q in self.plan.slot_queues(scene, shard=st.index)]
 
     def _skip_done_scenes(self, st: _ShardState) -> bool:
         """Drop the shard's leading scenes that have nothing left to run; True when a scene is left."""
@@ -191,16 +230,15 @@ class ShardedRun:
         queues = self._queues(st, scene)
         spec = {
             "config": self.config.to_dict(),
-            "shard": st.shard.index,
+            "shard": st.index,
             "attempt": st.attempt,
             "scene": scene,
-            "queues": queues,
-            "slot_start": st.shard.start,
+            "queues": [[dataclasses.asdict(e) for e in q] for q in queues],
             "servers": st.servers,
             "run_dir": str(self.run_dir.path.resolve()),
             "token": self.token,
             "ship_files": self.options.ship_files,
-            "env_kwargs": self._env_kwargs(st.shard),
+            "env_kwargs": self._env_kwargs(st),
             "start_line": start_line,
         }
         if self.config.auth_env and os.environ.get(self.config.auth_env):
@@ -211,7 +249,7 @@ class ShardedRun:
         ray = self.ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        _write_atomic(self.run_dir.path / TOKEN_FILE, self.token.encode())
+        self.run_dir.write_file(TOKEN_FILE, self.token.encode())
         here = ray.get_runtime_context().get_node_id()
         self.collector = (
             ray.remote(Collector)
@@ -219,7 +257,7 @@ class ShardedRun:
             .remote()
         )
         starting = [st for st in self.states if self._skip_done_scenes(st)]
-        ray.get(self.collector.expect_start.remote([st.shard.index for st in starting]), timeout=CALL_TIMEOUT_S)
+        ray.get(self.collector.expect_start.remote([st.index for st in starting]), timeout=CALL_TIMEOUT_S)
         for st in starting:
             self._new_actor(st)
             self._submit(st, start_line=True)
@@ -244,9 +282,7 @@ class ShardedRun:
             if stop_deadline is not None and time.monotonic() > stop_deadline:
                 for st in self.states:
                     if st.ref is not None:
-                        self.say(
-                            f"shard {st.shard.index}: did not stop within {self.options.stop_grace_s:.0f} s; killed"
-                        )
+                        self.say(f"shard {st.index}: did not stop within {self.options.stop_grace_s:.0f} s; killed")
                         self._kill(st)
                         st.ref = None
         self.drain()
@@ -265,13 +301,11 @@ class ShardedRun:
 
     def _write(self, payload: Mapping[str, Any]) -> None:
         row = dict(payload["row"])
-        key = (int(row["scene"]), int(row["episode"]))
+        key = row_key(row)
         if key in self.recorded:  # a push retried after a lost reply
             return
         for rel, data in payload.get("files", {}).items():
-            path = _safe_path(self.run_dir.path, rel)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            _write_atomic(path, data)
+            self.run_dir.write_file(_shipped_path(rel), data)
         self.run_dir.append_row(row)
         self.recorded.add(key)
         self.control.record(row)
@@ -284,7 +318,7 @@ class ShardedRun:
     def _finished(self, st: _ShardState) -> None:
         ray = self.ray
         ref, st.ref = st.ref, None
-        self.collector.leave.remote(st.shard.index)  # if it never reached the start line, nobody waits for it
+        self.collector.leave.remote(st.index)  # if it never reached the start line, nobody waits for it
         try:
             result = ray.get(ref, timeout=CALL_TIMEOUT_S)
         except ray.exceptions.RayActorError as exc:
@@ -292,10 +326,10 @@ class ShardedRun:
             self._lost(st, _first_line(exc))
             return
         except ray.exceptions.RayTaskError as exc:
-            logger.warning("shard %d failed:\n%s", st.shard.index, exc)  # the shard's traceback, for debugging
+            logger.warning("shard %d failed:\n%s", st.index, exc)  # the shard's traceback, for debugging
             self.drain()
             cause = exc.cause if getattr(exc, "cause", None) is not None else exc
-            self.aborted = self.aborted or f"shard {st.shard.index}: {type(cause).__name__}: {_first_line(cause)}"
+            self.aborted = self.aborted or f"shard {st.index}: {type(cause).__name__}: {_first_line(cause)}"
             self.control.stop.set()
             self._kill(st)
             return
@@ -325,59 +359,23 @@ class ShardedRun:
             return  # every episode of the shard has its row
         if st.restarts < self.options.max_restarts:
             st.restarts += 1
-            self.say(
-                f"shard {st.shard.index}: actor lost ({reason}); restart {st.restarts}/{self.options.max_restarts}"
-            )
+            self.say(f"shard {st.index}: actor lost ({reason}); restart {st.restarts}/{self.options.max_restarts}")
             self._new_actor(st)
             self._submit(st)
             return
-        why = f"shard {st.shard.index} lost after {st.restarts} restart(s): {reason}"
+        why = f"shard {st.index} lost after {st.restarts} restart(s): {reason}"
         self.say(why)
-        for scene in st.scenes:
-            for local, queue in enumerate(st.shard.queues[scene]):
-                for k in queue:
-                    if (scene, k) not in self.recorded:
-                        self._write({"row": self._lost_row(st, scene, k, local, why), "files": {}})
-        st.scenes = []
-
-    def _lost_row(self, st: _ShardState, scene: int, episode: int, local: int, why: str) -> dict[str, Any]:
         from dz_gym.envs.scenes import scene_prompt
 
-        return {
-            "scene": scene,
-            "episode": episode,
-            "seed": self.config.seed + episode,
-            "env": st.shard.start + local,
-            "prompt": scene_prompt(scene),
-            "server": st.servers[local],
-            "session_id": "",
-            "steps": 0,
-            "max_steps": self.config.max_steps,
-            "ended_by": "error",
-            "success_at_end": None,
-            "success_any_step": None,
-            "first_success_step": None,
-            "server_calls": 0,
-            "server_errors": 0,
-            "latency_ms": None,
-            "latencies_ms": [],
-            "error": why,
-            "error_event": "shard_lost",
-            "error_step": 0,
-            "env_seed": None,
-            "final_object_pos": None,
-            "final_container_pos": None,
-            "started_at": None,
-            "wall_s": 0.0,
-            "trajectory": None,
-            "video": None,
-            "chunk_delays": [],
-            "wait_steps": 0,
-            "stale_steps": 0,
-            "shard": st.shard.index,
-            "node": st.where.get("node"),
-            "gpu": st.where.get("gpu"),
-        }
+        for scene in st.scenes:
+            for queue in self._queues(st, scene):
+                for entry in queue:
+                    row = EpisodeRow.of(entry, prompt=scene_prompt(scene), task=task_name(scene),
+                                        max_steps=self.config.max_steps, error=why, error_event=SHARD_LOST,
+                                        shard=st.index, node=st.where.get("node"),
+                                        gpu=st.where.get("gpu"))  # fmt: skip
+                    self._write({"row": row.to_dict(), "files": {}})
+        st.scenes = []
 
     def _note_where(self, st: _ShardState) -> None:
         try:
@@ -392,7 +390,7 @@ class ShardedRun:
             try:
                 self.ray.kill(st.actor, no_restart=True)
             except Exception as exc:  # noqa: BLE001 - already gone
-                logger.debug("shard %d: kill: %s", st.shard.index, exc)
+                logger.debug("shard %d: kill: %s", st.index, exc)
             st.actor = None
 
     def loop_wall_s(self) -> float | None:
@@ -402,7 +400,7 @@ class ShardedRun:
             return None
         return max(end for _, end in self.spans) - min(start for start, _ in self.spans)
 
-    def close(self) -> None:
+    def _close_actors(self) -> None:
         for st in self.states:
             self._kill(st)
         if self.collector is not None:
@@ -418,8 +416,8 @@ class ShardedRun:
     def shards_summary(self) -> dict[str, Any]:
         per_shard = [
             {
-                "shard": st.shard.index,
-                "slots": [st.shard.start, st.shard.stop],
+                "shard": st.index,
+                "slots": list(st.slots),
                 "nodes": st.nodes,
                 "host": st.where.get("host"),
                 "gpu": st.where.get("gpu"),
@@ -459,126 +457,16 @@ def evaluate_sharded(
     check_shardable(config)
     options = options or RayOptions()
     owns_ray = connect(options)
-    run_dir.repair_rows()
-    rows = run_dir.read_rows()
-    previous = run_dir.read_summary() or {}
-    segments = list(previous.get("segments", []))
-    if control is None:
-        control = RunControl(config.error_budget)
-    control.errored = sum(1 for r in rows if r.get("error") is not None)
-    todo = remaining_episodes(config, rows)
-    total = sum(len(v) for v in todo.values())
-    say_later: list[Callable[[str], None]] = []  # the same capacity warnings as one process
-    idle_check = IdleGapCheck(
-        envs_per_server(config.num_envs, len(servers)), config.server_idle_timeout, lambda line: say_later[0](line)
-    )
-    bars = Progress(total, total * config.max_steps, enabled=progress, on_latency=idle_check.observe)
-    say = log or bars.write
-    say_later.append(say)
-    crowded = session_warning(config.num_envs, servers, config.server_max_sessions)
-    if crowded is not None:
-        say(f"dz-gym-eval: warning: {crowded}")
-    run = None
-    error: BaseException | None = None
-    aborted: str | None = None
-    segment = {
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "wall_s": 0.0,
-        "env_steps": 0,
-        "busy_s": {},
-    }
-    t0 = time.perf_counter()
     try:
-        run = ShardedRun(config, run_dir, servers, options, control=control, bars=bars, env_kwargs=env_kwargs, say=say)
-        run.plan(todo)
-        if total:
-            say(f"{total} episode(s) on {run.num_shards} shard(s) of {config.num_envs} env(s) in all (Ray)")
-            with interruptible():
-                run.start()
-                run.loop()
-        aborted = run.aborted
-    except BaseException as exc:  # noqa: BLE001 - record what happened, write the summary, then re-raise
-        error = exc
-        if isinstance(exc, KeyboardInterrupt):
-            control.stop.set()
-        else:
-            aborted = f"{type(exc).__name__}: {_first_line(exc)}"
+        layout = cluster_layout(config, options)
+        plan = plan_of(config, servers, shards=layout.shards, servers_per_shard=options.servers_per_shard)
+        segment = RunSegment(config, run_dir, plan, servers=servers, control=control, progress=progress, log=log,
+                             command=command, server_info=server_info)  # fmt: skip
+        run = ShardedRun(config, run_dir, segment.todo, options, layout, env_kwargs=env_kwargs)
+        return run_segment(segment, run)
     finally:
-        with shielded():
-            summary = _finish(
-                config,
-                run_dir,
-                servers,
-                run,
-                control,
-                bars,
-                segments,
-                segment,
-                previous,
-                t0,
-                aborted,
-                error,
-                command,
-                server_info,
-                say,
-            )
         if owns_ray:
             require_ray().shutdown()
-    if error is not None:
-        raise error
-    return summary
-
-
-def _finish(
-    config: EvalConfig,
-    run_dir: RunDir,
-    servers: list[str],
-    run: ShardedRun | None,
-    control: RunControl,
-    bars: Progress,
-    segments: list[dict[str, Any]],
-    segment: dict[str, Any],
-    previous: Mapping[str, Any],
-    t0: float,
-    aborted: str | None,
-    error: BaseException | None,
-    command: str,
-    server_info: Mapping[str, Any] | None,
-    say: Callable[[str], None],
-) -> dict[str, Any]:
-    """Drain what arrived, stop every actor, write ``summary.json`` and ``report.html`` (the ``finally`` of
-    :func:`evaluate_sharded`)."""
-    if run is not None:
-        try:
-            if run.collector is not None and error is not None:
-                run.drain()  # rows that arrived before the failure
-        except Exception as exc:  # noqa: BLE001 - the collector may be gone with the cluster
-            logger.warning("rows not yet collected are lost (their episodes run again on --resume): %s", exc)
-        run.close()
-    bars.close()
-    if run is not None and run.env_steps:
-        segment.update(
-            wall_s=run.loop_wall_s() or time.perf_counter() - t0,
-            env_steps=run.env_steps,
-            busy_s=dict(run.busy_s),
-            shards=run.num_shards,
-            driver_wall_s=time.perf_counter() - t0,
-        )
-        segments.append(segment)
-    return write_run_summary(
-        config,
-        run_dir,
-        segments,
-        control=control,
-        aborted=aborted,
-        command=command,
-        servers=servers,
-        server_info=server_info,
-        server_metadata=(run.server_metadata if run is not None else {}) or previous.get("server_metadata", {}),
-        video_errors=run.video_errors if run is not None else {},
-        say=say,
-        shards=run.shards_summary() if run is not None else previous.get("shards"),
-    )
 
 
 def actor_name(token: str, shard: int, attempt: int) -> str:
@@ -586,12 +474,12 @@ def actor_name(token: str, shard: int, attempt: int) -> str:
     return f"dz-gym-{token[:12]}-shard{shard}-{attempt}"
 
 
-def _safe_path(root: Path, rel: str) -> Path:
-    """``root / rel`` for a file a shard shipped back: a relative path under trajectories/ or videos/."""
+def _shipped_path(rel: str) -> str:
+    """``rel`` of a file a shard shipped back, checked: a relative path under trajectories/ or videos/."""
     parts = PurePosixPath(rel).parts
     if not parts or PurePosixPath(rel).is_absolute() or ".." in parts or parts[0] not in ("trajectories", "videos"):
         raise ValueError(f"shard file: expected a path under trajectories/ or videos/, got {rel!r}")
-    return root.joinpath(*parts)
+    return str(PurePosixPath(*parts))
 
 
 def _first_line(exc: BaseException) -> str:

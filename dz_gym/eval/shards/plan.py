@@ -1,104 +1,11 @@
-"""How a run is split into shards: fixed env-slot ranges, the episodes and servers of each (pure, no Ray).
+"""What a shard asks the cluster for: the default shard count, its CPUs and its simulator workers (pure, no Ray).
 
-A one-process run gives episode ``k`` of a scene the seed ``seed + k`` and the env slot ``k % num_envs``; each
-slot runs its episodes in order (see :mod:`dz_gym.eval.runner`). A sharded run keeps exactly that map: the
-``num_envs`` global slots are cut into ``K`` contiguous ranges, shard ``j`` owns the slots of range ``j`` and so
-the episodes ``k`` with ``k % num_envs`` in that range, in the same order on the same (global) slot. The
-(scene, seed) set, the quota of every slot and therefore, for a deterministic policy, every row (except timing
-and the shard/node that ran it) are the same as in one process, whatever ``K``.
-
-Servers: without ``servers_per_shard`` global slot ``g`` talks to ``servers[g % len(servers)]``, as in one
-process. With ``servers_per_shard = M`` shard ``j`` uses its own group of ``M`` servers,
-``servers[(j*M + m) % len(servers)]`` for ``m < M``, spread over its slots in turn (servers next to the node that
-runs the shard, e.g. one group per node).
+Which episodes, slots and servers each shard gets is the run plan's (:mod:`dz_gym.eval.plan`: shard ``j`` owns
+the ``j``-th contiguous range of the ``num_envs`` global slots and runs their entries, in the same order on the
+same slot as one process would); this module sizes the shards for the nodes they run on.
 """
 
 from __future__ import annotations
-
-import dataclasses
-from collections.abc import Mapping, Sequence
-
-
-@dataclasses.dataclass(frozen=True)
-class Shard:
-    """One shard: its index, its global env slots ``[start, stop)`` and, per scene, its slots' episode queues."""
-
-    index: int
-    start: int
-    stop: int
-    queues: dict[int, tuple[tuple[int, ...], ...]]  # scene -> per local slot, the episodes in order
-
-    @property
-    def num_envs(self) -> int:
-        return self.stop - self.start
-
-    @property
-    def slots(self) -> range:
-        return range(self.start, self.stop)
-
-    def episodes(self, scene: int) -> list[int]:
-        """The episodes of ``scene`` this shard runs, sorted."""
-        return sorted(k for queue in self.queues.get(scene, ()) for k in queue)
-
-    def scenes(self) -> list[int]:
-        """The scenes with at least one episode for this shard, in run order."""
-        return [s for s, queues in self.queues.items() if any(queues)]
-
-
-def slot_ranges(num_envs: int, shards: int) -> list[tuple[int, int]]:
-    """``shards`` contiguous, near-equal ranges of ``range(num_envs)`` (the larger ones first)."""
-    if not isinstance(num_envs, int) or num_envs < 1:
-        raise ValueError(f"num_envs: expected an integer >= 1, got {num_envs!r}")
-    if not isinstance(shards, int) or isinstance(shards, bool) or shards < 1:
-        raise ValueError(f"shards: expected an integer >= 1, got {shards!r}")
-    if shards > num_envs:
-        raise ValueError(f"shards: expected at most num_envs={num_envs} shards (each needs an env slot), got {shards}")
-    base, extra = divmod(num_envs, shards)
-    out, start = [], 0
-    for j in range(shards):
-        width = base + (1 if j < extra else 0)
-        out.append((start, start + width))
-        start += width
-    return out
-
-
-def plan_shards(todo: Mapping[int, Sequence[int]], num_envs: int, shards: int) -> list[Shard]:
-    """Split the episodes ``todo`` (scene -> episode indices still to run) over ``shards`` slot ranges.
-
-    Episode ``k`` goes to the shard owning global slot ``k % num_envs``, at local slot ``k % num_envs - start``;
-    each local slot's episodes are in increasing order, as the one-process runner runs them.
-    """
-    out = []
-    for j, (start, stop) in enumerate(slot_ranges(num_envs, shards)):
-        queues: dict[int, tuple[tuple[int, ...], ...]] = {}
-        for scene, episodes in todo.items():
-            per_slot: list[list[int]] = [[] for _ in range(stop - start)]
-            for k in sorted({int(e) for e in episodes}):
-                if k < 0:
-                    raise ValueError(f"episodes: expected indices >= 0, got {k}")
-                g = k % num_envs
-                if start <= g < stop:
-                    per_slot[g - start].append(k)
-            queues[int(scene)] = tuple(tuple(q) for q in per_slot)
-        out.append(Shard(index=j, start=start, stop=stop, queues=queues))
-    return out
-
-
-def shard_servers(servers: Sequence[str], shard: Shard, servers_per_shard: int | None = None) -> list[str]:
-    """The server URL of each local slot of ``shard`` (one entry per slot; see the module docstring)."""
-    servers = list(servers)
-    if not servers:
-        raise ValueError("servers: expected at least one server URL")
-    if servers_per_shard is None:
-        return [servers[g % len(servers)] for g in shard.slots]
-    if not isinstance(servers_per_shard, int) or servers_per_shard < 1:
-        raise ValueError(f"servers_per_shard: expected an integer >= 1, got {servers_per_shard!r}")
-    if servers_per_shard > len(servers):
-        raise ValueError(
-            f"servers_per_shard: expected at most the {len(servers)} servers given, got {servers_per_shard}"
-        )
-    group = [servers[(shard.index * servers_per_shard + m) % len(servers)] for m in range(servers_per_shard)]
-    return [group[i % servers_per_shard] for i in range(shard.num_envs)]
 
 
 def default_shard_count(

@@ -3,8 +3,9 @@
 :class:`ShardWorker` is the actor's class (the driver wraps it with ``ray.remote``). On the Isaac Lab backend
 it starts the Isaac app in ``__init__``, before anything imports torch-dependent modules; this module itself
 imports neither Ray, torch nor a simulator at import time. :meth:`ShardWorker.run_scene` runs the shard's
-episodes of one scene with the evaluator's own :class:`~dz_gym.eval.runner.SceneRunner` on the shard's slot
-range and returns when they are done or a stop was requested.
+plan entries of one scene (its slots' entries, sent by the driver) with the evaluator's own
+:func:`~dz_gym.eval.scene.run_scene` and returns when they are done or a stop was requested; the rows carry the
+plan's global slot, the shard and the node.
 
 Rows do not go to a file here: the runner writes into a :class:`ShardRunDir`, whose ``append_row`` puts the
 row into an :class:`Outbox`. A pusher thread sends ready rows (with their trajectory and video bytes when the
@@ -36,7 +37,10 @@ from typing import Any
 from dz_gym.envs.backends import traits
 from dz_gym.envs.devices import GpuPin, pin_gpu, place_options
 from dz_gym.eval.config import EvalConfig
+from dz_gym.eval.plan import PlanEntry
 from dz_gym.eval.rundir import RunDir, episode_name
+from dz_gym.eval.runner import RunControl
+from dz_gym.eval.scene import run_scene
 
 logger = logging.getLogger(__name__)
 
@@ -62,14 +66,12 @@ class ShardRunDir(RunDir):
 class Outbox:
     """Finished episodes and step counts waiting to go to the driver (thread-safe).
 
-    ``meta`` (shard, node, gpu) is added to every row and the row's local env slot becomes the global one
-    (``slot_start + env``). With ``ship_files`` the row's trajectory and video are read from ``root`` and sent
+    ``meta`` (shard, node, gpu) names the shard in log lines. With ``ship_files`` the row's trajectory and video are read from ``root`` and sent
     as bytes (and deleted here once sent); otherwise they are already in the driver's run directory.
     """
 
-    def __init__(self, root: Path, *, slot_start: int, meta: dict[str, Any], ship_files: bool, recorder=None):
+    def __init__(self, root: Path, *, meta: dict[str, Any], ship_files: bool, recorder=None):
         self.root = Path(root)
-        self.slot_start = int(slot_start)
         self.meta = dict(meta)
         self.ship_files = bool(ship_files)
         self.recorder = recorder
@@ -79,8 +81,6 @@ class Outbox:
         self._latency_ms: float | None = None
 
     def put(self, row: dict[str, Any]) -> None:
-        row["env"] = self.slot_start + int(row["env"])
-        row.update(self.meta)
         with self._lock:
             self._rows.append(row)
 
@@ -277,85 +277,42 @@ class ShardWorker:
         }
 
     def run_scene(self, spec: dict[str, Any], collector) -> dict[str, Any]:
-        """Run one scene's episodes of this shard (``spec`` from the driver); returns the timing of the loop."""
-        from dz_gym.eval.evaluate import default_env_factory
-        from dz_gym.eval.runner import RunControl, SceneRunner
+        """Run one scene's entries of this shard (``spec`` from the driver); returns the timing of the loop."""
         from dz_gym.eval.video import VideoRecorder
-        from dz_gym.wrapper import DreamZeroPolicyWrapper
 
-        config = EvalConfig.from_dict(spec["config"])
-        queues = [list(q) for q in spec["queues"]]
-        config = dataclasses.replace(config, num_envs=len(queues))
+        queues = [[PlanEntry(**e) for e in q] for q in spec["queues"]]
+        config = dataclasses.replace(EvalConfig.from_dict(spec["config"]), num_envs=len(queues))
         if config.auth_env and spec.get("auth_token") and not os.environ.get(config.auth_env):
             os.environ[config.auth_env] = spec["auth_token"]
         ship = spec.get("ship_files")
         shared = _sees_run_dir(spec["run_dir"], spec["token"]) if ship is None else not ship
         root = Path(spec["run_dir"]) if shared else Path(tempfile.mkdtemp(prefix=f"dz-gym-shard{spec['shard']}-"))
         recorder = VideoRecorder() if config.video else None
-        meta = {"shard": int(spec["shard"]), "node": self.node_id, "gpu": self.pin.gpu}
-        outbox = Outbox(root, slot_start=spec["slot_start"], meta=meta, ship_files=not shared, recorder=recorder)
+        shard = int(spec["shard"])
+        placement = {"shard": shard, "node": self.node_id, "gpu": self.pin.gpu}
+        outbox = Outbox(root, meta=placement, ship_files=not shared, recorder=recorder)
         control = RunControl(None)
-        pusher = Pusher(collector, int(spec["shard"]), int(spec["attempt"]), outbox, control.stop).start()
+        pusher = Pusher(collector, shard, int(spec["attempt"]), outbox, control.stop).start()
         env_kwargs = place_options(dict(spec.get("env_kwargs") or {}), traits(self.backend).device_option, self.pin)
         if traits(self.backend).starts_app and self.app_args is not None:
             env_kwargs.setdefault("app_args", self.app_args)
-        out: dict[str, Any] = {
-            "scene": spec["scene"],
-            "env_steps": 0,
-            "wall_s": 0.0,
-            "loop_end": time.time(),
-            "busy_s": {},
-            "stopped": False,
-            "server_metadata": {},
-            "video_errors": {},
-            "shared_run_dir": shared,
-        }
-        env = wrapper = None
-        try:
-            env = default_env_factory(spec["scene"], config, **env_kwargs)
+        out: dict[str, Any] = {"scene": spec["scene"], "env_steps": 0, "wall_s": 0.0, "loop_end": time.time(),
+                               "busy_s": {}, "stopped": False, "server_metadata": {}, "video_errors": {},
+                               "shared_run_dir": shared}  # fmt: skip
+
+        def built(env) -> None:  # the simulator is up: note its rendering processes, then the start line
             self.render_devices = getattr(env, "render_devices", None)
             if spec.get("start_line"):
-                wait_at_start_line(collector, int(spec["shard"]), control.stop)
-            client = _request_fields_client(config, list(spec["servers"]))
-            wrapper = DreamZeroPolicyWrapper(
-                env,
-                **(
-                    {"client": client}
-                    if client is not None
-                    else {"server": list(spec["servers"]), "transport": config.transport_config()}
-                ),
-                open_loop_horizon=config.open_loop_horizon,
-                prefetch=config.prefetch,
-                simulated_delay=config.simulated_delay,
-                max_stale_steps=config.max_stale_steps,
-            )
-            for i, meta_i in enumerate(wrapper.server_metadata):
-                out["server_metadata"].setdefault(wrapper.server_url(i), _metadata_dict(meta_i))
-            runner = SceneRunner(
-                wrapper,
-                scene=spec["scene"],
-                slot_episodes=queues,
-                seed=config.seed,
-                max_steps=config.max_steps,
-                run_dir=ShardRunDir(root, outbox),
-                control=control,
-                recorder=recorder,
-                progress=_Tally(outbox),
-                on_episode_start=getattr(client, "begin_episode", None),
-            )
-            result = runner.run()
-            out.update(
-                env_steps=result.env_steps,
-                wall_s=result.wall_s,
-                busy_s=dict(result.busy_s),
-                stopped=result.stopped,
-                loop_end=time.time(),
-            )
+                wait_at_start_line(collector, shard, control.stop)
+
+        try:
+            result = run_scene(config, spec["scene"], queues, list(spec["servers"]), env_kwargs=env_kwargs,
+                               server_metadata=out["server_metadata"], before_connect=built,
+                               run_dir=ShardRunDir(root, outbox), control=control, recorder=recorder,
+                               progress=_Tally(outbox), placement=placement)  # fmt: skip
+            out.update(env_steps=result.env_steps, wall_s=result.wall_s, busy_s=dict(result.busy_s),
+                       stopped=result.stopped, loop_end=time.time())  # fmt: skip
         finally:
-            if wrapper is not None:
-                wrapper.close()
-            elif env is not None:
-                env.close()
             if recorder is not None:
                 recorder.close()
                 out["video_errors"] = dict(recorder.failed)
@@ -399,29 +356,9 @@ def wait_at_start_line(collector, shard: int, stop: threading.Event, timeout: fl
     return bool(started)
 
 
-def _request_fields_client(config: EvalConfig, servers: list[str]):
-    """The client that adds the run's sampling fields to every request (as one process does), or None when the
-    run sends none (the wrapper's default client)."""
-    policy_seed = bool(getattr(config, "policy_seed", False))
-    steps = getattr(config, "num_inference_steps", None)
-    if not policy_seed and steps is None:
-        return None
-    from dz_gym.eval.clients import build_client
-
-    return build_client(
-        servers, (), len(servers), config.transport_config(), policy_seed=policy_seed, num_inference_steps=steps
-    )
-
-
 def _sees_run_dir(path: str, token: str) -> bool:
     """Whether this node sees the driver's run directory (same machine or a shared file system)."""
     try:
         return (Path(path) / TOKEN_FILE).read_text().strip() == token
     except OSError:
         return False
-
-
-def _metadata_dict(meta: Any) -> dict[str, Any]:
-    if dataclasses.is_dataclass(meta):
-        return dataclasses.asdict(meta)
-    return dict(meta) if isinstance(meta, dict) else {"value": repr(meta)}

@@ -1,0 +1,113 @@
+"""One scene's batch, as every executor builds it: the env, the policy client, the wrapper, the runner.
+
+:func:`run_scene` is the body shared by the in-process executor (:mod:`dz_gym.eval.evaluate`) and a Ray shard
+(:mod:`dz_gym.eval.shards.worker`): it builds the scene's batched env (:func:`default_env_factory` unless the
+caller passes another), connects it to the servers the run plan gives its slots (an A/B run's two arms behind
+one :class:`~dz_gym.eval.clients.ArmRouter`; a run that sends sampling fields through
+:class:`~dz_gym.eval.clients.RequestFields`), runs the slots' plan entries with
+:class:`~dz_gym.eval.runner.SceneRunner` and closes everything, also on failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from dz_gym.eval.config import EvalConfig
+from dz_gym.eval.plan import ARMS, PlanEntry
+from dz_gym.eval.runner import SceneResult, SceneRunner
+from dz_gym.eval.signals import interruptible, shielded
+from dz_gym.eval.summary import metadata_dict
+
+EnvFactory = Callable[..., Any]  # (scene, config, **env_kwargs) -> batched env
+
+__all__ = ["EnvFactory", "default_env_factory", "policy_client", "run_scene"]
+
+
+def default_env_factory(scene: int, config: EvalConfig, **backend_kwargs: Any):
+    """``make_droid_env`` for ``config.backend``; the embedded simulator gets the episode length directly."""
+    from dz_gym.envs.backends import traits
+
+    backend = traits(config.backend)
+    kwargs = dict(backend_kwargs)
+    for keyword, field in backend.config_kwargs.items():
+        kwargs.setdefault(keyword, getattr(config, field))
+    return backend.make_env(scene, config.num_envs, **kwargs)
+
+
+def policy_client(config: EvalConfig, slot_servers: Sequence[str]):
+    """The policy client of an A/B run or of a run that sends sampling fields (None: the wrapper's default).
+
+    ``slot_servers``: the server of each env slot (the plan's); in an A/B run slot ``2j`` is arm A's slot ``j``
+    and ``2j + 1`` arm B's."""
+    if not (config.ab or config.policy_seed or config.num_inference_steps is not None):
+        return None
+    from dz_gym.eval.clients import build_client
+
+    servers = list(slot_servers)
+    per_arm = len(servers) // 2
+    arm_a = [servers[2 * j] for j in range(per_arm)] if config.ab else servers
+    arm_b = [servers[2 * j + 1] for j in range(per_arm)] if config.ab else []
+    return build_client(arm_a, arm_b, len(servers), config.transport_config(), policy_seed=config.policy_seed,
+                        num_inference_steps=config.num_inference_steps)  # fmt: skip
+
+
+def _wrapper(env, config: EvalConfig, slot_servers: Sequence[str], client):
+    from dz_gym.wrapper import DreamZeroPolicyWrapper
+
+    connection = {"client": client} if client is not None else {"server": list(slot_servers),
+                                                                 "transport": config.transport_config()}  # fmt: skip
+    return DreamZeroPolicyWrapper(
+        env,
+        **connection,
+        open_loop_horizon=config.open_loop_horizon,
+        prefetch=config.prefetch,
+        simulated_delay=config.simulated_delay,
+        max_stale_steps=config.max_stale_steps,
+    )
+
+
+def run_scene(
+    config: EvalConfig,
+    scene: int,
+    queues: Sequence[Sequence[PlanEntry]],
+    slot_servers: Sequence[str],
+    *,
+    env_factory: EnvFactory | None = None,
+    env_kwargs: Mapping[str, Any] | None = None,
+    server_metadata: dict[str, Any],
+    before_connect: Callable[[Any], None] | None = None,
+    **runner_kwargs: Any,
+) -> SceneResult:
+    """Run ``queues`` (per slot, the plan entries of ``scene``) on a fresh batch of ``len(queues)`` envs.
+
+    ``server_metadata`` receives each server URL's metadata (the first seen per URL); ``before_connect(env)``
+    is called once the simulator is built, before the first connection (a shard's start line); ``runner_kwargs``
+    go to :class:`~dz_gym.eval.runner.SceneRunner` (``run_dir``, ``control``, ``recorder``, ``progress``,
+    ``pairs``, ``placement``). Building the simulator is not interruptible (its workers start whole); the
+    rest is, and everything is closed on the way out."""
+    if any(e.arm not in (None, *ARMS) for q in queues for e in q):
+        raise ValueError(f"queues: expected arms in {ARMS}")
+    factory = env_factory or default_env_factory
+    env = factory(scene, config, **dict(env_kwargs or {}))
+    wrapper = None
+    try:
+        with interruptible():
+            if before_connect is not None:
+                before_connect(env)
+            control = runner_kwargs["control"]
+            if control.stop.is_set():
+                return SceneResult(int(scene), stopped=True)
+            client = policy_client(config, slot_servers)
+            wrapper = _wrapper(env, config, slot_servers, client)
+            for i in range(wrapper.num_envs):
+                server_metadata.setdefault(wrapper.server_url(i), metadata_dict(wrapper.server_metadata[i]))
+            runner = SceneRunner(wrapper, scene=scene, queues=queues, max_steps=config.max_steps,
+                                 on_episode_start=getattr(client, "begin_episode", None), **runner_kwargs)  # fmt: skip
+            return runner.run()
+    finally:
+        with shielded():
+            if wrapper is not None:
+                wrapper.close()
+            else:
+                env.close()

@@ -1,0 +1,133 @@
+"""``summary.json`` of a run directory: every row, every run segment's timing, and what ran it.
+
+:func:`build_summary` recomputes the results from ``episodes.jsonl`` (:func:`dz_gym.eval.results.summarize`)
+and adds what rows cannot carry (the run segments' timing, the config, the servers' metadata, versions). In an
+A/B run it adds ``arms`` (per arm, per scene and overall), ``comparison`` (the JSON of ``dz-gym-compare``) and
+``sequential`` (the test's decision and why the run stopped). :func:`pair_tracker` rebuilds an A/B run's
+:class:`~dz_gym.eval.ab.PairTracker` from its rows (resume, and the summary).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import platform
+from collections.abc import Mapping, Sequence
+from importlib import metadata as importlib_metadata
+from typing import Any
+
+from dz_gym.eval.config import EvalConfig
+from dz_gym.eval.results import summarize
+from dz_gym.eval.rundir import RunDir
+
+__all__ = ["build_summary", "metadata_dict", "pair_tracker", "versions"]
+
+
+def versions() -> dict[str, str]:
+    """Versions of Python, the platform and the packages that shape results."""
+    out = {"python": platform.python_version(), "platform": platform.platform()}
+    for name in ("dz-gym", "numpy", "gymnasium", "websockets", "msgpack", "mujoco", "torch", "isaaclab", "imageio"):
+        try:
+            out[name] = importlib_metadata.version(name)
+        except importlib_metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def metadata_dict(meta: Any) -> dict[str, Any]:
+    """A server's metadata as a JSON object (a dataclass's fields, a mapping's items, else its repr).
+
+    >>> metadata_dict({"a": 1}), metadata_dict(3)
+    ({'a': 1}, {'value': '3'})
+    """
+    if dataclasses.is_dataclass(meta) and not isinstance(meta, type):
+        return dataclasses.asdict(meta)
+    return dict(meta) if isinstance(meta, Mapping) else {"value": repr(meta)}
+
+
+def pair_tracker(config: EvalConfig, rows: Sequence[Mapping[str, Any]]):
+    """The :class:`~dz_gym.eval.ab.PairTracker` of an A/B run, rebuilt from its rows (None otherwise)."""
+    if not config.ab:
+        return None
+    from dz_gym.eval.ab import PairTracker
+    from dz_gym.eval.plan import pair_order
+
+    # The test's pair order is the plan's, the scenes interleaved (episode-major), so that it never decides
+    # before every scene has contributed its share, even when the scenes run one after another.
+    order = pair_order(config.scenes, config.episodes, interleave=True)
+    return PairTracker(sequential=config.sequential, alpha=config.alpha, max_pairs=config.sequential_max_pairs,
+                       rows=rows, order=order, min_difference=config.min_difference, power=config.power)  # fmt: skip
+
+
+def _planned(config: EvalConfig) -> dict[int, int]:
+    return {s: config.episodes * max(1, len(config.arms)) for s in config.scenes}
+
+
+def _ab_summary(
+    config: EvalConfig, rows: Sequence[Mapping[str, Any]], dropped: Sequence[Mapping[str, Any]], finished: bool
+) -> dict[str, Any]:
+    """``arms``, ``comparison`` and ``sequential`` of an A/B run's summary; ``dropped``: the episodes cut off
+    by the sequential stop (no row); ``finished``: every planned episode has a row."""
+    from dz_gym.eval.results import summarize_arms
+    from dz_gym.stats.comparison import compare_rows
+
+    labels = {}
+    for arm, servers, policy in (("a", config.servers, config.policy), ("b", config.servers_b, config.policy_b)):
+        labels[arm] = f"arm {arm.upper()} (" + (", ".join(servers) if servers else f"policy {policy}") + ")"
+    planned = {s: config.episodes for s in config.scenes}
+    out: dict[str, Any] = {"arms": summarize_arms(rows, config.arms, planned=planned)}
+    out["arms"]["labels"] = labels  # what each arm ran (also comparison.arms)
+    out["comparison"] = compare_rows(rows, labels=labels)
+    tracker = pair_tracker(config, rows)
+    out["sequential"] = tracker.summary(rows, planned_pairs=config.episodes * len(config.scenes), finished=finished)
+    if out["sequential"] is not None:
+        out["sequential"]["dropped"] = [dict(d) for d in dropped]
+        if tracker.stopped:
+            out["complete"] = True  # the test decided: the episodes it did not need are not missing
+    return out
+
+
+def build_summary(
+    config: EvalConfig,
+    run_dir: RunDir,
+    *,
+    segments: list[dict[str, Any]],
+    extra: Mapping[str, Any],
+    finished: bool | None = None,
+) -> dict[str, Any]:
+    """``summary.json`` of the whole run directory: every row, every run segment's timing.
+
+    The rates come from the counts the summary reports: ``env_steps_per_s = env_steps_taken / wall_s``
+    (``env_steps_taken`` also counts the steps of episodes an interruption dropped, which have no row).
+    ``extra``: the fields rows cannot carry (``dropped``: an A/B run's episodes cut off by the sequential stop);
+    ``finished``: every planned episode has a row (default: counted from the rows).
+    """
+    rows = run_dir.read_rows()
+    wall = sum(seg["wall_s"] for seg in segments)
+    stepped = sum(seg["env_steps"] for seg in segments)
+    busy: dict[str, float] = {}
+    for seg in segments:
+        for url, seconds in seg.get("busy_s", {}).items():
+            busy[url] = busy.get(url, 0.0) + seconds
+    from dz_gym.envs.scenes import scene_prompt
+
+    prompts = {s: scene_prompt(s) for s in config.scenes}
+    fields = dict(extra)
+    dropped = fields.pop("dropped", [])
+    fields["segments"] = segments
+    fields["config"] = config.to_dict()
+    summary = summarize(
+        rows,
+        planned=_planned(config),
+        prompts=prompts,
+        wall_s=wall or None,
+        stepped=stepped,
+        busy_s=busy,
+        extra=fields,
+    )
+    if config.ab:
+        if finished is None:
+            done = {(int(r["scene"]), int(r["episode"]), r.get("arm")) for r in rows}
+            wanted = {(s, k, arm) for s in config.scenes for k in range(config.episodes) for arm in config.arms}
+            finished = wanted <= done
+        summary.update(_ab_summary(config, rows, dropped, finished))
+    return summary

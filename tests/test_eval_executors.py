@@ -1,0 +1,67 @@
+"""The three executors of one run plan write the same rows: in one process, a process per scene, Ray shards.
+
+The same small run (embedded MuJoCo simulator and reference server, 2 scenes x 3 episodes on 2 envs of 12
+steps) goes through ``dz-gym-eval`` three times, each in a process of its own (the Ray run starts a private
+local instance). Their rows, minus the fields :mod:`dz_gym.eval.row` declares volatile and the shard and server
+(each run starts its own embedded server), are identical, and every row is on the plan's slot.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mujoco")
+
+from dz_gym.eval.config import EvalConfig  # noqa: E402
+from dz_gym.eval.plan import plan_of  # noqa: E402
+from dz_gym.eval.row import EpisodeRow, comparable  # noqa: E402
+
+BASE = ["--backend", "mujoco", "--scene", "1", "--scene", "2", "--num-envs", "2", "--episodes", "3",
+        "--max-steps", "12", "--no-progress", "--no-video", "--no-report"]  # fmt: skip
+BOUND_S = 300  # every evaluator process is bounded by this
+ENV = {"MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl"), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+       "RAY_USAGE_STATS_ENABLED": "0"}  # fmt: skip
+
+
+def run_cli(root: Path, *extra: str) -> list[dict]:
+    argv = [sys.executable, "-m", "dz_gym.eval.cli", *BASE, "--output-root", str(root), *extra]
+    done = subprocess.run(argv, env={**os.environ, **ENV}, capture_output=True, text=True, timeout=BOUND_S)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (run,) = [p for p in root.iterdir() if p.is_dir()]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["complete"] and not summary["aborted"]
+    return [json.loads(line) for line in (run / "episodes.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def in_process(tmp_path_factory):
+    return run_cli(tmp_path_factory.mktemp("one"), "--no-process-per-scene")
+
+
+def test_every_row_is_where_the_plan_put_it(in_process):
+    config = EvalConfig(scenes=[1, 2], episodes=3, num_envs=2, max_steps=12, backend="mujoco")
+    plan = plan_of(config, ["ws://server"])
+    by_key = {e.key: e for e in plan.entries}
+    assert sorted(by_key) == sorted((r["scene"], r["episode"], None) for r in in_process)
+    for row in in_process:
+        entry = by_key[(row["scene"], row["episode"], None)]
+        assert (row["seed"], row["env"]) == (entry.seed, entry.slot)
+        assert EpisodeRow.from_dict(row).to_dict() == row  # the written row is exactly the declared schema
+
+
+def test_a_process_per_scene_writes_the_same_rows(in_process, tmp_path):
+    rows = run_cli(tmp_path, "--process-per-scene")
+    assert comparable(rows, ignore={"server"}) == comparable(in_process, ignore={"server"})
+
+
+def test_ray_shards_write_the_same_rows(in_process, tmp_path):
+    pytest.importorskip("ray")
+    rows = run_cli(tmp_path, "--ray", "local", "--shards", "2")
+    assert {r["shard"] for r in rows} == {0, 1} and all(r["shard"] == r["env"] for r in rows)
+    assert comparable(rows, ignore={"server", "shard"}) == comparable(in_process, ignore={"server"})
