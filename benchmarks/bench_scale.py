@@ -60,9 +60,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_eval  # noqa: E402  (the bound, s_N, the one-env loop and the one-process run)
 
 from dz_gym.envs import droid  # noqa: E402
+from dz_gym.eval.plan import slot_ranges  # noqa: E402
 from dz_gym.eval.shards.driver import connect, evaluate_sharded  # noqa: E402
 from dz_gym.eval.shards.options import RayOptions  # noqa: E402
-from dz_gym.eval.plan import slot_ranges  # noqa: E402
 from dz_gym.eval.shards.plan import cpus_per_shard, env_workers  # noqa: E402
 
 HORIZON = bench_eval.HORIZON

@@ -59,6 +59,7 @@ def load_run(path: str | os.PathLike) -> tuple[dict[str, Any], list[dict[str, An
     if not isinstance(config, dict):
         raise RunError(f"{config_path}: expected a JSON object")
     # Same reader as the evaluator's resume (a truncated last line is skipped with a warning).
+    from dz_gym.eval.row import check_row
     from dz_gym.eval.rundir import RunDir
 
     try:
@@ -67,6 +68,11 @@ def load_run(path: str | os.PathLike) -> tuple[dict[str, Any], list[dict[str, An
         raise RunError(str(exc)) from None
     if not rows:
         raise RunError(f"{path}: no finished episodes in {ROWS_FILE}")
+    for line, row in enumerate(rows, 1):  # the row schema's own check: one line naming the field
+        try:
+            check_row(row)
+        except ValueError as exc:
+            raise RunError(f"{run / ROWS_FILE}:{line}: {exc}") from None
     return config, rows
 
 

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from dz_gym import compare as dz_compare
 from dz_gym.compare import main
 from dz_gym.envs import droid
 from dz_gym.eval.config import EvalConfig
@@ -257,3 +258,15 @@ def test_cli_on_a_sequential_ab_run_reads_its_decision_and_marks_the_table_descr
         "reason": "b_better", "stopped_by": "decision", "why": "B is better after 11 pairs"}}))  # fmt: skip
     code, out, _ = cli(run)
     assert "DECISION (sequential test): b_better [stopped by: decision]" in out and "B is better" in out
+
+
+def test_a_row_that_breaks_the_schema_is_a_one_line_error(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"scenes": [1]}))
+    bad = dict(row(1, 0, True), success_at_end="yes")
+    (run / "episodes.jsonl").write_text(json.dumps(row(1, 1, True)) + "\n" + json.dumps(bad) + "\n")
+    with pytest.raises(
+        dz_compare.RunError, match=r"episodes.jsonl:2: episode row: 'success_at_end' expected true/false"
+    ):
+        dz_compare.load_run(run)
