@@ -29,7 +29,7 @@ for arg in "$@"; do
 done
 if [ $want_isaac30 = 1 ]; then
   if [ -z "${PYTHON:-}" ]; then  # python3.12 on PATH, else a pyenv-installed 3.12
-    for candidate in python3.12 $(command -v pyenv >/dev/null && ls -d "$(pyenv root)"/versions/3.12*/bin/python3.12 2>/dev/null); do
+    for candidate in python3.12 "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python3.12; do
       if "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then PYTHON=$candidate; break; fi
     done
   fi
