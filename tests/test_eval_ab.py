@@ -179,6 +179,9 @@ def test_sequential_stops_early_names_the_better_arm_and_leaves_no_half_pair(tmp
     assert not dropped & {(r["scene"], r["episode"], r["arm"]) for r in rows}
     comparison = summary["comparison"]["scenes"]["overall"]
     assert comparison["verdict"] == "b_better" and comparison["errored_pairs"] == 1
+    ranking = summary["ranking"]["arms"]  # per arm: Wilson interval and a simultaneous rank interval
+    assert [e["arm"] for e in ranking] == ["b", "a"] and ranking[0]["rank_interval"] == [1, 1]
+    assert ranking[0]["wilson95"][0] > 0.5 and ranking[1]["successes"] == 0
     table = format_table(summary)
     assert "1 A" in table and "1 B" in table and "B is better" in table and "stopped by: decision" in table
     assert "DECISION (sequential test): b_better" in table and "DESCRIPTIVE ONLY" in table

@@ -65,10 +65,11 @@ def _planned(config: EvalConfig) -> dict[int, int]:
 def _ab_summary(
     config: EvalConfig, rows: Sequence[Mapping[str, Any]], dropped: Sequence[Mapping[str, Any]], finished: bool
 ) -> dict[str, Any]:
-    """``arms``, ``comparison`` and ``sequential`` of an A/B run's summary; ``dropped``: the episodes cut off
+    """``arms``, ``comparison``, ``ranking`` and ``sequential`` of an A/B run's summary; ``dropped``: the episodes cut off
     by the sequential stop (no row); ``finished``: every planned episode has a row."""
     from dz_gym.eval.results import summarize_arms
     from dz_gym.stats.comparison import compare_rows
+    from dz_gym.stats.ranking import outcomes_by_seed, rank_arms
 
     labels = {}
     for arm, servers, policy in (("a", config.servers, config.policy), ("b", config.servers_b, config.policy_b)):
@@ -77,6 +78,8 @@ def _ab_summary(
     out: dict[str, Any] = {"arms": summarize_arms(rows, config.arms, planned=planned)}
     out["arms"]["labels"] = labels  # what each arm ran (also comparison.arms)
     out["comparison"] = compare_rows(rows, labels=labels)
+    by_arm = {arm: [r for r in rows if r.get("arm") == arm] for arm in config.arms}
+    out["ranking"] = rank_arms(outcomes_by_seed(by_arm))  # per arm: Wilson interval, rank with an interval
     tracker = pair_tracker(config, rows)
     out["sequential"] = tracker.summary(rows, planned_pairs=config.episodes * len(config.scenes), finished=finished)
     if out["sequential"] is not None:
