@@ -3,6 +3,7 @@
     dz-gym-compare RUN_A RUN_B [--json FILE] [--force] [--alpha 0.05]
     dz-gym-compare RUN                 # one A/B run whose rows carry ``arm`` ("a" / "b")
     dz-gym-compare RUN_1 RUN_2 RUN_3 ...   # K >= 3 runs on the same seeds: a ranking (dz_gym.stats.ranking)
+    dz-gym-compare RUN                 # one run of K named arms (--arm): the same ranking of its arms
 
 Rows are paired by (scene, seed): two runs with the same ``--seed`` ran the same initial conditions, so
 only the policy differs within a pair. The statistics are :func:`dz_gym.stats.comparison.compare_rows`; this
@@ -167,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
             config, rows = load_run(args.runs[0])
             if not any("arm" in row for row in rows):
                 parser.error(f"{args.runs[0]}: not an A/B run (its rows carry no 'arm'); give two runs: RUN_A RUN_B")
+            if config.get("arm_specs"):  # a run of named arms (--arm): its leaderboard
+                return _print_ranking(args, _rank_arms_of_run(config, rows, level), [args.runs[0]], [])
             labels = {arm: f"{args.runs[0]} arm {arm.upper()}" + _arm_suffix(config, rows, arm) for arm in "ab"}
             result = compare_rows(rows, labels=labels, **level)
     except ValueError as exc:
@@ -221,7 +224,20 @@ def _rank(parser: argparse.ArgumentParser, args: argparse.Namespace, level: Mapp
         result = rank_arms(outcomes_by_seed({n: rows for n, (_, rows) in zip(names, loaded)}), **level)
     except ValueError as exc:
         parser.error(flag_message(exc, FLAGS))
-    result.update(schema="dz-gym-rank/1", runs=list(args.runs), forced=bool(problems), problems=problems)
+    return _print_ranking(args, result, list(args.runs), problems)
+
+
+def _rank_arms_of_run(config: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], level: Mapping[str, Any]) -> dict:
+    """The ranking of one run's named arms (``--arm``), in the config's arm order, on their common seeds."""
+    names = [str(spec).split("=", 1)[0] for spec in config["arm_specs"]]
+    result = rank_arms(outcomes_by_seed({n: [r for r in rows if r.get("arm") == n] for n in names}), **level)
+    result["labels"] = {str(spec).split("=", 1)[0]: str(spec).split("=", 1)[1] for spec in config["arm_specs"]}
+    return result
+
+
+def _print_ranking(args: argparse.Namespace, result: dict, runs: list[str], problems: list[str]) -> int:
+    """Print the leaderboard (and write its ``dz-gym-rank/1`` JSON)."""
+    result.update(schema="dz-gym-rank/1", runs=runs, forced=bool(problems), problems=problems)
     text = format_ranking(result)
     if args.json == "-":
         print(json.dumps(result, indent=2))

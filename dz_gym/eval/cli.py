@@ -119,9 +119,11 @@ def _run_scene_processes(argv: list[str], config: EvalConfig, run_dir: RunDir, c
 
 def _preflight(config: EvalConfig) -> str | None:
     """Why the run cannot start (one line), or None; nothing is written either way."""
+    from dz_gym.eval.plan import is_url
     from dz_gym.eval.preflight import check_backend, check_servers
 
-    return check_backend(config.backend) or check_servers(config.servers + config.servers_b, config.transport_config())
+    urls = config.servers + config.servers_b + [v for _, v in config.arm_table() if is_url(v)]
+    return check_backend(config.backend) or check_servers(urls, config.transport_config())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,12 +195,26 @@ def _main(
             shutil.rmtree(run_dir.path, ignore_errors=True)
         return code
 
-    started: list = []  # embedded servers (arm A's, then arm B's)
+    started: list = []  # embedded servers (arm A's, then arm B's; or the --arm arms' that name a policy)
     try:
         servers = list(config.servers)
         servers_b = list(config.servers_b)
         server_info: dict[str, Any] = {"embedded": not servers}
-        if not servers:
+        arm_servers: dict[str, list[str]] | None = None
+        if config.arm_specs:
+            try:
+                with interruptible():
+                    arm_servers = _start_arm_servers(config, args.serve_arg, started, server_info)
+            except KeyboardInterrupt:
+                return EXIT_INTERRUPTED
+            except (RuntimeError, OSError, ValueError) as exc:
+                _say(f"dz-gym-eval: error: cannot start the embedded server: {_first_line(exc)}")
+                return EXIT_ABORTED
+            servers = [url for urls in arm_servers.values() for url in urls]
+            if control.stop.is_set():
+                _say("dz-gym-eval: stopped before the run started; nothing was written")
+                return EXIT_INTERRUPTED
+        elif not servers:
             policies = [config.policy] + ([config.policy_b] if config.ab else [])
             urls = []
             try:
@@ -227,11 +243,32 @@ def _main(
                 _say("dz-gym-eval: stopped before the run started; nothing was written")
                 return EXIT_INTERRUPTED
         run_dir, created = _open_run_dir(args, config, run_dir)
-        return _evaluate(args, config, run_dir, (servers, servers_b, ray_options), server_info, command, control,
-                         signals, created)  # fmt: skip
+        return _evaluate(args, config, run_dir, (servers, servers_b, ray_options, arm_servers), server_info, command,
+                         control, signals, created)  # fmt: skip
     finally:
         for server in reversed(started):
             server.stop()
+
+
+def _start_arm_servers(config: EvalConfig, serve_args: list[str], started: list, info: dict) -> dict[str, list[str]]:
+    """Per ``--arm``, its server URLs: its own URL, or an embedded server started here for its policy (appended to
+    ``started``, so that the caller stops it); ``info`` (the summary's ``server``) records each arm's."""
+    from dz_gym.eval.plan import is_url
+
+    out: dict[str, list[str]] = {}
+    info["arms"] = {}
+    for name, value in config.arm_table():
+        if is_url(value):
+            out[name] = [value]
+            info["arms"][name] = {"url": value}
+            continue
+        server, url = _start_embedded_server(value, serve_args)
+        started.append(server)
+        out[name] = [url]
+        info["arms"][name] = {"policy": value, "url": url, "flavor": "vllm-omni"}
+        _say(f"dz-gym-eval: arm {name}: started an embedded reference server (policy {value}) at {url}")
+    info["embedded"] = any("policy" in entry for entry in info["arms"].values())
+    return out
 
 
 def _open_run_dir(args: argparse.Namespace, config: EvalConfig, run_dir: RunDir | None) -> tuple[RunDir, bool]:
@@ -252,7 +289,7 @@ def _evaluate(
     args: argparse.Namespace,
     config: EvalConfig,
     run_dir: RunDir,
-    placement: tuple[list[str], list[str], RayOptions | None],
+    placement: tuple[list[str], list[str], RayOptions | None, dict[str, list[str]] | None],
     server_info: dict[str, Any],
     command: str,
     control: RunControl,
@@ -262,7 +299,7 @@ def _evaluate(
     from dz_gym.envs.backends import traits
     from dz_gym.eval.evaluate import evaluate
 
-    servers, servers_b, ray_options = placement  # arm A's and arm B's URLs, the Ray shards (or None)
+    servers, servers_b, ray_options, arm_servers = placement  # arm A's and B's URLs, the Ray shards, --arm's URLs
     try:
         summary = evaluate(
             config,
@@ -276,6 +313,7 @@ def _evaluate(
             env_kwargs={"app_args": args} if traits(config.backend).starts_app else None,
             ray_options=ray_options,
             servers_b=servers_b,
+            arm_servers=arm_servers,
         )
     except KeyboardInterrupt:
         summary = run_dir.read_summary() or {"interrupted": True}

@@ -1,9 +1,9 @@
 """Policy clients the evaluator puts between the wrapper and the servers: A/B routing and request fields.
 
-- :class:`ArmRouter`: one :class:`~dz_gym.policy_client.PolicyClient` per arm of an A/B run behind the
-  wrapper's single client. Env slot ``i`` belongs to arm ``"ab"[i % 2]`` and is slot ``i // 2`` of that arm's
-  client, so both arms run on the same simulator, in the same batch, under the same load; episode ``k`` of a
-  scene runs on the neighbouring slots ``2j`` (arm A) and ``2j + 1`` (arm B) at about the same time.
+- :class:`ArmRouter`: one :class:`~dz_gym.policy_client.PolicyClient` per arm of a run with ``K`` arms (an
+  A/B run: ``K = 2``) behind the wrapper's single client. Env slot ``i`` belongs to arm ``i % K`` and is slot
+  ``i // K`` of that arm's client, so all arms run on the same simulator, in the same batch, under the same
+  load; episode ``k`` of a scene runs on the neighbouring slots ``K j + i`` at about the same time.
 - :class:`RequestFields`: adds the optional sampling fields (:func:`dz_gym.protocol.messages.sampling_fields`)
   to every request of a slot: a ``seed`` derived from the slot's current episode seed
   (:func:`policy_seed`), and ``sampling_params``. The runner tells it each slot's episode seed.
@@ -76,23 +76,29 @@ class _Delegate(PolicyClient):
 
 
 class ArmRouter(_Delegate):
-    """The clients of arm A and arm B behind one client of ``2 * P`` slots (see the module docstring).
+    """The clients of ``K >= 2`` arms behind one client of ``K * P`` slots (see the module docstring).
 
-    ``clients`` maps ``"a"`` and ``"b"`` to clients of ``P`` sessions each.
+    ``clients`` maps each arm's name, in arm order (an A/B run: ``"a"``, ``"b"``), to a client of ``P``
+    sessions.
     """
 
     def __init__(self, clients: Mapping[str, PolicyClient]):
-        if set(clients) != set(ARMS):
-            raise ValueError(f"clients: expected one client per arm {ARMS}, got {sorted(clients)}")
-        sizes = {arm: clients[arm].num_sessions for arm in ARMS}
-        if sizes["a"] != sizes["b"]:
+        if len(clients) < 2:
+            raise ValueError(f"clients: expected one client per arm, at least 2 arms, got {list(clients)}")
+        sizes = {arm: client.num_sessions for arm, client in clients.items()}
+        if len(set(sizes.values())) != 1:
             raise ValueError(f"clients: expected the same number of sessions per arm, got {sizes}")
         self._clients = dict(clients)
-        self._per_arm = sizes["a"]
+        self._arms = tuple(clients)
+        self._per_arm = sizes[self._arms[0]]
+
+    @property
+    def arms(self) -> tuple[str, ...]:
+        return self._arms
 
     @property
     def num_sessions(self) -> int:
-        return 2 * self._per_arm
+        return len(self._arms) * self._per_arm
 
     def client(self, arm: str) -> PolicyClient:
         """The client of ``arm``."""
@@ -102,32 +108,34 @@ class ArmRouter(_Delegate):
         env_id = int(env_id)
         if not 0 <= env_id < self.num_sessions:
             raise IndexError(f"env_id: expected 0 <= env_id < {self.num_sessions}, got {env_id}")
-        return self._clients[arm_of_slot(env_id)], env_id // 2
+        k = len(self._arms)
+        return self._clients[self._arms[env_id % k]], env_id // k
 
     def connect(self) -> list[ServerMetadata]:
         opened: list[PolicyClient] = []
+        k = len(self._arms)
         try:
             per_arm = {}
-            for arm in ARMS:
+            for arm in self._arms:
                 per_arm[arm] = self._clients[arm].connect()
                 opened.append(self._clients[arm])
         except BaseException:
             for client in opened:
                 client.close()
             raise
-        return [per_arm[arm_of_slot(i)][i // 2] for i in range(self.num_sessions)]
+        return [per_arm[self._arms[i % k]][i // k] for i in range(self.num_sessions)]
 
     def close(self) -> None:
-        for arm in ARMS:
+        for arm in self._arms:
             self._clients[arm].close()
 
     @property
     def config(self) -> TransportConfig | None:
-        return self._clients["a"].config
+        return self._clients[self._arms[0]].config
 
     @property
     def reply_bound(self) -> float | None:
-        bounds = [self._clients[arm].reply_bound for arm in ARMS]
+        bounds = [self._clients[arm].reply_bound for arm in self._arms]
         return None if None in bounds else max(bounds)
 
 
@@ -202,11 +210,16 @@ def build_client(
     *,
     policy_seed: bool = False,
     num_inference_steps: int | None = None,
+    arm_servers: Mapping[str, Sequence[str]] | None = None,
 ) -> PolicyClient:
-    """The evaluator's client: websocket pools (one per arm behind an :class:`ArmRouter` when ``servers_b``),
-    wrapped in :class:`RequestFields` when a sampling field is sent."""
+    """The evaluator's client: websocket pools (one per arm behind an :class:`ArmRouter` when ``servers_b``,
+    or per named arm of ``arm_servers``, in order), wrapped in :class:`RequestFields` when a sampling field is
+    sent."""
     client: PolicyClient
-    if servers_b:
+    if arm_servers:
+        per = int(num_envs) // len(arm_servers)
+        client = ArmRouter({arm: SessionPool(list(urls), per, transport) for arm, urls in arm_servers.items()})
+    elif servers_b:
         half = int(num_envs) // 2
         client = ArmRouter({
             "a": SessionPool(list(servers), half, transport),

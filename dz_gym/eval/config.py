@@ -17,6 +17,7 @@ the next seeds), never shrink.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,6 +29,7 @@ CONFIG_VERSION = 1
 BACKENDS = backends.NAMES  # "auto" and every backend of dz_gym.envs.backends
 EXTERNAL_POLICY = "external"  # the ``policy`` of a run against servers it did not start
 
+_ARM_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,15}")
 ARMS = ("a", "b")  # the arms of an A/B run: slot 2j runs arm a, slot 2j+1 arm b
 DEFAULT_MAX_EPISODES = 200  # --sequential: pairs (episodes per arm) the test may use by default
 DEFAULT_ALPHA = 0.05  # --sequential: the test's type-I error
@@ -98,6 +100,7 @@ class EvalConfig:
     auth_env: str | None = None  # NAME of the environment variable holding the servers' API token
     servers_b: list[str] = dataclasses.field(default_factory=list)  # A/B: arm B's servers (arm A: servers)
     policy_b: str | None = _result(None)  # A/B on the embedded servers: arm B's policy (arm A: policy)
+    arm_specs: list[str] = _result(default_factory=list)  # K >= 2 named arms: "NAME=POLICY_OR_URL" (--arm)
     sequential: bool = _result(False)  # A/B: stop as soon as the sequential test stops (dz_gym.stats.sequential)
     alpha: float = _result(DEFAULT_ALPHA)  # the sequential test's type-I error
     min_difference: float = _result(DEFAULT_MIN_DIFFERENCE)  # sequential: the difference the design looks for
@@ -125,6 +128,7 @@ class EvalConfig:
             raise _field_error("scenes", exc) from None
         if len(set(self.scenes)) != len(self.scenes):
             raise ValueError(f"scenes: expected distinct scene ids, got {self.scenes}")
+        self._check_arms()
         self._check_ab()
         for name in ("num_envs", "episodes", "max_steps", "server_max_sessions"):
             if name == "episodes" and self.episodes is None:
@@ -186,8 +190,53 @@ class EvalConfig:
 
     @property
     def arms(self) -> tuple[str, ...]:
-        """``("a", "b")`` for an A/B run, else ``()``."""
+        """``("a", "b")`` for an A/B run, the names of ``--arm`` in order, else ``()``."""
+        if self.arm_specs:
+            return tuple(name for name, _ in self.arm_table())
         return ARMS if self.ab else ()
+
+    @property
+    def armed(self) -> bool:
+        """Whether every seed runs under several arms, side by side in one batch (A/B or ``--arm``)."""
+        return bool(self.arms)
+
+    def arm_table(self) -> list[tuple[str, str]]:
+        """``(name, policy spec or server URL)`` per ``--arm``, in order.
+
+        >>> EvalConfig(num_envs=2, backend="mujoco", arm_specs=["x=reference", "y=ws://127.0.0.1:1"]).arm_table()
+        [('x', 'reference'), ('y', 'ws://127.0.0.1:1')]
+        """
+        return [tuple(spec.split("=", 1)) for spec in self.arm_specs]  # type: ignore[misc]
+
+    def _check_arms(self) -> None:
+        """``--arm NAME=POLICY_OR_URL``: at least two, distinct short names, not mixed with the A/B flags."""
+        if not isinstance(self.arm_specs, (list, tuple)):
+            raise ValueError(f"arm_specs: expected a list of NAME=POLICY_OR_URL, got {self.arm_specs!r}")
+        self.arm_specs = list(self.arm_specs)
+        if not self.arm_specs:
+            return
+        names = []
+        for spec in self.arm_specs:
+            name, eq, value = str(spec).partition("=")
+            if not eq or not value or not _ARM_NAME.fullmatch(name):
+                raise ValueError(f"arm_specs: expected NAME=POLICY_OR_URL with NAME of 1-16 letters, digits, _ or - "
+                                 f"(starting with a letter), got {spec!r}")  # fmt: skip
+            if value.startswith(("ws://", "wss://")):
+                try:
+                    validate_url(value)
+                except ValueError as exc:
+                    raise _field_error("arm_specs", exc) from None
+            names.append(name)
+        if len(set(names)) != len(names):
+            raise ValueError(f"arm_specs: expected distinct arm names, got {names}")
+        if len(names) < 2:
+            raise ValueError(f"arm_specs: expected at least 2 arms (--arm NAME=POLICY_OR_URL, repeated), got {names}")
+        if self.servers or self.servers_b or self.policy_b is not None:
+            raise ValueError("arm_specs: --arm names every arm's policy or server; not with --server, --server-b or "
+                             "--policy-b")  # fmt: skip
+        if _is_int(self.num_envs) and self.num_envs % len(names):
+            raise ValueError(f"num_envs: a run of {len(names)} arms needs a multiple of {len(names)} envs "
+                             f"(slot {len(names)}j+i runs arm i), got {self.num_envs}")  # fmt: skip
 
     @property
     def sequential_max_pairs(self) -> int:
@@ -199,13 +248,17 @@ class EvalConfig:
         ``sequential``, enough for the test's cap spread over the scenes."""
         if self.sequential:
             return -(-self.sequential_max_pairs // len(self.scenes))
-        return self.num_envs // 2 if self.ab else self.num_envs
+        return self.num_envs // max(1, len(self.arms))
 
     def _check_ab(self) -> None:
         """The A/B settings: an even number of envs, and the sequential flags only where they apply."""
         for name in ("sequential", "policy_seed"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: expected true or false, got {getattr(self, name)!r}")  # noqa: TRY004
+        if self.sequential and self.arm_specs:
+            raise ValueError(
+                "sequential: only for A/B runs (--server-b/--policy-b); with --arm the summary ranks the arms"
+            )
         if self.sequential and not self.ab:
             raise ValueError("sequential: only for A/B runs (give arm B with --server-b URL or --policy-b NAME)")
         if not isinstance(self.alpha, (int, float)) or isinstance(self.alpha, bool) or not 0.0 < self.alpha < 1.0:
@@ -271,6 +324,8 @@ class EvalConfig:
     def envs_per_server(self) -> int:
         """Envs sharing the busiest server (slot ``i`` uses server ``i % len(servers)``; one embedded server;
         in an A/B run each arm's half of the envs shares that arm's servers)."""
+        if self.arm_specs:
+            return self.num_envs // len(self.arms)  # one server per arm (its URL, or its embedded server)
         if self.ab:
             half = self.num_envs // 2
             return max(-(-half // max(1, len(self.servers))), -(-half // max(1, len(self.servers_b))))

@@ -103,6 +103,7 @@ def evaluate(
     log: Callable[[str], None] | None = None,
     ray_options: Any = None,
     servers_b: Sequence[str] | None = None,
+    arm_servers: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, Any]:
     """Run every episode of ``config`` that has no row in ``run_dir`` yet; returns the summary written.
 
@@ -117,7 +118,8 @@ def evaluate(
     progress bars, on stderr); ``ray_options`` (a :class:`~dz_gym.eval.shards.options.RayOptions`) runs the
     episodes as shards on a Ray cluster instead, with the same rows and the same run directory
     (``docs/ray.md``); ``servers_b``: arm B's URLs of an A/B run (default ``config.servers_b``; the command
-    line passes the second embedded server's).
+    line passes the second embedded server's); ``arm_servers``: per arm of a ``--arm`` run its URLs (default:
+    the arms' own URLs; the command line passes the embedded servers' of the arms that name a policy).
 
     Raises what ended the run early (after writing the summary): ``KeyboardInterrupt`` on a repeated stop
     signal, or the simulator's/wrapper's error (the summary then says ``aborted``).
@@ -129,13 +131,18 @@ def evaluate(
 
         return evaluate_sharded(config, run_dir, servers, ray_options, control=control, progress=progress,
                                 command=command, server_info=server_info, env_kwargs=env_kwargs, log=log)  # fmt: skip
+    if config.arm_specs:  # named arms: their URLs (an arm that names a policy needs its embedded server's)
+        named = plan_of(config, ["-"], arm_servers=arm_servers).slot_servers
+        if "embedded" in named:
+            raise ValueError("arm_servers: an arm that names a policy needs its server's URL (dz-gym-eval starts it)")
+        servers = list(dict.fromkeys(named)) if servers is None else servers
     servers = list(config.servers if servers is None else servers)
     if not servers:
         raise ValueError("servers: expected at least one policy server URL (in config.servers or the servers argument)")
     servers_b = list(config.servers_b if servers_b is None else servers_b)
     if config.ab and not servers_b:
         raise ValueError("servers_b: an A/B run needs arm B's policy server URLs (in config.servers_b or servers_b)")
-    plan = plan_of(config, servers, servers_b)
+    plan = plan_of(config, servers, servers_b, arm_servers=arm_servers)
     if only_scenes is not None:
         plan = plan.only_scenes(only_scenes)
     segment = RunSegment(config, run_dir, plan, servers=servers, servers_b=servers_b if config.ab else (),

@@ -109,6 +109,9 @@ AB = (
          "seeds", field="servers_b", action="append", metavar="URL"),
     Flag("--policy-b", "embedded servers: arm B's policy (arm A: --policy), e.g. --policy reference --policy-b "
          "reference:skill=0.3; a second embedded server serves it", field="policy_b", metavar="NAME"),
+    Flag("--arm", "one arm of a run of K >= 2 arms (repeatable): NAME=URL (ws:// or wss://) or NAME=POLICY (an "
+         "embedded server each, e.g. c=reference:skill=0.3); slot K*j+i runs arm i on the same seeds; --num-envs "
+         "a multiple of K; the summary ranks the arms", field="arm_specs", action="append", metavar="NAME=SPEC"),
     Flag("--sequential", "stop as soon as the sequential test on the discordant pairs (fed in plan order) decides "
          "which arm is better or finds no difference", field="sequential", action="store_true"),
     Flag("--alpha", "with --sequential: the test's type-I error, exact at any stop", field="alpha",
@@ -130,7 +133,7 @@ GROUPS = (
     ("how requests are timed", "the chunk schedule and the bounds on one request", TIMING),
     ("outputs and faults", None, OUTPUTS),
     ("scale-out", "envs per batch, a process per scene, shards on Ray (docs/ray.md)", SCALE),
-    ("A/B: every seed under two policies", "docs/eval.md; dz-gym-compare RUN reads the run", AB),
+    ("A/B and K arms: every seed under several policies", "docs/eval.md; dz-gym-compare RUN reads the run", AB),
 )
 ALL = tuple(flag for _, _, flags in GROUPS for flag in flags)
 # Flags that set result-changing settings without being the field's own flag.

@@ -6,12 +6,14 @@ decides nothing itself; the rows a run writes are therefore the same whichever e
 The map, fixed for a run by its config (``num_envs``, servers, shard count) and independent of timing:
 
 - episode ``k`` of a scene has seed ``seed + k``;
-- without arms it runs on env slot ``k % num_envs``; in an A/B run arm A on slot ``2 (k % P)`` and arm B on
-  ``2 (k % P) + 1`` with ``P = num_envs // 2`` (the two runs of a seed side by side, in the same batch);
+- without arms it runs on env slot ``k % num_envs``; in a run of ``K`` arms (an A/B run: ``K = 2``, arms
+  ``a`` and ``b``) arm ``i`` on slot ``K (k % P) + i`` with ``P = num_envs // K`` (the ``K`` runs of a seed
+  side by side, in the same batch);
 - each slot runs its entries in plan order; a slot whose entries are done idles;
 - server: slot ``g`` talks to ``servers[g % len(servers)]`` (as the transport's pool numbers its sessions);
   in an A/B run the slots of arm A (``2j``) to ``servers[j % len(servers)]`` and those of arm B to
-  ``servers_b[j % len(servers_b)]``; with ``servers_per_shard = M`` shard ``s`` uses its own group of ``M``
+  ``servers_b[j % len(servers_b)]``; with ``K`` named arms slot ``K j + i`` to arm ``i``'s
+  ``servers[j % len(servers)]``; with ``servers_per_shard = M`` shard ``s`` uses its own group of ``M``
   servers, ``servers[(s*M + m) % len(servers)]``, over its slots in turn;
 - shard: the ``num_envs`` slots are cut into contiguous near-equal ranges, one per shard (one shard when the
   run is not sharded); a shard runs the entries of its slots;
@@ -30,6 +32,10 @@ Example::
     >>> ab = build_plan(scenes=[1], episodes=2, num_envs=4, seed=0, servers=["ws://a"], servers_b=["ws://b"])
     >>> [(e.episode, e.arm, e.slot, e.server, e.pair) for e in ab.entries]
     [(0, 'a', 0, 'ws://a', 0), (0, 'b', 1, 'ws://b', 0), (1, 'a', 2, 'ws://a', 1), (1, 'b', 3, 'ws://b', 1)]
+    >>> k3 = build_plan(scenes=[1], episodes=1, num_envs=3, seed=0, servers=["ws://a"],
+    ...                 arm_servers=[("x", ["ws://x"]), ("y", ["ws://y"]), ("z", ["ws://z"])])
+    >>> [(e.arm, e.slot, e.server, e.pair) for e in k3.entries]
+    [('x', 0, 'ws://x', 0), ('y', 1, 'ws://y', 0), ('z', 2, 'ws://z', 0)]
     >>> rest = plan.remaining([{"scene": 1, "episode": 0}])
     >>> len(rest.entries), rest.entries[0].order
     (5, 1)
@@ -41,9 +47,19 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-ARMS = ("a", "b")
+ARMS = ("a", "b")  # the arms of an A/B run (--server-b/--policy-b); --arm names its own
 
-__all__ = ["ARMS", "PlanEntry", "RunPlan", "build_plan", "pair_order", "plan_of", "slot_ranges"]
+
+def is_url(value: str) -> bool:
+    """Whether an ``--arm`` value is a server URL (else an embedded policy spec).
+
+    >>> is_url("ws://127.0.0.1:8000"), is_url("reference:skill=0.3")
+    (True, False)
+    """
+    return str(value).startswith(("ws://", "wss://"))
+
+
+__all__ = ["ARMS", "is_url", "PlanEntry", "RunPlan", "build_plan", "pair_order", "plan_of", "slot_ranges"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,9 +140,9 @@ class RunPlan:
         return list(self.slot_servers[start:stop])
 
     def arm_servers(self, arm: str) -> list[str]:
-        """A/B runs: the server of each of ``arm``'s slots (slot ``2j`` or ``2j + 1`` is the arm's slot ``j``)."""
-        offset = ARMS.index(arm)
-        return [self.slot_servers[g] for g in range(offset, 2 * (self.num_envs // 2), 2)]
+        """Runs with arms: the server of each of ``arm``'s slots (slot ``K j + i`` is arm ``i``'s slot ``j``)."""
+        k, offset = len(self.arms), self.arms.index(arm)
+        return [self.slot_servers[g] for g in range(offset, k * (self.num_envs // k), k)]
 
     def shard_entries(self, shard: int) -> list[PlanEntry]:
         return [e for e in self.entries if e.shard == int(shard)]
@@ -164,15 +180,18 @@ def slot_ranges(num_envs: int, shards: int) -> list[tuple[int, int]]:
 def _slot_servers(
     num_envs: int,
     servers: Sequence[str],
-    servers_b: Sequence[str],
+    arm_servers: Sequence[tuple[str, Sequence[str]]],
     ranges: Sequence[tuple[int, int]],
     servers_per_shard: int | None,
 ) -> tuple[str, ...]:
     if not servers:
         raise ValueError("servers: expected at least one server URL")
-    if servers_b:
-        a, b = list(servers), list(servers_b)
-        return tuple((a if g % 2 == 0 else b)[(g // 2) % len(a if g % 2 == 0 else b)] for g in range(num_envs))
+    if arm_servers:
+        k = len(arm_servers)
+        for name, urls in arm_servers:
+            if not urls:
+                raise ValueError(f"arm_servers: expected at least one server URL for arm {name!r}")
+        return tuple(arm_servers[g % k][1][(g // k) % len(arm_servers[g % k][1])] for g in range(num_envs))
     if servers_per_shard is None:
         return tuple(servers[g % len(servers)] for g in range(num_envs))
     if not isinstance(servers_per_shard, int) or isinstance(servers_per_shard, bool) or servers_per_shard < 1:
@@ -211,24 +230,33 @@ def build_plan(
     shards: int = 1,
     servers_per_shard: int | None = None,
     interleave: bool = False,
+    arm_servers: Sequence[tuple[str, Sequence[str]]] = (),
 ) -> RunPlan:
-    """The plan of a run (see the module docstring); ``servers_b`` non-empty makes it an A/B run."""
+    """The plan of a run (see the module docstring); ``servers_b`` non-empty makes it an A/B run (arms ``a``:
+    ``servers`` and ``b``: ``servers_b``); ``arm_servers``: ``(name, servers)`` per arm of a run of ``K >= 2``
+    named arms, in arm order (``servers`` then only has to be non-empty)."""
     if not isinstance(episodes, int) or isinstance(episodes, bool) or episodes < 0:
         raise ValueError(f"episodes: expected an integer >= 0, got {episodes!r}")
-    arms = ARMS if servers_b else ()
-    if arms and num_envs < 2:
-        raise ValueError(f"num_envs: an A/B run needs at least 2 env slots (one per arm), got {num_envs}")
+    if servers_b:
+        arm_servers = (("a", list(servers)), ("b", list(servers_b)))
+    arm_servers = tuple((str(name), list(urls)) for name, urls in arm_servers)
+    arms = tuple(name for name, _ in arm_servers)
+    if len(arms) == 1 or len(set(arms)) != len(arms):
+        raise ValueError(f"arm_servers: expected at least 2 arms with distinct names, got {list(arms)}")
+    what = "an A/B run" if servers_b else f"a run of {len(arms)} arms"
+    if arms and num_envs < len(arms):
+        raise ValueError(f"num_envs: {what} needs at least {len(arms)} env slots (one per arm), got {num_envs}")
     if arms and shards != 1:
-        raise ValueError("shards: an A/B run runs in one process (its arms share each batch); expected 1 shard")
+        raise ValueError(f"shards: {what} runs in one process (its arms share each batch); expected 1 shard")
     ranges = slot_ranges(int(num_envs), int(shards))
-    slot_servers = _slot_servers(int(num_envs), list(servers), list(servers_b), ranges, servers_per_shard)
+    slot_servers = _slot_servers(int(num_envs), list(servers), arm_servers, ranges, servers_per_shard)
     shard_of = [j for j, (start, stop) in enumerate(ranges) for _ in range(start, stop)]
-    per_arm = int(num_envs) // 2
+    per_arm = int(num_envs) // max(1, len(arms))
     scene_list = [int(s) for s in scenes]
     entries = []
     for pair, (scene, k) in enumerate(pair_order(scene_list, episodes, interleave)):
         for arm in arms or (None,):
-            slot = k % int(num_envs) if arm is None else 2 * (k % per_arm) + ARMS.index(arm)
+            slot = k % int(num_envs) if arm is None else len(arms) * (k % per_arm) + arms.index(arm)
             entries.append(PlanEntry(order=len(entries), scene=scene, episode=k, arm=arm, seed=int(seed) + k,
                                      slot=slot, server=slot_servers[slot], shard=shard_of[slot],
                                      pair=pair if arm is not None else None))  # fmt: skip
@@ -242,8 +270,15 @@ def plan_of(
     *,
     shards: int = 1,
     servers_per_shard: int | None = None,
+    arm_servers: Mapping[str, Sequence[str]] | None = None,
 ) -> RunPlan:
-    """The plan of an :class:`~dz_gym.eval.config.EvalConfig` with these servers (arm B's only in A/B runs)."""
+    """The plan of an :class:`~dz_gym.eval.config.EvalConfig` with these servers (arm B's only in A/B runs;
+    ``arm_servers``: per named arm of a ``--arm`` run its URLs, default the config's: an arm's URL, or
+    ``"embedded"`` for an arm whose embedded server is not started yet)."""
+    named: list[tuple[str, Sequence[str]]] = []
+    if config.arm_specs:
+        given = dict(arm_servers or {})
+        named = [(n, given.get(n) or ([v] if is_url(v) else ["embedded"])) for n, v in config.arm_table()]
     return build_plan(
         scenes=config.scenes,
         episodes=config.episodes,
@@ -251,6 +286,7 @@ def plan_of(
         seed=config.seed,
         servers=servers,
         servers_b=servers_b if config.ab else (),
+        arm_servers=named,
         shards=shards,
         servers_per_shard=servers_per_shard,
         interleave=True,  # pairs numbered as the sequential test takes them (eval/ab.py); each scene runs whole

@@ -204,6 +204,16 @@ def _fmt_episodes(entry: Mapping[str, Any]) -> str:
     return f"{entry['completed']}/{entry['episodes']} completed, {entry['errored']} errored"
 
 
+def _arm_names(arms: Mapping[str, Any]) -> list[str]:
+    """The arms of a summary's ``arms``, in order (its other keys are not arms)."""
+    return [arm for arm in arms if arm != "labels"]
+
+
+def _arm_label(arm: str) -> str:
+    """An arm's name in the table: an A/B run's ``A``/``B``, a named arm as given."""
+    return arm.upper() if arm in ("a", "b") else arm
+
+
 def format_table(summary: Mapping[str, Any]) -> str:
     """A short fixed-width table of ``summary`` for the terminal (no trailing spaces).
 
@@ -216,7 +226,7 @@ def format_table(summary: Mapping[str, Any]) -> str:
         task = summary.get(key, {}).get("task")
         name = f"{key} {task}" if task and key.isdigit() and int(key) > 100 else key  # MILA tasks by name
         if isinstance(arms, Mapping):
-            groups.extend((f"{name} {arm.upper()}", arms[arm][key]) for arm in ("a", "b") if arm in arms)
+            groups.extend((f"{name} {_arm_label(arm)}", arms[arm][key]) for arm in _arm_names(arms))
         else:
             groups.append((name, summary[key]))
     lines = []
@@ -255,11 +265,17 @@ def format_table(summary: Mapping[str, Any]) -> str:
     if funnel:
         out.append("milestones: " + ", ".join(f"{name} {_fmt_rate(r)}" for name, r in funnel.items()))
     if isinstance(arms, Mapping):
-        for arm in ("a", "b"):
+        for arm in _arm_names(arms):
             arm_funnel = arms.get(arm, {}).get("overall", {}).get("milestones")
             if arm_funnel:
                 steps = ", ".join(f"{n} {_fmt_rate(r)}" for n, r in arm_funnel.items())
-                out.append(f"milestones {arm.upper()}: {steps}")
+                out.append(f"milestones {_arm_label(arm)}: {steps}")
+    ranking = summary.get("ranking")
+    if isinstance(ranking, Mapping) and ranking.get("arms") and not isinstance(summary.get("comparison"), Mapping):
+        from dz_gym.stats.ranking import format_ranking
+
+        out.append("")
+        out.append(format_ranking(ranking))  # a run of K named arms: the leaderboard
     comparison = summary.get("comparison")
     if isinstance(comparison, Mapping) and comparison.get("metrics"):
         from dz_gym.stats.comparison import format_comparison

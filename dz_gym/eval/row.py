@@ -63,7 +63,8 @@ def _f(kind: str, type_: str, meaning: str, default: Any = None, factory: Any = 
 class EpisodeRow:
     """One episode of a run (see the module docstring); the field order is the row's key order."""
 
-    arm: str | None = _f("identity", "str", 'A/B runs only: `"a"` or `"b"` (a row of each per scene and seed)')
+    arm: str | None = _f("identity", "str", 'runs with arms only: `"a"` or `"b"` in an A/B run, the `--arm` NAME '
+                         "in a run of named arms (a row of each arm per scene and seed)")  # fmt: skip
     scene: int = _f("identity", "int", "the scene id")
     task: str | None = _f("identity", "str / null", "the scene's task name: `DROID-CubeInBowl`, `DROID-CanInMug`, "
                           "`DROID-BananaInBin` for scenes 1-3, the sim-evals task (`place_spoon_in_sink`, ...) for "
@@ -71,7 +72,8 @@ class EpisodeRow:
     episode: int = _f("identity", "int", "episode k of the scene")
     seed: int = _f("identity", "int", "the episode's seed: `--seed` + k")
     env: int = _f("placement", "int", "slot that ran it (`episode % num_envs`; in an A/B run "
-                  "`2 (episode % (num_envs / 2))` for arm A, one more for arm B)")  # fmt: skip
+                  "`2 (episode % (num_envs / 2))` for arm A, one more for arm B; with K named arms "
+                  "`K (episode % (num_envs / K)) + i` for arm i)")  # fmt: skip
     prompt: str = _f("identity", "str", "what the server got as the instruction", "")
     server: str = _f("placement", "str", "the server URL the episode's requests went to", "")
     session_id: str = _f("volatile", "str", "the episode's session id (empty when it never started)", "")

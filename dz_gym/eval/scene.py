@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dz_gym.eval.config import EvalConfig
-from dz_gym.eval.plan import ARMS, PlanEntry
+from dz_gym.eval.plan import PlanEntry
 from dz_gym.eval.runner import SceneResult, SceneRunner
 from dz_gym.eval.signals import interruptible, shielded
 from dz_gym.eval.summary import metadata_dict
@@ -39,17 +39,19 @@ def policy_client(config: EvalConfig, slot_servers: Sequence[str]):
     """The policy client of an A/B run or of a run that sends sampling fields (None: the wrapper's default).
 
     ``slot_servers``: the server of each env slot (the plan's); in an A/B run slot ``2j`` is arm A's slot ``j``
-    and ``2j + 1`` arm B's."""
-    if not (config.ab or config.policy_seed or config.num_inference_steps is not None):
+    and ``2j + 1`` arm B's; with ``K`` named arms slot ``K j + i`` is arm ``i``'s slot ``j``."""
+    if not (config.armed or config.policy_seed or config.num_inference_steps is not None):
         return None
     from dz_gym.eval.clients import build_client
 
     servers = list(slot_servers)
-    per_arm = len(servers) // 2
-    arm_a = [servers[2 * j] for j in range(per_arm)] if config.ab else servers
-    arm_b = [servers[2 * j + 1] for j in range(per_arm)] if config.ab else []
+    arms = config.arms
+    per_arm = len(servers) // max(1, len(arms))
+    by_arm = {arm: [servers[len(arms) * j + i] for j in range(per_arm)] for i, arm in enumerate(arms)}
+    arm_a, arm_b = (by_arm["a"], by_arm["b"]) if config.ab else (servers, [])
     return build_client(arm_a, arm_b, len(servers), config.transport_config(), policy_seed=config.policy_seed,
-                        num_inference_steps=config.num_inference_steps)  # fmt: skip
+                        num_inference_steps=config.num_inference_steps,
+                        arm_servers=by_arm if config.arm_specs else None)  # fmt: skip
 
 
 def _wrapper(env, config: EvalConfig, slot_servers: Sequence[str], client):
@@ -86,8 +88,9 @@ def run_scene(
     go to :class:`~dz_gym.eval.runner.SceneRunner` (``run_dir``, ``control``, ``recorder``, ``progress``,
     ``pairs``, ``placement``). Building the simulator is not interruptible (its workers start whole); the
     rest is, and everything is closed on the way out."""
-    if any(e.arm not in (None, *ARMS) for q in queues for e in q):
-        raise ValueError(f"queues: expected arms in {ARMS}")
+    arms = config.arms
+    if any(e.arm not in (None, *arms) for q in queues for e in q):
+        raise ValueError(f"queues: expected arms in {arms}")
     factory = env_factory or default_env_factory
     env = factory(scene, config, **dict(env_kwargs or {}))
     wrapper = None

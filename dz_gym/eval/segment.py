@@ -109,12 +109,12 @@ class RunSegment:
     def _bars(self, progress: bool | None, log: Callable[[str], None] | None):
         config, total = self.config, len(self.todo)
         say_later: list[Callable[[str], None]] = []
-        per_server = config.envs_per_server() if config.ab else envs_per_server(config.num_envs, len(self.servers))
+        per_server = config.envs_per_server() if config.armed else envs_per_server(config.num_envs, len(self.servers))
         idle_check = IdleGapCheck(per_server, config.server_idle_timeout, lambda line: say_later[0](line))
         bars = Progress(total, total * config.max_steps, enabled=progress, on_latency=idle_check.observe)
         say = log or bars.write
         say_later.append(say)
-        per_arm = config.num_envs // 2 if config.ab else config.num_envs  # an A/B run: half the slots per arm
+        per_arm = config.num_envs // max(1, len(config.arms))  # a run with K arms: 1/K of the slots per arm
         crowded = session_warning(per_arm, self.servers, config.server_max_sessions) if self.servers else None
         if crowded is None and config.ab and self.servers_b:
             crowded = session_warning(per_arm, self.servers_b, config.server_max_sessions)

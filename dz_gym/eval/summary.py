@@ -3,7 +3,8 @@
 :func:`build_summary` recomputes the results from ``episodes.jsonl`` (:func:`dz_gym.eval.results.summarize`)
 and adds what rows cannot carry (the run segments' timing, the config, the servers' metadata, versions). In an
 A/B run it adds ``arms`` (per arm, per scene and overall), ``comparison`` (the JSON of ``dz-gym-compare``) and
-``sequential`` (the test's decision and why the run stopped). :func:`pair_tracker` rebuilds an A/B run's
+``sequential`` (the test's decision and why the run stopped); in a run of ``K`` named arms (``--arm``) it adds
+``arms`` and ``ranking`` (the leaderboard). :func:`pair_tracker` rebuilds an A/B run's
 :class:`~dz_gym.eval.ab.PairTracker` from its rows (resume, and the summary).
 """
 
@@ -89,6 +90,20 @@ def _ab_summary(
     return out
 
 
+def _arms_summary(config: EvalConfig, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``arms`` and ``ranking`` of a run of named arms (``--arm``): per arm its groups, what it ran, and the
+    leaderboard (:func:`~dz_gym.stats.ranking.rank_arms` on the seeds every arm completed)."""
+    from dz_gym.eval.results import summarize_arms
+    from dz_gym.stats.ranking import outcomes_by_seed, rank_arms
+
+    planned = {s: config.episodes for s in config.scenes}
+    out: dict[str, Any] = {"arms": summarize_arms(rows, config.arms, planned=planned)}
+    out["arms"]["labels"] = {name: f"arm {name} ({value})" for name, value in config.arm_table()}
+    by_arm = {arm: [r for r in rows if r.get("arm") == arm] for arm in config.arms}
+    out["ranking"] = rank_arms(outcomes_by_seed(by_arm))
+    return out
+
+
 def build_summary(
     config: EvalConfig,
     run_dir: RunDir,
@@ -133,4 +148,6 @@ def build_summary(
             wanted = {(s, k, arm) for s in config.scenes for k in range(config.episodes) for arm in config.arms}
             finished = wanted <= done
         summary.update(_ab_summary(config, rows, dropped, finished))
+    elif config.armed:
+        summary.update(_arms_summary(config, rows))
     return summary

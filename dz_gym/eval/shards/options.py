@@ -15,13 +15,15 @@ from collections.abc import Callable, Mapping
 from dz_gym.cli_types import Flag, flag_message, given_fields, integer, number
 from dz_gym.envs.backends import BackendTraits, per_backend, traits
 
-AB_NOT_SHARDED = "A/B runs (--server-b/--policy-b) keep each pair's two slots in one batch; run them without --ray"
+AB_NOT_SHARDED = (
+    "A/B and --arm runs (--server-b/--policy-b/--arm) keep each pair's two slots in one batch; run them without --ray"
+)
 
 
 def check_shardable(config) -> None:
     """The one rule on what may run as Ray shards (an ``EvalConfig``): not an A/B run; a ``ValueError`` naming
     ``ray_options`` otherwise (the command line words it as ``--ray``)."""
-    if config.ab:
+    if config.armed:
         raise ValueError(f"ray_options: {AB_NOT_SHARDED}")
 
 
