@@ -112,3 +112,114 @@ def test_three_arm_cli_run_on_the_embedded_simulator(tmp_path):
     assert {e["arm"] for e in summary["ranking"]["arms"]} == set("abc")
     assert summary["server"]["arms"]["c"]["policy"] == "reference:skill=0.3"
     assert "ranking of 3 arms on the same seeds" in proc.stdout
+
+
+# -- --select-best ---------------------------------------------------------------------------------------
+
+
+def _row(k, arm, success, error=None):
+    return {"scene": 1, "episode": k, "seed": k, "arm": arm, "error": error, "success_at_end": success}
+
+
+def test_the_race_folds_groups_in_plan_order_and_ignores_eliminated_arms():
+    from dz_gym.eval.race import ArmRace
+
+    order = [(1, k) for k in range(40)]
+    race = ArmRace(["x", "y", "z"], order=order)
+    for arm in "xyz":  # group 1 complete before group 0: it waits
+        race.add(_row(1, arm, arm == "x"))
+    assert race.next_group == 0 and race.selection.rounds == 0
+    for arm in "xyz":
+        race.add(_row(0, arm, arm == "x"))
+    assert race.next_group == 2 and race.selection.rounds == 2
+    k = 2
+    while not race.eliminated_arms:
+        for arm in "xyz":
+            race.add(_row(k, arm, arm != "z"))  # z never solves; x and y tie
+        k += 1
+    assert race.eliminated_arms == {"z"} and race.seeds == {"z": k} and not race.stopped
+    race.add(_row(k, "x", True))
+    race.add(_row(k, "y", False))  # z is out: the group is complete without it
+    assert race.next_group == k + 1
+    summary = race.summary()
+    assert summary["eliminated_after_seeds"] == {"z": k} and summary["best"] is None and summary["planned_seeds"] == 40
+    rebuilt = ArmRace(["x", "y", "z"], order=order,
+                      rows=[_row(j, a, a != "z") for j in range(2, k) for a in "xyz"]
+                      + [_row(j, a, a == "x") for j in range(2) for a in "xyz"]
+                      + [_row(k, "x", True), _row(k, "y", False)])  # fmt: skip
+    assert rebuilt.summary() == summary  # a resume rebuilds the same state, whatever order the rows come in
+
+
+def test_select_best_usage_errors(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--backend", "mujoco", "--select-best"])
+    assert exc.value.code == 2
+    assert "--select-best: only for runs of named arms" in capsys.readouterr().err
+
+
+class _GripperToyEnv(ToyDroidEnv):
+    """The toy env where the outcome depends on the policy: the object is placed while the gripper is closed
+    (the same env as test_eval_ab's)."""
+
+    def _task_state(self, seeds, steps):
+        import numpy as np
+
+        state = super()._task_state(np.zeros_like(seeds), np.full_like(steps, 3))
+        start = super()._task_state(np.full_like(seeds, 2), steps)
+        closed = self.gripper[:, 0] > 0.5
+        obj = np.where(closed[:, None], state.object_pos, start.object_pos)
+        return type(state)(obj, state.container_pos, obj + self._tcp_offset, state.object_speed)
+
+
+def test_select_best_eliminates_the_worse_arms_and_stops_with_the_best(tmp_path):
+    """Arm x closes the gripper (solves 2 seeds in 3), y and z hold it open (never): both go out, x is named, the
+    episodes left are not run and eliminated arms' slots idle."""
+    with (start_server_thread(HoldPolicy(gripper=1.0)) as x, start_server_thread("hold") as y,
+          start_server_thread("hold") as z):  # fmt: skip
+        specs = [f"x={x.url + PATH}", f"y={y.url + PATH}", f"z={z.url + PATH}"]
+        config = EvalConfig(scenes=[1], num_envs=3, episodes=60, max_steps=6, video=False, report=False,
+                            arm_specs=specs, select_best=True)  # fmt: skip
+        run_dir = RunDir.create(tmp_path, config)
+        summary = evaluate(config, run_dir, progress=False,
+                           env_factory=lambda s, cfg: _GripperToyEnv(cfg.num_envs, scene=s, max_episode_length=6))  # fmt: skip
+    selection = summary["selection"]
+    assert selection["best"] == "x" and selection["stopped"], selection["why"]
+    after = selection["eliminated_after_seeds"]
+    assert set(after) == {"y", "z"} and max(after.values()) < 60
+    rows = run_dir.read_rows()
+    assert len(rows) < 3 * 60 and summary["complete"]
+    for arm in "yz":  # no row of an eliminated arm past its elimination (but what was already running: 1 seed)
+        assert max(r["episode"] for r in rows if r["arm"] == arm) <= after[arm]
+
+
+def test_select_best_with_hold_arms_never_names_a_winner(tmp_path):
+    """Three identical arms on the embedded simulator (tiny episodes): no arm is ever eliminated."""
+    argv = ["--num-envs", "3", "--episodes", "4", "--scene", "1", "--arm", "a=hold", "--arm", "b=hold", "--arm",
+            "c=hold", "--select-best", "--max-steps", "6", "--backend", "mujoco", "--no-video", "--no-report",
+            "--output-root", str(tmp_path)]  # fmt: skip
+    env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
+    proc = subprocess.run([sys.executable, "-m", "dz_gym.eval.cli", *argv], env=env, capture_output=True, text=True,
+                          timeout=600, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (run,) = tmp_path.iterdir()
+    selection = json.loads((run / "summary.json").read_text())["selection"]
+    assert selection["best"] is None and selection["survivors"] == ["a", "b", "c"] and selection["rounds"] == 4
+    assert len(RunDir(run).read_rows()) == 12 and "best not named" in proc.stdout
+
+
+@pytest.mark.slow
+def test_embedded_select_best_finds_the_full_reference_policy(tmp_path):
+    """``--arm a=reference --arm b=reference:skill=0.6 --arm c=reference:skill=0.3 --select-best`` on the
+    embedded simulator, bounded: at most 60 seeds of 180 steps (the full policy places the cube within about
+    110-130 steps)."""
+    argv = ["--num-envs", "12", "--episodes", "60", "--scene", "1", "--arm", "a=reference", "--arm",
+            "b=reference:skill=0.6", "--arm", "c=reference:skill=0.3", "--select-best", "--max-steps", "180",
+            "--backend", "mujoco", "--no-video", "--no-report", "--output-root", str(tmp_path)]  # fmt: skip
+    env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
+    proc = subprocess.run([sys.executable, "-m", "dz_gym.eval.cli", *argv], env=env, capture_output=True, text=True,
+                          timeout=3000, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (run,) = tmp_path.iterdir()
+    selection = json.loads((run / "summary.json").read_text())["selection"]
+    assert selection["best"] == "a", selection["why"]
+    assert "SELECTION (--select-best): best a" in proc.stdout

@@ -101,6 +101,7 @@ class EvalConfig:
     servers_b: list[str] = dataclasses.field(default_factory=list)  # A/B: arm B's servers (arm A: servers)
     policy_b: str | None = _result(None)  # A/B on the embedded servers: arm B's policy (arm A: policy)
     arm_specs: list[str] = _result(default_factory=list)  # K >= 2 named arms: "NAME=POLICY_OR_URL" (--arm)
+    select_best: bool = _result(False)  # --arm: eliminate clearly worse arms as seeds come in (dz_gym.eval.race)
     sequential: bool = _result(False)  # A/B: stop as soon as the sequential test stops (dz_gym.stats.sequential)
     alpha: float = _result(DEFAULT_ALPHA)  # the sequential test's type-I error
     min_difference: float = _result(DEFAULT_MIN_DIFFERENCE)  # sequential: the difference the design looks for
@@ -252,7 +253,7 @@ class EvalConfig:
 
     def _check_ab(self) -> None:
         """The A/B settings: an even number of envs, and the sequential flags only where they apply."""
-        for name in ("sequential", "policy_seed"):
+        for name in ("sequential", "policy_seed", "select_best"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: expected true or false, got {getattr(self, name)!r}")  # noqa: TRY004
         if self.sequential and self.arm_specs:
@@ -263,8 +264,11 @@ class EvalConfig:
             raise ValueError("sequential: only for A/B runs (give arm B with --server-b URL or --policy-b NAME)")
         if not isinstance(self.alpha, (int, float)) or isinstance(self.alpha, bool) or not 0.0 < self.alpha < 1.0:
             raise ValueError(f"alpha: expected a number in (0, 1), got {self.alpha!r}")
-        if self.alpha != DEFAULT_ALPHA and not self.sequential:
-            raise ValueError("alpha: only with --sequential (dz-gym-compare --alpha sets the verdicts' level)")
+        if self.select_best and not self.arm_specs:
+            raise ValueError("select_best: only for runs of named arms (give the arms with --arm NAME=POLICY_OR_URL)")
+        if self.alpha != DEFAULT_ALPHA and not (self.sequential or self.select_best):
+            raise ValueError("alpha: only with --sequential or --select-best (dz-gym-compare --alpha sets the "
+                             "verdicts' level)")  # fmt: skip
         for name, default, low in (
             ("min_difference", DEFAULT_MIN_DIFFERENCE, 0.0),
             ("power", DEFAULT_POWER, self.alpha),

@@ -112,9 +112,13 @@ AB = (
     Flag("--arm", "one arm of a run of K >= 2 arms (repeatable): NAME=URL (ws:// or wss://) or NAME=POLICY (an "
          "embedded server each, e.g. c=reference:skill=0.3); slot K*j+i runs arm i on the same seeds; --num-envs "
          "a multiple of K; the summary ranks the arms", field="arm_specs", action="append", metavar="NAME=SPEC"),
+    Flag("--select-best", "with --arm: after each seed (all arms, in plan order) eliminate the arms clearly worse "
+         "(anytime-valid); their episodes left are not run; stop when one arm is left (best with probability "
+         ">= 1 - --alpha) or the episodes end (no winner named)", field="select_best", action="store_true"),
     Flag("--sequential", "stop as soon as the sequential test on the discordant pairs (fed in plan order) decides "
          "which arm is better or finds no difference", field="sequential", action="store_true"),
-    Flag("--alpha", "with --sequential: the test's type-I error, exact at any stop", field="alpha",
+    Flag("--alpha", "with --sequential: the test's type-I error, exact at any stop; with --select-best: the chance "
+         "that the arm named best is not a best arm", field="alpha",
          type=number, metavar="A"),
     Flag("--min-difference", "with --sequential: the smallest difference in success rate you care about; the "
          "test is planned to find it with --power and to stop early when it is absent", field="min_difference",

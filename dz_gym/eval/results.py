@@ -276,6 +276,12 @@ def format_table(summary: Mapping[str, Any]) -> str:
 
         out.append("")
         out.append(format_ranking(ranking))  # a run of K named arms: the leaderboard
+    selection = summary.get("selection")
+    if isinstance(selection, Mapping):
+        after = selection.get("eliminated_after_seeds") or {}
+        gone = ", ".join(f"{arm} after {n} seed(s)" for arm, n in after.items()) or "none"
+        out.append(f"SELECTION (--select-best): best {selection.get('best') or 'not named'}; eliminated: {gone}")
+        out.append(f"  {selection.get('why')}")
     comparison = summary.get("comparison")
     if isinstance(comparison, Mapping) and comparison.get("metrics"):
         from dz_gym.stats.comparison import format_comparison

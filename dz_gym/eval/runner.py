@@ -437,6 +437,8 @@ class SceneRunner:
         started (it could never be paired); running pairs finish."""
         for queue in self._queues:
             queue.clear()
+        if not getattr(self.pairs, "pairs_twins", True):  # no twins to wait for (--select-best): running ones finish
+            return
         for i, ep in enumerate(self._current):
             if ep is None or ep.arm is None:
                 continue
@@ -503,6 +505,13 @@ class SceneRunner:
         self.control.record(row)
         if self.pairs is not None and self.pairs.add(row):
             self._drain = True
+        out = getattr(self.pairs, "eliminated_arms", None)  # --select-best: drop the eliminated arms' entries
+        if out:
+            for queue in self._queues:
+                kept = [e for e in queue if e.arm not in out]
+                if len(kept) != len(queue):
+                    queue.clear()
+                    queue.extend(kept)
         if self.progress is not None:
             self.progress.episode(row["success_at_end"], error is not None, unused_steps=self.max_steps - ep.steps)
 

@@ -97,6 +97,9 @@ class RunSegment:
         self.todo = plan.remaining(rows)
         if self.pairs is not None and self.pairs.stopped:  # the sequential test has decided (a resumed run)
             self.todo = dataclasses.replace(self.todo, entries=())
+        out = getattr(self.pairs, "eliminated_arms", None)  # --select-best: arms out of the race run no more
+        if out:
+            self.todo = dataclasses.replace(self.todo, entries=tuple(e for e in self.todo.entries if e.arm not in out))
         self.dropped: list[dict[str, Any]] = list((previous.get("sequential") or {}).get("dropped", []))
         self.server_metadata: dict[str, Any] = {}
         self.video_errors: dict[str, str] = {}

@@ -46,7 +46,14 @@ def metadata_dict(meta: Any) -> dict[str, Any]:
 
 
 def pair_tracker(config: EvalConfig, rows: Sequence[Mapping[str, Any]]):
-    """The :class:`~dz_gym.eval.ab.PairTracker` of an A/B run, rebuilt from its rows (None otherwise)."""
+    """The :class:`~dz_gym.eval.ab.PairTracker` of an A/B run, or the :class:`~dz_gym.eval.race.ArmRace` of a
+    ``--select-best`` run, rebuilt from its rows (None otherwise)."""
+    if config.select_best:
+        from dz_gym.eval.plan import pair_order
+        from dz_gym.eval.race import ArmRace
+
+        order = pair_order(config.scenes, config.episodes, interleave=True)
+        return ArmRace(config.arms, order=order, alpha=config.alpha, rows=rows)
     if not config.ab:
         return None
     from dz_gym.eval.ab import PairTracker
@@ -101,6 +108,11 @@ def _arms_summary(config: EvalConfig, rows: Sequence[Mapping[str, Any]]) -> dict
     out["arms"]["labels"] = {name: f"arm {name} ({value})" for name, value in config.arm_table()}
     by_arm = {arm: [r for r in rows if r.get("arm") == arm] for arm in config.arms}
     out["ranking"] = rank_arms(outcomes_by_seed(by_arm))
+    if config.select_best:
+        race = pair_tracker(config, rows)
+        out["selection"] = race.summary()
+        if race.stopped:
+            out["complete"] = True  # the race ended: the episodes it did not need are not missing
     return out
 
 

@@ -79,8 +79,10 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 def _planned(config: dict[str, Any]) -> dict[int, int] | None:
-    """Planned episodes per scene (both arms of an A/B run count, as in the evaluator's summary)."""
-    arms = 2 if config.get("policy_b") is not None or config.get("servers_b") else 1
+    """Planned episodes per scene (every arm of an A/B or ``--arm`` run counts, as in the evaluator's summary)."""
+    arms = len(config.get("arm_specs") or ()) or (
+        2 if config.get("policy_b") is not None or config.get("servers_b") else 1
+    )
     try:
         return {int(s): int(config["episodes"]) * arms for s in config["scenes"]}
     except (KeyError, TypeError, ValueError):
