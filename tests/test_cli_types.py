@@ -103,7 +103,8 @@ def test_compare_alpha_is_checked_by_the_comparison_and_named_as_the_flag(tmp_pa
     from dz_gym.eval.rundir import RunDir
 
     run = RunDir.create(tmp_path, EvalConfig(backend="mujoco", num_envs=2, episodes=1, policy="hold"))
-    row = {"scene": 1, "episode": 0, "seed": 0, "error": None, "success_at_end": True, "prompt": "p"}
+    row = {"scene": 1, "episode": 0, "seed": 0, "env": 0, "session_id": "s", "steps": 450, "server_calls": 57,
+           "error": None, "success_at_end": True, "success_any_step": True, "prompt": "p"}  # fmt: skip
     (run.path / "episodes.jsonl").write_text("".join(
         __import__("json").dumps(dict(row, arm=arm)) + "\n" for arm in "ab"))  # fmt: skip
     with pytest.raises(SystemExit) as exc:
