@@ -29,8 +29,8 @@ def first_joint(seed: int) -> float:
 class FailOnSeed(HoldPolicy):
     """Hold, but fail every request of the episode with ``seed`` (recognised by its first joint)."""
 
-    def __init__(self, seed: int):
-        super().__init__()
+    def __init__(self, seed: int, gripper: float = 0.0):
+        super().__init__(gripper=gripper)
         self.joint0 = first_joint(seed)
 
     def infer(self, request, *, session_id, new_session):
@@ -91,6 +91,39 @@ def toy_ab_run(root: Path, *, episodes: int = 4, num_envs: int = 2, max_steps: i
         )
         run_dir = RunDir.create(root, config)
         evaluate(config, run_dir, env_factory=factory, progress=False, command="toy A/B run for the report tests")
+    return run_dir
+
+
+class GripperToyEnv(ToyDroidEnv):
+    """The toy env where the outcome depends on the policy: the object is placed while the gripper is closed
+    (test_eval_arms' env): a policy that closes the gripper solves most seeds, one that holds it open none."""
+
+    def _task_state(self, seeds, steps):
+        import numpy as np
+
+        state = super()._task_state(np.zeros_like(seeds), np.full_like(steps, 3))
+        start = super()._task_state(np.full_like(seeds, 2), steps)
+        closed = self.gripper[:, 0] > 0.5
+        obj = np.where(closed[:, None], state.object_pos, start.object_pos)
+        return type(state)(obj, state.container_pos, obj + self._tcp_offset, state.object_speed)
+
+
+def toy_arms_run(
+    root: Path, policies: dict, *, episodes: int = 6, select_best: bool = False, video: bool = True
+) -> RunDir:
+    """A finished run of named arms (``--arm NAME=URL``), one reference server per arm running ``policies[NAME]``,
+    on :class:`GripperToyEnv` (one env slot per arm, 6 steps per episode)."""
+    from contextlib import ExitStack
+
+    with ExitStack() as stack:
+        urls = {name: stack.enter_context(start_server_thread(p)).url + PATH for name, p in policies.items()}
+        config = EvalConfig(scenes=[1], episodes=episodes, num_envs=len(urls), max_steps=6, video=video,
+                            report=False, arm_specs=[f"{n}={u}" for n, u in urls.items()], select_best=select_best)  # fmt: skip
+        run_dir = RunDir.create(root, config)
+        factory = lambda scene, cfg: GripperToyEnv(cfg.num_envs, scene=scene, max_episode_length=cfg.max_steps)  # noqa: E731
+        evaluate(
+            config, run_dir, env_factory=factory, progress=False, command="toy run of named arms for the report tests"
+        )
     return run_dir
 
 

@@ -216,3 +216,117 @@ def test_milestone_funnel_shows_the_summary():
     lifted = summary["overall"]["milestones"]["lifted"]
     assert f"[{100 * lifted['ci95'][0]:.1f}, {100 * lifted['ci95'][1]:.1f}]" in html
     assert "No milestones" in funnel_table(results.summarize([dict(rows[0], milestones=None)]))
+
+
+@pytest.fixture(scope="module")
+def arms_run(tmp_path_factory):
+    """Three named arms on the same 12 seeds: x closes the gripper (solves every seed of the gripper toy), z
+    too but its server fails seed 1, y holds the gripper open (solves none)."""
+    from report_runs import FailOnSeed, toy_arms_run
+
+    from dz_gym.server.policies import HoldPolicy
+
+    policies = {"x": HoldPolicy(gripper=1.0), "y": HoldPolicy(), "z": FailOnSeed(1, gripper=1.0)}
+    return toy_arms_run(tmp_path_factory.mktemp("arms"), policies, episodes=12)
+
+
+def _leaderboard_rows(html):
+    board = re.search(r'<table class="leaderboard" id="leaderboard">(.*?)</table>', html).group(1)
+    out = []
+    for arm, cells in re.findall(r'<tr data-arm="([^"]+)">(.*?)</tr>', board):
+        field = dict(re.findall(r'data-field="([a-z_]+)">(.*?)</t[dh]>', cells))
+        out.append((arm, field))
+    return out
+
+
+def _expected_discordant(rows, upper, lower):
+    """(scene, seed, which) where exactly one of the two arms succeeded, neither errored (from the rows alone)."""
+    table = {(r["arm"], r["scene"], r["seed"]): r for r in rows}
+    out = set()
+    for (arm, scene, seed), r in table.items():
+        other = table.get((lower, scene, seed))
+        if arm != upper or other is None or r["error"] is not None or other["error"] is not None:
+            continue
+        if bool(r["success_at_end"]) != bool(other["success_at_end"]):
+            out.add((scene, seed, "a_only" if r["success_at_end"] else "b_only"))
+    return out
+
+
+def test_named_arms_page_has_the_leaderboard_and_the_neighbours_discordant_episodes(arms_run):
+    html = build_report(arms_run.path)
+    summary = json.loads((arms_run.path / "summary.json").read_text())
+    rows = arms_run.read_rows()
+    ranking = summary["ranking"]["arms"]
+    order = [e["arm"] for e in ranking]
+    assert order[-1] == "y" and set(order) == set("xyz")
+    board = _leaderboard_rows(html)
+    assert [arm for arm, _ in board] == order
+    specs = dict(s.split("=", 1) for s in summary["config"]["arm_specs"])
+    for (arm, field), entry in zip(board, ranking):
+        mine = [r for r in rows if r["arm"] == arm and r["error"] is None]
+        k, n = sum(bool(r["success_at_end"]) for r in mine), len(mine)
+        assert (entry["successes"], entry["n"]) == (k, n)
+        lo, hi = results.rate(k, n)["ci95"]
+        assert f'<span class="kn">{k}/{n}</span>' in field["success"]
+        assert f"[{100 * lo:.1f}, {100 * hi:.1f}]" in field["success"]
+        low, high = entry["rank_interval"]
+        assert field["rank_interval"] == (str(low) if low == high else f"{low}-{high}")
+        assert field["rank"] == str(entry["rank"]) and specs[arm] in field["label"]
+    # 12 seeds of 12 against 0: both closing arms are surely better than y, which is surely last.
+    assert dict(board)["y"]["rank_interval"] == "3" and {dict(board)[a]["rank_interval"] for a in "xz"} == {"1-2"}
+    assert 'id="compare"' not in html and 'id="paired"' not in html  # not an A/B page
+    assert "selection" not in dict(board)["x"]  # no --select-best: no selection column
+    found_any = False
+    for upper, lower in zip(order, order[1:]):
+        start = html.index(f'<div class="neighbours" data-arms="{upper} {lower}">')
+        body = html[start : html.index("</section>", start)].split('<div class="neighbours"')[1]
+        items = re.findall(r'<li class="pair" data-scene="(\d+)" data-seed="(\d+)" data-which="(\w+)" '
+                           r'data-a="([^"]*)" data-b="([^"]*)"', body)  # fmt: skip
+        expected = _expected_discordant(rows, upper, lower)
+        assert {(int(s), int(d), w) for s, d, w, _, _ in items} == expected
+        videos = {(r["arm"], r["seed"]): r["video"] for r in rows}
+        for _, seed, _, va, vb in items:
+            assert (va, vb) == (videos[(upper, int(seed))], videos[(lower, int(seed))])
+        found_any = found_any or bool(expected)
+        assert f"{upper} vs {lower}: {len(expected)} discordant episode(s)" in body
+    assert found_any  # the closing arms against y: one discordant episode per seed both completed
+
+
+def test_named_arms_leaderboard_is_recomputed_from_the_rows_in_progress(arms_run, tmp_path):
+    import shutil
+
+    from dz_gym.report import leaderboard
+
+    copy = tmp_path / arms_run.path.name
+    shutil.copytree(arms_run.path, copy)
+    saved = json.loads((copy / "summary.json").read_text())["ranking"]
+    (copy / "summary.json").unlink()
+    view = load.load_run(copy, trajectories=False)
+    assert view.summary_is_recomputed and leaderboard.named_arms(view) == ["x", "y", "z"]
+    assert leaderboard.ranking_of(view, ["x", "y", "z"])["arms"] == saved["arms"]
+    assert [arm for arm, _ in _leaderboard_rows(build_report(copy))] == [e["arm"] for e in saved["arms"]]
+    assert paired.split_arms(view.rows) is None  # named arms are not an A/B run
+
+
+def test_select_best_leaderboard_shows_the_winner_and_the_eliminated_arms(tmp_path):
+    from report_runs import toy_arms_run
+
+    from dz_gym.server.policies import HoldPolicy
+
+    policies = {"x": HoldPolicy(gripper=1.0), "y": HoldPolicy(), "z": HoldPolicy()}
+    run = toy_arms_run(tmp_path / "race", policies, episodes=40, select_best=True, video=False)
+    selection = json.loads((run.path / "summary.json").read_text())["selection"]
+    assert selection["best"] == "x"
+    html = build_report(run.path)
+    board = dict(_leaderboard_rows(html))
+    assert board["x"]["selection"] == "best"
+    for arm in "yz":
+        after, by = selection["eliminated_after_seeds"][arm], selection["eliminated"][arm]["by"]
+        assert board[arm]["selection"] == f"eliminated after {after} seed(s) (by {by})"
+    note = re.search(r'<p id="selection" data-best="x">(.*?)</p>', html).group(1)
+    assert "best arm: <b>x</b>" in note and f"{selection['rounds']} of 40 seeds raced" in note
+
+    same = {"x": HoldPolicy(), "y": HoldPolicy(), "z": HoldPolicy()}
+    html = build_report(toy_arms_run(tmp_path / "hold", same, episodes=3, select_best=True, video=False).path)
+    assert '<p id="selection" data-best="">--select-best: no winner named; eliminated: none' in html
+    assert {f["selection"] for f in dict(_leaderboard_rows(html)).values()} == {"still in"}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from report_runs import replicated_run, toy_ab_run, toy_run
+from report_runs import FailOnSeed, replicated_run, toy_ab_run, toy_arms_run, toy_run
 
 from dz_gym.eval.runner import RunControl
 from dz_gym.report import write_report
@@ -188,6 +188,28 @@ def test_ab_run(tmp_path, open_page):
     page.select_option("#f-run", "B")
     page.select_option("#f-outcome", "errored")
     assert visible_keys(page) == ["b:scene1_ep0002"]
+    assert_clean(watch)
+
+
+def test_named_arms_leaderboard_and_a_neighbour_pair_side_by_side(tmp_path, open_page):
+    from dz_gym.server.policies import HoldPolicy
+
+    policies = {"x": HoldPolicy(gripper=1.0), "y": HoldPolicy(), "z": FailOnSeed(1, gripper=1.0)}
+    run_dir = toy_arms_run(tmp_path, policies, episodes=4)
+    ranking = json.loads((run_dir.path / "summary.json").read_text())["ranking"]["arms"]
+    page, watch = open_page(write_report(run_dir.path))
+    shown = page.eval_on_selector_all("#leaderboard tbody tr", "rows => rows.map(r => r.dataset.arm)")
+    assert shown == [e["arm"] for e in ranking]
+    upper, lower = shown[1], shown[2]  # a closing arm and y: every seed both completed is discordant
+    pairs = page.locator(f"#discordant-{upper}-{lower} li.pair")
+    assert pairs.count() >= 3
+    pairs.first.locator("button.pairopen").click()
+    captions = pairs.first.locator("figcaption")
+    assert [captions.nth(i).inner_text() for i in range(captions.count())] == [upper, lower]
+    page.wait_for_function(
+        f"Array.from(document.querySelectorAll('#discordant-{upper}-{lower} video')).every(v => v.readyState >= 1)",
+        timeout=20_000,
+    )
     assert_clean(watch)
 
 

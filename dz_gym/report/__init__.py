@@ -3,7 +3,8 @@
 :func:`write_report` reads a run directory (``summary.json``, ``episodes.jsonl``, trajectories, videos) and
 writes ``report.html`` next to them: the run's header, success per scene with Wilson intervals, milestones,
 errored episodes, plots, a filterable grid of episodes with their videos and trajectories, and with a second
-run (or an A/B run) the paired comparison. The page needs no server and no network: open it from the file
+run (or an A/B run) the paired comparison; a run of named arms (``--arm``) gets the leaderboard and its
+neighbours' discordant episodes. The page needs no server and no network: open it from the file
 system. See ``docs/report.md``.
 
 Example::

@@ -21,8 +21,9 @@ from urllib.parse import quote
 from dz_gym.eval import results
 from dz_gym.eval.row import INFO_FIELDS
 from dz_gym.report import plots
+from dz_gym.report.leaderboard import leaderboard_block, named_arms
 from dz_gym.report.load import RunView, episode_key, outcome
-from dz_gym.report.paired import compare, split_arms
+from dz_gym.report.paired import compare, discordant_list, split_arms
 from dz_gym.report.sequential import sequential_block
 
 INFO_KEYS = INFO_FIELDS  # shown under each episode
@@ -344,20 +345,9 @@ def comparison_block(
         f"{unpaired.get('b', 0)} only in B. Outcome: success at the end (alpha {cmp.get('alpha', 0.05)}). "
         f"The same numbers as dz-gym-compare.</p>"
     )
-    pairs = []
-    for which, ra, rb in cmp["discordant"]:
-        sa, wa = videos.src(view_a, ra)
-        sb, wb = videos.src(view_b, rb)
-        who = "A only" if which == "a_only" else "B only"
-        pairs.append(
-            f'<li class="pair" data-a="{escape(sa)}" data-b="{escape(sb)}" data-novideo-a="{escape(wa)}" data-novideo-b="{escape(wb)}">'
-            f"<b>scene {ra['scene']}, seed {ra['seed']}</b>: {who} succeeded "
-            f'<button class="pairopen" type="button">show videos</button><div class="pairvids"></div></li>'
-        )
-    discordant = (
-        f'<ul class="pairs" id="discordant">{"".join(pairs)}</ul>'
-        if pairs
-        else '<p class="muted">No discordant pairs.</p>'
+    pairs = cmp["discordant"]
+    discordant = discordant_list(
+        pairs, lambda r: videos.src(view_a, r), lambda r: videos.src(view_b, r), ("A", "B"), "discordant"
     )
     return (
         f'<table class="paired" id="paired"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table>{note}'
@@ -366,19 +356,20 @@ def comparison_block(
 
 
 def _arm_summaries(view: RunView) -> list[tuple[str, Mapping[str, Any]]]:
-    """Per arm of an A/B run: the summary's ``arms`` entries (recomputed from the rows when the summary is)."""
-    arms = split_arms(view.rows)
-    if arms is None:
+    """Per arm of an A/B run or a run of named arms: the summary's ``arms`` entries (recomputed from the rows
+    when the summary is)."""
+    names = named_arms(view) or (["a", "b"] if split_arms(view.rows) is not None else [])
+    if not names:
         return []
     saved = view.summary.get("arms")
     if (
         not view.summary_is_recomputed
         and isinstance(saved, Mapping)
-        and all(isinstance(saved.get(a), Mapping) for a in "ab")
+        and all(isinstance(saved.get(a), Mapping) for a in names)
     ):
-        return [(a, saved[a]) for a in "ab"]
+        return [(a, saved[a]) for a in names]
     planned = {int(sc): int(view.config.get("episodes", 0)) for sc in view.summary.get("scenes", [])}
-    return [(arm, results.summarize(rows, planned=planned)) for arm, rows in zip("ab", arms)]
+    return [(arm, results.summarize([r for r in view.rows if r.get("arm") == arm], planned=planned)) for arm in names]
 
 
 def _has_milestones(summary: Mapping[str, Any]) -> bool:
@@ -404,8 +395,13 @@ def build_page(views: Sequence[RunView], out_dir: str | os.PathLike) -> str:
         a, b = split_arms(views[0].rows)
         labels = (views[0].summary.get("arms") or {}).get("labels") or {}
         pair = (a, b, views[0], views[0], (labels.get("a", "arm A"), labels.get("b", "arm B")))
+    arms = named_arms(views[0]) if len(views) == 1 else None
+    if arms:  # named arms (--arm), even two called a and b: the leaderboard, not the A/B page
+        pair = None
     if pair is not None:
         nav.insert(1, '<a href="#compare">A/B comparison</a>')
+    if arms:
+        nav.insert(1, '<a href="#leaderboard-section">leaderboard</a>')
     if len(views) == 1 and isinstance(views[0].summary.get("sequential"), Mapping):
         nav.insert(1, '<a href="#sequential">sequential decision</a>')
     parts.append("<nav>" + " · ".join(nav) + "</nav></header><main>")
@@ -418,7 +414,9 @@ def build_page(views: Sequence[RunView], out_dir: str | os.PathLike) -> str:
         block.append(f"<h3>Success per scene</h3>{results_table(s, 'results-table' + suffix)}")
         for arm, per_arm in _arm_summaries(view):
             label = (s.get("arms") or {}).get("labels", {}).get(arm, "")
-            title = f"Arm {arm.upper()}" + (f": {escape(str(label))}" if label else "")
+            title = f"Arm {escape(arm.upper() if arm in ('a', 'b') else arm)}" + (
+                f": {escape(str(label))}" if label else ""
+            )
             block.append(f"<h3>{title}</h3>{results_table(per_arm, f'results-table{suffix}-arm-{arm}')}")
             block.append(funnel_table(per_arm, f"funnel{suffix}-arm-{arm}") if _has_milestones(per_arm) else "")
         block.append(f"<h3>Milestones</h3>{funnel_table(s, 'funnel' + suffix)}")
@@ -430,6 +428,8 @@ def build_page(views: Sequence[RunView], out_dir: str | os.PathLike) -> str:
     parts.append('<section id="results">' + "".join(sections) + "</section>")
     if len(views) == 1:
         parts.append(sequential_block(views[0].summary))
+    if arms:
+        parts.append(leaderboard_block(views[0], arms, lambda r: videos.src(views[0], r)))
     if pair is not None:
         parts.append(
             '<section id="compare"><h2>A/B comparison (paired by scene and seed)</h2>'

@@ -4,20 +4,24 @@ Two runs with the same seeds and scenes (or the two arms of one A/B run, rows wi
 give paired outcomes per (scene, seed). The numbers (2x2 counts, ``diff`` = B - A with Newcombe's interval,
 exact McNemar ``p_value``, Holm-adjusted ``p_holm`` per scene, ``verdict``) are exactly those of
 ``dz-gym-compare``'s JSON, so the page and that JSON never disagree; this module only adds which pairs are
-discordant, so the page can show their videos side by side.
+discordant, so the page can show their videos side by side (:func:`discordant_list`, also for each pair of
+neighbours in a leaderboard of named arms).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from html import escape
 from typing import Any
 
 from dz_gym.stats.comparison import compare_rows, pair_rows
 
 
 def split_arms(rows: Sequence[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]] | None:
-    """The A and B rows of an A/B run (its rows carry ``arm``), or None for a plain run."""
-    if not any(r.get("arm") in ("a", "b") for r in rows):
+    """The A and B rows of an A/B run (its rows carry ``arm``), or None for a plain run or a run of other named
+    arms (``--arm``: see :mod:`dz_gym.report.leaderboard`)."""
+    names = {r.get("arm") for r in rows} - {None, ""}
+    if not names & {"a", "b"} or names - {"a", "b"}:
         return None
     return [r for r in rows if r.get("arm") == "a"], [r for r in rows if r.get("arm") == "b"]
 
@@ -46,3 +50,32 @@ def compare(
     result = compare_rows(list(rows_a), list(rows_b), labels=labels)
     result["discordant"] = discordant_pairs(rows_a, rows_b, result["metric"])
     return result
+
+
+VideoSource = Callable[[Mapping[str, Any]], tuple[str, str]]  # row -> (relative URL, why there is none)
+
+
+def discordant_list(
+    pairs: Sequence[tuple[str, Mapping[str, Any], Mapping[str, Any]]],
+    video_a: VideoSource,
+    video_b: VideoSource,
+    names: tuple[str, str] = ("A", "B"),
+    list_id: str = "discordant",
+) -> str:
+    """The discordant pairs as a list, each with **show videos** to play its two episodes side by side
+    (``names``: the two arms' captions), or a line saying there are none."""
+    items = []
+    for which, ra, rb in pairs:
+        sa, wa = video_a(ra)
+        sb, wb = video_b(rb)
+        who = names[0] if which == "a_only" else names[1]
+        items.append(
+            f'<li class="pair" data-scene="{ra["scene"]}" data-seed="{ra["seed"]}" data-which="{which}" '
+            f'data-a="{escape(sa)}" data-b="{escape(sb)}" data-novideo-a="{escape(wa)}" data-novideo-b="{escape(wb)}" '
+            f'data-label-a="{escape(names[0])}" data-label-b="{escape(names[1])}">'
+            f"<b>scene {ra['scene']}, seed {ra['seed']}</b>: {escape(who)} only succeeded "
+            f'<button class="pairopen" type="button">show videos</button><div class="pairvids"></div></li>'
+        )
+    if not items:
+        return f'<p class="muted" id="{escape(list_id)}-none">No discordant pairs.</p>'
+    return f'<ul class="pairs" id="{escape(list_id)}">{"".join(items)}</ul>'

@@ -161,7 +161,7 @@
       b.addEventListener("click", function () {
         var li = b.closest("li"), box = li.querySelector(".pairvids");
         if (box.childElementCount) { box.textContent = ""; b.textContent = "show videos"; return; }
-        [["A", li.dataset.a, li.dataset.novideoA], ["B", li.dataset.b, li.dataset.novideoB]].forEach(function (x) {
+        [[li.dataset.labelA || "A", li.dataset.a, li.dataset.novideoA], [li.dataset.labelB || "B", li.dataset.b, li.dataset.novideoB]].forEach(function (x) {
           var f = document.createElement("figure"), cap = document.createElement("figcaption");
           cap.textContent = x[0];
           f.appendChild(cap); f.appendChild(videoOrNote(x[1], x[2], 560)); box.appendChild(f);
