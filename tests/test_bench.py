@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import imageio.v3 as iio
 import numpy as np
@@ -283,15 +284,21 @@ class ServerProbe:
     server held (this one, the others running and those queued behind them): server-side counts instead of
     clocks. With ``gate``, an inference waits (bounded) until ``gate`` inferences have run at once."""
 
-    def __init__(self, gate: int = 0):
+    def __init__(self, gate: int = 0, queue_at: int | None = None):
         self.engine = None  # set once the server has started
         self.gate = gate
+        self.queue_at = queue_at  # inference number that starts only once another request waits in the queue
         self.cond = threading.Condition()
         self.running = 0
         self.max_running = 0
         self.held: list[int] = []
 
     def infer(self, request, *, session_id, new_session):
+        if self.queue_at is not None and len(self.held) == self.queue_at:
+            # a count, not a clock: polled until a second request is queued, bounded
+            deadline = time.monotonic() + 60.0
+            while self.engine.queue_depth() < 1 and time.monotonic() < deadline:
+                time.sleep(0.005)
         with self.cond:
             self.running += 1
             self.max_running = max(self.max_running, self.running)
@@ -312,7 +319,7 @@ def probed_server(probe: ServerProbe, **config):
 
 def test_single_fifo_worker_queues_what_concurrency_sends(tmp_path):
     out, plot = tmp_path / "sweep.json", tmp_path / "sweep.png"
-    probe = ServerProbe()
+    probe = ServerProbe(queue_at=13)  # the first inference at C=4 waits until the others queue behind it
     with probed_server(probe, latency_ms=50, workers=1) as server:
         rc = bench("--server", server.url, "--sweep", "1,4", "--num-requests", 12, "--json", out, "--plot", plot)
     assert rc == 0
