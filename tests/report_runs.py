@@ -15,7 +15,7 @@ from dz_gym.eval.evaluate import evaluate
 from dz_gym.eval.rundir import RunDir
 from dz_gym.server.launch import start_server_thread
 from dz_gym.server.policies import HoldPolicy
-from dz_gym.testing.toy_env import ToyDroidEnv
+from dz_gym.testing.toy_env import GripperToyEnv, ToyDroidEnv
 
 PATH = "/v1/realtime/robot/openpi"
 
@@ -92,20 +92,6 @@ def toy_ab_run(root: Path, *, episodes: int = 4, num_envs: int = 2, max_steps: i
         run_dir = RunDir.create(root, config)
         evaluate(config, run_dir, env_factory=factory, progress=False, command="toy A/B run for the report tests")
     return run_dir
-
-
-class GripperToyEnv(ToyDroidEnv):
-    """The toy env where the outcome depends on the policy: the object is placed while the gripper is closed
-    (test_eval_arms' env): a policy that closes the gripper solves most seeds, one that holds it open none."""
-
-    def _task_state(self, seeds, steps):
-        import numpy as np
-
-        state = super()._task_state(np.zeros_like(seeds), np.full_like(steps, 3))
-        start = super()._task_state(np.full_like(seeds, 2), steps)
-        closed = self.gripper[:, 0] > 0.5
-        obj = np.where(closed[:, None], state.object_pos, start.object_pos)
-        return type(state)(obj, state.container_pos, obj + self._tcp_offset, state.object_speed)
 
 
 def toy_arms_run(

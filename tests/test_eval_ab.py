@@ -26,21 +26,10 @@ from dz_gym.eval.runner import RunControl
 from dz_gym.server.launch import start_server_thread
 from dz_gym.server.policies import HoldPolicy
 from dz_gym.testing.memory_client import MemoryPolicyClient
-from dz_gym.testing.toy_env import ToyDroidEnv
+from dz_gym.testing.toy_env import GripperToyEnv, ToyDroidEnv
 
 PATH = "/v1/realtime/robot/openpi"
 VARIES = VOLATILE | PLACEMENT  # what differs between the runs compared here (slot and server, session, timing)
-
-
-class GripperToyEnv(ToyDroidEnv):
-    """The toy env where the outcome depends on the policy: the object is placed while the gripper is closed."""
-
-    def _task_state(self, seeds, steps):
-        state = super()._task_state(np.zeros_like(seeds), np.full_like(steps, 3))  # seed 0, step 3: placed
-        start = super()._task_state(np.full_like(seeds, 2), steps)  # seed % 3 == 2: never placed
-        closed = self.gripper[:, 0] > 0.5
-        obj = np.where(closed[:, None], state.object_pos, start.object_pos)
-        return type(state)(obj, state.container_pos, obj + self._tcp_offset, state.object_speed)
 
 
 class RecordingPolicy(HoldPolicy):

@@ -20,7 +20,7 @@ from dz_gym.eval.rundir import RunDir
 from dz_gym.server.launch import start_server_thread
 from dz_gym.server.policies import HoldPolicy
 from dz_gym.testing.memory_client import MemoryPolicyClient
-from dz_gym.testing.toy_env import ToyDroidEnv
+from dz_gym.testing.toy_env import GripperToyEnv, ToyDroidEnv
 
 PATH = "/v1/realtime/robot/openpi"
 
@@ -157,20 +157,6 @@ def test_select_best_usage_errors(capsys):
     assert "--select-best: only for runs of named arms" in capsys.readouterr().err
 
 
-class _GripperToyEnv(ToyDroidEnv):
-    """The toy env where the outcome depends on the policy: the object is placed while the gripper is closed
-    (the same env as test_eval_ab's)."""
-
-    def _task_state(self, seeds, steps):
-        import numpy as np
-
-        state = super()._task_state(np.zeros_like(seeds), np.full_like(steps, 3))
-        start = super()._task_state(np.full_like(seeds, 2), steps)
-        closed = self.gripper[:, 0] > 0.5
-        obj = np.where(closed[:, None], state.object_pos, start.object_pos)
-        return type(state)(obj, state.container_pos, obj + self._tcp_offset, state.object_speed)
-
-
 def test_select_best_eliminates_the_worse_arms_and_stops_with_the_best(tmp_path):
     """Arm x closes the gripper (solves 2 seeds in 3), y and z hold it open (never): both go out, x is named, the
     episodes left are not run and eliminated arms' slots idle."""
@@ -181,7 +167,7 @@ def test_select_best_eliminates_the_worse_arms_and_stops_with_the_best(tmp_path)
                             arm_specs=specs, select_best=True)  # fmt: skip
         run_dir = RunDir.create(tmp_path, config)
         summary = evaluate(config, run_dir, progress=False,
-                           env_factory=lambda s, cfg: _GripperToyEnv(cfg.num_envs, scene=s, max_episode_length=6))  # fmt: skip
+                           env_factory=lambda s, cfg: GripperToyEnv(cfg.num_envs, scene=s, max_episode_length=6))  # fmt: skip
     selection = summary["selection"]
     assert selection["best"] == "x" and selection["stopped"], selection["why"]
     after = selection["eliminated_after_seeds"]

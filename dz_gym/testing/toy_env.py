@@ -35,7 +35,7 @@ from dz_gym.envs import droid
 from dz_gym.envs.base import BatchedDroidEnv
 from dz_gym.envs.episodes import TaskState
 
-__all__ = ["ToyDroidEnv", "expected_success"]
+__all__ = ["GripperToyEnv", "ToyDroidEnv", "expected_success"]
 
 OBJECT_START = (0.55, 0.12, 0.03)  # env-local, the robot base at the origin, table top z = 0
 CONTAINER_POS = (0.55, -0.15, 0.0)
@@ -142,3 +142,17 @@ class ToyDroidEnv(BatchedDroidEnv):
 
     def close(self):
         self._closed = True
+
+
+class GripperToyEnv(ToyDroidEnv):
+    """The toy env where the outcome depends on the policy: the object is placed while the gripper is closed
+    (as seed 0 is at step 3), and otherwise stays where a never-placed seed (``seed % 3 == 2``) keeps it. A policy
+    that closes the gripper solves episodes, one that holds it open none: what the A/B, K-arm and report tests
+    need to tell arms apart."""
+
+    def _task_state(self, seeds, steps):
+        state = super()._task_state(np.zeros_like(seeds), np.full_like(steps, 3))
+        start = super()._task_state(np.full_like(seeds, 2), steps)
+        closed = self.gripper[:, 0] > 0.5
+        obj = np.where(closed[:, None], state.object_pos, start.object_pos)
+        return type(state)(obj, state.container_pos, obj + self._tcp_offset, state.object_speed)
