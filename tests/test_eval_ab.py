@@ -463,25 +463,8 @@ class EarlySuccessEnv(GripperToyEnv):
     """The gripper toy whose episodes end (``terminated``) at their first successful step: successes are short,
     failures run to the time limit, so episodes complete in an order that depends on their outcomes."""
 
-    def step(self, action):
-        self._check_started()
-        action = self._numpy_action(action).astype(np.float32)
-        self.joints += 0.5 * (action[:, :7] - self.joints)
-        self.gripper[:, 0] = action[:, -1]
-        book = self.episodes
-        state = self._task_state(book.episode_seed, book.episode_step + 1)
-        success = np.asarray(state.success(self.scene.success), dtype=bool)
-        time_outs = book.ending_next_step(self.max_episode_length)
-        ended = time_outs | success
-        info = book.record_step(state, ended)
-        done = np.flatnonzero(ended)
-        if done.size:
-            seeds = book.next_seeds(done)
-            book.start(done, seeds)
-            for i, episode_seed in zip(done, seeds):
-                self.reset_one(int(i), int(episode_seed))
-        reward = np.asarray(info["success"], dtype=np.float32)
-        return self._obs(), reward, success & ~time_outs, time_outs.copy(), info
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, terminate_on_success=True, **kwargs)
 
 
 class SeedGripperPolicy(HoldPolicy):

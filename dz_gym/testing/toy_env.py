@@ -67,9 +67,11 @@ class ToyDroidEnv(BatchedDroidEnv):
         max_episode_length: int = 450,
         image_shape=(180, 320),
         seed: int | None = None,
+        terminate_on_success: bool = False,
     ):
         super().__init__(num_envs, tuple(image_shape), scene, seed=seed)
         self.max_episode_length = int(max_episode_length)
+        self.terminate_on_success = bool(terminate_on_success)  # end an episode at its first successful step
         self._height, self._width = (int(v) for v in image_shape)
         n = self.num_envs
         self.joints = np.zeros((n, droid.ARM_DOF), dtype=np.float32)
@@ -129,16 +131,20 @@ class ToyDroidEnv(BatchedDroidEnv):
         self.joints += 0.5 * (action[:, : droid.ARM_DOF] - self.joints)
         self.gripper[:, 0] = action[:, -1]
         book = self.episodes
+        state = self._task_state(book.episode_seed, book.episode_step + 1)
         time_outs = book.ending_next_step(self.max_episode_length)
-        info = book.record_step(self._task_state(book.episode_seed, book.episode_step + 1), time_outs)
-        done = np.flatnonzero(time_outs)
+        terminated = np.zeros(self.num_envs, dtype=bool)
+        if self.terminate_on_success:
+            terminated = np.asarray(state.success(self.scene.success), dtype=bool) & ~time_outs
+        info = book.record_step(state, time_outs | terminated)
+        done = np.flatnonzero(time_outs | terminated)
         if done.size:
             seeds = book.next_seeds(done)
             book.start(done, seeds)
             for i, episode_seed in zip(done, seeds):
                 self.reset_one(int(i), int(episode_seed))
         reward = np.asarray(info["success"], dtype=np.float32)
-        return self._obs(), reward, np.zeros(self.num_envs, dtype=bool), time_outs.copy(), info
+        return self._obs(), reward, terminated, time_outs.copy(), info
 
     def close(self):
         self._closed = True

@@ -99,14 +99,7 @@ def patch_env_cfg(
         setattr(cfg.terminations, PROBE_TERM, managers.TerminationTermCfg(func=probe_term, time_out=False))
         changes.append(f"terminations.{PROBE_TERM}: task-state probe (never terminates)")
 
-    if env_spacing is not None:
-        if not float(env_spacing) > 0:
-            raise ValueError(f"env_spacing: expected a positive distance in metres, got {env_spacing!r}")
-        cfg.scene.env_spacing = float(env_spacing)
-        changes.append(f"scene.env_spacing: {cfg.scene.env_spacing} m")
-
-    if max_episode_length is not None:
-        changes.append(set_max_episode_length(cfg, max_episode_length))
+    changes.extend(set_episode_shape(cfg, env_spacing=env_spacing, max_episode_length=max_episode_length))
 
     cameras = [getattr(cfg.scene, key) for key in droid.CAMERA_KEYS]
     if image_shape is not None:
@@ -125,6 +118,20 @@ def patch_env_cfg(
             fields.pop("class_type", None)
             setattr(cfg.scene, key, sensors.TiledCameraCfg(**fields))
         changes.append("cameras: TiledCameraCfg (batched render products; image parity unverified, IsaacLab#493)")
+    return changes
+
+
+def set_episode_shape(cfg: Any, *, env_spacing: float | None, max_episode_length: int | None) -> list[str]:
+    """Apply the options every Isaac task takes, sim-evals' and dz-gym's own: the distance between env
+    origins and the time-out in env steps (each ``None``: left as the task has it); returns the changes."""
+    changes = []
+    if env_spacing is not None:
+        if not float(env_spacing) > 0:
+            raise ValueError(f"env_spacing: expected a positive distance in metres, got {env_spacing!r}")
+        cfg.scene.env_spacing = float(env_spacing)
+        changes.append(f"scene.env_spacing: {cfg.scene.env_spacing} m")
+    if max_episode_length is not None:
+        changes.append(set_max_episode_length(cfg, max_episode_length))
     return changes
 
 

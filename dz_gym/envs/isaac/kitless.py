@@ -17,7 +17,7 @@ from typing import Any
 
 from dz_gym.envs.isaac import launch
 from dz_gym.envs.isaac.compat import IsaacLabApi, detect
-from dz_gym.envs.isaac.config import PROBE_TERM, set_max_episode_length
+from dz_gym.envs.isaac.config import PROBE_TERM, set_episode_shape
 from dz_gym.envs.isaac.state import StateProbe
 from dz_gym.envs.scenes import IsaacTask
 from dz_gym.errors import BackendUnavailable
@@ -82,13 +82,7 @@ def build(
     if image_shape is not None:
         cfg.resize_cameras(tuple(int(v) for v in image_shape))
         patches.append(f"cameras: {image_shape[0]}x{image_shape[1]}")
-    if env_spacing is not None:
-        if not float(env_spacing) > 0:
-            raise ValueError(f"env_spacing: expected a positive distance in metres, got {env_spacing!r}")
-        cfg.scene.env_spacing = float(env_spacing)
-        patches.append(f"scene.env_spacing: {cfg.scene.env_spacing} m")
-    if max_episode_length is not None:
-        patches.append(set_max_episode_length(cfg, max_episode_length))
+    patches.extend(set_episode_shape(cfg, env_spacing=env_spacing, max_episode_length=max_episode_length))
     api.ensure_rerender_on_reset(cfg)
     launch.launch_kitless(cfg, app_args, device=device, api=api)
     gym_env = gym.make(task.gym_id, cfg=cfg)
