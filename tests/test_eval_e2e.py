@@ -97,6 +97,7 @@ def test_rows_do_not_depend_on_num_envs(reference_run, tmp_path):
     assert stable(run_dir_of(tmp_path).read_rows()) == stable(reference_run.read_rows())
 
 
+@pytest.mark.slow  # 8-17 s; runs in the first environment's pass
 def test_simulated_delay_is_recorded_and_independent_of_num_envs(tmp_path):
     flags = ["--prefetch", "4", "--simulated-delay", "3", "--no-video"]
     runs = []

@@ -55,11 +55,13 @@ def test_every_row_is_where_the_plan_put_it(in_process):
         assert EpisodeRow.from_dict(row).to_dict() == row  # the written row is exactly the declared schema
 
 
+@pytest.mark.slow  # 8-17 s; runs in the first environment's pass
 def test_a_process_per_scene_writes_the_same_rows(in_process, tmp_path):
     rows = run_cli(tmp_path, "--process-per-scene")
     assert comparable(rows, ignore={"server"}) == comparable(in_process, ignore={"server"})
 
 
+@pytest.mark.slow  # 8-17 s; runs in the first environment's pass
 def test_ray_shards_write_the_same_rows(in_process, tmp_path):
     pytest.importorskip("ray")
     rows = run_cli(tmp_path, "--ray", "local", "--shards", "2")

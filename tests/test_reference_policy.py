@@ -539,6 +539,7 @@ def test_registered_in_the_server_as_reference():
     assert policy.metadata["image_resolution"] == [180, 320] and policy.metadata["needs_session_id"]
 
 
+@pytest.mark.slow  # 8-17 s; runs in the first environment's pass
 def test_closed_loop_episodes_mostly_succeed():
     """Two seeded episodes per scene, 200 steps, replanning every 8 steps as the reference client does."""
     from dz_gym.policies.reference import ReferencePolicy

@@ -73,6 +73,7 @@ def run(server, root, **options):
     return rows, summary["shards"]
 
 
+@pytest.mark.slow  # 8-17 s; runs in the first environment's pass
 def test_shards_render_on_their_gpus_and_rows_do_not_depend_on_k_or_the_gpus(two_gpus, server, tmp_path):
     # the MuJoCo default on a node with 2 GPUs: one shard per GPU, a whole GPU each
     spread, shards = run(server, tmp_path / "spread")
