@@ -174,24 +174,31 @@ def test_a_shard_lost_beyond_its_restarts_is_recorded_errored(cluster, server, t
 
 
 @pytest.mark.slow
-def test_stop_then_resume_equals_an_uninterrupted_run(cluster, server, one_process, tmp_path):
+def test_stop_then_resume_equals_an_uninterrupted_run(cluster, one_process, tmp_path):
+    # 6 episodes of 2 inferences: the gate answers the first 4 (the first row needs them) and, once the stop is
+    # set, 11 in all, so the run can neither finish before the stop nor complete after it, however fast it is.
+    policy = GatedPolicy(load_policy("reference"), free=4)
     control = RunControl(config().error_budget)
 
     def on_row(row):
         control.stop.set()  # what the first Ctrl-C does
+        policy.allow(11)
 
     control.on_row = on_row
-    run, summary = sharded(cluster, server, tmp_path, control=control)
-    first = run.read_rows()
-    assert summary["interrupted"] and not summary["complete"] and 1 <= len(first) < 6
-    resumed = evaluate_sharded(
-        config(),
-        RunDir.open(run.path),
-        [server],
-        RayOptions(address=cluster.address, shards=2),
-        progress=False,
-        log=lambda _: None,
-    )
+    with start_server_thread(policy) as srv:
+        server = srv.url + PATH
+        run, summary = sharded(cluster, server, tmp_path, control=control)
+        first = run.read_rows()
+        assert summary["interrupted"] and not summary["complete"] and 1 <= len(first) < 6
+        policy.open()
+        resumed = evaluate_sharded(
+            config(),
+            RunDir.open(run.path),
+            [server],
+            RayOptions(address=cluster.address, shards=2),
+            progress=False,
+            log=lambda _: None,
+        )
     rows = run.read_rows()
     assert resumed["complete"] and not resumed["interrupted"] and len(rows) == 6
     assert rows[: len(first)] == first  # finished rows are kept as they were
