@@ -25,6 +25,17 @@ from dz_gym.testing.toy_env import GripperToyEnv, ToyDroidEnv
 PATH = "/v1/realtime/robot/openpi"
 
 
+def _cli_run(argv, root):
+    """Run ``dz-gym-eval ARGV`` in a subprocess (bounded); the one run directory it made under ``root``
+    and what it printed."""
+    env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
+    proc = subprocess.run([sys.executable, "-m", "dz_gym.eval.cli", *argv], env=env, capture_output=True, text=True,
+                          timeout=600, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (run,) = root.iterdir()
+    return run, proc.stdout
+
+
 def test_the_plan_puts_the_k_arms_of_a_seed_on_neighbouring_slots():
     arms = [("x", ["ws://x"]), ("y", ["ws://y1", "ws://y2"]), ("z", ["ws://z"])]
     plan = build_plan(scenes=[1], episodes=3, num_envs=6, seed=5, servers=["ws://x"], arm_servers=arms)
@@ -99,11 +110,7 @@ def test_three_arm_cli_run_on_the_embedded_simulator(tmp_path):
     argv = ["--num-envs", "3", "--episodes", "2", "--scene", "1", "--arm", "a=reference", "--arm", "b=hold",
             "--arm", "c=reference:skill=0.3", "--max-steps", "6", "--backend", "mujoco", "--no-video", "--no-report",
             "--output-root", str(tmp_path)]  # fmt: skip
-    env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
-    proc = subprocess.run([sys.executable, "-m", "dz_gym.eval.cli", *argv], env=env, capture_output=True, text=True,
-                          timeout=600, check=False)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    (run,) = tmp_path.iterdir()
+    run, out = _cli_run(argv, tmp_path)
     rows = RunDir(run).read_rows()
     assert sorted((r["episode"], r["arm"]) for r in rows) == [(k, n) for k in range(2) for n in "abc"]
     assert all(r["error"] is None for r in rows)
@@ -111,7 +118,7 @@ def test_three_arm_cli_run_on_the_embedded_simulator(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert {e["arm"] for e in summary["ranking"]["arms"]} == set("abc")
     assert summary["server"]["arms"]["c"]["policy"] == "reference:skill=0.3"
-    assert "ranking of 3 arms on the same seeds" in proc.stdout
+    assert "ranking of 3 arms on the same seeds" in out
 
 
 # -- --select-best ---------------------------------------------------------------------------------------
@@ -183,14 +190,10 @@ def test_select_best_with_hold_arms_never_names_a_winner(tmp_path):
     argv = ["--num-envs", "3", "--episodes", "4", "--scene", "1", "--arm", "a=hold", "--arm", "b=hold", "--arm",
             "c=hold", "--select-best", "--max-steps", "6", "--backend", "mujoco", "--no-video", "--no-report",
             "--output-root", str(tmp_path)]  # fmt: skip
-    env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
-    proc = subprocess.run([sys.executable, "-m", "dz_gym.eval.cli", *argv], env=env, capture_output=True, text=True,
-                          timeout=600, check=False)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    (run,) = tmp_path.iterdir()
+    run, out = _cli_run(argv, tmp_path)
     selection = json.loads((run / "summary.json").read_text())["selection"]
     assert selection["best"] is None and selection["survivors"] == ["a", "b", "c"] and selection["rounds"] == 4
-    assert len(RunDir(run).read_rows()) == 12 and "best not named" in proc.stdout
+    assert len(RunDir(run).read_rows()) == 12 and "best not named" in out
 
 
 @pytest.mark.slow
