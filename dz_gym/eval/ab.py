@@ -150,8 +150,8 @@ class PairTracker:
     def summary(
         self, rows: Iterable[Mapping[str, Any]], *, planned_pairs: int, finished: bool
     ) -> dict[str, Any] | None:
-        """``summary.json``'s ``sequential`` entry (None without ``--sequential``): the test's design, its
-        decision, why the run stopped (``stopped_by``), the difference with a confidence sequence, and the
+        """``summary.json``'s ``sequential`` entry (None without ``--sequential``): the test's design, the
+        budget of pairs (``budget_pairs``) and the power it has (``power``, ``below_cap``), its decision, why the run stopped (``stopped_by``), the difference with a confidence sequence, and the
         episodes left without a twin. ``finished``: every planned episode has a row; an undecided test then
         takes its final look at this budget."""
         if self.test is None:
@@ -166,7 +166,13 @@ class PairTracker:
         elif stopped_by is None:
             stopped_by = "not_stopped"  # interrupted or aborted: --resume continues the test
         entry = self.test.to_dict()
+        # The pairs the run can give the test: its budget, or fewer when fewer pairs are planned; the power is
+        # the one this budget has (exactly, at the planned point), never the design's planned power.
+        budget = min(self.test.max_pairs, max(int(planned_pairs), 1))
         entry.update(
+            budget_pairs=budget,
+            power=self.test.power(budget),
+            below_cap=budget < self.test.design.max_pairs,
             stopped_by=stopped_by,
             planned_pairs=int(planned_pairs),
             completed_pairs=self.pairs,

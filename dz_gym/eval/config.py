@@ -31,7 +31,6 @@ EXTERNAL_POLICY = "external"  # the ``policy`` of a run against servers it did n
 
 _ARM_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,15}")
 ARMS = ("a", "b")  # the arms of an A/B run: slot 2j runs arm a, slot 2j+1 arm b
-DEFAULT_MAX_EPISODES = 200  # --sequential: pairs (episodes per arm) the test may use by default
 DEFAULT_ALPHA = 0.05  # --sequential: the test's type-I error
 DEFAULT_MIN_DIFFERENCE = 0.2  # --sequential: the smallest difference in success rate the design is planned for
 DEFAULT_POWER = 0.8  # --sequential: the design's power at that difference
@@ -106,7 +105,8 @@ class EvalConfig:
     alpha: float = _result(DEFAULT_ALPHA)  # the sequential test's type-I error
     min_difference: float = _result(DEFAULT_MIN_DIFFERENCE)  # sequential: the difference the design looks for
     power: float = _result(DEFAULT_POWER)  # sequential: the design's power at min_difference
-    max_episodes: int | None = None  # sequential: the most pairs (episodes per arm); None: DEFAULT_MAX_EPISODES
+    max_episodes: int | None = None  # sequential: the most pairs (episodes per arm); None: the design's cap
+    accept_lower_power: bool = False  # sequential: run a budget below the design's cap, at the power it has
     policy_seed: bool = _result(False)  # send a per-episode ``seed`` (derived from the episode's seed) in each request
     num_inference_steps: int | None = _result(None)  # send ``sampling_params: {num_inference_steps}`` in each request
     video: bool = True
@@ -137,6 +137,7 @@ class EvalConfig:
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
+        self._check_budget()
         # Types only for the chunk schedule's settings: their ranges are the schedule's rules (_check_schedule).
         for name in ("seed", "open_loop_horizon", "prefetch", "simulated_delay", "max_stale_steps"):
             value = getattr(self, name)
@@ -239,10 +240,53 @@ class EvalConfig:
             raise ValueError(f"num_envs: a run of {len(names)} arms needs a multiple of {len(names)} envs "
                              f"(slot {len(names)}j+i runs arm i), got {self.num_envs}")  # fmt: skip
 
+    def sequential_design(self):
+        """The sequential test's :class:`~dz_gym.stats.design.SequentialDesign` (``min_difference``, ``power``,
+        ``alpha``); planned once per process."""
+        from dz_gym.stats.design import SequentialDesign
+
+        try:
+            return SequentialDesign.plan(self.min_difference, alpha=self.alpha, power=self.power)
+        except ValueError as exc:
+            raise _field_error("min_difference", exc) from None
+
     @property
     def sequential_max_pairs(self) -> int:
-        """The most pairs the sequential test may use (``max_episodes``, or its default)."""
-        return self.max_episodes if self.max_episodes is not None else DEFAULT_MAX_EPISODES
+        """The most pairs the sequential test may use: ``max_episodes``, or the design's cap."""
+        return self.max_episodes if self.max_episodes is not None else self.sequential_design().max_pairs
+
+    @property
+    def sequential_budget(self) -> int:
+        """The pairs the run can give the sequential test: :attr:`sequential_max_pairs`, or the planned pairs
+        (``episodes`` per scene times the scenes) when fewer."""
+        return min(self.sequential_max_pairs, self.episodes * len(self.scenes))
+
+    def _check_budget(self) -> None:
+        """With ``sequential``, a budget below the design's cap would silently lose power: refused unless
+        ``accept_lower_power`` (then the summary, the report and the table give the power it has)."""
+        if not isinstance(self.accept_lower_power, bool):
+            raise ValueError(f"accept_lower_power: expected true or false, got {self.accept_lower_power!r}")
+        if not self.sequential:
+            if self.accept_lower_power:
+                raise ValueError(
+                    "accept_lower_power: only with --sequential (it accepts a budget below the design's cap)"
+                )
+            return
+        design, budget = self.sequential_design(), self.sequential_budget
+        if budget >= design.max_pairs or self.accept_lower_power:
+            return
+        cap = design.max_pairs
+        if self.sequential_max_pairs < cap:
+            name, what, fix = "max_episodes", f"--max-episodes {self.max_episodes}", f"--max-episodes {cap} or more"
+        else:
+            name, what = "episodes", f"--episodes {self.episodes} x {len(self.scenes)} scene(s)"
+            fix = f"--episodes {-(-cap // len(self.scenes))} or more (or leave it out)"
+        raise ValueError(
+            f"{name}: {what} gives the sequential test {budget} pairs, below the design's cap of {cap} pairs "
+            f"(--min-difference {self.min_difference:g}, --power {self.power:g}): its power there is "
+            f"{design.power_at(budget):.3f}, not {self.power:g}; expected {fix}, or --accept-lower-power to run "
+            "at that power"
+        )
 
     def _default_episodes(self) -> int:
         """Episodes per scene (per arm) when not given: one per env (pair of envs in an A/B run); with

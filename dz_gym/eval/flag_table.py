@@ -126,8 +126,12 @@ AB = (
     Flag("--power", "with --sequential: the test's power at --min-difference", field="power", type=number,
          metavar="P"),
     Flag("--max-episodes", "with --sequential: stop undecided after N pairs (N episodes per arm); --episodes "
-         "defaults to N spread over the scenes", field="max_episodes", type=integer, metavar="N",
-         shown=lambda: str(_config().DEFAULT_MAX_EPISODES)),
+         "defaults to N spread over the scenes; fewer pairs than the design's cap are refused without "
+         "--accept-lower-power", field="max_episodes", type=integer, metavar="N",
+         shown="the design's cap"),
+    Flag("--accept-lower-power", "with --sequential: run a budget (--max-episodes, --episodes) below the design's "
+         "cap; the power it has there, computed exactly, is what the summary, the report and the table show",
+         field="accept_lower_power", action="store_true"),
 )  # fmt: skip
 
 # (title, description, flags): the --help sections, in order.
@@ -142,12 +146,6 @@ GROUPS = (
 ALL = tuple(flag for _, _, flags in GROUPS for flag in flags)
 # Flags that set result-changing settings without being the field's own flag.
 LOCKED_VIA = {"tasks": "scenes"}
-
-
-def _config():
-    from dz_gym.eval import config
-
-    return config
 
 
 def config_class(flag: Flag):

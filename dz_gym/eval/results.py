@@ -214,6 +214,18 @@ def _arm_label(arm: str) -> str:
     return arm.upper() if arm in ("a", "b") else arm
 
 
+def power_line(sequential: Mapping[str, Any]) -> str:
+    """The sequential test's design in one line, with the power its budget has (exact), never the planned one."""
+    design = sequential.get("design") or {}
+    budget, cap, power = sequential.get("budget_pairs"), design.get("max_pairs"), sequential.get("power")
+    if not isinstance(power, (int, float)):  # a summary written before budgets were checked
+        return f"design: smallest difference {design.get('min_difference')}, alpha {sequential.get('alpha')}"
+    where = (f"below the design's cap {cap} pairs: --accept-lower-power" if sequential.get("below_cap")
+             else f"the design's cap {cap} pairs")  # fmt: skip
+    return (f"design: smallest difference {design.get('min_difference')}, alpha {sequential.get('alpha')}; budget "
+            f"{budget} pairs ({where}): power {power:.3f} at that difference (exact)")  # fmt: skip
+
+
 def format_table(summary: Mapping[str, Any]) -> str:
     """A short fixed-width table of ``summary`` for the terminal (no trailing spaces).
 
@@ -297,6 +309,7 @@ def format_table(summary: Mapping[str, Any]) -> str:
             f"DECISION (sequential test): {sequential.get('reason')} [stopped by: {sequential.get('stopped_by')}]"
         )
         out.append(f"  {sequential.get('why')}")
+        out.append(f"  {power_line(sequential)}")
         diff = sequential.get("difference")
         if isinstance(diff, Mapping) and diff.get("confidence_sequence"):
             low, high = diff["confidence_sequence"]

@@ -2,7 +2,7 @@
 
 After a sequential run the decision to read is the sequential test's (``summary.json``'s ``sequential``), not
 the fixed-n verdicts of the paired table: this block says what it decided, why the run stopped, the design it
-used, the difference with its confidence sequence (valid at the stop) and the estimate's bias, and plots the
+used with the power its budget has (exact; below the design's cap it is less than the power asked for), the difference with its confidence sequence (valid at the stop) and the estimate's bias, and plots the
 e-value path (log10 of the e-value after each pair the test used, in plan order).
 """
 
@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from html import escape
 from typing import Any
 
+from dz_gym.eval.results import power_line
 from dz_gym.report.svg import Axes, empty_plot
 
 __all__ = ["sequential_block"]
@@ -55,9 +56,10 @@ def sequential_block(summary: Mapping[str, Any]) -> str:
         ("pairs used", f"{entry.get('pairs')} (A only {entry.get('a_only')}, B only {entry.get('b_only')}; errored: "
                        f"A {entry.get('errored_a')}, B {entry.get('errored_b')}, both {entry.get('errored_both')}; "
                        f"errors by arm, exact McNemar p = {float(entry.get('errors_p_value', 1.0)):.3g})"),
-        ("design", escape(f"{design.get('rule', '')}: smallest difference {design.get('min_difference')}, power "
-                          f"{design.get('power')}, alpha {entry.get('alpha')}, cap {entry.get('max_pairs')} pairs; "
-                          f"decide if {design.get('decide_if')}; futile if {design.get('futile_if')}")),
+        ("power", f'<span id="sequential-power" data-below-cap="{str(bool(entry.get("below_cap"))).lower()}">'
+                  f"{escape(power_line(entry))}</span>"),
+        ("design", escape(f"{design.get('rule', '')}; decide if {design.get('decide_if')}; futile if "
+                          f"{design.get('futile_if')}")),
         ("anytime-valid p", f"{float(entry.get('p_value', 1.0)):.3g} (1 / largest e-value)"),
     ]  # fmt: skip
     diff = entry.get("difference")

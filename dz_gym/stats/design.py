@@ -24,6 +24,10 @@ most ``alpha``; it is computed exactly for every ``d``, so the type-I error is a
 concordance rate and wherever the budget ends (a run that ends after ``n`` pairs has looked at a truncation
 ``d <= n`` that does not depend on the signs). The cap is the smallest number of pairs that gives the stated
 power at the planned point, computed exactly.
+
+A run whose budget ends before the cap keeps the type-I guarantee but not the power: :meth:`SequentialDesign.power_at`
+gives the power it actually has at the planned point, exactly (the same walk, truncated at the budget). The
+evaluator refuses such a budget unless told to run it, and then reports that power, never the planned one.
 """
 
 from __future__ import annotations
@@ -178,6 +182,18 @@ class SequentialDesign:
         """Exact operating characteristics at discordance ``pi`` and B-only share ``q`` (cap: ``pairs``)."""
         return pair_characteristics(self.bounds, self.max_pairs if pairs is None else pairs, pi, q)
 
+    def power_at(self, pairs: int) -> float:
+        """The exact power at the planned point (``min_difference`` at the planning discordance) of a run whose
+        budget is ``pairs`` pairs (the cap when larger): the stated power at the cap, less below it.
+
+        >>> design = SequentialDesign.plan(0.2)
+        >>> design.power_at(design.max_pairs) >= 0.8 > design.power_at(design.max_pairs // 2)
+        True
+        """
+        if isinstance(pairs, bool) or not isinstance(pairs, int) or pairs < 1:
+            raise ValueError(f"pairs: expected an integer >= 1, got {pairs!r}")
+        return self.characteristics(self.discordance, self.q1, min(pairs, self.max_pairs)).b_better
+
     def estimate_bias(self, pi: float, difference: float, pairs: int | None = None) -> float:
         """E[naive estimate at the stop] - difference, exactly, at discordance ``pi`` (cap: ``pairs``)."""
         pi = max(float(pi), abs(float(difference)), 1e-9)
@@ -193,7 +209,7 @@ class SequentialDesign:
         return {
             "rule": "truncated two-sided SPRT on discordant pairs with a futility bound; alpha spent up to the cap",
             "alpha": self.alpha,
-            "power": self.power,
+            "power_at_cap": self.power,
             "min_difference": self.min_difference,
             "planning_discordance": self.discordance,
             "q1": self.q1,

@@ -201,8 +201,14 @@ class SequentialPairTest:
             why=f"{why}; {counts}",
         )  # fmt: skip
 
+    def power(self, pairs: int | None = None) -> float:
+        """The exact power at the design's planned point when the run gives the test ``pairs`` pairs (default:
+        :attr:`max_pairs`): the stated power when the budget reaches the design's cap, less below it."""
+        return self.design.power_at(self.max_pairs if pairs is None else min(int(pairs), self.max_pairs))
+
     def to_dict(self) -> dict:
-        """The design, the budget, the e-value path and the current decision, for ``summary.json``."""
+        """The design, the budget and the power it gives, the e-value path and the current decision, for
+        ``summary.json``."""
         return {
             "method": "truncated two-sided SPRT on discordant pairs in plan order, futility bound, "
             "alpha spent exactly up to the cap",
@@ -210,6 +216,8 @@ class SequentialPairTest:
             "alpha": self.alpha,
             "max_pairs": self.max_pairs,
             "budget": self.budget,
+            "power": self.power(),
+            "below_cap": self.max_pairs < self.design.max_pairs,
             "ignored_after_stop": self.ignored,
             "log10_e_path": [round(v, 4) for v in self.path],
             **self._decision.to_dict(),
