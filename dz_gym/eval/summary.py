@@ -76,7 +76,7 @@ def _ab_summary(
     """``arms``, ``comparison``, ``ranking`` and ``sequential`` of an A/B run's summary; ``dropped``: the episodes cut off
     by the sequential stop (no row); ``finished``: every planned episode has a row."""
     from dz_gym.eval.results import summarize_arms
-    from dz_gym.stats.comparison import compare_rows
+    from dz_gym.stats.comparison import compare_rows, descriptive_comparison
     from dz_gym.stats.ranking import outcomes_by_seed, rank_arms
 
     labels = {}
@@ -87,9 +87,18 @@ def _ab_summary(
     out["arms"]["labels"] = labels  # what each arm ran (also comparison.arms)
     out["comparison"] = compare_rows(rows, labels=labels)
     by_arm = {arm: [r for r in rows if r.get("arm") == arm] for arm in config.arms}
-    out["ranking"] = rank_arms(outcomes_by_seed(by_arm))  # per arm: Wilson interval, rank with an interval
     tracker = pair_tracker(config, rows)
     out["sequential"] = tracker.summary(rows, planned_pairs=config.episodes * len(config.scenes), finished=finished)
+    if out["sequential"] is None:
+        out["ranking"] = rank_arms(outcomes_by_seed(by_arm))  # per arm: Wilson interval, rank with an interval
+    else:
+        # The run stopped when the test did: its fixed-n verdicts lose their guarantee. The comparison keeps its
+        # numbers, marked descriptive; the ranking's one claim is the sequential test's decision.
+        out["comparison"] = descriptive_comparison(out["comparison"])
+        better = out["sequential"].get("better") if out["sequential"].get("stop") else None
+        claims = [(better, "b" if better == "a" else "a")] if better in ("a", "b") else []
+        out["ranking"] = rank_arms(outcomes_by_seed(by_arm), config.alpha, claims=claims,
+                                   claims_method="the sequential test's decision (valid at its stop)")  # fmt: skip
     if out["sequential"] is not None:
         out["sequential"]["dropped"] = [dict(d) for d in dropped]
         if tracker.stopped:
@@ -97,19 +106,44 @@ def _ab_summary(
     return out
 
 
+def _raced_seeds(config: EvalConfig, rows: Sequence[Mapping[str, Any]], race) -> list[dict[str, bool | None]]:
+    """Per seed the race folded, in plan order, the outcome of every arm still in the race at that seed: the
+    data of the race's own e-processes (an arm's rows after its elimination are left out)."""
+    from dz_gym.eval.plan import pair_order
+
+    table = {(int(r["scene"]), int(r["episode"]), r.get("arm")): r for r in rows}
+    out_after = race.seeds  # per eliminated arm: the seeds folded when it went out
+    seeds = []
+    for index, (scene, episode) in enumerate(pair_order(config.scenes, config.episodes, interleave=True)):
+        if index >= race.next_group:
+            break
+        seed = {}
+        for arm in config.arms:
+            row = table.get((scene, episode, arm))
+            if row is not None and index < out_after.get(arm, index + 1):
+                seed[arm] = None if row.get("error") is not None else bool(row.get("success_at_end"))
+        seeds.append(seed)
+    return seeds
+
+
 def _arms_summary(config: EvalConfig, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """``arms`` and ``ranking`` of a run of named arms (``--arm``): per arm its groups, what it ran, and the
     leaderboard (:func:`~dz_gym.stats.ranking.rank_arms` on the seeds every arm completed)."""
     from dz_gym.eval.results import summarize_arms
-    from dz_gym.stats.ranking import outcomes_by_seed, rank_arms
+    from dz_gym.stats.ranking import anytime_claims, outcomes_by_seed, rank_arms
 
     planned = {s: config.episodes for s in config.scenes}
     out: dict[str, Any] = {"arms": summarize_arms(rows, config.arms, planned=planned)}
     out["arms"]["labels"] = {name: f"arm {name} ({value})" for name, value in config.arm_table()}
     by_arm = {arm: [r for r in rows if r.get("arm") == arm] for arm in config.arms}
-    out["ranking"] = rank_arms(outcomes_by_seed(by_arm))
-    if config.select_best:
+    if not config.select_best:
+        out["ranking"] = rank_arms(outcomes_by_seed(by_arm))
+    else:
         race = pair_tracker(config, rows)
+        # The race stopped arms adaptively: the leaderboard's claims come from its e-processes, replayed in
+        # plan order on the seeds it folded (anytime-valid); rates and Wilson intervals are descriptive.
+        claims = anytime_claims(_raced_seeds(config, rows, race), config.alpha)
+        out["ranking"] = rank_arms(outcomes_by_seed(by_arm), config.alpha, claims=claims)
         out["selection"] = race.summary()
         if race.stopped:
             out["complete"] = True  # the race ended: the episodes it did not need are not missing

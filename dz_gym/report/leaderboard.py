@@ -53,7 +53,11 @@ def ranking_of(view: RunView, names: Sequence[str]) -> dict[str, Any]:
         and {e.get("arm") for e in saved.get("arms", [])} == set(names)
     ):
         return dict(saved)
-    return rank_arms(outcomes_by_seed(_by_arm(view, names)))
+    outcomes = outcomes_by_seed(_by_arm(view, names))
+    if view.config.get("select_best"):  # stopped adaptively: no fixed-n claims; the summary brings valid ones
+        return rank_arms(outcomes, claims=[], claims_method="no claims until the race's summary is written (the "
+                         "fixed-n tests do not hold after an adaptive stop)")  # fmt: skip
+    return rank_arms(outcomes)
 
 
 def _pct(x: float) -> str:
@@ -65,7 +69,9 @@ def _board(ranking: Mapping[str, Any], labels: Mapping[str, str], selection: Map
     by = {a: e.get("by") for a, e in ((selection or {}).get("eliminated") or {}).items() if isinstance(e, Mapping)}
     best = (selection or {}).get("best")
     head = (
-        "<tr><th>rank</th><th>arm</th><th>policy / server</th><th>success at end (k/n, %, 95% Wilson)</th>"
+        "<tr><th>rank</th><th>arm</th><th>policy / server</th><th>success at end (k/n, %, 95% Wilson"
+        + ("; descriptive only" if ranking.get("descriptive") else "")
+        + ")</th>"
         "<th>rank interval</th><th>surely better than</th>" + ("<th>selection</th>" if selection else "") + "</tr>"
     )
     body = []
@@ -98,7 +104,8 @@ def _board(ranking: Mapping[str, Any], labels: Mapping[str, str], selection: Map
                 state = "still in"
             cells.append(f'<td data-field="selection">{escape(state)}</td>')
         body.append(f'<tr data-arm="{escape(arm)}">{"".join(cells)}</tr>')
-    return f'<table class="leaderboard" id="leaderboard"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table>'
+    table = f'<table class="leaderboard" id="leaderboard"><thead>{head}</thead><tbody>{"".join(body)}</tbody>'
+    return table + "</table>"
 
 
 def _selection_note(selection: Mapping[str, Any]) -> str:
@@ -114,6 +121,22 @@ def _selection_note(selection: Mapping[str, Any]) -> str:
     )
 
 
+def _claims_note(ranking: Mapping[str, Any]) -> str:
+    """What the leaderboard's claims guarantee (as proven), and which of its numbers are descriptive only."""
+    level, method = 1 - float(ranking.get("alpha", 0.05)), escape(str(ranking.get("method", "")))
+    if ranking.get("descriptive"):
+        return (
+            '<b class="descriptive">Descriptive only: success and the Wilson intervals</b> (the run stopped '
+            f"adaptively). Every claimed order (surely better than, rank intervals) is right with probability at "
+            f"least {level:g}, however the run stopped ({method})."
+        )
+    return (
+        f"Ranked by success at the end ({method}): with probability at least {level:g} no two arms of equal "
+        "success are put in an order (any dependence between the pairs); that no order between arms that differ "
+        "is reversed is proven only for independent tests."
+    )
+
+
 def leaderboard_block(view: RunView, names: Sequence[str], video: VideoSource) -> str:
     """The leaderboard section of a run of named arms: the table, the selection, the neighbours' discordant
     episodes (``video``: a row's relative video URL and why it has none)."""
@@ -123,9 +146,7 @@ def leaderboard_block(view: RunView, names: Sequence[str], video: VideoSource) -
     parts = [
         '<section id="leaderboard-section"><h2>Leaderboard (arms on the same seeds)</h2>',
         _board(ranking, labels, selection),
-        f'<p class="muted">Ranked by success at the end; the rank intervals hold together with probability '
-        f"{1 - float(ranking.get('alpha', 0.05)):g} ({escape(str(ranking.get('method', '')))}). Errored episodes are "
-        "not in n.</p>",
+        f'<p class="muted" id="leaderboard-note">{_claims_note(ranking)} Errored episodes are not in n.</p>',
     ]
     if selection:
         parts.append(_selection_note(selection))

@@ -312,12 +312,18 @@ def comparison_block(
     view_b: RunView,
     videos: _Videos,
     names: tuple[str, str],
+    descriptive: bool = False,
 ) -> str:
-    """Paired 2x2 tables, difference with interval and p-value per scene, discordant pairs' videos."""
+    """Paired 2x2 tables, difference with interval and p-value per scene, discordant pairs' videos.
+
+    ``descriptive``: the run stopped by a sequential test: the fixed-n verdict column is left out and the table
+    is marked descriptive only (the sequential block above has the decision)."""
     cmp = compare(rows_a, rows_b, labels={"a": names[0], "b": names[1]})
     head = (
         "<tr><th>scene</th><th>pairs</th><th>both</th><th>A only</th><th>B only</th><th>neither</th>"
-        "<th>A</th><th>B</th><th>B - A (95% CI)</th><th>p (exact McNemar)</th><th>p Holm</th><th>verdict</th></tr>"
+        "<th>A</th><th>B</th><th>B - A (95% CI)</th><th>p (exact McNemar)</th><th>p Holm</th>"
+        + ("" if descriptive else "<th>verdict</th>")
+        + "</tr>"
     )
     body = []
     table = cmp["scenes"]
@@ -335,7 +341,9 @@ def comparison_block(
         body.append(
             f'<tr data-scope="{escape(scope)}"><th>{escape(scope)}</th><td>{n}</td><td>{entry["both"]}</td><td>{entry["a_only"]}</td>'
             f"<td>{entry['b_only']}</td><td>{entry['neither']}</td><td>{entry['a']}/{n}</td><td>{entry['b']}/{n}</td>"
-            f'<td class="diff">{diff}</td><td class="p">{p}</td><td class="p">{holm}</td><td>{escape(verdict)}</td></tr>'
+            f'<td class="diff">{diff}</td><td class="p">{p}</td><td class="p">{holm}</td>'
+            + ("" if descriptive else f"<td>{escape(verdict)}</td>")
+            + "</tr>"
         )
     overall = table["overall"]
     unpaired = cmp.get("unpaired") or {}
@@ -349,10 +357,22 @@ def comparison_block(
     discordant = discordant_list(
         pairs, lambda r: videos.src(view_a, r), lambda r: videos.src(view_b, r), ("A", "B"), "discordant"
     )
+    if descriptive:
+        note = (
+            '<p class="muted descriptive" id="paired-descriptive"><b>Descriptive only:</b> the run stopped by a '
+            "sequential test; these fixed-n p-values and intervals do not account for the stop, and no verdict is "
+            "drawn from them (read the sequential decision).</p>" + note
+        )
     return (
-        f'<table class="paired" id="paired"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table>{note}'
+        f'<table class="paired" id="paired" data-descriptive="{str(descriptive).lower()}"><thead>{head}</thead>'
+        f"<tbody>{''.join(body)}</tbody></table>{note}"
         f"<h3>Discordant pairs ({len(pairs)})</h3>{discordant}"
     )
+
+
+def _sequential_run(views: Sequence[RunView]) -> bool:
+    """Whether the page is one A/B run with a sequential test (its fixed-n verdicts are then descriptive)."""
+    return len(views) == 1 and bool(views[0].config.get("sequential") or views[0].summary.get("sequential"))
 
 
 def _arm_summaries(view: RunView) -> list[tuple[str, Mapping[str, Any]]]:
@@ -433,7 +453,7 @@ def build_page(views: Sequence[RunView], out_dir: str | os.PathLike) -> str:
     if pair is not None:
         parts.append(
             '<section id="compare"><h2>A/B comparison (paired by scene and seed)</h2>'
-            + comparison_block(*pair[:4], videos, pair[4])
+            + comparison_block(*pair[:4], videos, pair[4], descriptive=_sequential_run(views))
             + "</section>"
         )
     plot_html = "".join(

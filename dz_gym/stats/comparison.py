@@ -28,7 +28,15 @@ from typing import Any
 from dz_gym.stats.exact import holm_adjust, mcnemar_exact_p
 from dz_gym.stats.proportions import PairedCounts, paired_difference_interval
 
-__all__ = ["PRIMARY_METRIC", "SCHEMA", "compare_rows", "format_comparison", "pair_rows", "split_arms"]
+__all__ = [
+    "PRIMARY_METRIC",
+    "SCHEMA",
+    "compare_rows",
+    "descriptive_comparison",
+    "format_comparison",
+    "pair_rows",
+    "split_arms",
+]
 
 SCHEMA = "dz-gym-compare/1"
 PRIMARY_METRIC = "success_at_end"
@@ -214,10 +222,28 @@ def _lines(table: Mapping[str, Any], scene_keys: Sequence[str]) -> list[tuple[st
     for key in scene_keys:
         e = table[key]
         ci = "-" if e["ci95"] is None else f"{e['diff']:+.2f} [{e['ci95'][0]:+.2f}, {e['ci95'][1]:+.2f}]"
-        verdict = {"b_better": "B better", "a_better": "A better"}.get(e["verdict"], "-")
+        verdict = {"b_better": "B better", "a_better": "A better"}.get(e.get("verdict"), "-")
         out.append((key, str(e["pairs"]), str(e["errored_pairs"]), _pct(e["a"], e["pairs"]), _pct(e["b"], e["pairs"]),
                     str(e["a_only"]), str(e["b_only"]), ci, _fmt_p(e["p_value"]),
                     _fmt_p(e["p_holm"]) if "p_holm" in e else "", verdict))  # fmt: skip
+    return out
+
+
+DESCRIPTIVE_WHY = ("the run stopped by a sequential test, whose decision (summary.json's sequential) is the one "
+                   "to read; the fixed-n p-values and intervals below do not account for the stop")  # fmt: skip
+
+
+def descriptive_comparison(result: Mapping[str, Any]) -> dict[str, Any]:
+    """``result`` (:func:`compare_rows`) after a sequential run: every ``verdict`` dropped (a fixed-n claim that
+    the stop invalidates) and ``descriptive`` naming the fields that are descriptive only, and why."""
+    metrics = {name: {scope: {k: v for k, v in entry.items() if k != "verdict"} for scope, entry in table.items()}
+               for name, table in result["metrics"].items()}  # fmt: skip
+    out = {**result, "metrics": metrics, "scenes": metrics[result["metric"]]}
+    out["descriptive"] = {
+        "fields": ["diff", "ci95", "p_value", "p_holm"],
+        "dropped": ["verdict"],
+        "why": DESCRIPTIVE_WHY,
+    }
     return out
 
 
