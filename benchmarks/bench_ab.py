@@ -3,20 +3,23 @@
 A cell is a true difference ``delta`` (B - A), a base rate (the mean of the arms' success rates) and the
 correlation of the two arms' outcomes on the same seed (phi coefficient). From it: the discordance ``pi``
 (a pair has one success and one failure) and ``q`` (a discordant pair is B-only). Every number is computed by
-dynamic programming (``dz_gym.stats.walk``) or exact binomial sums:
+dynamic programming (``dz_gym.stats.walk``, or over the pairs themselves) or exact binomial sums:
 
 - sequential: the shipped rule, ``SequentialDesign.plan(min_difference)``, whose cap is chosen from what a
   user knows: the smallest difference they care about, the power and alpha (planned for the worst case
   without negative correlation, ``pi = (1 + delta^2) / 2``); the user's difference is the cell's ``delta``;
-- fixed n: the smallest n at which the exact two-sided McNemar test at alpha has the same power **in that
-  cell** (the power the sequential rule reaches there, at least the target), knowing the cell's ``pi``: the
-  most favourable baseline;
+- fixed n: the exact two-sided McNemar test at alpha at the **stated** power: planned from the same knowledge
+  (the difference; the n a user would run), and the smallest n that reaches the stated power in that cell
+  knowing its ``pi`` (the most favourable baseline);
 - previous: the rule this one replaces (mixture e-process over q in {0.65, 0.75, 0.85}, reject at 1/alpha,
   no futility), capped at the smallest n with the target power at the planned point.
 
 Printed: pairs used (expected), ratio to the fixed n, power, type-I error (the rule's, exact, at every
 truncation: its maximum over budgets and concordance rates), pairs used when there is no difference, and the
-bias of the naive estimate at the stop.
+bias of the naive estimate at the stop. Then the multi-scene rows: the pairs of 1-4 scenes with different base
+rates reach the test round-robin by scene (``dz_gym.eval.plan.pair_order(..., interleave=True)``); the rule's
+law is computed exactly in pair time (each pair's discordance and B-only share are its scene's), with the
+pairs run when the scenes are executed interleaved (as the test takes them) and one after another.
 
     python benchmarks/bench_ab.py [--alpha 0.05] [--quick]
 """
@@ -29,13 +32,14 @@ import time
 
 import numpy as np
 
+from dz_gym.eval.plan import pair_order
 from dz_gym.stats import SequentialDesign, log_e_values, mcnemar_exact_p
 from dz_gym.stats.design import planning_discordance
 from dz_gym.stats.walk import Boundaries, pair_characteristics, walk
 
 POWERS = (0.8, 0.9)
 DELTAS = (0.1, 0.2, 0.3)
-BASES = (0.3, 0.5, 0.7)
+BASES = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
 CORRELATIONS = (0.0, 0.3, 0.6)
 PREVIOUS_ALTERNATIVES = (0.65, 0.75, 0.85)
 MAX_N = 2000
@@ -162,32 +166,114 @@ def design_table(alpha: float, fixed: FixedMcNemar, deltas) -> dict:
 
 
 def grid_table(alpha: float, fixed: FixedMcNemar, designs: dict, deltas) -> None:
-    print("\nOver base rate x correlation (the design planned from the difference alone, as above)")
+    print("\nOver base rate x correlation (the design planned from the difference alone, as above); fixed n at the "
+          "stated power")  # fmt: skip
     print(
-        "| diff | power target | base | corr | pi | power reached | sequential mean pairs | fixed-n same power "
-        "| fewer | no difference at this base/corr: pairs (vs planned fixed n; vs fixed n knowing pi) | type I |"
+        "| diff | power | base | corr | pi | power reached | sequential mean pairs | fixed n planned (fewer) "
+        "| fixed n knowing pi (fewer) | no difference: pairs (vs planned fixed n; vs fixed n knowing pi) | type I |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for delta in deltas:
         for power in POWERS:
             design = designs[(delta, power)]
+            n_plan = fixed.n_for(power, planning_discordance(delta), design.q1)
             for base in BASES:
                 for rho in CORRELATIONS:
                     here, null_cell = cell(delta, base, rho), cell(0.0, base, rho)
-                    if here is None or null_cell is None:
+                    if null_cell is None:
                         continue
-                    pi, q = here
-                    alt = design.characteristics(pi, q)
-                    n_fixed = fixed.n_for(alt.b_better, pi, q)
+                    if here is None:  # no joint law with this difference: the no-difference columns only
+                        row = f"| {delta:.1f} | {power:.0%} | {base:.1f} | {rho:.1f} | - | - | - | - | - "
+                    else:
+                        pi, q = here
+                        alt = design.characteristics(pi, q)
+                        n_cell = fixed.n_for(power, pi, q)  # the stated power in this cell, knowing pi
+                        row = (f"| {delta:.1f} | {power:.0%} | {base:.1f} | {rho:.1f} | {pi:.3f} | {alt.b_better:.3f} "
+                               f"| {alt.mean_pairs:.1f} | {n_plan} ({1 - alt.mean_pairs / n_plan:.0%}) "
+                               f"| {n_cell} ({1 - alt.mean_pairs / n_cell:.0%}) ")  # fmt: skip
                     null = design.characteristics(null_cell[0], 0.5)
-                    # the fixed-n test planned from the same knowledge (the difference), and one that knows pi
-                    n_plan = fixed.n_for(power, planning_discordance(delta), design.q1)
                     pi0 = max(null_cell[0], delta)
                     n_knows = fixed.n_for(power, pi0, 0.5 + delta / (2 * pi0))
-                    print(f"| {delta:.1f} | {power:.0%} | {base:.1f} | {rho:.1f} | {pi:.3f} | {alt.b_better:.3f} "
-                          f"| {alt.mean_pairs:.1f} | {n_fixed} | {1 - alt.mean_pairs / n_fixed:.0%} "
-                          f"| {null.mean_pairs:.1f} ({null.mean_pairs / n_plan:.2f}; {null.mean_pairs / n_knows:.2f}) "
-                          f"| {null.a_better + null.b_better:.4f} |")  # fmt: skip
+                    print(f"{row}| {null.mean_pairs:.1f} ({null.mean_pairs / n_plan:.2f}; "
+                          f"{null.mean_pairs / n_knows:.2f}) | {null.a_better + null.b_better:.4f} |")  # fmt: skip
+
+
+def pair_time_law(bounds: Boundaries, cap: int, pis, qs) -> tuple[float, np.ndarray, float]:
+    """The rule run pair by pair, pair ``n`` discordant with probability ``pis[n]`` and then B-only with
+    probability ``qs[n]``: ``(P(decide B better), P(the test used exactly n pairs) for n = 0..cap, P(decide A))``
+    (the final look at the cap)."""
+    d = np.minimum(np.arange(cap + 1), bounds.cap)[:, None]
+    signed = np.arange(-cap, cap + 1)[None, :]
+    up, down = signed >= bounds.reject[d], signed <= -bounds.reject[d]
+    stop = up | down | (np.abs(signed) <= bounds.futile[d])
+    mass = np.zeros((cap + 1, 2 * cap + 1))  # mass[d, S + cap]: runs still going
+    mass[0, cap] = 1.0
+    b_better = a_better = 0.0
+    used = np.zeros(cap + 1)
+    for n in range(1, cap + 1):
+        pi, q = pis[n - 1], qs[n - 1]
+        new = (1 - pi) * mass
+        new[1:, 1:] += pi * q * mass[:-1, :-1]
+        new[1:, :-1] += pi * (1 - q) * mass[:-1, 1:]
+        b_better, a_better = b_better + new[up].sum(), a_better + new[down].sum()
+        used[n] = new[stop].sum()
+        mass = np.where(stop, 0.0, new)
+    final = np.abs(signed) >= bounds.final[d]
+    b_better += mass[final & (signed > 0)].sum()
+    a_better += mass[final & (signed < 0)].sum()
+    used[cap] += mass.sum()
+    return float(b_better), used, float(a_better)
+
+
+def fixed_n_mixture(fixed: FixedMcNemar, power: float, pis, qs) -> int:
+    """The smallest n at which the pooled exact McNemar test over the first n pairs (pair k discordant with
+    probability ``pis[k]``, B-only with ``qs[k]``) has ``power``, exactly."""
+    size = len(pis)
+    mass = np.zeros((size + 1, 2 * size + 1))
+    mass[0, size] = 1.0
+    signed = np.abs(np.arange(-size, size + 1))[None, :]
+    reject = signed >= fixed.crit[: size + 1][:, None]
+    for n in range(1, size + 1):
+        new = (1 - pis[n - 1]) * mass
+        new[1:, 1:] += pis[n - 1] * qs[n - 1] * mass[:-1, :-1]
+        new[1:, :-1] += pis[n - 1] * (1 - qs[n - 1]) * mass[:-1, 1:]
+        mass = new
+        if mass[reject].sum() >= power:
+            return n
+    raise ValueError(f"fixed n beyond {size} pairs")
+
+
+SCENE_BASES = {1: (0.5,), 2: (0.35, 0.65), 3: (0.3, 0.5, 0.7), 4: (0.2, 0.4, 0.6, 0.8)}
+
+
+def scenes_table(alpha: float, fixed: FixedMcNemar, delta: float = 0.2, power: float = 0.8) -> None:
+    design = SequentialDesign.plan(delta, alpha=alpha, power=power)
+    cap = design.max_pairs
+    n_plan = fixed.n_for(power, planning_discordance(delta), design.q1)
+    print(f"\nSeveral scenes (difference {delta:g} in every scene, independent outcomes, the design for {delta:g} "
+          f"at {power:.0%}: cap {cap}); pairs reach the test round-robin by scene (plan order)")  # fmt: skip
+    print(
+        "| scenes | base rates | power reached | sequential mean pairs (interleaved execution) | fewer than fixed n "
+        "planned | fixed n knowing the rates (fewer) | pairs run, scenes one after another (vs fixed n planned) |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for count, bases in SCENE_BASES.items():
+        scenes = list(range(1, count + 1))
+        episodes = -(-cap // count)  # the evaluator's default: the cap spread over the scenes
+        order = pair_order(scenes, episodes, interleave=True)[:cap]  # the test's order
+        law = {s: cell(delta, b, 0.0) for s, b in zip(scenes, bases)}
+        pis, qs = [law[s][0] for s, _ in order], [law[s][1] for s, _ in order]
+        b_better, used, _ = pair_time_law(design.bounds, cap, pis, qs)
+        mean = float(used @ np.arange(cap + 1))
+        longer = pair_order(scenes, 4 * episodes, interleave=True)  # a fixed n may need more than the cap
+        n_rates = fixed_n_mixture(fixed, power, [law[s][0] for s, _ in longer], [law[s][1] for s, _ in longer])
+        # scenes one after another: the test's n-th pair is available once every pair before it ran
+        position = {key: i for i, key in enumerate(pair_order(scenes, episodes))}
+        ran = np.maximum.accumulate([position[key] + 1 for key in order])
+        run_serial = float(used[1:] @ ran)
+        print(f"| {count} | {', '.join(f'{b:g}' for b in bases)} | {b_better:.3f} | {mean:.1f} "
+              f"| {1 - mean / n_plan:.0%} (of {n_plan}) | {n_rates} ({1 - mean / n_rates:.0%}) "
+              f"| {run_serial:.1f} ({run_serial / n_plan:.2f}) |")  # fmt: skip
 
 
 def main() -> None:
@@ -201,6 +287,7 @@ def main() -> None:
     print(f"alpha {args.alpha}; all numbers exact (dynamic programming over the discordant walk)")
     designs = design_table(args.alpha, fixed, deltas)
     grid_table(args.alpha, fixed, designs, [d for d in deltas if d >= 0.2])
+    scenes_table(args.alpha, fixed)
     print(f"\n({time.perf_counter() - started:.0f} s)")
 
 
