@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from dz_gym.cli_types import Flag, OneLineErrorParser, add_flags, flag_message, number, show
-from dz_gym.stats.comparison import compare_rows, format_comparison
+from dz_gym.stats.comparison import compare_rows, descriptive_comparison, format_comparison
 from dz_gym.stats.ranking import format_ranking, outcomes_by_seed, rank_arms
 
 __all__ = ["build_parser", "comparability", "load_run", "main"]
@@ -169,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
             if not any("arm" in row for row in rows):
                 parser.error(f"{args.runs[0]}: not an A/B run (its rows carry no 'arm'); give two runs: RUN_A RUN_B")
             if config.get("arm_specs"):  # a run of named arms (--arm): its leaderboard
-                return _print_ranking(args, _rank_arms_of_run(config, rows, level), [args.runs[0]], [])
+                ranking = _rank_arms_of_run(config, rows, level, Path(args.runs[0]))
+                return _print_ranking(args, ranking, [args.runs[0]], [])
             labels = {arm: f"{args.runs[0]} arm {arm.upper()}" + _arm_suffix(config, rows, arm) for arm in "ab"}
             result = compare_rows(rows, labels=labels, **level)
     except ValueError as exc:
@@ -182,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     if overall["pairs"] + overall["errored_pairs"] + overall["missing"] == 0:
         parser.error("no pairs: the runs share no (scene, seed); run both with the same --seed and scenes")
     sequential = len(args.runs) == 1 and bool(config.get("sequential"))
+    if sequential:  # the run stopped by its sequential test: no fixed-n verdicts, the numbers descriptive
+        result = descriptive_comparison(result)
     text = format_comparison(result, descriptive=sequential)
     if sequential:
         text += "\n\n" + _sequential_line(args.runs[0])
@@ -227,10 +230,26 @@ def _rank(parser: argparse.ArgumentParser, args: argparse.Namespace, level: Mapp
     return _print_ranking(args, result, list(args.runs), problems)
 
 
-def _rank_arms_of_run(config: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], level: Mapping[str, Any]) -> dict:
-    """The ranking of one run's named arms (``--arm``), in the config's arm order, on their common seeds."""
+def _rank_arms_of_run(config: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], level: Mapping[str, Any],
+                      run: Path) -> dict:  # fmt: skip
+    """The ranking of one run's named arms (``--arm``), in the config's arm order, on their common seeds.
+
+    After ``--select-best`` the arms stopped adaptively and fixed-n claims do not hold: the summary's ranking
+    (claims valid at any stop) when it covers every arm, else the rates with no claims, marked descriptive."""
     names = [str(spec).split("=", 1)[0] for spec in config["arm_specs"]]
-    result = rank_arms(outcomes_by_seed({n: [r for r in rows if r.get("arm") == n] for n in names}), **level)
+    outcomes = outcomes_by_seed({n: [r for r in rows if r.get("arm") == n] for n in names})
+    if config.get("select_best"):
+        try:
+            saved = json.loads((run / "summary.json").read_text()).get("ranking")
+        except (OSError, json.JSONDecodeError, AttributeError):
+            saved = None
+        if isinstance(saved, dict) and {e.get("arm") for e in saved.get("arms", [])} == set(names):
+            result = saved
+        else:
+            result = rank_arms(outcomes, **level, claims=[], claims_method="no claims: the run's summary.json, whose "
+                               "claims hold after the race's adaptive stop, is missing")  # fmt: skip
+    else:
+        result = rank_arms(outcomes, **level)
     result["labels"] = {str(spec).split("=", 1)[0]: str(spec).split("=", 1)[1] for spec in config["arm_specs"]}
     return result
 

@@ -8,12 +8,14 @@ e-processes.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
 import numpy as np
 import pytest
 
+from dz_gym import compare
 from dz_gym.eval import cli
 from dz_gym.eval.config import EvalConfig
 from dz_gym.eval.evaluate import evaluate
@@ -129,6 +131,10 @@ def test_a_short_budget_reports_its_power_and_a_sequential_stop_marks_fixed_n_fi
     paired = html[html.index('id="paired"') : html.index("</table>", html.index('id="paired"'))]
     assert "verdict" not in paired and "B better" not in paired
     assert 'data-descriptive="true"' in html and 'id="paired-descriptive"' in html
+    # dz-gym-compare on the run: the same (no verdict in its JSON, the numbers descriptive)
+    assert compare.main([str(run_dir.path), "--json", str(tmp_path / "cmp.json")]) == 0
+    again = json.loads((tmp_path / "cmp.json").read_text())
+    assert "verdict" not in again["scenes"]["overall"] and again["descriptive"]["dropped"] == ["verdict"]
 
 
 def test_select_best_leaderboard_claims_are_anytime_valid_and_rates_descriptive(tmp_path):
@@ -148,6 +154,10 @@ def test_select_best_leaderboard_claims_are_anytime_valid_and_rates_descriptive(
     note = re.search(r'<p class="muted" id="leaderboard-note">(.*?)</p>', html).group(1)
     assert "Descriptive only: success and the Wilson intervals" in note and "however the run stopped" in note
     assert "hold together" not in html
+    # dz-gym-compare RUN prints the summary's leaderboard (claims valid at the stop), marked descriptive
+    assert compare.main([str(run_dir.path), "--json", str(tmp_path / "rank.json")]) == 0
+    board = json.loads((tmp_path / "rank.json").read_text())
+    assert board["method"] == ranking["method"] and board["descriptive"] == ranking["descriptive"]
 
 
 def test_anytime_claims_follow_best_arm_selection_e_processes():
