@@ -82,6 +82,14 @@ def test_the_budget_defaults_to_the_design_cap_and_a_shorter_one_is_refused():
         EvalConfig(backend="mujoco", num_envs=2, policy_b="hold", accept_lower_power=True)
 
 
+def test_a_config_saved_before_budgets_were_checked_keeps_its_budget():
+    old = _config(min_difference=0.1, max_episodes=200, accept_lower_power=True).to_dict()
+    del old["accept_lower_power"]
+    assert EvalConfig.from_dict(old).sequential_budget == 200
+    old["max_episodes"] = None  # the budget was 200 pairs by default then
+    assert EvalConfig.from_dict(old).sequential_max_pairs == 200
+
+
 def test_cli_refuses_a_budget_below_the_cap_with_exit_2(capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(["--backend", "mujoco", "--policy-b", "hold", "--sequential", "--min-difference", "0.1",

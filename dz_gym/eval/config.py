@@ -31,6 +31,7 @@ EXTERNAL_POLICY = "external"  # the ``policy`` of a run against servers it did n
 
 _ARM_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,15}")
 ARMS = ("a", "b")  # the arms of an A/B run: slot 2j runs arm a, slot 2j+1 arm b
+LEGACY_MAX_EPISODES = 200  # --sequential's budget in runs saved before it defaulted to the design's cap
 DEFAULT_ALPHA = 0.05  # --sequential: the test's type-I error
 DEFAULT_MIN_DIFFERENCE = 0.2  # --sequential: the smallest difference in success rate the design is planned for
 DEFAULT_POWER = 0.8  # --sequential: the design's power at that difference
@@ -393,7 +394,11 @@ class EvalConfig:
             raise ValueError(
                 f"config.json: version {data.get('version')!r} is not supported (expected {CONFIG_VERSION})"
             )
-        return cls(**dict(data))
+        data = dict(data)
+        if data.get("sequential") and "accept_lower_power" not in data:
+            # Saved before budgets were checked against the design: the run keeps the budget it ran with.
+            data.update(accept_lower_power=True, max_episodes=data.get("max_episodes") or LEGACY_MAX_EPISODES)
+        return cls(**data)
 
 
 # Settings that change what an episode does, and so its row (the fields declared with ``_result``).

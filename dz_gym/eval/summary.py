@@ -99,7 +99,6 @@ def _ab_summary(
         claims = [(better, "b" if better == "a" else "a")] if better in ("a", "b") else []
         out["ranking"] = rank_arms(outcomes_by_seed(by_arm), config.alpha, claims=claims,
                                    claims_method="the sequential test's decision (valid at its stop)")  # fmt: skip
-    if out["sequential"] is not None:
         out["sequential"]["dropped"] = [dict(d) for d in dropped]
         if tracker.stopped:
             out["complete"] = True  # the test decided: the episodes it did not need are not missing
