@@ -106,7 +106,7 @@ class EvalConfig:
     alpha: float = _result(DEFAULT_ALPHA)  # the sequential test's type-I error
     min_difference: float = _result(DEFAULT_MIN_DIFFERENCE)  # sequential: the difference the design looks for
     power: float = _result(DEFAULT_POWER)  # sequential: the design's power at min_difference
-    max_episodes: int | None = None  # sequential: the most pairs (episodes per arm); None: DEFAULT_MAX_EPISODES
+    max_episodes: int | None = _result(None)  # sequential: the most pairs per arm; None: DEFAULT_MAX_EPISODES
     policy_seed: bool = _result(False)  # send a per-episode ``seed`` (derived from the episode's seed) in each request
     num_inference_steps: int | None = _result(None)  # send ``sampling_params: {num_inference_steps}`` in each request
     video: bool = True
