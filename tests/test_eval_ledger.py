@@ -292,3 +292,42 @@ def test_a_video_that_failed_is_deleted_and_unlinked_and_resume_never_links_an_u
     assert set(resumed["video_errors"]) == {"scene1_ep0001", "scene1_ep0002"}  # this segment's and the last one's
     assert "torn" in resumed["video_errors"]["scene1_ep0002"] or "moov" in resumed["video_errors"]["scene1_ep0002"]
     assert resumed["overall"]["episodes"] == 3
+
+
+@pytest.mark.slow
+def test_a_full_disk_while_writing_rows_stops_the_run_cleanly_and_a_resume_finishes_it(tmp_path, monkeypatch):
+    """End to end on the toy env and a real server: the third row's write fails with ENOSPC; the run stops
+    with that error (the summary says aborted, two rows kept, every linked video complete), and a resume runs
+    the rest with every row's video a complete mp4."""
+    pytest.importorskip("imageio_ffmpeg")
+    from dz_gym.eval.evaluate import evaluate
+    from dz_gym.eval.video import mp4_problem
+    from dz_gym.server.launch import start_server_thread
+    from dz_gym.testing.toy_env import ToyDroidEnv
+
+    cfg = EvalConfig(scenes=[1], episodes=4, num_envs=2, max_steps=6, video=True, report=False, backend="mujoco")
+    run_dir = RunDir.create(tmp_path, cfg)
+    real, written = RunDir.append_row, []
+
+    def append_row(self, row):
+        if len(written) == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        written.append(row["episode"])
+        real(self, row)
+
+    def factory(scene, c):
+        return ToyDroidEnv(c.num_envs, scene=scene, max_episode_length=c.max_steps, image_shape=(18, 32))
+
+    with start_server_thread("hold") as server:
+        url = server.url + "/v1/realtime/robot/openpi"
+        monkeypatch.setattr(RunDir, "append_row", append_row)
+        with pytest.raises(OSError, match="No space left on device"):
+            evaluate(cfg, run_dir, [url], env_factory=factory, progress=False)
+        monkeypatch.undo()
+        summary = json.loads((run_dir.path / "summary.json").read_text())
+        assert "No space left on device" in summary["aborted"] and summary["overall"]["episodes"] == 2
+        assert all(mp4_problem(run_dir.path / r["video"]) is None for r in run_dir.read_rows())
+        summary = evaluate(cfg, run_dir, [url], env_factory=factory, progress=False)
+    rows = run_dir.read_rows()
+    assert summary["complete"] and sorted(r["episode"] for r in rows) == [0, 1, 2, 3]
+    assert all(r["video"] and mp4_problem(run_dir.path / r["video"]) is None for r in rows)
