@@ -14,6 +14,7 @@ import os
 import select
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -71,6 +72,7 @@ def one_error(err: str) -> str:
 
 HOLDER = """
 import sys
+from pathlib import Path
 from dz_gym.eval.runlock import RunLock
 lock = RunLock.acquire(sys.argv[1])
 print("locked", flush=True)
@@ -331,3 +333,68 @@ def test_a_full_disk_while_writing_rows_stops_the_run_cleanly_and_a_resume_finis
     rows = run_dir.read_rows()
     assert summary["complete"] and sorted(r["episode"] for r in rows) == [0, 1, 2, 3]
     assert all(r["video"] and mp4_problem(run_dir.path / r["video"]) is None for r in rows)
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """Mounts a tmpfs of ``size`` (``mount(size, ro=False)``; again to remount it) at a fresh folder; skipped
+    where mounting is not allowed (not root, no CAP_SYS_ADMIN)."""
+    target = tmp_path / "mnt"
+    target.mkdir()
+    mounted = []
+
+    def mount(size: str, ro: bool = False):
+        options = f"size={size}" + (",ro" if ro else "") + (",remount" if mounted else "")
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(target)], capture_output=True,
+                              text=True, timeout=60)  # fmt: skip
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        mounted.append(options)
+        return target
+
+    yield mount
+    if mounted:
+        subprocess.run(["umount", "-l", str(target)], capture_output=True, timeout=60)  # lazy: never left mounted
+
+
+def test_a_read_only_output_root_is_refused_before_anything_starts(capsys, tmpfs):
+    root = tmpfs("1m", ro=True)
+    code = cli.main(["--server", NOWHERE, "--output-root", str(root / "runs"), "--no-progress"])
+    line = one_error(capsys.readouterr().err)
+    assert code == 2 and line.startswith("dz-gym-eval: error: --output-root: cannot write in") and "Read-only" in line
+
+
+@pytest.mark.slow
+def test_a_real_full_disk_mid_run_then_a_resume_once_there_is_room(tmp_path, tmpfs):
+    """A tmpfs too small for the run (config.json fits; the episodes' trajectories and rows alone do not,
+    one page each): the run stops with ENOSPC and leaves no temporary file; with the tmpfs grown, a resume
+    unlinks whatever video the full disk broke, finishes the run and links only complete videos."""
+    pytest.importorskip("imageio_ffmpeg")
+    from dz_gym.eval.evaluate import evaluate
+    from dz_gym.eval.video import mp4_problem
+    from dz_gym.server.launch import start_server_thread
+    from dz_gym.testing.toy_env import ToyDroidEnv
+
+    root = tmpfs("16k")
+    cfg = EvalConfig(scenes=[1], episodes=4, num_envs=2, max_steps=6, video=True, report=False, backend="mujoco")
+    run_dir = RunDir.create(root, cfg)
+
+    def factory(scene, c):
+        return ToyDroidEnv(c.num_envs, scene=scene, max_episode_length=c.max_steps, image_shape=(18, 32))
+
+    def leftovers():
+        return sorted(p.name for p in run_dir.path.rglob(".*tmp*"))
+
+    with start_server_thread("hold") as server:
+        url = server.url + "/v1/realtime/robot/openpi"
+        with pytest.raises(OSError) as failed:
+            evaluate(cfg, run_dir, [url], env_factory=factory, progress=False)
+        assert failed.value.errno == errno.ENOSPC, failed.value
+        assert leftovers() == []
+        tmpfs("64m")
+        summary = evaluate(cfg, run_dir, [url], env_factory=factory, progress=False)
+    rows = run_dir.read_rows()
+    assert summary["complete"] and sorted(r["episode"] for r in rows) == [0, 1, 2, 3] and leftovers() == []
+    linked = {r["video"] for r in rows if r["video"]}
+    assert all(mp4_problem(run_dir.path / v) is None for v in linked)
+    assert set(summary["video_errors"]) == {Path(r["trajectory"]).stem for r in rows if not r["video"]}

@@ -62,12 +62,18 @@ def _to_json(value: Any) -> Any:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temporary name, then rename it to ``path``; a failed write (a full disk) leaves
+    ``path`` as it was and no temporary file behind."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 class RunDir:
@@ -192,8 +198,12 @@ class RunDir:
         path = self.path / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.stem}.tmp.npz")
-        np.savez_compressed(tmp, **{k: np.asarray(v) for k, v in arrays.items()})
-        os.replace(tmp, path)
+        try:
+            np.savez_compressed(tmp, **{k: np.asarray(v) for k, v in arrays.items()})
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         return rel
 
     def write_file(self, rel: str | os.PathLike, data: bytes) -> Path:

@@ -175,7 +175,10 @@ class RunSegment:
 
     def _close(self) -> dict[str, Any]:
         self.bars.close()
-        self.video_errors.update(withdraw_broken_videos(self.run_dir, self.run_dir.read_rows(), self.video_errors))
+        try:
+            self.video_errors.update(withdraw_broken_videos(self.run_dir, self.run_dir.read_rows(), self.video_errors))
+        except OSError as exc:  # e.g. a full disk: the next segment's opening withdraws them
+            logger.warning("%s: could not unlink the broken videos from their rows now: %s", self.run_dir.path, exc)
         previous = self.run_dir.read_summary() or {}  # re-read: a per-scene child may have written it
         segments = list(previous.get("segments", []))
         if self.timing["env_steps"] or self.timing["wall_s"]:
