@@ -39,6 +39,17 @@ def outcome(pool: SessionPool, i: int, session_id: str):
     return pool.submit(i, request(session_id)).result(30)
 
 
+def wait_for(predicate, what: str, bound_s: float = 60.0) -> None:
+    """Wait until the server has observed what another connection did (``predicate``), within a bound: a
+    close or a reset sent without waiting for a reply reaches the server in its own time."""
+    done = threading.Event()
+    for _ in range(int(bound_s / 0.01)):
+        if predicate():
+            return
+        done.wait(0.01)
+    raise AssertionError(f"the server never observed {what} within {bound_s} s")
+
+
 # ---------------------------------------------------------------------------------------------- server
 def test_server_refuses_beyond_the_cap_and_frees_on_reset_switch_and_close():
     with start_server_thread("hold", max_sessions=1) as server, SessionPool(server.url, 3, FAST) as pool:
@@ -53,7 +64,8 @@ def test_server_refuses_beyond_the_cap_and_frees_on_reset_switch_and_close():
         pool.release(0, "a2").result(10)  # a reset on connection 0 frees its session
         assert outcome(pool, 1, "b").ok
         assert not outcome(pool, 2, "c").ok
-        pool.loop.run(pool.session(1).close(), 10)  # closing connection 1 frees "b"
+        pool.loop.run(pool.session(1).close(), 10)  # closing connection 1 frees "b"...
+        wait_for(lambda: len(server.server.sessions) == 0, "the close of connection 1")  # ...once the server sees it
         assert outcome(pool, 2, "c").ok
     stats = server.server.sessions
     assert (stats.peak, stats.admitted, stats.refusals) == (1, 4, 3)
@@ -117,11 +129,8 @@ def test_ended_episodes_free_their_sessions_on_the_server():
             for _ in range(30):  # three episodes per env, the last ones end at step 30
                 env.step()
             sessions = server.server.sessions
-            for _ in range(200):  # the releases are sent without waiting: bounded wait for their count
-                if len(sessions) == 0:
-                    break
-                threading.Event().wait(0.05)
-            assert len(sessions) == 0 and sessions.admitted == 6 and sessions.peak == 2
+            wait_for(lambda: len(sessions) == 0, "the releases")  # they are sent without waiting for a reply
+            assert sessions.admitted == 6 and sessions.peak == 2
         finally:
             env.close()
 

@@ -698,3 +698,40 @@ def test_server_that_refuses_the_handshake_ends_the_run_at_once(capsys):
     assert rc == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "Robot policy not available" in err[0]
+
+
+class NarrowEvery:
+    """A policy whose every ``k``-th reply is a ``(24, 3)`` chunk (DROID takes 8 values per step)."""
+
+    def __init__(self, k: int):
+        self.k, self.calls = k, 0
+
+    def infer(self, request, *, session_id, new_session):
+        self.calls += 1
+        return np.zeros((24, 3 if self.calls % self.k == 0 else 8), dtype=np.float32)
+
+
+def test_replies_that_break_the_policy_contract_are_errors_as_dz_gym_eval_sees_them(tmp_path, capsys):
+    out = tmp_path / "contract.json"
+    with start_server_thread(NarrowEvery(3)) as server:
+        rc = bench("--server", server.url, "--concurrency", 1, "--num-requests", 9, "--warmup", 0, "--json", out)
+    assert rc == 0
+    run = load_json(out)
+    assert run["errors"] == {"ProtocolError": 3} and run["completed"] == 6 and run["failed"] == 3
+    assert "expected last dim 8, got shape (24, 3)" in run["error_examples"]["ProtocolError"]
+    assert run["goodput"] <= 6 / 9
+    capsys.readouterr()
+    with start_server_thread(NarrowEvery(1)) as server:  # nothing but (24, 3): the run cannot go on
+        rc = bench("--server", server.url, "--concurrency", 1, "--num-requests", 30, "--warmup", 0)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and len(err) == 1 and "failed in a row" in err[0] and "(24, 3)" in err[0], err
+
+
+def test_a_server_announcing_a_contract_the_client_cannot_follow_ends_the_run_at_once(capsys):
+    from dz_gym.testing.servers import DZ_METADATA, ServerThread, chunk, replying
+
+    metadata = {**DZ_METADATA, "action_horizon": 16}  # chunks of 16 rows: an open-loop horizon of 24 cannot run
+    with ServerThread(replying(lambda request, n: chunk(16), metadata=metadata)) as server:
+        rc = bench("--server", server.url, "--open-loop-horizon", 24, "--num-requests", 5, "--warmup", 0)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and len(err) == 1 and "announces action_horizon=16" in err[0], err

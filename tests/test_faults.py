@@ -352,6 +352,7 @@ def test_server_process_killed_mid_request_gives_connection_lost(flavor, tmp_pat
                 assert isinstance(outcome.error, ConnectionLost) and outcome.error.code == 1006
                 assert outcome.reconnects == 0  # it may have been processed: never re-sent
                 assert not pool.is_connected(0)
+                server.proc.wait(BOUND_S)  # the lost connection may come before the process is gone
                 with pytest.raises(ConnectionLost):
                     pool.reconnect(0)  # nothing listens any more: retries, then gives up
         finally:

@@ -19,6 +19,11 @@ with no success in between, aborts the run with :class:`BenchAborted`. A session
 of room (:class:`~dz_gym.errors.SessionRefused`, e.g. ``dz-gym-serve --max-sessions K``) leaves the run: the
 load is what the server admits, the refusal is counted (not recorded as a request), and the run reports the
 most sessions the servers admitted at once; a run whose every session is refused aborts.
+
+Every reply is checked against the policy contract as ``dz-gym-eval`` checks the chunks it executes
+(:func:`~dz_gym.protocol.contract.check_reply`: the action width, the announced horizon, at least the
+open-loop horizon's rows; the parser checks the dtype and finite values): a reply that breaks it is
+recorded as a ``ProtocolError``, not as a success.
 """
 
 from __future__ import annotations
@@ -34,7 +39,9 @@ import numpy as np
 
 from dz_gym.bench.metrics import RequestRecord
 from dz_gym.bench.payloads import PayloadSet, new_session_id
-from dz_gym.errors import DzGymError, SessionRefused
+from dz_gym.envs import droid
+from dz_gym.errors import DzGymError, ProtocolError, SessionRefused
+from dz_gym.protocol.contract import PolicyContract, check_reply
 from dz_gym.transport import AsyncSession, TransportConfig
 
 __all__ = ["ARRIVALS", "BenchAborted", "LoadResult", "LoadSpec", "SimSession", "arrival_offsets", "run_load"]
@@ -83,6 +90,8 @@ class LoadSpec:
     think_s: float = 0.0
     seed: int = 0
     max_consecutive_errors: int = 20
+    open_loop_horizon: int = 1  # a reply with fewer rows violates the contract (protocol.contract.check_reply)
+    action_dim: int = droid.ACTION_DIM
 
     def __post_init__(self) -> None:
         if self.sessions < 1:
@@ -195,6 +204,17 @@ class _Run:
         sim.reconnects += 1
         sim.new_episode()  # a new connection restarts the server-side context: a new episode
 
+    def _violation(self, sim: SimSession, actions: np.ndarray) -> ProtocolError | None:
+        """The reply's breach of the policy contract, as dz-gym-eval would refuse it (None: a usable chunk)."""
+        metadata = sim.session.metadata
+        contract = metadata.contract if metadata is not None else PolicyContract()
+        try:
+            check_reply(actions, contract, open_loop_horizon=self.spec.open_loop_horizon,
+                        action_dim=self.spec.action_dim)  # fmt: skip
+        except ProtocolError as exc:
+            return exc
+        return None
+
     async def request(self, sim: SimSession, *, record: bool = True, scheduled_at: float | None = None) -> bool:
         """Send one request on ``sim``; returns whether it succeeded; raises BenchAborted when the run must stop."""
         await self.ensure_connected(sim)
@@ -209,6 +229,8 @@ class _Run:
             return False
         error, reply = outcome.error, outcome.reply
         received_at = time.perf_counter()
+        if error is None:
+            error = self._violation(sim, reply.actions)
         if outcome.reconnects:
             # The transport re-sent the request on a fresh connection (the server had closed the idle one):
             # the server ran it as the first of a new context.

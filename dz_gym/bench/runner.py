@@ -23,6 +23,7 @@ from dz_gym.bench.payloads import DEFAULT_RESOLUTION, PayloadSet, load_views, sy
 from dz_gym.bench.readiness import ServerInfo, wait_ready
 from dz_gym.cli_types import field_default
 from dz_gym.envs import droid
+from dz_gym.protocol.contract import check_contract
 from dz_gym.transport import TransportConfig, validate_url
 
 __all__ = ["BenchConfig", "run_benchmark"]
@@ -167,6 +168,7 @@ async def _one_run(cfg: BenchConfig, infos: Sequence[ServerInfo], sets, sessions
         think_s=cfg.think_s,
         seed=cfg.seed,
         max_consecutive_errors=cfg.max_consecutive_errors,
+        open_loop_horizon=cfg.open_loop_horizon,
     )
     load = await run_load(sims, spec, connect_concurrency=transport.connect_concurrency)
     metrics = summarize(
@@ -202,11 +204,15 @@ async def run_benchmark(cfg: BenchConfig, *, on_run=None, keep_records: bool = F
 
     With ``keep_records`` the result also has ``records``: one row per timed request (see :func:`record_rows`).
 
-    Raises the typed errors of :mod:`dz_gym.errors` (a server never ready, a refused handshake) and
+    Raises the typed errors of :mod:`dz_gym.errors` (a server never ready, a refused handshake, a policy
+    contract the open-loop horizon or DROID's action width cannot follow) and
     :class:`~dz_gym.bench.load.BenchAborted` (a run that cannot go on).
     """
     transport = cfg.transport_config()
     infos = [await wait_ready(url, cfg.ready_timeout, transport) for url in cfg.servers]
+    for info in infos:  # as dz-gym-eval does: a contract this client cannot follow ends the run at once
+        check_contract(info.metadata.contract, open_loop_horizon=cfg.open_loop_horizon, action_dim=droid.ACTION_DIM,
+                       url=info.url)  # fmt: skip
     sets = _payload_sets(cfg, infos)
     counts = [cfg.max_outstanding] if cfg.request_rate is not None else list(cfg.concurrencies)
     runs = []

@@ -126,6 +126,89 @@ def _preflight(config: EvalConfig) -> str | None:
     return check_backend(config.backend) or check_servers(urls, config.transport_config())
 
 
+def _check_outputs(args: argparse.Namespace, config: EvalConfig, run_dir: RunDir | None) -> str | None:
+    """Why the run's outputs cannot be written (one line), or None: the output root of a new run, the run
+    directory (and its videos folder) of a resumed one."""
+    from dz_gym.eval.preflight import check_writable
+
+    if run_dir is None:
+        return check_writable(args.output_root or DEFAULT_OUTPUT_ROOT, "--output-root")
+    problem = check_writable(run_dir.path, "--resume")
+    if problem is None and config.video:
+        problem = check_writable(run_dir.path / "videos", "--resume")
+    return problem
+
+
+def _open_ledger(args: argparse.Namespace, config: EvalConfig, run_dir: RunDir | None):
+    """A resume: the run directory's lock, its rows checked against the plan, and whether anything is left;
+    returns ``(lock, None)`` to go on, or ``(None, exit status)`` when the run must not start (another process
+    writes the directory, a bad row, or a finished run: said in one line, and no server is started)."""
+    if run_dir is None:
+        return None, None
+    from dz_gym.eval.runlock import RunLock, RunLocked
+    from dz_gym.eval.segment import checked_rows
+
+    try:
+        lock = RunLock.acquire(run_dir.path)
+    except (RunLocked, OSError) as exc:
+        _say(f"dz-gym-eval: error: {_first_line(exc)}")
+        return None, EXIT_ABORTED
+    try:
+        run_dir.repair_rows()
+        rows = checked_rows(config, run_dir)
+        if args.only_scene or not _finished(config, rows):
+            return lock, None
+        _say(f"dz-gym-eval: {run_dir.path} is finished: {len(rows)} episode rows, nothing left to run "
+             "(no server or simulator started)")  # fmt: skip
+        _print_results(run_dir, _finished_summary(config, run_dir))
+        lock.release()
+        return None, EXIT_OK
+    except (ValueError, OSError) as exc:
+        lock.release()
+        _say(f"dz-gym-eval: error: --resume: {_first_line(exc)}")
+        return None, EXIT_ABORTED
+
+
+def _finished(config: EvalConfig, rows: list[dict[str, Any]]) -> bool:
+    """Whether the plan has nothing left after ``rows`` (every entry has a row, or an adaptive stop ended it)."""
+    from dz_gym.eval.plan import plan_of
+    from dz_gym.eval.segment import remaining
+
+    todo, _ = remaining(config, plan_of(config, config.servers or ["embedded"], config.servers_b or ["embedded"]), rows)
+    return len(todo) == 0
+
+
+def _finished_summary(config: EvalConfig, run_dir: RunDir) -> dict[str, Any] | None:
+    """The summary of a finished run; rewritten (as an empty run segment) where it is missing, does not say
+    complete, or a row linked a video that cannot be read."""
+    from dz_gym.eval.plan import plan_of
+    from dz_gym.eval.segment import RunSegment, run_segment
+    from dz_gym.eval.video import withdraw_broken_videos
+
+    summary = run_dir.read_summary()
+    withdrawn = withdraw_broken_videos(run_dir, run_dir.read_rows())
+    if summary is not None and summary.get("complete") and not withdrawn:
+        return summary
+    previous = summary or {}
+    servers = list(previous.get("servers") or config.servers)
+    plan = plan_of(config, servers or ["embedded"], config.servers_b or ["embedded"])
+    segment = RunSegment(config, run_dir, plan, servers=servers, servers_b=list(previous.get("servers_b") or []),
+                         progress=False, log=_say, command=str(previous.get("command", "")),
+                         server_info=previous.get("server"), report=config.report)  # fmt: skip
+    segment.video_errors.update(withdrawn)
+    return run_segment(segment, _NoEpisodes())
+
+
+class _NoEpisodes:
+    """The executor of a run segment with nothing to run (a finished run's summary rewritten)."""
+
+    def run(self, segment: Any) -> None:
+        return None
+
+    def close(self, segment: Any, error: BaseException | None) -> None:
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     early_stop = threading.Event()
@@ -150,7 +233,18 @@ def main(argv: list[str] | None = None) -> int:
             if early_stop.is_set():
                 _say("dz-gym-eval: stopped before the run started; nothing was written")
                 return EXIT_INTERRUPTED
-            return _main(args, argv, config, run_dir, ray_options, command, control, signals)
+            problem = _check_outputs(args, config, run_dir)
+            if problem is not None:
+                _say(f"dz-gym-eval: error: {problem}")
+                return EXIT_USAGE
+            lock, code = _open_ledger(args, config, run_dir)
+            if code is not None:
+                return code
+            try:
+                return _main(args, argv, config, run_dir, ray_options, command, control, signals)
+            finally:
+                if lock is not None:
+                    lock.release()
         except KeyboardInterrupt:  # a repeated signal where stopping at once was safe (nothing half-written)
             return EXIT_INTERRUPTED
 

@@ -106,7 +106,7 @@ class EvalConfig:
     alpha: float = _result(DEFAULT_ALPHA)  # the sequential test's type-I error
     min_difference: float = _result(DEFAULT_MIN_DIFFERENCE)  # sequential: the difference the design looks for
     power: float = _result(DEFAULT_POWER)  # sequential: the design's power at min_difference
-    max_episodes: int | None = None  # sequential: the most pairs (episodes per arm); None: the design's cap
+    max_episodes: int | None = _result(None)  # sequential: the most pairs (episodes per arm); None: the design's cap
     accept_lower_power: bool = False  # sequential: run a budget below the design's cap, at the power it has
     policy_seed: bool = _result(False)  # send a per-episode ``seed`` (derived from the episode's seed) in each request
     num_inference_steps: int | None = _result(None)  # send ``sampling_params: {num_inference_steps}`` in each request

@@ -1,17 +1,43 @@
-"""Checks made before a run directory exists: the simulator backend is importable, every server answers.
+"""Checks made before a run directory exists: the outputs can be written, the simulator backend is
+importable, every server answers.
 
-A failed check is one line for the user and leaves nothing behind. The server check is the metadata
+A failed check is one line for the user and leaves nothing behind. The output check
+(:func:`check_writable`) finds the nearest folder of the path that exists and creates an unnamed temporary
+file in it, so that a path under a file, a read-only mount or a folder without write permission (also for
+root, whom permission bits do not stop) is refused before any server or simulator starts. The server check is the metadata
 handshake (the readiness probe the protocol recommends: ``/health`` may say 200 while a server cannot serve),
 with the run's own :class:`~dz_gym.transport.TransportConfig`, so its connect retries and bounds apply.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 
 from dz_gym.envs import backends
 from dz_gym.errors import DzGymError
 from dz_gym.transport import PartialConnectError, SessionPool, TransportConfig
+
+
+def check_writable(path: str | os.PathLike, what: str) -> str | None:
+    """``None`` when ``path`` (a folder, created if missing) can be written, else why not (one line starting
+    with ``what``, the flag that names it)."""
+    target = Path(path)
+    existing = target
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        if existing == target:
+            return f"{what}: {path} is not a directory"
+        return f"{what}: cannot create {path}: {existing} is not a directory"
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        return f"{what}: cannot write in {existing} ({exc.strerror or type(exc).__name__})"
+    return None
 
 
 def check_backend(backend: str) -> str | None:

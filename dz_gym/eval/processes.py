@@ -4,7 +4,7 @@ Rebuilding an Isaac Lab stage in one process can render wrong poses, so on Isaac
 ``--process-per-scene``) the command line runs the plan's scenes one per child process: ``dz-gym-eval ...
 --resume RUN_DIR --only-scene S``, the same flags otherwise. Each child runs that scene's entries of the same
 run plan with the in-process executor and writes its rows and its run segment's timing; this process opened
-the run directory and closes it (the summary over every row and every child's segment, then the report) as
+the run directory, holds its lock (handed down to each child: :mod:`dz_gym.eval.runlock`) and closes it (the summary over every row and every child's segment, then the report) as
 :func:`~dz_gym.eval.segment.run_segment` does for every executor.
 
 A stop request (first Ctrl-C) is forwarded once to the running child (its own session, so a Ctrl-C in the
@@ -60,6 +60,7 @@ class SceneProcesses:
     def run(self, segment: RunSegment) -> None:
         env = dict(os.environ)
         env[COMMAND_ENV] = self.command
+        env.update(segment.lock.child_env())  # the children write under this process's lock
         children: list[subprocess.Popen] = []
         with StopOnSignal(segment.control.stop, self.say, children):
             for scene in segment.todo.scene_order():
@@ -68,7 +69,7 @@ class SceneProcesses:
                     break
                 self.say(f"dz-gym-eval: scene {scene} in a new process")
                 argv = child_argv(self.argv, str(segment.run_dir.path), scene)
-                proc = subprocess.Popen(argv, env=env, start_new_session=True)
+                proc = subprocess.Popen(argv, env=env, start_new_session=True, pass_fds=(segment.lock.fd,))
                 children[:] = [proc]
                 self.code = proc.wait()
                 if self.code != EXIT_OK:

@@ -13,7 +13,8 @@ Layout (paths inside rows and the summary are relative to the run directory)::
 ``episodes.jsonl`` is the source of truth: the summary is recomputed from it. Every other file is written to a
 temporary name and renamed, so a crash never leaves a half-written trajectory or summary behind; a crash while
 appending a row can leave a truncated last line, which :meth:`RunDir.read_rows` skips with a warning (that
-episode is simply run again on resume).
+episode is simply run again on resume); any other line that is not a JSON row is an error naming its line.
+While a run or a resume writes the directory it holds ``.lock`` (:mod:`dz_gym.eval.runlock`).
 """
 
 from __future__ import annotations
@@ -61,12 +62,18 @@ def _to_json(value: Any) -> Any:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temporary name, then rename it to ``path``; a failed write (a full disk) leaves
+    ``path`` as it was and no temporary file behind."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 class RunDir:
@@ -126,32 +133,55 @@ class RunDir:
 
     def read_rows(self) -> list[dict[str, Any]]:
         """Every complete row of ``episodes.jsonl`` (a truncated last line is skipped)."""
+        return [row for _, row in self.read_numbered_rows()]
+
+    def read_numbered_rows(self) -> list[tuple[int, Any]]:
+        """Every complete row of ``episodes.jsonl`` with its line number; a truncated last line is skipped, any
+        other line that is not UTF-8 JSON is a one-line ``ValueError`` ``PATH:LINE: why``."""
         path = self.path / ROWS_FILE
         if not path.exists():
             return []
         rows = []
-        lines = path.read_text(encoding="utf-8").splitlines()
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
+        lines = path.read_bytes().split(b"\n")
+        if lines and not lines[-1]:
+            lines.pop()
+        for number, raw in enumerate(lines, 1):
             try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
+                line = raw.decode("utf-8")
+                if not line.strip():
+                    continue
+                rows.append((number, json.loads(line)))
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
                 if number == len(lines):
                     logger.warning("%s: skipping a truncated last line (that episode will run again)", path)
                     continue
-                raise ValueError(f"{path}:{number}: not a JSON row") from None
+                what = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else "not a JSON row"
+                raise ValueError(f"{path}:{number}: {what}") from None
         return rows
 
     def repair_rows(self) -> None:
-        """Drop a truncated last line of ``episodes.jsonl`` so appends start on a fresh line."""
+        """Drop a torn last line of ``episodes.jsonl`` (no newline at its end, or not a JSON row) so that
+        appends start on a fresh line after the last complete row."""
         path = self.path / ROWS_FILE
         if not path.exists():
             return
         data = path.read_bytes()
+        body, _, last = data.rstrip(b"\n").rpartition(b"\n")
+        keep = data
         if data and not data.endswith(b"\n"):
             keep = data[: data.rfind(b"\n") + 1]
+        elif last.strip():
+            try:
+                json.loads(last.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                keep = body + b"\n" if body else b""
+        if keep != data:
             _write_atomic(path, keep)
+
+    def rewrite_rows(self, rows: list[Mapping[str, Any]]) -> None:
+        """Replace ``episodes.jsonl`` with ``rows`` in one atomic rename (a row's file link withdrawn)."""
+        lines = [json.dumps(_to_json(r), allow_nan=False, separators=(",", ":")) + "\n" for r in rows]
+        _write_atomic(self.path / ROWS_FILE, "".join(lines).encode("utf-8"))
 
     # -- per-episode files --------------------------------------------------------------------------
     def trajectory_relpath(self, scene: int, episode: int, arm: str | None = None) -> str:
@@ -168,8 +198,12 @@ class RunDir:
         path = self.path / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.stem}.tmp.npz")
-        np.savez_compressed(tmp, **{k: np.asarray(v) for k, v in arrays.items()})
-        os.replace(tmp, path)
+        try:
+            np.savez_compressed(tmp, **{k: np.asarray(v) for k, v in arrays.items()})
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         return rel
 
     def write_file(self, rel: str | os.PathLike, data: bytes) -> Path:

@@ -4,14 +4,18 @@ Every executor (one process: :class:`~dz_gym.eval.evaluate.InProcess`; a process
 :class:`~dz_gym.eval.processes.SceneProcesses`; Ray shards: :class:`~dz_gym.eval.shards.driver.ShardedRun`)
 runs inside :func:`run_segment`, which does the rest the same way for all of them:
 
-- opening (:class:`RunSegment`): repair a truncated last row, read the rows, the error budget's count, the
-  plan's entries still without a row (:meth:`~dz_gym.eval.plan.RunPlan.remaining`; nothing once an A/B run's
+- opening (:class:`RunSegment`): take the run directory's writer lock (:mod:`dz_gym.eval.runlock`), repair
+  a truncated last row, read the rows and check each against the plan (:func:`checked_rows`: a duplicate, a
+  foreign row or a row of another configuration is refused with ``episodes.jsonl:LINE: why``), withdraw the
+  links to videos that cannot be read (:func:`~dz_gym.eval.video.withdraw_broken_videos`), the error
+  budget's count, the plan's entries still without a row (:meth:`~dz_gym.eval.plan.RunPlan.remaining`; nothing once an A/B run's
   sequential test has decided), the progress bars, the capacity warnings;
 - running: ``executor.run(segment)``, then always ``executor.close(segment, error)`` (its own clean-up);
-- closing, also after Ctrl-C, an exhausted error budget or a crash: ``summary.json`` from every row and every
+- closing, also after Ctrl-C, an exhausted error budget or a crash: the links to videos that were not
+  finished withdrawn (``video: null``, the reason in ``video_errors``), ``summary.json`` from every row and every
   segment's timing (:func:`~dz_gym.eval.summary.build_summary`), then ``report.html`` (``config.report``),
   written by the ``dz-gym-report`` command in a process of its own, so that the evaluator does not import the
-  report and a report that fails never changes the run's outcome; then what ended the run early is raised.
+  report and a report that fails never changes the run's outcome; then what ended the run early is raised; the lock is released.
 
 An executor reads ``segment.todo`` (the plan left), ``control``, ``bars``, ``say``, ``pairs`` and reports back
 through ``timing`` (``wall_s``, ``env_steps``, ``busy_s``), ``server_metadata``, ``video_errors``,
@@ -31,19 +35,22 @@ from typing import Any, Protocol
 
 from dz_gym.eval.capacity import IdleGapCheck, envs_per_server, session_warning
 from dz_gym.eval.config import EvalConfig
+from dz_gym.eval.ledger import check_ledger, spec_of
 from dz_gym.eval.plan import RunPlan
 from dz_gym.eval.progress import Progress
-from dz_gym.eval.rundir import RunDir
-from dz_gym.eval.runner import RunControl
+from dz_gym.eval.rundir import ROWS_FILE, RunDir
+from dz_gym.eval.runlock import RunLock
+from dz_gym.eval.runner import RunControl, task_name
 from dz_gym.eval.signals import shielded
 from dz_gym.eval.summary import build_summary, pair_tracker, versions
+from dz_gym.eval.video import withdraw_broken_videos
 
 logger = logging.getLogger(__name__)
 
 REPORT_TIMEOUT_S = 300.0  # the longest the end of a run waits for its report page
 SUMMARY_FROM_CHILDREN = ("server", "servers", "server_metadata", "video_errors")
 
-__all__ = ["Executor", "RunSegment", "run_segment", "write_report_page"]
+__all__ = ["Executor", "RunSegment", "checked_rows", "remaining", "run_segment", "write_report_page"]
 
 
 class Executor(Protocol):
@@ -52,6 +59,26 @@ class Executor(Protocol):
     def run(self, segment: RunSegment) -> None: ...
 
     def close(self, segment: RunSegment, error: BaseException | None) -> None: ...
+
+
+def checked_rows(config: EvalConfig, run_dir: RunDir) -> list[dict[str, Any]]:
+    """The rows of ``run_dir``, each checked against ``config``'s plan (:func:`~dz_gym.eval.ledger.check_ledger`);
+    a bad one is a one-line ``ValueError`` ``.../episodes.jsonl:LINE: why``."""
+    spec = spec_of(config, {s: task_name(s) for s in config.scenes})
+    return check_ledger(run_dir.read_numbered_rows(), spec, str(run_dir.path / ROWS_FILE))  # type: ignore[return-value]
+
+
+def remaining(config: EvalConfig, plan: RunPlan, rows: Sequence[Mapping[str, Any]]) -> tuple[RunPlan, Any]:
+    """What ``plan`` has left to run after ``rows``, and the run's pair tracker: nothing once an A/B run's
+    sequential test has decided; without the arms a ``--select-best`` race has eliminated."""
+    pairs = pair_tracker(config, rows)
+    todo = plan.remaining(rows)
+    if pairs is not None and pairs.stopped:  # the sequential test has decided (a resumed run)
+        todo = dataclasses.replace(todo, entries=())
+    out = getattr(pairs, "eliminated_arms", None)  # --select-best: arms out of the race run no more
+    if out:
+        todo = dataclasses.replace(todo, entries=tuple(e for e in todo.entries if e.arm not in out))
+    return todo, pairs
 
 
 def _first_line(exc: BaseException) -> str:
@@ -88,21 +115,20 @@ class RunSegment:
         self.command, self.server_info = command, server_info
         self.report = config.report if report is None else bool(report)
         self.inherit = inherit
-        run_dir.repair_rows()
-        rows = run_dir.read_rows()
+        self.lock = RunLock.acquire(run_dir.path)
+        try:
+            run_dir.repair_rows()
+            rows = checked_rows(config, run_dir)
+            self.video_errors: dict[str, str] = withdraw_broken_videos(run_dir, rows)
+        except BaseException:
+            self.lock.release()
+            raise
         previous = run_dir.read_summary() or {}
         self.control = control if control is not None else RunControl(config.error_budget)
         self.control.errored = sum(1 for r in rows if r.get("error") is not None)
-        self.pairs = pair_tracker(config, rows)
-        self.todo = plan.remaining(rows)
-        if self.pairs is not None and self.pairs.stopped:  # the sequential test has decided (a resumed run)
-            self.todo = dataclasses.replace(self.todo, entries=())
-        out = getattr(self.pairs, "eliminated_arms", None)  # --select-best: arms out of the race run no more
-        if out:
-            self.todo = dataclasses.replace(self.todo, entries=tuple(e for e in self.todo.entries if e.arm not in out))
+        self.todo, self.pairs = remaining(config, plan, rows)
         self.dropped: list[dict[str, Any]] = list((previous.get("sequential") or {}).get("dropped", []))
         self.server_metadata: dict[str, Any] = {}
-        self.video_errors: dict[str, str] = {}
         self.extra: dict[str, Any] = {}
         self.aborted: str | None = None
         self.timing: dict[str, Any] = {"started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -140,8 +166,19 @@ class RunSegment:
             self.aborted = self.aborted or f"{type(exc).__name__}: {_first_line(exc)}"
 
     def close(self) -> dict[str, Any]:
-        """Write ``summary.json`` (and the report); returns the summary."""
+        """Withdraw the links to videos not finished, write ``summary.json`` (and the report), release the
+        lock; returns the summary."""
+        try:
+            return self._close()
+        finally:
+            self.lock.release()
+
+    def _close(self) -> dict[str, Any]:
         self.bars.close()
+        try:
+            self.video_errors.update(withdraw_broken_videos(self.run_dir, self.run_dir.read_rows(), self.video_errors))
+        except OSError as exc:  # e.g. a full disk: the next segment's opening withdraws them
+            logger.warning("%s: could not unlink the broken videos from their rows now: %s", self.run_dir.path, exc)
         previous = self.run_dir.read_summary() or {}  # re-read: a per-scene child may have written it
         segments = list(previous.get("segments", []))
         if self.timing["env_steps"] or self.timing["wall_s"]:
@@ -155,7 +192,7 @@ class RunSegment:
             "servers": list(self.servers),
             "server": dict(self.server_info or {}),
             "server_metadata": self.server_metadata or previous.get("server_metadata", {}),
-            "video_errors": dict(self.video_errors),
+            "video_errors": {},
             "versions": versions(),
             **({"servers_b": list(self.servers_b)} if self.config.ab else {}),
             **self.extra,
@@ -163,6 +200,7 @@ class RunSegment:
         }
         if self.inherit:
             extra.update({k: previous[k] for k in SUMMARY_FROM_CHILDREN if k in previous})
+        extra["video_errors"] = {**previous.get("video_errors", {}), **self.video_errors}  # every segment's
         summary = build_summary(self.config, self.run_dir, segments=segments, extra=extra)
         self.run_dir.write_summary(summary)
         if self.report:

@@ -182,3 +182,58 @@ class VideoRecorder:
         else:
             with self._lock:
                 self.finished[key] = frames
+
+
+def mp4_problem(path: str | os.PathLike) -> str | None:
+    """Why the file at ``path`` is not a complete mp4 (one line), or None: its top-level boxes must tile the
+    file exactly and include ``ftyp`` and ``moov`` (an encoder stopped early leaves no ``moov``: "moov atom
+    not found" for every player)."""
+    try:
+        size = os.path.getsize(path)
+        kinds, offset = set(), 0
+        with open(path, "rb") as f:
+            while offset < size:
+                f.seek(offset)
+                head = f.read(16)
+                if len(head) < 8:
+                    return f"a torn box at byte {offset}"
+                length, kind = int.from_bytes(head[:4], "big"), head[4:8]
+                if length == 1 and len(head) == 16:
+                    length = int.from_bytes(head[8:16], "big")
+                elif length == 0:
+                    length = size - offset
+                if length < 8 or offset + length > size:
+                    return f"a torn {kind.decode('latin-1')!r} box at byte {offset}"
+                kinds.add(kind)
+                offset += length
+    except OSError as exc:
+        return f"unreadable ({type(exc).__name__}: {exc.strerror or exc})"
+    missing = [k.decode() for k in (b"ftyp", b"moov") if k not in kinds]
+    return f"no {' and no '.join(missing)} box (not finished)" if missing else None
+
+
+def withdraw_broken_videos(run_dir, rows: Sequence[Mapping[str, Any]], reasons: Mapping[str, str] | None = None):
+    """Rows of ``run_dir`` that link a video that is missing or not a complete mp4 (:func:`mp4_problem`) get
+    ``video: null`` (``episodes.jsonl`` rewritten atomically) and the file is deleted; returns, per video
+    withdrawn (its name, e.g. ``scene1_ep0003``), why: ``reasons``' entry for it (the recorder's error)
+    where there is one."""
+    reasons = dict(reasons or {})
+    out: dict[str, str] = {}
+    kept = []
+    for row in rows:
+        rel = row.get("video")
+        problem = None
+        if rel:
+            path = Path(run_dir.path) / rel
+            problem = "missing (not finished)" if not path.exists() else mp4_problem(path)
+        if problem is None:
+            kept.append(row)
+            continue
+        key = Path(rel).stem
+        out[key] = reasons.get(key) or f"{rel}: {problem}"
+        Path(run_dir.path, rel).unlink(missing_ok=True)
+        kept.append({**row, "video": None})
+    if out:
+        logger.warning("%s: %d video(s) could not be read and are unlinked from their rows", run_dir.path, len(out))
+        run_dir.rewrite_rows(kept)
+    return out

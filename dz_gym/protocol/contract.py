@@ -10,6 +10,8 @@ A server without these keys announces nothing, and nothing is checked: that is e
 
 :func:`policy_contract` reads them (a malformed value is a one-line :class:`~dz_gym.errors.ProtocolError`);
 :func:`check_contract` compares them with what the client will do, before its first request;
+:func:`check_reply` checks one reply's chunk as the evaluator executes it (``dz-gym-bench`` counts a reply
+that fails it as an error);
 :func:`expected_horizon` is the chunk length a reply must have (None: any); :func:`contract_horizon` the
 longest open-loop horizon the server guarantees. :func:`is_admission_refusal` recognises a refused session;
 :func:`releases_sessions` says whether a ``reset`` at the end of an episode frees its session there.
@@ -41,6 +43,7 @@ __all__ = [
     "PolicyContract",
     "check_chunk",
     "check_contract",
+    "check_reply",
     "contract_horizon",
     "expected_horizon",
     "is_admission_refusal",
@@ -175,6 +178,30 @@ def check_chunk(actions: np.ndarray, *, action_dim: int | None, horizon: int | N
         raise ProtocolError(f"reply actions: expected at least one row, got shape {shape}")
     if horizon is not None and shape[0] != horizon:
         raise ProtocolError(f"reply actions: expected horizon {horizon}, got shape {shape}")
+
+
+def check_reply(actions: np.ndarray, contract: PolicyContract, *, open_loop_horizon: int, action_dim: int) -> None:
+    """Raise a one-line :class:`~dz_gym.errors.ProtocolError` unless the decoded chunk ``actions`` is one a
+    client executing ``open_loop_horizon`` rows on an env of ``action_dim`` values per step can use, from a
+    server announcing ``contract``: :func:`check_chunk` (2-D, ``action_dim`` wide, the announced
+    ``action_horizon`` long where there is one) and at least ``open_loop_horizon`` rows. (The reply parser
+    has already refused a non-numeric dtype and non-finite values.)
+
+    >>> check_reply(np.zeros((24, 3)), PolicyContract(), open_loop_horizon=8, action_dim=8)
+    Traceback (most recent call last):
+    ...
+    dz_gym.errors.ProtocolError: reply actions: expected last dim 8, got shape (24, 3)
+    >>> check_reply(np.zeros((4, 8)), PolicyContract(), open_loop_horizon=8, action_dim=8)
+    Traceback (most recent call last):
+    ...
+    dz_gym.errors.ProtocolError: reply actions: expected at least 8 rows (the open-loop horizon), got shape (4, 8)
+    """
+    check_chunk(actions, action_dim=action_dim, horizon=expected_horizon(contract))
+    if actions.shape[0] < open_loop_horizon:
+        raise ProtocolError(
+            f"reply actions: expected at least {open_loop_horizon} rows (the open-loop horizon), got shape "
+            f"{tuple(actions.shape)}"
+        )
 
 
 def is_admission_refusal(code: Any, message: Any) -> bool:

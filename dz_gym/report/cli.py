@@ -8,7 +8,8 @@ Examples::
 With one run the page goes into the run directory unless ``-o`` names another folder; with two runs ``-o`` is
 required (the page belongs to neither run). Videos are linked relative to the page, so keep the run
 directories where they are (or move them together with the output folder). Exit status: 0 on success, 2 for
-bad arguments (not a run directory, a missing folder).
+bad arguments (not a run directory, a missing folder, an output folder that cannot be written: checked before
+the page is built).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sys
 from pathlib import Path
 
 from dz_gym.cli_types import OneLineErrorParser
+from dz_gym.eval.preflight import check_writable
 from dz_gym.report import REPORT_FILE, write_report
 
 
@@ -53,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, path in (("RUN_DIR", args.run_dir), ("RUN_DIR_B", args.run_dir_b)):
         if path is not None and not path.is_dir():
             parser.error(f"{name}: expected a run directory, got {path} (not a directory)")
+    problem = check_writable(args.out_dir or args.run_dir, "-o/--out-dir" if args.out_dir else "RUN_DIR")
+    if problem is not None:  # before the rows are read and the page is built
+        parser.error(problem)
     try:
         path = write_report(args.run_dir, args.run_dir_b, out_dir=args.out_dir)
     except ValueError as exc:
