@@ -55,6 +55,15 @@ def test_action_space_is_bounded_by_the_model_joint_ranges():
     env.close()
 
 
+def test_limits_equal_the_compiled_models_joint_and_actuator_ranges():
+    mujoco = pytest.importorskip("mujoco")
+    model = mujoco.MjModel.from_xml_path(str(limits.MODEL_XML))
+    low, high = limits.joint_limits()
+    for k, name in enumerate(limits.ARM_JOINTS):
+        np.testing.assert_allclose(model.joint(name).range, [low[k], high[k]])
+        np.testing.assert_allclose(model.actuator(name).ctrlrange, [low[k], high[k]])  # what the sim clips to
+
+
 def test_bad_model_range_is_a_one_line_error(tmp_path):
     model = tmp_path / "model.xml"
     model.write_text('<mujoco><worldbody><body><joint name="joint1" range="1 0"/></body></worldbody></mujoco>')
