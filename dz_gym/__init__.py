@@ -6,13 +6,22 @@ Public API:
                                                                            queries the policy server
     PolicyClient                                                        -> the interface the wrapper talks
                                                                            to (``client=``); websocket default
+    embedded_server(policy="reference")                                 -> a context manager: a reference
+                                                                           policy server on loopback
+
+Importing dz_gym registers the Gymnasium ids of every backend's scenes (``gym.make_vec(
+"dz_gym/DROID-CubeInBowl-v0", num_envs=8)``, ``gym.make(...)``: :mod:`dz_gym.envs.registration`).
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["DreamZeroPolicyWrapper", "PolicyClient", "__version__", "make_droid_env"]
+__all__ = ["DreamZeroPolicyWrapper", "PolicyClient", "__version__", "embedded_server", "make_droid_env"]
+
+from dz_gym.envs.registration import register_envs as _register_envs
+
+_register_envs()
 
 
 def __getattr__(name: str):
@@ -25,6 +34,10 @@ def __getattr__(name: str):
         from dz_gym.wrapper import DreamZeroPolicyWrapper
 
         return DreamZeroPolicyWrapper
+    if name == "embedded_server":
+        from dz_gym.server.embedded import embedded_server
+
+        return embedded_server
     if name == "PolicyClient":
         from dz_gym.policy_client import PolicyClient
 

@@ -1,11 +1,11 @@
 """``DreamZeroPolicyWrapper``: a remote DreamZero/OpenPI policy driving a batched DROID env.
 
-Example with a real server::
+Example with an embedded reference server (``policy=``; ``server=URL`` for a real one)::
 
+    import gymnasium as gym
     import dz_gym
 
-    env = dz_gym.make_droid_env(backend="mujoco", scene=1, num_envs=8, seed=0)
-    env = dz_gym.DreamZeroPolicyWrapper(env, server="ws://127.0.0.1:8000/v1/realtime/robot/openpi")
+    env = dz_gym.DreamZeroPolicyWrapper(gym.make_vec("dz_gym/DROID-CubeInBowl-v0", num_envs=8), policy="reference")
     obs, info = env.reset(seed=0)
     for _ in range(450):
         obs, reward, terminated, truncated, info = env.step()   # the policy chooses the actions
@@ -33,52 +33,44 @@ The same loop runs without sockets on an in-process policy client and a toy env 
 (2, 'memory://policy', True)
 >>> wrapper.close()
 
-Each env has its own connection (sessions are spread over the given servers round-robin), a uuid session id
-per episode and an action-chunk cache (``dz_gym.chunks``). An env queries the server only when its cache is
-spent (steps 0, 8, 16, ... of each episode with ``open_loop_horizon=8``); the envs that need a chunk in the
-same step are queried concurrently, the others use their cache. Requests are exactly the reference single-env
-client's (``dz_gym.requests``). The policy side is a :class:`~dz_gym.policy_client.PolicyClient`: the
-websocket :class:`~dz_gym.transport.SessionPool` by default, or any ``client=`` you pass.
+Each env has its own connection (spread over the servers round-robin), a uuid session id per episode and an
+action-chunk cache (``dz_gym.chunks``): it asks only when its cache is spent (steps 0, 8, 16, ... with
+``open_loop_horizon=8``), the envs due in one step concurrently, with the reference client's requests
+(``dz_gym.requests``), through a :class:`~dz_gym.policy_client.PolicyClient` (the websocket pool by default).
 
-``step(action=None)``: the policy's actions are executed. ``step(action)``: the caller's ``(N, 8)`` action is
-executed instead, while the policy is still queried on its usual schedule so that its bookkeeping (cursors,
-sessions) stays in sync; the policy's proposal for this step is in ``info["policy_action"]``. To see the
-proposal *before* acting (residual RL: your action = proposal + residual), call ``propose()`` first; the next
-``step`` uses that same proposal.
+``step()`` executes the policy's actions, ``step(action)`` your ``(N, 8)`` action (the policy is still asked on
+its schedule; its proposal: ``info["policy_action"]``, or ``propose()`` before the step, for residual RL).
 
-Like Isaac Lab, the env resets finished envs inside ``step`` (same-step autoreset): the returned observation of
-a finished env belongs to its next episode, and its chunk cache and session id are renewed; other envs are
-untouched. The wrapper never sends ``reset`` over the wire (a shared connection would lose every session).
+Like Isaac Lab, the env resets finished envs inside ``step`` (same-step autoreset): their returned observation
+belongs to the next episode, with a new chunk cache and session id. No ``reset`` is ever sent over the wire.
 
-``info`` adds, per env (arrays with a leading ``num_envs``): ``policy_called`` (this step sent a request),
-``chunk_received`` and ``chunk_latency_s`` (a reply was taken in this step, and its round trip; NaN otherwise),
-``chunk_sent_at``/``chunk_received_at`` (its ``time.perf_counter()`` stamps), ``session_id`` (of the episode the
-step belonged to), ``policy_action``, ``policy_held`` (the env held its pose), ``episode_flagged``,
+``info`` is in Gymnasium's vector form (a ``_key`` mask beside each key, :mod:`dz_gym.envs.vector_info`) and adds,
+per env: ``policy_called`` (this step sent a request), ``chunk_received`` and ``chunk_latency_s`` (a reply was
+taken in this step, and its round trip; NaN otherwise), ``chunk_sent_at``/``chunk_received_at`` (its
+``time.perf_counter()`` stamps), ``session_id`` (of the episode the step belonged to), ``policy_action``,
+``policy_held`` (the env held its pose), ``episode_flagged``,
 ``policy_error`` (None or the error's one-line text) and ``integrity_event`` (None or the failure's cause, one
 of :data:`INTEGRITY_EVENTS`: ``"server_error"``, ``"connection_lost"``, ``"timeout"``, ``"protocol_error"``;
 the same cause gives the same name whatever happened next). An env whose server call failed holds its pose for
 that step and asks again at its next step (after a bounded reconnect when the connection broke); its episode
 is flagged, the other envs carry on. For the envs whose episode ended in the step, ``info["chunk_stats"]`` holds
-their :class:`EpisodeStats` as arrays, with Gymnasium's vector masks: ``info["_chunk_stats"]`` (which envs) and,
-inside, ``"_<field>"`` per field.
+their :class:`EpisodeStats` as arrays, masked by ``info["_chunk_stats"]`` (which envs).
 
-A server whose chunk is shorter than ``open_loop_horizon`` stops the run at its first reply with
-:class:`~dz_gym.chunks.HorizonError` (one line; the evaluator exits 2). A robot policy contract announced
-in the handshake (:mod:`dz_gym.protocol.contract`) is checked before the first request, and with
-``open_loop_horizon=None`` the announced chunk length caps the DROID default of 8. A refused session
-(:class:`~dz_gym.errors.SessionRefused`, ``"session_refused"``) makes its env hold and wait
+A chunk shorter than ``open_loop_horizon`` stops the run (:class:`~dz_gym.chunks.HorizonError`, one line; the
+evaluator exits 2). A robot policy contract announced in the handshake (:mod:`dz_gym.protocol.contract`) is
+checked before the first request; with ``open_loop_horizon=None`` its chunk length caps the default 8. A
+refused session (:class:`~dz_gym.errors.SessionRefused`, ``"session_refused"``) makes its env hold and wait
 (:mod:`dz_gym.admission`, :meth:`admission_retry_at`); the evaluator restarts such an episode.
 
-Latency hiding (opt-in, ``dz_gym.chunks`` has the exact rules): with ``prefetch=K`` an env sends its next
-request when K actions are left in its window and keeps executing; the reply's rows for the steps executed
-meanwhile are skipped. A late reply lets the env run on the previous chunk's remaining rows (at most
-``max_stale_steps``), then it waits. ``simulated_delay=D`` replaces wall-clock delay by exactly D steps, for
-reproducible comparisons under latency.
+Latency hiding (opt-in; the rules: :mod:`dz_gym.chunks`): ``prefetch=K`` asks for the next chunk K actions
+before the window ends, ``max_stale_steps`` bounds the steps run on a late chunk's previous rows, and
+``simulated_delay=D`` replaces wall-clock delay by exactly D steps (reproducible comparisons under latency).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import logging
 import time
@@ -94,6 +86,8 @@ from dz_gym.admission import Admission
 from dz_gym.capabilities import check_handshake, single_session_note
 from dz_gym.chunks import ChunkSchedule, HorizonError, new_session_id
 from dz_gym.envs import droid
+from dz_gym.envs.adapter import as_wrappable
+from dz_gym.envs.vector_info import with_masks
 from dz_gym.errors import DzGymError, HandshakeError, ProtocolError, RequestTimeout, SessionRefused
 from dz_gym.policy_client import Outcome, PolicyClient
 from dz_gym.protocol import ServerMetadata
@@ -148,9 +142,11 @@ class _Proposal:
 class DreamZeroPolicyWrapper(gym.Wrapper):
     """Query a remote DreamZero/OpenPI policy for a batched DROID env (see the module docstring).
 
-    ``server``: a ``ws://``/``wss://`` URL or a list (envs spread round-robin; default :data:`DEFAULT_SERVER`)
-    with ``transport`` its bounds; or ``client``: any :class:`~dz_gym.policy_client.PolicyClient` with one
-    slot per env, instead of ``server``/``transport``. The wrapper connects it and closes it on ``close()``.
+    ``env``: a batched DROID env, Isaac Lab's ``ManagerBasedRLEnv`` or a same-step ``gymnasium.vector.VectorEnv``
+    (:mod:`dz_gym.envs.adapter`). ``server``: a ``ws://``/``wss://`` URL or a list (envs spread round-robin;
+    default :data:`DEFAULT_SERVER`) with ``transport`` its bounds; or ``client``: any
+    :class:`~dz_gym.policy_client.PolicyClient` with one slot per env; or ``policy``: ``"reference"``, ``"hold"``
+    or ``module:factory`` served by an embedded server (:mod:`dz_gym.server.embedded`) that ``close()`` stops.
 
     What a runner uses besides the Gymnasium API: :meth:`set_idle` / :attr:`idle_envs`, :attr:`render_policy`,
     :meth:`episode_stats`, :meth:`server_url`, :meth:`is_connected`, :meth:`ensure_connected`, :meth:`reconnect`,
@@ -172,13 +168,18 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         simulated_delay: int | None = None,
         *,
         client: PolicyClient | None = None,
+        policy: str | None = None,
     ):
+        env = as_wrappable(env)
         super().__init__(env)
         base = env.unwrapped
         self.num_envs = int(base.num_envs)
         self.max_episode_length = int(getattr(base, "max_episode_length", droid.MAX_EPISODE_LENGTH))
         if client is not None and (server is not None or transport is not None):
             raise ValueError("client: pass either client= or server=/transport=, not both")
+        if policy is not None and (server is not None or client is not None):
+            raise ValueError("policy: pass either policy= (an embedded server) or server=/client=, not both")
+        self.embedded_server = None
         if client is None:
             servers = [DEFAULT_SERVER] if server is None else [server] if isinstance(server, str) else list(server)
             if not servers or not all(isinstance(url, str) and url for url in servers):
@@ -216,7 +217,16 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         self.server_notes: list[str] = []  # warnings about the servers, also issued with warnings.warn
         self._used = np.zeros(self.num_envs, dtype=bool)  # the current episode sent a request
 
-        self._client = client if client is not None else SessionPool(servers, self.num_envs, transport)
+        if policy is not None:
+            from dz_gym.server.embedded import EmbeddedServer  # the server's machinery only when asked for
+
+            self.embedded_server = EmbeddedServer(policy).start()
+            servers = [self.embedded_server.url]
+        try:
+            self._client = client if client is not None else SessionPool(servers, self.num_envs, transport)
+        except BaseException:
+            self._stop_embedded()
+            raise
         try:
             self.server_metadata: list[ServerMetadata] = self._client.connect()
             urls = [self._client.url(i) for i in range(self.num_envs)]
@@ -232,6 +242,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
             self.image_resolution = self._resolve_resolution(image_resolution)
         except BaseException:
             self._client.close()
+            self._stop_embedded()
             raise
         config, bound = self._client.config or TransportConfig(), self._client.reply_bound
         self._reply_bound, self._admission = (
@@ -276,7 +287,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         self._obs = obs
         info = dict(info)
         info["session_id"] = np.array(self._schedule.session_ids, dtype=object)
-        return obs, info
+        return obs, with_masks(info, self.num_envs)
 
     def step(self, action=None):
         """Step every env once; ``action=None`` executes the policy's actions (see the module docstring)."""
@@ -319,7 +330,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
             self._end_episodes(done_ids)
         validate_policy_obs(obs[droid.POLICY_GROUP], self.num_envs)
         self._obs = obs
-        return obs, reward, terminated, truncated, info
+        return obs, reward, terminated, truncated, with_masks(info, self.num_envs)
 
     def propose(self) -> np.ndarray:
         """The policy's ``(N, 8)`` actions for the next step, before taking it.
@@ -337,11 +348,11 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         return self._proposal.actions.copy()
 
     def close(self):
-        """Close every connection (the policy client), then the env."""
-        try:
+        """Close every connection (the policy client), then the env, then the embedded server (if any)."""
+        with contextlib.ExitStack() as stack:  # each runs even when the one before raised
+            stack.callback(self._stop_embedded)
+            stack.callback(super().close)
             self._client.close()
-        finally:
-            super().close()
 
     # -- what runners use -----------------------------------------------------------------------------
     @property
@@ -446,9 +457,12 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         return self._obs
 
     # -- internals ------------------------------------------------------------------------------------
-    def _note(self, note: str) -> None:
+    def _stop_embedded(self) -> None:
+        if self.embedded_server is not None:
+            self.embedded_server.stop()
+
+    def _note(self, note: str) -> None:  # told once: a warning (logged under logging.captureWarnings)
         self.server_notes.append(note)
-        logger.warning("%s", note)
         warnings.warn(note, UserWarning, stacklevel=3)
 
     def _end_episodes(self, env_ids) -> None:

@@ -18,6 +18,7 @@ from isaac_stubs import sim_evals_layouts
 import dz_gym
 from dz_gym.envs import scenes
 from dz_gym.envs.isaac import compat, launch
+from dz_gym.envs.vector_info import entries
 from dz_gym.errors import BackendUnavailable
 
 
@@ -276,7 +277,10 @@ def test_mila_task_with_several_envs_equals_one_env(install, name):
         world = install("3.0", layout="per_scene", mila=True)
         env = make(scene=scenes.TASKS[name].key, num_envs=num_envs)
         _, infos = run_mila_case(world, env, name, num_envs)
-        got = [(info["success"].tolist(), {k: v.tolist() for k, v in info["milestones"].items()}) for info in infos]
+        got = [
+            (info["success"].tolist(), {k: v.tolist() for k, v in entries(info["milestones"]).items()})
+            for info in infos
+        ]
         if num_envs == 1:
             single = got
         else:
@@ -291,7 +295,7 @@ def test_mila_milestones_reset_with_the_episode(install):
     env = make(scene="place_spoon_in_sink", num_envs=1)
     run_mila_case(world, env, "place_spoon_in_sink", 1)
     _, info = env.reset()
-    assert all(v.tolist() == [-1] for v in info["milestones"].values()) and not info["success"].any()
+    assert all(v.tolist() == [-1] for v in entries(info["milestones"]).values()) and not info["success"].any()
 
 
 def test_mila_task_needs_a_sim_evals_with_mila(install):
@@ -561,7 +565,7 @@ def test_mila_on_the_droid_environment_layout(install):
     env = make(scene="place_spoon_in_sink", num_envs=2)
     obs, info = env.reset(seed=0)
     assert env.patches[0].startswith("sim-evals MILA task place_spoon_in_sink")
-    assert set(info["milestones"]) >= {"reached_spoon", "completely_in_sink"} and world.launched
+    assert set(entries(info["milestones"])) >= {"reached_spoon", "completely_in_sink"} and world.launched
     env.close()
 
 

@@ -24,6 +24,7 @@ from dz_gym.envs.mujoco import (
     make_env,
     scene,
 )
+from dz_gym.envs.vector_info import entries
 
 INFO_KEYS = set(episodes.INFO_KEYS)
 
@@ -54,7 +55,7 @@ def test_contract_shapes_dtypes_and_spaces(env2):
     np.testing.assert_allclose(policy[droid.OBS_JOINT_KEY][0], droid.HOME_JOINT_POSITIONS, atol=0.02)
     assert env2.observation_space.contains(obs)
     assert env2.action_space.shape == (2, 8)
-    assert set(info) == INFO_KEYS
+    assert set(entries(info)) == INFO_KEYS
     assert info["episode_seed"].tolist() == [3, 4] and info["episode_step"].tolist() == [0, 0]
     assert info["object_pos"].shape == (2, 3) and info["container_pos"].shape == (2, 3)
 
@@ -62,7 +63,7 @@ def test_contract_shapes_dtypes_and_spaces(env2):
     assert env2.observation_space.contains(obs)
     assert reward.shape == (2,) and terminated.shape == (2,) and truncated.shape == (2,)
     assert not terminated.any() and not truncated.any()
-    assert set(info) == INFO_KEYS
+    assert set(entries(info)) == INFO_KEYS
     assert info["episode_step"].tolist() == [1, 1] and info["images_fresh"].all()
     assert env2.max_episode_length == droid.MAX_EPISODE_LENGTH
 

@@ -17,6 +17,7 @@ from dz_gym.envs.episodes import (
     reach_distance,
     resolve_env_ids,
 )
+from dz_gym.envs.vector_info import entries
 
 SCENE = droid.scene_spec(1)
 CONTAINER = np.array([0.55, 0.16, 0.0])
@@ -86,7 +87,8 @@ def test_without_any_seed_a_random_base_gives_consecutive_seeds():
 def test_info_keys_and_counters_across_steps_and_autoreset():
     book = started(2, seed=10)
     info = book.record_step(state(np.tile(REST, (2, 1)), np.tile(REST + [0, 0, 0.3], (2, 1))), np.array([False, True]))
-    assert tuple(info) == INFO_KEYS and set(info["milestones"]) == set(MILESTONES)
+    assert tuple(entries(info)) == INFO_KEYS and set(entries(info["milestones"])) == set(MILESTONES)
+    assert all(info[f"_{key}"].all() for key in INFO_KEYS) and info["milestones"]["_placed"].all()  # vector form
     assert info["episode_step"].tolist() == [1, 1] and info["episode_seed"].tolist() == [10, 11]
     assert info["time_outs"].tolist() == [False, True] and info["images_fresh"].all()
     assert np.isnan(info["object_quat"]).all()
@@ -152,7 +154,7 @@ def test_a_backends_own_milestones_replace_the_built_in_checks():
     assert info["milestones"]["reached"].tolist() == info["milestones"]["reached_spoon"].tolist() == [-1, 0]
     info = book.record_step(flags([1, 1, 1, 1], [1, 1, 0, 0]), np.zeros(2, dtype=bool))
     assert info["success"].tolist() == [True, False] and info["success_any_step"].tolist() == [True, False]
-    assert {name: steps.tolist() for name, steps in info["milestones"].items()} == {
+    assert {name: steps.tolist() for name, steps in entries(info["milestones"]).items()} == {
         "reached": [1, 0], "lifted": [1, 1], "above_target": [1, -1], "placed": [1, -1],
         "reached_spoon": [1, 0], "lifted_up_spoon": [1, 1], "above_sink": [1, -1], "completely_in_sink": [1, -1],
     }  # fmt: skip

@@ -10,6 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from dz_gym.envs import droid, episodes
+from dz_gym.envs.vector_info import entries
 from dz_gym.preprocess import resize_with_pad
 from dz_gym.testing.isaac_standin import (
     IsaacDroidStandIn,
@@ -40,12 +41,12 @@ def test_isaac_contract_shapes_and_types():
         assert tuple(policy[camera].shape) == (3, *SMALL, 3) and policy[camera].dtype == torch.uint8
     assert tuple(policy[droid.OBS_JOINT_KEY].shape) == (3, 7) and policy[droid.OBS_JOINT_KEY].dtype == torch.float32
     assert tuple(policy[droid.OBS_GRIPPER_KEY].shape) == (3, 1) and policy[droid.OBS_GRIPPER_KEY].dtype == torch.float32
-    assert set(info) == INFO_KEYS
+    assert set(entries(info)) == INFO_KEYS
     obs, reward, terminated, truncated, info = env.step(actions(3))
     assert reward.dtype == torch.float32 and tuple(reward.shape) == (3,)
     assert terminated.dtype == torch.bool and truncated.dtype == torch.bool
     assert tuple(terminated.shape) == tuple(truncated.shape) == (3,)
-    assert set(info) == INFO_KEYS
+    assert set(entries(info)) == INFO_KEYS
     arrays = [v for value in info.values() for v in (value.values() if isinstance(value, dict) else [value])]
     assert all(np.asarray(value).shape[0] == 3 for value in arrays)
     assert info["object_pos"].shape == info["container_pos"].shape == (3, 3)

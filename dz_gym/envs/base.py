@@ -46,23 +46,29 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.vector import AutoresetMode
+from gymnasium.vector import AutoresetMode, VectorEnv
 
 from dz_gym.envs import droid
 from dz_gym.envs.episodes import MILESTONES, Episodes, ObjectBox, check_seed
+from dz_gym.envs.limits import action_limits
 from dz_gym.preprocess import to_numpy
 
 
 def droid_spaces(image_shape: tuple[int, int], num_envs: int | None = None) -> tuple[gym.spaces.Dict, gym.spaces.Box]:
     """Observation and action spaces of the DROID contract at ``image_shape`` (H, W).
 
-    With ``num_envs`` the spaces are batched (a leading ``num_envs`` dimension), equal to
+    The action space is bounded by the robot's joint ranges and the gripper command's ``[0, 1]``
+    (:mod:`dz_gym.envs.limits`): actions are absolute joint targets, so all zeros lies outside it (the
+    home pose, :data:`~dz_gym.envs.droid.HOME_JOINT_POSITIONS` with the gripper open, lies inside). With ``num_envs`` the spaces are batched (a leading ``num_envs`` dimension), equal to
     ``gymnasium.vector.utils.batch_space`` of the single spaces but built directly: ``batch_space`` takes
     about a second for 8 envs of 720x1280 views.
 
     >>> observation, action = droid_spaces((180, 320), num_envs=4)
     >>> observation["policy"]["wrist_cam"].shape, action.shape
     ((4, 180, 320, 3), (4, 8))
+    >>> _, single = droid_spaces((180, 320))
+    >>> single.contains(np.zeros(8, np.float32)), single.contains(np.array([*droid.HOME_JOINT_POSITIONS, 0], np.float32))
+    (False, True)
     """
     height, width = image_shape
     lead = () if num_envs is None else (int(num_envs),)
@@ -77,12 +83,20 @@ def droid_spaces(image_shape: tuple[int, int], num_envs: int | None = None) -> t
         }
     )
     observation = gym.spaces.Dict({droid.POLICY_GROUP: policy})
-    action = gym.spaces.Box(-np.inf, np.inf, shape=lead + (droid.ACTION_DIM,), dtype=np.float32)
+    low, high = action_limits()
+    shape = lead + (droid.ACTION_DIM,)
+    action = gym.spaces.Box(np.broadcast_to(low, shape), np.broadcast_to(high, shape), dtype=np.float32)
     return observation, action
 
 
-class BatchedDroidEnv(gym.Env):
+class BatchedDroidEnv(gym.Env, VectorEnv):
     """Base class of the batched DROID backends: spaces, metadata, episode bookkeeping and the hooks.
+
+    It is a ``gymnasium.vector.VectorEnv`` (``num_envs``, batched and ``single_*`` spaces, same-step autoreset
+    declared in ``metadata["autoreset_mode"]``, ``info`` in the vector form with ``_key`` masks), so
+    Gymnasium's vector wrappers and ``gym.make_vec`` compose with it, and also a ``gymnasium.Env`` (with
+    ``is_vector_env``, like Isaac Lab's ``ManagerBasedRLEnv``), so ``gymnasium.Wrapper`` subclasses such as
+    :class:`~dz_gym.wrapper.DreamZeroPolicyWrapper` wrap it too.
 
     ``seed`` is the seed of the first ``reset()`` that passes none (random when None); ``object_box``
     refines the milestones' reach check and ``milestone_names`` names a backend's own milestones (see
@@ -106,7 +120,12 @@ class BatchedDroidEnv(gym.Env):
         seed: int | None = None,
         object_box: ObjectBox | None = None,
         milestone_names: Sequence[str] = MILESTONES,
+        render_mode: str | None = None,
     ):
+        if render_mode is not None and render_mode not in type(self).metadata["render_modes"]:
+            modes = ", ".join(type(self).metadata["render_modes"]) or "none"
+            raise ValueError(f"render_mode: expected None or one of: {modes}; got {render_mode!r}")
+        self.render_mode = render_mode
         if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
             raise ValueError(f"num_envs: expected an integer >= 1, got {num_envs!r}")
         self.metadata = dict(type(self).metadata)
@@ -123,8 +142,9 @@ class BatchedDroidEnv(gym.Env):
 
     # -- hooks ------------------------------------------------------------------------------------------
     def set_render_mask(self, mask: np.ndarray | None) -> None:
-        """Envs whose images the caller will read from the next observation (``None``: all of them)."""
-        if mask is None:
+        """Envs whose images the caller will read from the next observation (``None``: all of them; always
+        all under a ``render_mode``, whose frames a recorder reads every step)."""
+        if mask is None or self.render_mode is not None:
             self._render_mask = None
             return
         mask = np.asarray(mask, dtype=bool).reshape(-1)
@@ -156,6 +176,25 @@ class BatchedDroidEnv(gym.Env):
     def closed(self) -> bool:
         """Whether :meth:`close` ran (every later call but ``close`` raises)."""
         return self._closed
+
+    def render(self) -> tuple[np.ndarray, ...] | None:
+        """Under ``render_mode="rgb_array"`` (where a backend offers it), each env's video strip of the latest
+        observation, ``(H, 3W, 3)`` uint8 (right external | wrist | left external, as the evaluator's videos);
+        None without a render mode."""
+        if self.render_mode is None:
+            return None
+        views = self._render_views()
+        strips = np.concatenate([to_numpy(views[key]) for key in droid.VIDEO_STRIP_KEYS], axis=2)
+        return tuple(strips[i] for i in range(self.num_envs))
+
+    def _render_views(self) -> dict:
+        """Camera name -> ``(N, H, W, 3)`` frames of the latest observation, for :meth:`render`."""
+        raise NotImplementedError(f"{type(self).__name__} offers no render mode")
+
+    def __del__(self) -> None:
+        # VectorEnv closes itself from its finalizer; a backend closes on close() or at exit (the embedded
+        # simulator's atexit hook), never from garbage collection, which may run in any thread.
+        return None
 
     # -- checks for the backends ------------------------------------------------------------------------
     def _check_open(self) -> None:

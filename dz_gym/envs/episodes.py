@@ -33,7 +33,9 @@ follows episodes lives here, once, so that all backends agree on names and seman
   ============= ====================================================================================
 
 - **info** (:meth:`Episodes.info`): one dict of ``(N, ...)`` numpy arrays per ``reset``/``step``,
-  describing the state the step reached (before any autoreset); :data:`INFO_KEYS` lists its keys.
+  describing the state the step reached (before any autoreset); :data:`INFO_KEYS` lists its keys, each with
+  Gymnasium's vector-info mask beside it (``_success``; ``milestones`` holds ``_<name>`` masks too; all True:
+  :mod:`dz_gym.envs.vector_info`).
 
 The flow a backend follows (``book`` is ``self.episodes`` of :class:`~dz_gym.envs.base.BatchedDroidEnv`)::
 
@@ -79,6 +81,7 @@ from typing import Any
 import numpy as np
 
 from dz_gym.envs import droid
+from dz_gym.envs.vector_info import with_masks
 from dz_gym.preprocess import to_numpy
 
 MILESTONES = ("reached", "lifted", "above_target", "placed")
@@ -366,7 +369,7 @@ class Episodes:
         }
         milestones.update({name: steps.copy() for name, steps in self.milestone_steps.items()})
         quat = state.object_quat
-        return {
+        info = {
             "success": success,
             "success_any_step": self.success_any.copy(),
             "time_outs": time_outs,
@@ -380,3 +383,4 @@ class Episodes:
             "milestones": milestones,
             "images_fresh": np.ones(n, dtype=bool) if images_fresh is None else np.array(images_fresh, dtype=bool),
         }
+        return with_masks(info, n)  # Gymnasium's vector form: every env reports every key

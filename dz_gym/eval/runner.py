@@ -58,6 +58,7 @@ from typing import Any
 import numpy as np
 
 from dz_gym.envs import droid
+from dz_gym.envs.vector_info import entries
 from dz_gym.eval.plan import PlanEntry
 from dz_gym.eval.progress import Progress
 from dz_gym.eval.results import latency_stats
@@ -177,7 +178,9 @@ def _milestone_columns(info: Mapping[str, Any]) -> dict[str, np.ndarray] | None:
     value = info.get("milestones")
     if not isinstance(value, Mapping):
         return None
-    return {str(name): np.asarray(to_numpy(steps), dtype=np.int64).reshape(-1) for name, steps in value.items()}
+    return {
+        str(name): np.asarray(to_numpy(steps), dtype=np.int64).reshape(-1) for name, steps in entries(value).items()
+    }
 
 
 def task_name(scene: int) -> str | None:

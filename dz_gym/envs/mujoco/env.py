@@ -95,7 +95,11 @@ def _check_image_shape(image_shape) -> tuple[int, int]:
 
 
 class MujocoDroidEnv(BatchedDroidEnv):
-    """N embedded DROID envs of one scene (see the module docstring for semantics and knobs)."""
+    """N embedded DROID envs of one scene (see the module docstring for semantics and knobs).
+
+    ``render_mode="rgb_array"``: :meth:`render` gives each env's video strip (Gymnasium's ``RecordVideo``)."""
+
+    metadata: dict[str, Any] = {**BatchedDroidEnv.metadata, "render_modes": ["rgb_array"]}
 
     def __init__(
         self,
@@ -111,13 +115,20 @@ class MujocoDroidEnv(BatchedDroidEnv):
         multisamples: int = 0,
         device: str = "cpu",
         frame_views: bool = True,
+        render_mode: str | None = None,
     ):
         image_shape = _check_image_shape(image_shape)
         if device != "cpu":
             raise ValueError(f"device: the embedded simulator returns numpy arrays; expected 'cpu', got {device!r}")
         layout_spec = scene_module.LAYOUTS[droid.scene_spec(scene).scene_id]
         super().__init__(
-            num_envs, image_shape, scene, device="cpu", seed=seed, object_box=scene_module.object_box(scene)
+            num_envs,
+            image_shape,
+            scene,
+            device="cpu",
+            seed=seed,
+            object_box=scene_module.object_box(scene),
+            render_mode=render_mode,
         )
         if max_episode_length is not None:
             if not isinstance(max_episode_length, (int, np.integer)) or max_episode_length < 1:
@@ -353,6 +364,9 @@ class MujocoDroidEnv(BatchedDroidEnv):
         return TaskState(
             a["object_pos"].copy(), a["container_pos"].copy(), a["tcp_pos"].copy(), speed, a["object_quat"].copy()
         )
+
+    def _render_views(self) -> dict[str, np.ndarray]:
+        return self._frame_store  # the latest frames of every env (all rendered under a render mode)
 
     def _observation(self) -> dict[str, dict[str, np.ndarray]]:
         """The batch's observation. Images are read-only views of the frame buffers (valid until the next

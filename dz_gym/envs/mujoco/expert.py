@@ -31,6 +31,7 @@ import numpy as np
 from dz_gym.envs import droid
 from dz_gym.envs.mujoco import scene as scene_module
 from dz_gym.envs.mujoco.kinematics import Kinematics
+from dz_gym.envs.vector_info import entries
 
 
 @dataclass(frozen=True)
@@ -213,7 +214,7 @@ def run_episodes(env, expert: ScriptedExpert, max_steps: int | None = None) -> d
         first[newly] = t
         any_step |= info["success_any_step"]
         last = info["success"].copy()
-        milestones = info["milestones"]
+        milestones = entries(info["milestones"])
         if truncated.any():
             break
     env.set_render_mask(None)
