@@ -188,7 +188,9 @@ def test_resume_of_a_finished_run_says_so_and_starts_nothing(capsys, tmp_path):
 
 
 def test_max_episodes_is_locked_on_resume(capsys, tmp_path):
-    cfg = config(policy_b=None, servers_b=[NOWHERE], sequential=True, max_episodes=6, episodes=None)
+    cfg = config(
+        policy_b=None, servers_b=[NOWHERE], sequential=True, max_episodes=6, episodes=None, accept_lower_power=True
+    )
     run_dir = RunDir.create(tmp_path / "runs", cfg)
     with pytest.raises(SystemExit) as exc:
         cli.main(["--resume", str(run_dir.path), "--max-episodes", "40"])
