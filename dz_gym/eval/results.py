@@ -103,6 +103,7 @@ def _group(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "episodes": len(rows),
         "completed": len(ok),
         "errored": len(rows) - len(ok),
+        "retried_attempts": int(sum(max(int(r.get("attempts", 1)) - 1, 0) for r in rows)),
         "success_at_end": rate(sum(bool(r["success_at_end"]) for r in ok), len(ok)),
         "success_any_step": rate(sum(bool(r["success_any_step"]) for r in ok), len(ok)),
         "env_steps": int(sum(r["steps"] for r in rows)),
@@ -199,9 +200,11 @@ def _fmt_rate(entry: Mapping[str, Any]) -> str:
 
 
 def _fmt_episodes(entry: Mapping[str, Any]) -> str:
+    retried = entry.get("retried_attempts", 0)
+    again = f" ({retried} errored attempts run again)" if retried else ""
     if not entry["errored"]:
-        return str(entry["episodes"])
-    return f"{entry['completed']}/{entry['episodes']} completed, {entry['errored']} errored"
+        return f"{entry['episodes']}{again}"
+    return f"{entry['completed']}/{entry['episodes']} completed, {entry['errored']} errored{again}"
 
 
 def _arm_names(arms: Mapping[str, Any]) -> list[str]:
