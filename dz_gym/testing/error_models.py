@@ -18,10 +18,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dz_gym.stats.comparison import compare_rows
 from dz_gym.stats.select import BestArmSelection
 from dz_gym.stats.sequential import SequentialPairTest
 
-__all__ = ["ErrorModel", "MonteCarlo", "ab_false_decisions", "race_wrong_best"]
+__all__ = ["ErrorModel", "MonteCarlo", "ab_false_decisions", "fixed_n_false_decisions", "race_wrong_best"]
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,28 @@ def ab_false_decisions(make_test: Callable[[], SequentialPairTest], *, runs: int
                 break
         decision = test.finish()
         hits += decision.better is not None
+    return MonteCarlo(hits, runs)
+
+
+def _rows(outcomes: Sequence[bool | None]) -> list[dict]:
+    return [{"scene": 1, "seed": k, "error": None if x is not None else "injected", "success_at_end": x,
+             "success_any_step": x} for k, x in enumerate(outcomes)]  # fmt: skip
+
+
+def fixed_n_false_decisions(*, runs: int, pairs: int, rate: float, errors_a: ErrorModel, errors_b: ErrorModel,
+                            alpha: float = 0.05, seed: int = 0, drop_errors: bool = False) -> MonteCarlo:  # fmt: skip
+    """``dz-gym-compare``'s verdict (:func:`~dz_gym.stats.comparison.compare_rows`, overall line) on runs of
+    ``pairs`` pairs with no difference; hits: a verdict either way. ``drop_errors``: the verdict of the
+    two-sided McNemar test with the errored pairs dropped (``p_without_errored``: what it used to be)."""
+    rng = np.random.default_rng(seed)
+    hits = 0
+    for _ in range(runs):
+        a = errors_a.apply(rng.random(pairs) < rate, rng)
+        b = errors_b.apply(rng.random(pairs) < rate, rng)
+        overall = compare_rows(_rows(a), _rows(b), alpha=alpha)["scenes"]["overall"]
+        hits += (
+            (overall["p_without_errored"] <= alpha) if drop_errors else overall["verdict"] != "no_difference_detected"
+        )
     return MonteCarlo(hits, runs)
 
 
