@@ -459,6 +459,7 @@ def test_arm_dependent_errors_are_bounded_and_no_decision_is_made(tmp_path):
     assert seq["errored_b"] == 8 and seq["errored_a"] == 0, seq["why"]
     assert seq["better"] is None and seq["reason"] in ("no_difference", "max_pairs"), seq["why"]
     assert seq["errors"]["bounded_pairs"] == 8 and seq["errors_p_value"] == pytest.approx(2 / 2**8)
+    assert "8 errored pair(s) bounded, not dropped" in format_table(summary)
 
 
 class EarlySuccessEnv(GripperToyEnv):

@@ -285,6 +285,10 @@ def format_table(summary: Mapping[str, Any]) -> str:
         gone = ", ".join(f"{arm} after {n} seed(s)" for arm, n in after.items()) or "none"
         out.append(f"SELECTION (--select-best): best {selection.get('best') or 'not named'}; eliminated: {gone}")
         out.append(f"  {selection.get('why')}")
+        if selection.get("errored_rounds"):
+            held = ", ".join(selection.get("held_by_errors") or []) or "none"
+            out.append(f"  {selection['errored_rounds']} seed(s) with an errored episode, counted against each "
+                       f"claimant; arms the errors kept in the race: {held}")  # fmt: skip
     comparison = summary.get("comparison")
     if isinstance(comparison, Mapping) and comparison.get("metrics"):
         from dz_gym.stats.comparison import format_comparison
@@ -300,6 +304,11 @@ def format_table(summary: Mapping[str, Any]) -> str:
             f"DECISION (sequential test): {sequential.get('reason')} [stopped by: {sequential.get('stopped_by')}]"
         )
         out.append(f"  {sequential.get('why')}")
+        errors = sequential.get("errors")
+        if isinstance(errors, Mapping) and errors.get("bounded_pairs"):
+            out.append(f"  {errors['bounded_pairs']} errored pair(s) bounded, not dropped (against B [A only, B only] "
+                       f"= {errors.get('worst_for_b')}, against A {errors.get('worst_for_a')}); with them dropped "
+                       f"the rule would say: {errors.get('without_errored')}")  # fmt: skip
         diff = sequential.get("difference")
         if isinstance(diff, Mapping) and diff.get("confidence_sequence"):
             low, high = diff["confidence_sequence"]
