@@ -68,6 +68,25 @@ def test_errored_and_unpaired_rows_are_left_out_and_counted():
     assert result["unpaired"] == {"a": 1, "b": 0}
 
 
+def test_errored_pairs_are_imputed_against_each_claim():
+    # B errors on the 8 seeds A solved, wins the other 8: dropping the errors reads "B better" (p = 2/2^8);
+    # imputed against B (its errors as failures) it is 8 A only vs 8 B only: no verdict.
+    rows_a, rows_b = outcomes(1, [True, False] * 8, [None, True] * 8)
+    for k in range(0, 16, 2):
+        rows_b[k] = row(1, k, None, error="connection lost")
+    entry = compare_rows(rows_a, rows_b)["scenes"]["overall"]
+    assert entry["errored_pairs"] == 8 and entry["pairs"] == 8 and entry["b_only"] == 8
+    assert entry["p_without_errored"] == pytest.approx(2 / 2**8)
+    assert entry["worst_for_b"] == [8, 8] and entry["worst_for_a"] == [0, 8]
+    assert entry["p_value"] == 1.0 and entry["verdict"] == "no_difference_detected"
+    # A real difference survives its errors: B wins 13 seeds, one errored episode per arm.
+    rows_a, rows_b = outcomes(1, [False] * 12 + [True, False, True, False], [True] * 12 + [False, True, True, True])
+    rows_b[12], rows_a[13] = row(1, 12, None, error="timeout"), row(1, 13, None, error="timeout")
+    entry = compare_rows(rows_a, rows_b)["scenes"]["overall"]
+    assert entry["worst_for_b"] == [1, 13] and entry["verdict"] == "b_better"
+    assert entry["p_value"] == pytest.approx(2 * 15 / 2**14)
+
+
 def test_per_scene_holm_and_pooled_overall():
     a1, b1 = outcomes(1, [False] * 12, [True] * 12)  # p = 2^-11
     a2, b2 = outcomes(2, [True, False, True], [True, True, False])  # p = 1

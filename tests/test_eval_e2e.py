@@ -231,7 +231,8 @@ def test_an_ignored_sigint_stays_ignored_and_sigterm_still_stops(gated_hold, tmp
 
 
 def test_server_failures_are_recorded_per_episode(tmp_path, capsys):
-    argv = [*BASE, "--no-video", "--max-errors", "10", "--serve-arg=--fail-every=3"]
+    # --episode-retries 0: every errored attempt stays errored (with retries the same run has no errored row)
+    argv = [*BASE, "--no-video", "--max-errors", "10", "--serve-arg=--fail-every=3", "--episode-retries", "0"]
     capacity = ["--server-max-sessions", "1", "--server-idle-timeout", "0.001"]
     assert cli.main([*argv, *capacity, "--output-root", str(tmp_path)]) == 0
     captured = capsys.readouterr()

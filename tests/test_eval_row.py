@@ -64,7 +64,17 @@ def test_every_field_has_one_kind():
     kinds = [VOLATILE, PLACEMENT, RESULTS, FILES, row_mod.IDENTITY]
     names = set(row_mod._NAMES)
     assert sum(len(k) for k in kinds) == len(names) and set().union(*kinds) == names
-    assert {"session_id", "started_at", "wall_s", "latency_ms", "latencies_ms", "node", "gpu"} == VOLATILE
+    assert {
+        "session_id",
+        "started_at",
+        "wall_s",
+        "latency_ms",
+        "latencies_ms",
+        "node",
+        "gpu",
+        "attempts",
+        "retried_events",
+    } == VOLATILE
     assert {"env", "server", "shard"} == PLACEMENT and {"trajectory", "video"} == FILES
     assert set(row_mod.INFO_FIELDS) <= names
 

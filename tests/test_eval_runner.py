@@ -156,6 +156,57 @@ def test_server_error_ends_only_that_episode(tmp_path, flavor):
     assert summary["overall"]["errored"] == 1 and summary["overall"]["success_at_end"]["n"] == 5
 
 
+class FailFirstAttemptsPolicy(HoldPolicy):
+    """Hold, but fail the first ``times`` episodes (sessions) that start from ``joint0``, then serve it."""
+
+    def __init__(self, joint0: float, times: int):
+        super().__init__()
+        self.joint0, self.times = joint0, times
+        self.failed: set[str] = set()
+
+    def infer(self, request, *, session_id, new_session):
+        if abs(float(request["observation/joint_position"][0]) - self.joint0) < 1e-6:
+            if session_id in self.failed or len(self.failed) < self.times:
+                self.failed.add(session_id)
+                raise RuntimeError("injected failure for this attempt")
+        return super().infer(request, session_id=session_id, new_session=new_session)
+
+
+def test_an_errored_attempt_runs_again_on_its_seed_and_the_row_equals_a_run_without_errors(tmp_path, hold_server):
+    clean = stable(run(tmp_path / "clean", [hold_server], num_envs=2, episodes=5, max_steps=8)[1].read_rows())
+    policy = FailFirstAttemptsPolicy(fake_joint0(2), times=2)
+    with start_server_thread(policy) as server:
+        summary, run_dir, _ = run(tmp_path / "retried", [server.url + PATH], num_envs=2, episodes=5, max_steps=8,
+                                  episode_retries=2)  # fmt: skip
+    rows = run_dir.read_rows()
+    assert len(rows) == 5 and summary["overall"]["errored"] == 0 and len(policy.failed) == 2
+    assert stable(rows) == clean  # same seed, slot and outcome: attempts are volatile
+    (retried,) = [r for r in rows if r["attempts"] > 1]
+    assert retried["seed"] == 2 and retried["attempts"] == 3 and retried["retried_events"] == ["server_error"] * 2
+    assert all(r["attempts"] == 1 and r["retried_events"] == [] for r in rows if r is not retried)
+    log = run_dir.read_attempts()
+    assert [(a["episode"], a["attempt"], a["error_event"]) for a in log] == [
+        (2, 1, "server_error"),
+        (2, 2, "server_error"),
+    ]
+    # Retries used up: what still errors stays in the row. A resume continues the count from attempts.jsonl.
+    policy = FailFirstAttemptsPolicy(fake_joint0(2), times=3)
+    with start_server_thread(policy) as server:
+        _, spent, _ = run(tmp_path / "spent", [server.url + PATH], num_envs=2, episodes=5, max_steps=8,
+                          episode_retries=2)  # fmt: skip
+        (bad,) = [r for r in spent.read_rows() if r["error"] is not None]
+        assert bad["seed"] == 2 and bad["attempts"] == 3 and len(spent.read_attempts()) == 2
+        resumed = RunDir.create(tmp_path / "resumed", spent.load_config())
+        for record in spent.read_attempts():
+            resumed.append_attempt(record)
+        policy.failed.clear()
+        policy.times = 1  # one more failure; the two logged attempts already used the retries
+        run(tmp_path / "resumed", [server.url + PATH], num_envs=2, episodes=5, max_steps=8, episode_retries=2,
+            run_dir=resumed)  # fmt: skip
+    (bad,) = [r for r in resumed.read_rows() if r["error"] is not None]
+    assert bad["seed"] == 2 and bad["attempts"] == 3 and bad["retried_events"] == ["server_error"] * 2
+
+
 def test_max_errors_aborts_cleanly(tmp_path):
     policy = FailOnSeedPolicy(fake_joint0(0))
     control = RunControl(error_budget=0)

@@ -12,6 +12,7 @@ import pytest
 from dz_gym.stats.ranking import rank_arms
 from dz_gym.stats.select import BestArmSelection
 from dz_gym.stats.walk import Boundaries, walk
+from dz_gym.testing.error_models import ErrorModel, race_wrong_best
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_rank.py"
 
@@ -117,4 +118,34 @@ def test_selection_errors_and_bad_input():
         BestArmSelection(["a", "a"])
     with pytest.raises(ValueError, match="alpha"):
         BestArmSelection(["a", "b"], alpha=2)
-    assert math.isclose(sel.log_e(0, 1), 0.0)
+    # a's errored seed counts against a when judging "a beats b" and for a when judging "b beats a"
+    assert sel.bounded[0, 1] == 1 and sel.bounded[1, 0] == 0 and sel.log_e(0, 1) < 0.0
+    assert math.isclose(sel.log_e(0, 1, drop_errors=True), 0.0)
+
+
+def test_an_arm_erroring_on_its_failures_is_not_named_best():
+    # x and y are equally good; x's server errors on every seed x would have failed. Dropped, x would look
+    # perfect and eliminate y; bounded (x's errors as failures when x is the claimant) it cannot.
+    rng = np.random.default_rng(5)
+    sel = BestArmSelection(["x", "y"], max_rounds=300)
+    dropping = BestArmSelection(["x", "y"], max_rounds=300, drop_errors=True)
+    while not sel.stopped:
+        x, y = rng.random(2) < 0.5
+        sel.update({"x": True if x else None, "y": bool(y)})
+        if not dropping.stopped:
+            dropping.update({"x": True if x else None, "y": bool(y)})
+    assert sel.best is None and sel.survivors == ["x", "y"]
+    assert dropping.best == "x"
+    summary = sel.to_dict()
+    assert summary["errored"] == summary["errored_rounds"] > 0 and summary["held_by_errors"] == ["y"]
+
+
+def test_outcome_dependent_errors_name_a_wrong_best_arm_at_most_alpha():
+    # The case: an arm at 0.5 whose server errors on 60% of its failures against an arm at 0.6.
+    kwargs = dict(runs=60, rounds=120, seed=11)
+    errors = [ErrorModel(on_failure=0.6), ErrorModel()]
+    bounded = race_wrong_best([0.5, 0.6], errors, **kwargs)
+    dropped = race_wrong_best([0.5, 0.6], errors, drop_errors=True, **kwargs)
+    limit = 0.05 + 3 * math.sqrt(0.05 * 0.95 / 60)
+    assert bounded.rate <= limit, bounded
+    assert dropped.rate > limit, dropped  # the rule as it was (errored seeds dropped) fails this check

@@ -8,8 +8,10 @@ is in. Completion order may depend on the outcomes (an episode that succeeds can
 ends early runs more episodes per second), and a test fed in that order loses its type-I guarantee; the plan
 order is fixed before any outcome. A resumed run rebuilds the same state from its rows.
 
-A pair with an errored episode is counted by arm and left out of the walk; the test refuses to decide when
-errors differ between arms beyond chance (see :mod:`dz_gym.stats.sequential`).
+A pair with an episode that still errored after the runner's retries is folded in as well: each claim is
+judged with its errored outcomes imputed against it, at every look (see :mod:`dz_gym.stats.sequential`); the
+summary's ``errors`` entry says how many pairs were bounded that way and what the rule would have said with
+them dropped.
 Pairs completed after the decision are ignored by the test (its decision is final) but are real pairs and
 appear in the comparison; an episode whose twin never ran (cut off at the decision) is listed under
 ``unpaired`` in the summary and left out of the comparison.
@@ -70,7 +72,7 @@ class PairTracker:
     """Pairs of an A/B run and, with ``sequential``, the stopping rule (see the module docstring).
 
     ``order``: the (scene, episode) of every planned pair, in plan order (default: sorted). ``rows``: the rows
-    already written (resume). ``max_pairs``: the run's budget of usable pairs; ``min_difference``, ``power``:
+    already written (resume). ``max_pairs``: the run's budget of pairs (errored ones included); ``min_difference``, ``power``:
     the design (:class:`~dz_gym.stats.design.SequentialDesign`).
     """
 
@@ -88,7 +90,7 @@ class PairTracker:
         self._done: dict[int, tuple[bool | None, bool | None]] = {}
         self.next_pair = 0  # plan index of the next pair the test waits for
         self.pairs = 0
-        self.outcomes: list[tuple[bool, bool]] = []  # usable pairs, in the order the test saw them
+        self.outcomes: list[tuple[bool, bool]] = []  # pairs without errors, in the order the test saw them
         for row in rows:
             self.add(row)
 
@@ -147,6 +149,19 @@ class PairTracker:
             "bias: E[estimate at the stop] - difference for this design, computed exactly at the estimate",
         }
 
+    def _errors(self, decision: SequentialDecision) -> dict[str, Any]:
+        """How the errored pairs entered the decision: bounded, never dropped."""
+        return {
+            "bounded_pairs": decision.errored,
+            "worst_for_b": list(decision.worst_for_b),
+            "worst_for_a": list(decision.worst_for_a),
+            "without_errored": self.test.without_errored(),
+            "note": "pairs whose episode still errored after the retries count against every claim: 'B better' "
+            "is judged with B's errored episodes as failures and A's as successes ([A only, B only] in "
+            "worst_for_b), 'A better' the other way; without_errored: the rule's reason with those pairs dropped "
+            "(information only: not valid when errors depend on outcomes)",
+        }
+
     def summary(
         self, rows: Iterable[Mapping[str, Any]], *, planned_pairs: int, finished: bool
     ) -> dict[str, Any] | None:
@@ -178,6 +193,7 @@ class PairTracker:
             completed_pairs=self.pairs,
             waiting_for_pair=None if decision.stop or self.next_pair >= len(self.order) else self.next_pair,
             difference=self._difference(),
+            errors=self._errors(decision),
             unpaired=unpaired_rows(rows),
             log10_e_value=None if decision.e_value <= 0 else math.log10(decision.e_value),
         )

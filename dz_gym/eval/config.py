@@ -35,6 +35,8 @@ LEGACY_MAX_EPISODES = 200  # --sequential's budget in runs saved before it defau
 DEFAULT_ALPHA = 0.05  # --sequential: the test's type-I error
 DEFAULT_MIN_DIFFERENCE = 0.2  # --sequential: the smallest difference in success rate the design is planned for
 DEFAULT_POWER = 0.8  # --sequential: the design's power at that difference
+DEFAULT_EPISODE_RETRIES = 2  # re-runs of an episode that ended by an infrastructure error
+MAX_EPISODE_RETRIES = 10
 
 
 def _result(default: Any = dataclasses.MISSING, **kwargs: Any) -> Any:
@@ -95,6 +97,8 @@ class EvalConfig:
     max_errors: int | None = None  # None: 10 % of the planned episodes, at least 5
     request_timeout: float = field_default(TransportConfig, "request_timeout")
     retry_server_errors: int = field_default(TransportConfig, "retry_server_errors")
+    # an episode that ended by an infrastructure error runs again from its reset on the same seed, this many times
+    episode_retries: int = _result(DEFAULT_EPISODE_RETRIES)
     server_max_sessions: int = 64  # vLLM-Omni's resident session capacity (MAX_DREAMZERO_SESSIONS)
     server_idle_timeout: float = 30.0  # vLLM-Omni closes a connection idle this long; 0: the servers have none
     auth_env: str | None = None  # NAME of the environment variable holding the servers' API token
@@ -144,6 +148,9 @@ class EvalConfig:
             value = getattr(self, name)
             if not _is_int(value) and not (value is None and name in ("simulated_delay", "max_stale_steps")):
                 raise ValueError(f"{name}: expected an integer, got {value!r}")
+        if not _is_int(self.episode_retries) or not 0 <= self.episode_retries <= MAX_EPISODE_RETRIES:
+            raise ValueError(f"episode_retries: expected an integer in [0, {MAX_EPISODE_RETRIES}], "
+                             f"got {self.episode_retries!r}")  # fmt: skip
         if self.max_errors is not None and (not _is_int(self.max_errors) or self.max_errors < 0):
             raise ValueError(f"max_errors: expected an integer >= 0, got {self.max_errors!r}")
         self.backend = backends.resolve(self.backend)  # a one-line "backend: expected one of ..." if unknown

@@ -79,6 +79,10 @@ TIMING = (
     Flag("--retry-server-errors", "re-send a request that got a server error up to N times before its episode "
          "is flagged as errored (0: the reference client's behaviour); rows count retries",
          field="retry_server_errors", type=integer, metavar="N"),
+    Flag("--episode-retries", "run an episode that ended by an infrastructure error (lost connection, timeout, "
+         "error frame, protocol error) again from its reset on the same seed and slot, up to N times; what still "
+         "errors stays in its row, and counts against every claim of the A/B test and the race (0-10)",
+         field="episode_retries", type=integer, metavar="N"),
 )  # fmt: skip
 OUTPUTS = (
     Flag("--output-root", "where run directories are created", dest="output_root", type=Path, metavar="DIR",

@@ -103,6 +103,7 @@ def _group(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "episodes": len(rows),
         "completed": len(ok),
         "errored": len(rows) - len(ok),
+        "retried_attempts": int(sum(max(int(r.get("attempts", 1)) - 1, 0) for r in rows)),
         "success_at_end": rate(sum(bool(r["success_at_end"]) for r in ok), len(ok)),
         "success_any_step": rate(sum(bool(r["success_any_step"]) for r in ok), len(ok)),
         "env_steps": int(sum(r["steps"] for r in rows)),
@@ -199,9 +200,11 @@ def _fmt_rate(entry: Mapping[str, Any]) -> str:
 
 
 def _fmt_episodes(entry: Mapping[str, Any]) -> str:
+    retried = entry.get("retried_attempts", 0)
+    again = f" ({retried} errored attempts run again)" if retried else ""
     if not entry["errored"]:
-        return str(entry["episodes"])
-    return f"{entry['completed']}/{entry['episodes']} completed, {entry['errored']} errored"
+        return f"{entry['episodes']}{again}"
+    return f"{entry['completed']}/{entry['episodes']} completed, {entry['errored']} errored{again}"
 
 
 def _arm_names(arms: Mapping[str, Any]) -> list[str]:
@@ -294,6 +297,10 @@ def format_table(summary: Mapping[str, Any]) -> str:
         gone = ", ".join(f"{arm} after {n} seed(s)" for arm, n in after.items()) or "none"
         out.append(f"SELECTION (--select-best): best {selection.get('best') or 'not named'}; eliminated: {gone}")
         out.append(f"  {selection.get('why')}")
+        if selection.get("errored_rounds"):
+            held = ", ".join(selection.get("held_by_errors") or []) or "none"
+            out.append(f"  {selection['errored_rounds']} seed(s) with an errored episode, counted against each "
+                       f"claimant; arms the errors kept in the race: {held}")  # fmt: skip
     comparison = summary.get("comparison")
     if isinstance(comparison, Mapping) and comparison.get("metrics"):
         from dz_gym.stats.comparison import format_comparison
@@ -310,6 +317,11 @@ def format_table(summary: Mapping[str, Any]) -> str:
         )
         out.append(f"  {sequential.get('why')}")
         out.append(f"  {power_line(sequential)}")
+        errors = sequential.get("errors")
+        if isinstance(errors, Mapping) and errors.get("bounded_pairs"):
+            out.append(f"  {errors['bounded_pairs']} errored pair(s) bounded, not dropped (against B [A only, B only] "
+                       f"= {errors.get('worst_for_b')}, against A {errors.get('worst_for_a')}); with them dropped "
+                       f"the rule would say: {errors.get('without_errored')}")  # fmt: skip
         diff = sequential.get("difference")
         if isinstance(diff, Mapping) and diff.get("confidence_sequence"):
             low, high = diff["confidence_sequence"]

@@ -121,6 +121,11 @@ class EpisodeRow:
     reconnects: int = _f("result", "int", "connections reopened during the episode (a request the server cannot "
                          "have processed, e.g. on a connection it closed while idle, is sent again on a new one)", 0)  # fmt: skip
     retries: int = _f("result", "int", "requests sent again after a server error (`--retry-server-errors`)", 0)
+    attempts: int = _f("volatile", "int", "times the episode was started from its reset: 1 plus the attempts that "
+                       "ended by an infrastructure error and were run again on the same seed and slot "
+                       "(`--episode-retries`; volatile: a run without errors has 1)", 1)  # fmt: skip
+    retried_events: list[str] = _f("volatile", "list of str", "the `error_event` of each attempt run again, in "
+                                   "order", factory=list)  # fmt: skip
     shard: int | None = _f("placement", "int", "sharded runs (`--ray`) only: the shard that ran the episode")
     node: str | None = _f("volatile", "str / null", "sharded runs (`--ray`) only: the Ray node id of its shard "
                           "(null for a lost shard's episode when it was never known)")  # fmt: skip
@@ -192,7 +197,7 @@ REQUIRED = ("scene", "episode", "seed", "env", "session_id", "steps", "server_ca
             "success_any_step", "error")  # fmt: skip
 # What the report lists under an episode beside its outcome and its plots.
 INFO_FIELDS = ("arm", "task", "prompt", "session_id", "server", "first_success_step", "wait_steps", "stale_steps",
-               "error", "error_event", "error_step", "milestones", "reconnects", "retries", "shard", "node", "gpu",
+               "error", "error_event", "error_step", "attempts", "milestones", "reconnects", "retries", "shard", "node", "gpu",
                "wall_s", "started_at")  # fmt: skip
 
 

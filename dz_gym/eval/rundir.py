@@ -9,6 +9,7 @@ Layout (paths inside rows and the summary are relative to the run directory)::
                                        poses and milestones); an A/B run's files end in _a / _b
       videos/scene1_ep0003.mp4         per-episode video strip (right | wrist | left), 15 fps
       summary.json                     per scene and overall results, rewritten at the end of every run segment
+      attempts.jsonl                   one line per errored attempt that was run again (--episode-retries)
 
 ``episodes.jsonl`` is the source of truth: the summary is recomputed from it. Every other file is written to a
 temporary name and renamed, so a crash never leaves a half-written trajectory or summary behind; a crash while
@@ -36,6 +37,7 @@ logger = logging.getLogger(__name__)
 CONFIG_FILE = "config.json"
 ROWS_FILE = "episodes.jsonl"
 SUMMARY_FILE = "summary.json"
+ATTEMPTS_FILE = "attempts.jsonl"
 
 
 def episode_name(scene: int, episode: int, arm: str | None = None) -> str:
@@ -130,6 +132,28 @@ class RunDir:
             f.write(line)
             f.flush()
             os.fsync(f.fileno())
+
+    def append_attempt(self, record: Mapping[str, Any]) -> None:
+        """Append one errored attempt that is run again (scene, episode, arm, attempt, error), flushed."""
+        line = json.dumps(_to_json(record), allow_nan=False, separators=(",", ":")) + "\n"
+        with open(self.path / ATTEMPTS_FILE, "a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+
+    def read_attempts(self) -> list[dict[str, Any]]:
+        """The errored attempts run again so far (a resume continues their counts); unreadable lines skipped."""
+        path = self.path / ATTEMPTS_FILE
+        if not path.exists():
+            return []
+        out = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict):
+                out.append(record)
+        return out
 
     def read_rows(self) -> list[dict[str, Any]]:
         """Every complete row of ``episodes.jsonl`` (a truncated last line is skipped)."""

@@ -11,11 +11,15 @@ by an explicit partial reset.
 
 An episode ends when the env reports ``terminated``/``truncated``, after ``max_steps`` steps (partial reset
 of that env), or at the first failed server call of that env (server error, lost connection, timeout,
-protocol error): it is then recorded as errored, the env is partially reset (a fresh session; the wrapper
-has already done its bounded reconnect) and the slot moves on to its next episode. Errored episodes are
-not re-run, so seeds stay fixed; but a session the server refused (``session_refused``: nothing ran) waits
-idle until ``admission_retry_at`` and restarts with its seed (recorded only past ``admission_wait``). The
-row's ``error_event`` names the cause (``dz_gym.records.INTEGRITY_EVENTS``), the same for every env;
+protocol error). Such an attempt is run again from its reset on the same seed and slot, up to
+``episode_retries`` times (the attempt leaves no row; it is logged in the run directory's ``attempts.jsonl``,
+so a resume continues the count); the slot idles for one loop turn and restarts the episode with a partial
+reset (a fresh session; the wrapper has already done its bounded reconnect). What still errors is recorded as
+errored, and the slot moves on to its next episode. A session the server refused (``session_refused``:
+nothing ran) goes through the same re-queueing, bounded in time instead: it waits idle until
+``admission_retry_at`` (recorded only past ``admission_wait``). Either way the episode keeps its seed, slot
+and plan position, so its row is the one a run without errors writes; ``attempts`` and ``retried_events``
+say what happened before. The row's ``error_event`` names the cause (``dz_gym.records.INTEGRITY_EVENTS``), the same for every env;
 ``reconnects`` and ``retries`` count the connections reopened and the requests re-sent after server errors
 during the episode (a reconnect may restart the policy's context on vLLM-Omni, which keys sessions per
 connection).
@@ -59,6 +63,7 @@ import numpy as np
 
 from dz_gym.envs import droid
 from dz_gym.envs.vector_info import entries
+from dz_gym.eval.episode import EpisodeInProgress as _Episode
 from dz_gym.eval.plan import PlanEntry
 from dz_gym.eval.progress import Progress
 from dz_gym.eval.results import latency_stats
@@ -126,44 +131,6 @@ def union_seconds(intervals: Iterable[tuple[float, float]]) -> float:
     return total
 
 
-@dataclasses.dataclass
-class _Episode:
-    """An episode in progress on one slot: its plan entry, its identity and the per-step record."""
-
-    entry: PlanEntry
-    slot: int  # the wrapper's env slot (a shard's local slot)
-    scene: int
-    episode: int
-    seed: int
-    prompt: str
-    session_id: str
-    started_at: float
-    t0: float
-    video_key: str | None
-    arm: str | None = None
-    task: str | None = None
-    milestones: dict[str, int] | None = None  # info["milestones"] of the episode's last step
-    tcp_pos: list = dataclasses.field(default_factory=list)
-    object_quat: list = dataclasses.field(default_factory=list)
-    object_start_pos: np.ndarray | None = None  # the lift milestone's reference height
-    actions: list = dataclasses.field(default_factory=list)
-    joints: list = dataclasses.field(default_factory=list)
-    gripper: list = dataclasses.field(default_factory=list)
-    called: list = dataclasses.field(default_factory=list)
-    latency_ms: list = dataclasses.field(default_factory=list)
-    success: list = dataclasses.field(default_factory=list)
-    reward: list = dataclasses.field(default_factory=list)
-    object_pos: list = dataclasses.field(default_factory=list)
-    container_pos: list = dataclasses.field(default_factory=list)
-    env_seed: int | None = None
-    success_any: bool = False
-    server_errors: int = 0
-
-    @property
-    def steps(self) -> int:
-        return len(self.actions)
-
-
 def _iso(timestamp: float) -> str:
     return _dt.datetime.fromtimestamp(timestamp, _dt.timezone.utc).isoformat(timespec="milliseconds")
 
@@ -201,6 +168,7 @@ class SceneRunner:
     slots run its global slots' entries). ``placement`` (e.g. a shard's ``shard`` and ``node``) goes into
     every row. ``pairs`` (A/B): the :class:`~dz_gym.eval.ab.PairTracker` fed with every row;
     ``on_episode_start(slot, seed)``: called as each episode starts (per-episode request fields).
+    ``episode_retries``: how many times an attempt that ended by an infrastructure error runs again.
     """
 
     def __init__(
@@ -217,6 +185,7 @@ class SceneRunner:
         pairs: Any = None,
         on_episode_start: Callable[[int, int], None] | None = None,
         placement: Mapping[str, Any] | None = None,
+        episode_retries: int = 0,
     ):
         self.wrapper = wrapper
         self.base = wrapper.unwrapped
@@ -246,7 +215,13 @@ class SceneRunner:
         self._drain = False  # the sequential test stopped: start nothing new
         self._result: SceneResult | None = None
         self._writer: EpisodeWriter | None = None
-        self._waiting: set[int] = set()  # slots whose episode waits for the server to admit its session
+        self._waiting: set[int] = set()  # slots whose episode waits to start again (admission or retry)
+        self.episode_retries = int(episode_retries)
+        self._retried: dict[tuple[int, str | None], list[str]] = {}  # (episode, arm) -> events of attempts re-run
+        for record in run_dir.read_attempts():
+            if record.get("scene") == self.scene and (record.get("episode"), record.get("arm")) in self._todo:
+                key = (int(record["episode"]), record.get("arm"))
+                self._retried.setdefault(key, []).append(str(record.get("error_event")))
 
     # -- the loop -------------------------------------------------------------------------------------
     def run(self) -> SceneResult:
@@ -382,6 +357,8 @@ class SceneRunner:
         for i, error, event, ended_by in finished:
             if event == SESSION_REFUSED and self._defer(i):
                 continue
+            if error is not None and event != SESSION_REFUSED and self._retry(i, error, event):
+                continue
             if milestones is not None:  # this step's info is the finished episode's (before any autoreset)
                 self._current[i].milestones = {name: int(steps[i]) for name, steps in milestones.items()}
             # a done env's record comes with the step's info; one ended here is still the wrapper's current one
@@ -406,13 +383,34 @@ class SceneRunner:
         row) and queue the episode again; whether it did."""
         if self.wrapper.admission_retry_at(slot) is None:
             return False
+        self._requeue(slot)
+        return True
+
+    def _retry(self, slot: int, error: str, event: str | None) -> bool:
+        """The slot's attempt ended by an infrastructure error: unless its retries are used up, log it, drop
+        the attempt (no row) and start the episode again from its reset; whether it did."""
+        ep = self._current[slot]
+        events = self._retried.setdefault((ep.episode, ep.arm), [])
+        if len(events) >= self.episode_retries:
+            return False
+        events.append(str(event))
+        self.run_dir.append_attempt({"scene": ep.scene, "episode": ep.episode, "arm": ep.arm, "seed": ep.seed,
+                                     "attempt": len(events), "steps": ep.steps, "error_event": event, "error": error,
+                                     "started_at": _iso(ep.started_at)})  # fmt: skip
+        logger.info("scene %d episode %d%s: %s; running it again from its reset (retry %d of %d)", ep.scene,
+                    ep.episode, f" arm {ep.arm}" if ep.arm else "", error, len(events), self.episode_retries)  # fmt: skip
+        self._requeue(slot)
+        return True
+
+    def _requeue(self, slot: int) -> None:
+        """Drop the slot's attempt (no row, its video deleted) and queue its episode first, to start again when
+        :meth:`_resume_waiting` finds its time has come."""
         ep, self._current[slot] = self._current[slot], None
         if self.recorder is not None and ep.video_key is not None:
             self.recorder.abort(ep.video_key)
         self._started.discard((ep.episode, ep.arm))
         self._queues[slot].appendleft(ep.entry)
         self._waiting.add(slot)
-        return True
 
     def _resume_waiting(self) -> None:
         """Restart the waiting slots whose retry time has come; with nothing to step, sleep (<= 1 s) till one."""
@@ -504,7 +502,7 @@ class SceneRunner:
             self.recorder.finish(ep.video_key)
             video = self.run_dir.video_relpath(self.scene, ep.episode, ep.arm)
         row = self._row(ep, error, event, ended_by, trajectory, video, stats)
-        self._writer.submit(self.scene, ep.episode, ep.arm, self._arrays(ep), row)
+        self._writer.submit(self.scene, ep.episode, ep.arm, ep.arrays(), row)
         self.control.record(row)
         if self.pairs is not None and self.pairs.add(row):
             self._drain = True
@@ -517,33 +515,6 @@ class SceneRunner:
                     queue.extend(kept)
         if self.progress is not None:
             self.progress.episode(row["success_at_end"], error is not None, unused_steps=self.max_steps - ep.steps)
-
-    @staticmethod
-    def _arrays(ep: _Episode) -> dict[str, np.ndarray]:
-        arrays = {
-            "actions": np.stack(ep.actions).astype(np.float32),
-            "joint_pos": np.stack(ep.joints).astype(np.float32),
-            "gripper_pos": np.stack(ep.gripper).astype(np.float32),
-            "policy_called": np.asarray(ep.called, dtype=bool),
-            "chunk_latency_ms": np.asarray(ep.latency_ms, dtype=np.float32),
-            "success": np.asarray(ep.success, dtype=bool),
-            "reward": np.asarray(ep.reward, dtype=np.float32),
-            "seed": np.int64(ep.seed),
-        }
-        if ep.object_pos:
-            arrays["object_pos"] = np.stack(ep.object_pos).astype(np.float32)
-        if ep.container_pos:
-            arrays["container_pos"] = np.stack(ep.container_pos).astype(np.float32)
-        if ep.tcp_pos:
-            arrays["tcp_pos"] = np.stack(ep.tcp_pos).astype(np.float32)
-        if ep.object_quat:
-            arrays["object_quat"] = np.stack(ep.object_quat).astype(np.float32)
-        if ep.object_start_pos is not None:
-            arrays["object_start_pos"] = ep.object_start_pos
-        if ep.milestones is not None:  # first step per milestone, -1 where never reached
-            arrays["milestone_names"] = np.asarray(list(ep.milestones), dtype=np.str_)
-            arrays["milestone_first_step"] = np.asarray(list(ep.milestones.values()), dtype=np.int64)
-        return arrays
 
     def _row(self, ep: _Episode, error, event, ended_by, trajectory, video, stats: EpisodeStats | None) -> dict:
         """The episode's :class:`~dz_gym.eval.row.EpisodeRow` as the dict written to ``episodes.jsonl``."""
@@ -562,8 +533,11 @@ class SceneRunner:
             measured.update(chunk_delays=list(stats.delays), wait_steps=int(stats.wait_steps),
                             stale_steps=int(stats.stale_steps), reconnects=int(stats.reconnects),
                             retries=int(stats.retries))  # fmt: skip
+        retried = self._retried.get((ep.episode, ep.arm), [])
         row = EpisodeRow.of(
             ep.entry,
+            attempts=1 + len(retried),
+            retried_events=list(retried),
             prompt=ep.prompt,
             task=ep.task,
             max_steps=self.max_steps,

@@ -62,6 +62,12 @@ def sequential_block(summary: Mapping[str, Any]) -> str:
                           f"{design.get('futile_if')}")),
         ("anytime-valid p", f"{float(entry.get('p_value', 1.0)):.3g} (1 / largest e-value)"),
     ]  # fmt: skip
+    errors = entry.get("errors")
+    if isinstance(errors, Mapping) and errors.get("bounded_pairs"):
+        rows.append(("errored pairs", escape(
+            f"{errors['bounded_pairs']} bounded, not dropped: against B [A only, B only] = {errors.get('worst_for_b')}, "
+            f"against A {errors.get('worst_for_a')}; with them dropped the rule would say "
+            f"{errors.get('without_errored')}")))  # fmt: skip
     diff = entry.get("difference")
     if isinstance(diff, Mapping) and diff.get("confidence_sequence"):
         lo, hi = diff["confidence_sequence"]

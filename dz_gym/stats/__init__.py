@@ -6,7 +6,7 @@ Pure functions and small state machines, no I/O:
 - :mod:`~dz_gym.stats.exact`: exact McNemar p-value, Holm adjustment;
 - :mod:`~dz_gym.stats.walk`: exact operating characteristics of a sequential paired rule (dynamic program);
 - :mod:`~dz_gym.stats.design`: the sequential design (truncated SPRT with futility, alpha spent to the cap);
-- :mod:`~dz_gym.stats.sequential`: that rule fed pair by pair in plan order, errors counted by arm;
+- :mod:`~dz_gym.stats.sequential`: that rule fed pair by pair in plan order, errored pairs bounded against each claim;
 - :mod:`~dz_gym.stats.confseq`: a confidence sequence for the paired difference (valid at any stop);
 - :mod:`~dz_gym.stats.ranking`: K arms on the same seeds: Wilson intervals and simultaneous rank intervals;
 - :mod:`~dz_gym.stats.select`: adaptive selection of the best of K arms (anytime-valid elimination);

@@ -6,13 +6,18 @@ splits one run's rows by their ``arm`` field, ``"a"`` / ``"b"``) and, per scene 
 success (``success_at_end``), the success at any step (``success_any_step``) and each milestone present in the
 rows (``milestones``: name -> first step or null), reports:
 
-- ``pairs``: pairs used; ``errored_pairs``: pairs left out because either episode errored; ``missing``:
-  pairs left out because a row lacks the metric (milestones of older runs);
+- ``pairs``: pairs without errors; ``errored_pairs``: pairs where either episode errored (still errored
+  after the evaluator's retries): they are *bounded*, not dropped (below); ``missing``: pairs left out
+  because a row lacks the metric (milestones of older runs);
 - ``a``, ``b``: successes of each arm over the pairs used; ``both``, ``neither``, ``a_only``, ``b_only``;
 - ``diff``: ``(b - a) / pairs``; ``ci95``: Newcombe's hybrid score interval for it
   (:func:`dz_gym.stats.proportions.paired_difference_interval`);
-- ``p_value``: exact McNemar two-sided p-value on the discordant pairs; per scene also ``p_holm``, Holm-adjusted
-  over the scenes of that metric;
+- ``p_value``: twice the smaller of two exact one-sided McNemar p-values, "B better" on the pairs with the
+  errored episodes imputed against B (B's as failures, A's as successes: ``worst_for_b``, as ``[A only,
+  B only]``), "A better" on those imputed against A (``worst_for_a``): each claim is tested at ``alpha / 2``
+  whatever the errored outcomes would have been (with no errors: the two-sided McNemar p-value); per scene
+  also ``p_holm``, Holm-adjusted over the scenes of that metric; ``p_without_errored``: the two-sided McNemar
+  p-value with the errored pairs dropped (information only: not valid when errors depend on outcomes);
 - ``verdict``: ``"b_better"``, ``"a_better"`` or ``"no_difference_detected"`` at ``alpha`` (per scene on
   ``p_holm``).
 
@@ -25,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from dz_gym.stats.exact import holm_adjust, mcnemar_exact_p
+from dz_gym.stats.exact import binomial_half_upper_p, holm_adjust, mcnemar_exact_p
 from dz_gym.stats.proportions import PairedCounts, paired_difference_interval
 
 __all__ = [
@@ -113,18 +118,32 @@ def _milestone_names(rows: Iterable[Mapping[str, Any]]) -> list[str]:
     return names
 
 
-def _verdict(counts: PairedCounts, p_value: float, alpha: float) -> str:
-    if p_value <= alpha and counts.b_only != counts.a_only:
-        return "b_better" if counts.b_only > counts.a_only else "a_better"
+def _verdict(direction: str | None, p_value: float, alpha: float) -> str:
+    if p_value <= alpha and direction is not None:
+        return "b_better" if direction == "b" else "a_better"
     return "no_difference_detected"
 
 
-def _entry(counts: PairedCounts, errored: int, missing: int, alpha: float) -> dict[str, Any]:
+def _bounded_p(worst_for_b: PairedCounts, worst_for_a: PairedCounts) -> tuple[float, str | None]:
+    """``min(1, 2 min(p_B, p_A))`` of the one-sided tests on the two imputed tables, and the claim it backs."""
+    p_b = binomial_half_upper_p(worst_for_b.b_only, worst_for_b.a_only + worst_for_b.b_only)
+    p_a = binomial_half_upper_p(worst_for_a.a_only, worst_for_a.a_only + worst_for_a.b_only)
+    if p_b == p_a:
+        return 1.0, None
+    return min(1.0, 2 * min(p_b, p_a)), ("b" if p_b < p_a else "a")
+
+
+def _entry(pairs: Sequence[tuple[bool | None, bool | None]], missing: int, alpha: float) -> dict[str, Any]:
+    """One table entry; ``pairs``: ``(a, b)`` outcomes, ``None`` where that episode errored."""
+    clean = [(a, b) for a, b in pairs if a is not None and b is not None]
+    counts = PairedCounts.from_pairs(clean)
+    worst_b = PairedCounts.from_pairs((True if a is None else a, False if b is None else b) for a, b in pairs)
+    worst_a = PairedCounts.from_pairs((False if a is None else a, True if b is None else b) for a, b in pairs)
     interval = paired_difference_interval(counts)
-    p_value = mcnemar_exact_p(counts.a_only, counts.b_only)
+    p_value, direction = _bounded_p(worst_b, worst_a)
     return {
         "pairs": counts.n,
-        "errored_pairs": errored,
+        "errored_pairs": len(pairs) - len(clean),
         "missing": missing,
         "a": counts.a,
         "b": counts.b,
@@ -134,38 +153,39 @@ def _entry(counts: PairedCounts, errored: int, missing: int, alpha: float) -> di
         "b_only": counts.b_only,
         "diff": counts.diff,
         "ci95": None if interval is None else [interval[0], interval[1]],
+        "worst_for_b": [worst_b.a_only, worst_b.b_only],
+        "worst_for_a": [worst_a.a_only, worst_a.b_only],
+        "p_without_errored": mcnemar_exact_p(counts.a_only, counts.b_only),
         "p_value": p_value,
-        "verdict": _verdict(counts, p_value, alpha),
+        "direction": direction,
+        "verdict": _verdict(direction, p_value, alpha),
     }
 
 
 def _metric_table(pairs: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]], metric: str, scenes: Sequence[int],
                   alpha: float) -> dict[str, Any]:  # fmt: skip
-    per_scene: dict[int, list[tuple[bool, bool]]] = {s: [] for s in scenes}
-    errored = dict.fromkeys(scenes, 0)
+    per_scene: dict[int, list[tuple[bool | None, bool | None]]] = {s: [] for s in scenes}
     missing = dict.fromkeys(scenes, 0)
     for row_a, row_b in pairs:
         scene = row_a["scene"]
-        if _errored(row_a) or _errored(row_b):
-            errored[scene] += 1
-            continue
-        a, b = _outcome(row_a, metric), _outcome(row_b, metric)
-        if a is None or b is None:
+        a = None if _errored(row_a) else _outcome(row_a, metric)
+        b = None if _errored(row_b) else _outcome(row_b, metric)
+        if (a is None and not _errored(row_a)) or (b is None and not _errored(row_b)):
             missing[scene] += 1
             continue
         per_scene[scene].append((a, b))
     table: dict[str, Any] = {}
     for scene in scenes:
-        table[str(scene)] = _entry(PairedCounts.from_pairs(per_scene[scene]), errored[scene], missing[scene], alpha)
-    adjusted = holm_adjust([table[str(s)]["p_value"] if table[str(s)]["pairs"] else None for s in scenes])
+        table[str(scene)] = _entry(per_scene[scene], missing[scene], alpha)
+    usable = [table[str(s)]["pairs"] + table[str(s)]["errored_pairs"] for s in scenes]
+    adjusted = holm_adjust([table[str(s)]["p_value"] if n else None for s, n in zip(scenes, usable)])
     for scene, p_holm in zip(scenes, adjusted):
         entry = table[str(scene)]
         entry.pop("verdict")  # re-added after p_holm, on which it now rests
         entry["p_holm"] = 1.0 if p_holm is None else p_holm
-        entry["verdict"] = _verdict(PairedCounts(entry["both"], entry["a_only"], entry["b_only"], entry["neither"]),
-                                    entry["p_holm"], alpha)  # fmt: skip
+        entry["verdict"] = _verdict(entry["direction"], entry["p_holm"], alpha)
     everything = [pair for scene in scenes for pair in per_scene[scene]]
-    table["overall"] = _entry(PairedCounts.from_pairs(everything), sum(errored.values()), sum(missing.values()), alpha)
+    table["overall"] = _entry(everything, sum(missing.values()), alpha)
     return table
 
 
@@ -204,8 +224,10 @@ def compare_rows(
         "scenes": tables[PRIMARY_METRIC],
         "metrics": tables,
         "unpaired": unpaired,
-        "note": "diff = B - A over pairs with the same scene and seed; errored pairs are left out and counted; "
-        "ci95: Newcombe hybrid score interval; p_value: exact McNemar; p_holm: Holm-adjusted over scenes",
+        "note": "diff = B - A over pairs with the same scene and seed and no errored episode; ci95: Newcombe "
+        "hybrid score interval over those pairs; p_value: exact one-sided McNemar per direction with the errored "
+        "episodes imputed against the claim (worst_for_b, worst_for_a), doubled; p_holm: Holm-adjusted over "
+        "scenes; p_without_errored: two-sided McNemar with the errored pairs dropped (information only)",
     }
 
 

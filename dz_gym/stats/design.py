@@ -18,12 +18,17 @@ The rule, on ``S`` = B-only minus A-only after ``d`` discordant pairs (:mod:`dz_
 
 ``b`` is the slope of Wald's SPRT lines for ``q1`` against 1/2; ``a`` and ``c`` are Wald's offsets for the
 error rates scaled by tuning factors (see :data:`REJECT_SCALE`, :data:`FUTILITY_SCALE`, measured in
-``benchmarks/bench_ab.py``). ``final[d]`` is the smallest threshold for which the probability, under "no
-difference", of deciding by crossing up to ``d`` discordant pairs plus deciding at a final look at ``d`` is at
-most ``alpha``; it is computed exactly for every ``d``, so the type-I error is at most ``alpha`` whatever the
-concordance rate and wherever the budget ends (a run that ends after ``n`` pairs has looked at a truncation
-``d <= n`` that does not depend on the signs). The cap is the smallest number of pairs that gives the stated
-power at the planned point, computed exactly.
+``benchmarks/bench_ab.py``). Each claim ("B better", and its mirror) spends at most ``alpha / 2``, counted on
+the walk where crossing towards that claim and the futility band absorb but crossing the *other* way does not:
+``final[d]`` is the smallest threshold for which the probability, under "no difference", of crossing up to
+``d`` discordant pairs plus deciding at a final look at ``d`` is at most ``alpha / 2`` there, raised where
+needed so that it changes by at most 1 from one ``d`` to the next (as ``a + b d`` does). It is computed exactly
+for every ``d``, so the type-I error is at most ``alpha`` whatever the concordance rate and wherever the budget
+ends (a run that ends after ``n`` pairs has looked at a truncation ``d <= n`` that does not depend on the
+signs). Those two properties are what let :mod:`dz_gym.stats.sequential` judge each claim with the errored
+episodes imputed against it (docs/compare.md, "Errored episodes"); for the walk without errors they cost
+nothing measurable: the thresholds differ from a two-sided calibration only where no mass is left. The cap is
+the smallest number of pairs that gives the stated power at the planned point, computed exactly.
 
 A run whose budget ends before the cap keeps the type-I guarantee but not the power: :meth:`SequentialDesign.power_at`
 gives the power it actually has at the planned point, exactly (the same walk, truncated at the budget). The
@@ -61,14 +66,29 @@ def _check(name: str, value: float, low: float, high: float) -> float:
     return float(value)
 
 
+def _lipschitz_above(values: np.ndarray) -> np.ndarray:
+    """The smallest sequence ``>= values`` that changes by at most 1 from one ``d`` to the next."""
+    out = values.copy()
+    for d in range(1, len(out)):
+        out[d] = max(out[d], out[d - 1] - 1)
+    for d in range(len(out) - 2, -1, -1):
+        out[d] = max(out[d], out[d + 1] - 1)
+    return out
+
+
 def _final_thresholds(reject: np.ndarray, futile: np.ndarray, alpha: float) -> tuple[np.ndarray, float]:
-    """``final[d]``: the smallest ``m`` with P0(cross by d) + P0(alive at d, |S| >= m) <= alpha; and
-    P0(cross by the cap). The walk is kept on the window ``|S| <= max(reject)`` (the rest is absorbed)."""
+    """``final[d]``: under "no difference", P(cross up by d) + P(alive at d, S >= final[d]) <= alpha / 2 on the
+    walk where crossing up and the futility band absorb but crossing *down* does not (the bound that makes the
+    rule valid when errored pairs are imputed, see :mod:`dz_gym.stats.sequential`), raised to the smallest
+    sequence that changes by at most 1 per discordant pair; and P(cross up by the cap) on that walk.
+
+    The walk is kept on ``-cap <= S <= max(reject)`` (the rest is absorbed above, or unreachable below)."""
     cap = len(reject) - 1
-    width = int(min(cap, int(reject.max()))) + 1
-    s = np.arange(-width, width + 1)
-    mass = np.zeros(2 * width + 1)
-    mass[width] = 1.0
+    top = int(min(cap, int(reject.max()))) + 1
+    s = np.arange(-cap - 1, top + 1)
+    zero = cap + 1  # index of S = 0
+    mass = np.zeros(len(s))
+    mass[zero] = 1.0
     crossed = 0.0
     final = np.empty(cap + 1, dtype=np.int64)
     for j in range(cap + 1):
@@ -77,18 +97,17 @@ def _final_thresholds(reject: np.ndarray, futile: np.ndarray, alpha: float) -> t
             new[1:] += 0.5 * mass[:-1]
             new[:-1] += 0.5 * mass[1:]
             mass = new
-        hit = np.abs(s) >= reject[j]
+        hit = s >= reject[j]
         crossed += mass[hit].sum()
         mass[hit | (np.abs(s) <= futile[j])] = 0.0
-        budget = alpha - crossed
-        # tail[m] = P(alive, |S| >= m) for m = 0..width + 1 (the walk is symmetric under the null)
-        by_abs = np.zeros(width + 2)
-        by_abs[: width + 1] = mass[width:]
-        by_abs[1 : width + 1] += mass[width - 1 :: -1]
-        tail = np.cumsum(by_abs[::-1])[::-1]
+        budget = alpha / 2 - crossed
+        # tail[m] = P(alive, S >= m) for m = 0..top + 1
+        tail = np.cumsum(mass[zero:][::-1])[::-1]
+        tail = np.concatenate([tail, [0.0]])
         ok = np.nonzero(tail <= budget * (1 + 1e-12))[0]
-        final[j] = max(int(ok[0]), 1) if ok.size else cap + 1
-    return final, crossed
+        final[j] = max(int(ok[0]), 1) if ok.size else j + 1  # j + 1: never (|S| <= j)
+    final = np.minimum(final, np.arange(cap + 1) + 1)  # thresholds above d are all "never"
+    return _lipschitz_above(final), crossed
 
 
 @lru_cache(maxsize=64)
@@ -107,10 +126,11 @@ def _bounds(q1: float, alpha: float, beta: float, cap: int, reject_scale: float,
 
 
 def _calibrated(q1: float, alpha: float, beta: float, cap: int, reject_scale: float, futility_scale: float):
-    """:func:`_bounds`, with the reject offset raised until crossing alone spends at most alpha by the cap."""
+    """:func:`_bounds`, with the reject offset raised until crossing up alone spends at most alpha / 2 by the
+    cap (on the walk of :func:`_final_thresholds`)."""
     while True:
         *out, crossed = _bounds(q1, alpha, beta, cap, reject_scale, futility_scale)
-        if crossed <= alpha:
+        if crossed <= alpha / 2:
             return out
         reject_scale *= 1.05
 

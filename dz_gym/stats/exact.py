@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from fractions import Fraction
 
-__all__ = ["binomial_half_two_sided_p", "holm_adjust", "mcnemar_exact_p"]
+__all__ = ["binomial_half_two_sided_p", "binomial_half_upper_p", "holm_adjust", "mcnemar_exact_p"]
 
 
 def binomial_half_two_sided_p(k: int, n: int) -> float:
@@ -38,6 +38,20 @@ def binomial_half_two_sided_p(k: int, n: int) -> float:
         total += term
         term = term * (n - i) // (i + 1)
     return float(min(Fraction(1), Fraction(2 * total, 2**n)))
+
+
+def binomial_half_upper_p(k: int, n: int) -> float:
+    """One-sided p-value P(X >= k) for X ~ Binomial(n, 1/2), exact (1 when ``k <= 0``)."""
+    if isinstance(k, bool) or isinstance(n, bool) or not isinstance(k, int) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"binomial test: expected integers with n >= 0, got k={k!r}, n={n!r}")
+    if k <= 0:
+        return 1.0
+    total, term = 0, 1  # C(n, i)
+    for i in range(n + 1):
+        if i >= k:
+            total += term
+        term = term * (n - i) // (i + 1)
+    return float(Fraction(total, 2**n))
 
 
 def mcnemar_exact_p(a_only: int, b_only: int) -> float:
