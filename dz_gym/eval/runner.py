@@ -26,7 +26,8 @@ The runner uses only the wrapper's public surface (``set_idle``, ``render_policy
 A/B runs (entries with an ``arm``): episode ``k`` runs twice, under arm A on slot ``2j`` and under arm B on
 slot ``2j + 1`` with ``j = k % (num_envs / 2)`` (the plan's): the two runs of a seed are on neighbouring slots,
 at about the same time, in the same batch. Rows then carry ``arm``. With a
-:class:`~dz_gym.eval.ab.PairTracker` that stops (the sequential test decided), no new episode starts; an
+:class:`~dz_gym.eval.ab.PairTracker` that stops (the sequential test decided, on a row of this scene or, with
+the scenes side by side, of another), no new episode starts; an
 episode in progress whose twin has already run or is running finishes, one whose twin has not started is
 dropped (no row; listed in ``SceneResult.dropped``), so no pair is left half-finished by the stop.
 
@@ -52,7 +53,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -63,6 +64,7 @@ from dz_gym.eval.progress import Progress
 from dz_gym.eval.results import latency_stats
 from dz_gym.eval.row import EpisodeRow
 from dz_gym.eval.rundir import RunDir, episode_name
+from dz_gym.eval.timing import SceneResult, union_seconds
 from dz_gym.eval.video import VideoRecorder, strip_frames
 from dz_gym.eval.writer import EpisodeWriter
 from dz_gym.records import SESSION_REFUSED, EpisodeStats
@@ -99,30 +101,6 @@ class RunControl:
     @property
     def interrupted(self) -> bool:
         return self.stop.is_set() and self.aborted is None
-
-
-@dataclasses.dataclass
-class SceneResult:
-    """Timing of one scene's stepping loop (what rows cannot carry)."""
-
-    scene: int
-    env_steps: int = 0  # steps of the episodes that ran (finished or not)
-    wall_s: float = 0.0  # from the first reset to the end of the loop
-    busy_s: dict[str, float] = dataclasses.field(default_factory=dict)  # per server URL
-    stopped: bool = False  # ended by a stop request or the error budget
-    dropped: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # cut off by a sequential stop
-    intervals: dict[str, list[tuple[float, float]]] = dataclasses.field(default_factory=dict)  # per URL
-
-
-def union_seconds(intervals: Iterable[tuple[float, float]]) -> float:
-    """Total length of the union of ``(start, end)`` intervals."""
-    total, end = 0.0, -np.inf
-    for start, stop in sorted(intervals):
-        if stop <= end:
-            continue
-        total += stop - max(start, end)
-        end = stop
-    return total
 
 
 @dataclasses.dataclass
@@ -247,40 +225,63 @@ class SceneRunner:
 
     # -- the loop -------------------------------------------------------------------------------------
     def run(self) -> SceneResult:
-        result = SceneResult(self.scene)
-        self._result = result
-        wrapper = self.wrapper
+        """Run every queued entry (or until a stop); the rows are on disk when it returns."""
+        try:
+            self.begin()
+            while self.tick():
+                pass
+        finally:
+            self.end()
+        return self._result
+
+    def begin(self) -> None:
+        """Reset the batch and start each slot's first entry (:meth:`run` is begin, :meth:`tick` till False,
+        :meth:`end`; an executor that runs several scenes side by side calls them itself)."""
+        self._result, self._t0 = SceneResult(self.scene), time.perf_counter()
         first = [i for i in range(self.num_envs) if self._queues[i]]
         if not first:
-            return result
+            return
         self._writer = EpisodeWriter(self.run_dir)
-        try:
-            self.base.set_episode_seeds(first, [self._queues[i][0].seed for i in first])
-            wrapper.render_policy = "all" if self.recorder is not None else "due"
-            self._set_idle()
-            t0 = time.perf_counter()
-            wrapper.reset()
-            for i in first:
-                self._start(i, self._queues[i].popleft())
-            self._set_idle()
-            while any(ep is not None for ep in self._current) or self._waiting:
-                if self.control.stop.is_set():
-                    result.stopped = True
-                    break
-                self._resume_waiting()
-                if any(ep is not None for ep in self._current):
-                    self._step(result)
-            result.wall_s = time.perf_counter() - t0
+        self.base.set_episode_seeds(first, [self._queues[i][0].seed for i in first])
+        self.wrapper.render_policy = "all" if self.recorder is not None else "due"
+        self._set_idle()
+        self.wrapper.reset()
+        for i in first:
+            self._start(i, self._queues[i].popleft())
+        self._set_idle()
+
+    def tick(self) -> bool:
+        """One step of the batch (or a wait for a refused session's retry); False once done or stopped."""
+        result = self._result
+        if not (any(ep is not None for ep in self._current) or self._waiting):
+            return False
+        if self.control.stop.is_set():
+            result.stopped = True
+            return False
+        if not self._drain and getattr(self.pairs, "stopped", False):  # another scene's row ended the test
+            self._drain = True
+            self._drop_unpaired()
+        self._resume_waiting()
+        if any(ep is not None for ep in self._current):
+            self._step(result)
+        return True
+
+    def end(self) -> SceneResult:
+        """Drop the episodes still running (no row), and write the finished ones; returns the scene's result."""
+        result = self._result
+        if self._writer is None:  # nothing was queued, or end() already ran
+            return result
+        if sys.exc_info()[1] is None:
+            result.wall_s = time.perf_counter() - self._t0
             result.busy_s = {url: union_seconds(spans) for url, spans in result.intervals.items()}
-        finally:
-            self._waiting.clear()  # refused episodes not restarted yet run again on resume
-            for i, ep in enumerate(self._current):
-                if ep is not None:  # stopped mid-episode: no row; it runs again on resume
-                    if self.recorder is not None and ep.video_key is not None:
-                        self.recorder.abort(ep.video_key)
-                    self._current[i] = None
-            wrapper.set_idle(np.zeros(self.num_envs, dtype=bool))
-            self._close_writer()
+        self._waiting.clear()  # refused episodes not restarted yet run again on resume
+        for i, ep in enumerate(self._current):
+            if ep is not None:  # stopped mid-episode: no row; it runs again on resume
+                if self.recorder is not None and ep.video_key is not None:
+                    self.recorder.abort(ep.video_key)
+                self._current[i] = None
+        self.wrapper.set_idle(np.zeros(self.num_envs, dtype=bool))
+        self._close_writer()
         return result
 
     def _close_writer(self) -> None:
