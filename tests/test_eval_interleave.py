@@ -2,21 +2,30 @@
 
 The plan numbers an A/B run's pairs with the scenes interleaved and the test folds them in that order; these
 tests check that every executor also runs the scenes that way: in one process (a batch per scene, stepped in
-turn). The toy runs use the toy env with a gripper (an arm that closes it solves every episode, one that
-holds it open none).
+turn), and a process per scene (all at once, each child reading the others' rows). The toy runs use the toy
+env with a gripper (an arm that closes it solves every episode, one that holds it open none); the slow one
+runs the embedded simulator with the reference policy against ``hold``.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
 
 from dz_gym.eval.config import EvalConfig
 from dz_gym.eval.evaluate import evaluate
+from dz_gym.eval.plan import pair_order
+from dz_gym.eval.processes import merge_segments
 from dz_gym.eval.row import comparable
 from dz_gym.eval.rundir import RunDir
 from dz_gym.eval.runner import RunControl
+from dz_gym.eval.shared import SharedTest
+from dz_gym.eval.summary import pair_tracker
 from dz_gym.server.launch import start_server_thread
 from dz_gym.server.policies import HoldPolicy
 from dz_gym.testing.toy_env import GripperToyEnv
@@ -90,3 +99,65 @@ def test_a_resumed_multi_scene_run_continues_interleaved(tmp_path, open_closed):
     assert summary["sequential"]["stopped_by"] == "decision" and summary["sequential"]["better"] == "b"
     counts, resumed = per_scene(rows), per_scene(rows[before:])
     assert set(resumed) == {1, 2} and abs(counts[1] - counts[2]) <= NUM_ENVS, (counts, resumed)
+
+
+def test_a_shared_test_folds_the_other_processes_rows_in_plan_order(tmp_path, open_closed):
+    """Two processes' view of one run: each gives its own scene's rows to its test and reads the other's
+    from episodes.jsonl; both stop at the same pair as one process fed with every row."""
+    config = toy_config(open_closed, sequential=True, max_episodes=80)
+    run_dir = RunDir.create(tmp_path, config)
+    make = lambda rows: pair_tracker(config, rows)  # noqa: E731
+    one, two = SharedTest(make, run_dir, [1], poll_s=0.0), SharedTest(make, run_dir, [2], poll_s=0.0)
+    alone = make([])
+    order = pair_order([1, 2], 40, interleave=True)
+    stopped_at = None
+    for index, (scene, episode) in enumerate(order):
+        for arm in ("a", "b"):
+            row = {"scene": scene, "episode": episode, "seed": episode, "arm": arm, "error": None,
+                   "success_at_end": arm == "b"}  # fmt: skip
+            run_dir.append_row(row)
+            (one if scene == 1 else two).add(row)
+            alone.add(row)
+        if alone.stopped:
+            stopped_at = index
+            break
+    assert stopped_at is not None and stopped_at < len(order) - 1
+    assert one.stopped and two.stopped  # the other process's row that decided is read on its next look
+    assert (
+        one.test.pairs == two.test.pairs == alone.pairs and one.decision.reason == alone.decision.reason == "b_better"
+    )
+
+
+def test_merge_segments_makes_one_of_the_childrens_concurrent_loops(tmp_path, open_closed):
+    config = toy_config(open_closed, episodes=2)
+    run_dir = RunDir.create(tmp_path, config)
+    old = {"started_at": "2026-01-01T00:00:00Z", "wall_s": 9.0, "env_steps": 90, "busy_s": {}}
+    children = [{"started_at": "2026-01-02T00:00:01Z", "wall_s": 4.0, "env_steps": 40, "busy_s": {"ws://x": 1.0}},
+                {"started_at": "2026-01-02T00:00:00Z", "wall_s": 5.0, "env_steps": 30, "busy_s": {"ws://y": 2.0}}]  # fmt: skip
+    run_dir.write_summary({"segments": [old, *children]})
+    merge_segments(run_dir, 1)
+    segments = run_dir.read_summary()["segments"]
+    assert segments == [old, {"started_at": "2026-01-02T00:00:00Z", "wall_s": 5.0, "env_steps": 70,
+                              "busy_s": {"ws://x": 1.0, "ws://y": 2.0}}]  # fmt: skip
+
+
+@pytest.mark.slow  # the embedded simulator, two scene processes: about a minute
+def test_scene_processes_run_side_by_side_and_stop_together(tmp_path):
+    """Reference against hold over scenes 1 and 2, a process per scene: both children run at once, read each
+    other's rows, and stop at the test's decision with their scenes in step."""
+    pytest.importorskip("mujoco")
+    argv = ["--backend", "mujoco", "--num-envs", str(NUM_ENVS), "--scene", "1", "--scene", "2", "--episodes", "20",
+            "--max-steps", "140", "--policy", "reference", "--policy-b", "hold", "--sequential", "--min-difference",
+            "0.5", "--process-per-scene", "--no-video", "--no-report", "--no-progress", "--output-root", str(tmp_path)]  # fmt: skip
+    env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
+    done = subprocess.run([sys.executable, "-m", "dz_gym.eval.cli", *argv], env=env, capture_output=True, text=True,
+                          timeout=280, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    (path,) = tmp_path.iterdir()
+    summary = json.loads((path / "summary.json").read_text())
+    seq = summary["sequential"]
+    assert seq["stopped_by"] == "decision" and seq["better"] == "a", seq
+    counts = per_scene(RunDir(path).read_rows())
+    assert set(counts) == {1, 2} and abs(counts[1] - counts[2]) <= NUM_ENVS, counts
+    assert max(counts.values()) < 2 * 20  # neither scene ran all its episodes
+    assert len(summary["segments"]) == 1 and summary["segments"][0]["env_steps"] > 0

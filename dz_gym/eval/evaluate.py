@@ -44,7 +44,9 @@ from dz_gym.eval.rundir import RunDir
 from dz_gym.eval.runner import RunControl
 from dz_gym.eval.scene import EnvFactory, default_env_factory
 from dz_gym.eval.segment import RunSegment, run_segment
+from dz_gym.eval.shared import SharedTest
 from dz_gym.eval.sidebyside import run_side_by_side
+from dz_gym.eval.summary import pair_tracker
 from dz_gym.eval.video import VideoRecorder
 
 __all__ = ["InProcess", "default_env_factory", "evaluate", "python_command"]
@@ -114,9 +116,9 @@ def evaluate(
     :func:`default_env_factory`; ``env_kwargs`` go to the backend, e.g. Isaac Lab's ``app_args``);
     ``control`` carries the stop request and the error budget (a fresh one when None); ``progress`` turns
     the bars on/off (None: bars on a TTY, else a progress line every 30 s); ``only_scenes`` restricts this
-    call to some scenes (a process per scene, the others' running at once: the parent then writes the report,
-    and a sequential test or race also reads the other processes' rows, :mod:`dz_gym.eval.shared`); ``command`` and
-    ``server_info`` are recorded in the summary; ``log`` receives the lines for the user (default: above the
+    call to some scenes (a process per scene, the other scenes' processes running at once: the parent then
+    writes the report, and a sequential test or race also reads their rows, :mod:`dz_gym.eval.shared`);
+    ``command`` and ``server_info`` are recorded in the summary; ``log`` receives the lines for the user (default: above the
     progress bars, on stderr); ``ray_options`` (a :class:`~dz_gym.eval.shards.options.RayOptions`) runs the
     episodes as shards on a Ray cluster instead, with the same rows and the same run directory
     (``docs/ray.md``); ``servers_b``: arm B's URLs of an A/B run (default ``config.servers_b``; the command
@@ -150,6 +152,8 @@ def evaluate(
     segment = RunSegment(config, run_dir, plan, servers=servers, servers_b=servers_b if config.ab else (),
                          control=control, progress=progress, log=log, command=command, server_info=server_info,
                          report=config.report and only_scenes is None)  # fmt: skip
+    if only_scenes is not None and segment.pairs is not None:  # other processes run the other scenes at once
+        segment.pairs = SharedTest(lambda rows: pair_tracker(config, rows), run_dir, only_scenes)
     return run_segment(segment, InProcess(env_factory, env_kwargs))
 
 

@@ -1,14 +1,20 @@
-"""The per-scene-process executor: each scene of the plan in a fresh ``dz-gym-eval`` process, in turn.
+"""The per-scene-process executor: each scene of the plan in a fresh ``dz-gym-eval`` process, all at once.
 
 Rebuilding an Isaac Lab stage in one process can render wrong poses, so on Isaac Lab (or with
 ``--process-per-scene``) the command line runs the plan's scenes one per child process: ``dz-gym-eval ...
---resume RUN_DIR --only-scene S``, the same flags otherwise. Each child runs that scene's entries of the same
-run plan with the in-process executor and writes its rows and its run segment's timing; this process opened
-the run directory and closes it (the summary over every row and every child's segment, then the report) as
-:func:`~dz_gym.eval.segment.run_segment` does for every executor.
+--resume RUN_DIR --only-scene S``, the same flags otherwise. The children run side by side (started
+together), so the scenes advance in step as in one process (:mod:`dz_gym.eval.sidebyside`): a sequential
+A/B test or a race, which folds the scenes' pairs interleaved in plan order, can stop early in any scene.
+Each child runs that scene's entries of the same run plan with the in-process executor, appends its rows to
+the one ``episodes.jsonl`` (a line per write) and, with a test, reads the other children's rows from it
+(:class:`~dz_gym.eval.shared.SharedTest`): every child stops starting episodes at the same decision. This
+process opened the run directory and closes it (the summary over every row, then the report) as
+:func:`~dz_gym.eval.segment.run_segment` does for every executor; the children's stepping loops ran at the
+same time, so their timing becomes one segment here (the steps added up, the wall time and each server's
+busy time the longest child's: a lower bound for both).
 
-A stop request (first Ctrl-C) is forwarded once to the running child (its own session, so a Ctrl-C in the
-terminal reaches only this process); no further scene starts.
+A stop request (first Ctrl-C) is forwarded to every running child (each in its own session, so a Ctrl-C in
+the terminal reaches only this process). A child that fails does not stop the others.
 """
 
 from __future__ import annotations
@@ -19,10 +25,12 @@ import sys
 from collections.abc import Sequence
 
 from dz_gym.eval.flags import COMMAND_ENV, EXIT_ABORTED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from dz_gym.eval.rundir import RunDir
 from dz_gym.eval.segment import RunSegment
+from dz_gym.eval.shared import summary_lock
 from dz_gym.eval.signals import StopOnSignal
 
-__all__ = ["SceneProcesses", "child_argv"]
+__all__ = ["SceneProcesses", "child_argv", "merge_segments", "merged_timing"]
 
 DROP_WITH_VALUE = ("--scene", "--task", "--resume", "--output-root", "--only-scene")
 
@@ -47,9 +55,36 @@ def child_argv(argv: Sequence[str], run_dir: str, scene: int) -> list[str]:
     return [sys.executable, "-m", "dz_gym.eval.cli", *base, "--resume", str(run_dir), "--only-scene", str(scene)]
 
 
+def merged_timing(segments: Sequence[dict]) -> dict:
+    """One segment for stepping loops that ran at the same time (see the module docstring).
+
+    >>> merged_timing([{"started_at": "t1", "wall_s": 2.0, "env_steps": 10, "busy_s": {"ws://a": 1.0}},
+    ...                {"started_at": "t0", "wall_s": 3.0, "env_steps": 5, "busy_s": {"ws://a": 0.5}}])
+    {'started_at': 't0', 'wall_s': 3.0, 'env_steps': 15, 'busy_s': {'ws://a': 1.0}}
+    """
+    busy: dict[str, float] = {}
+    for seg in segments:
+        for url, seconds in seg.get("busy_s", {}).items():
+            busy[url] = max(busy.get(url, 0.0), float(seconds))
+    return {"started_at": min(seg["started_at"] for seg in segments),
+            "wall_s": max(float(seg["wall_s"]) for seg in segments),
+            "env_steps": sum(int(seg["env_steps"]) for seg in segments), "busy_s": busy}  # fmt: skip
+
+
+def merge_segments(run_dir: RunDir, before: int) -> None:
+    """Replace the segments the children added to ``summary.json`` (those after the first ``before``) by one."""
+    with summary_lock(run_dir):
+        summary = run_dir.read_summary()
+        if summary is None or len(summary.get("segments", [])) - before < 2:
+            return
+        summary["segments"] = summary["segments"][:before] + [merged_timing(summary["segments"][before:])]
+        run_dir.write_summary(summary)
+
+
 class SceneProcesses:
-    """Runs each scene of the segment's plan in a child process (see the module docstring); ``code`` is the
-    exit status the command should end with (the first child's that was not 0, else 0)."""
+    """Runs each scene of the segment's plan in a child process, all at once (see the module docstring);
+    ``code`` is the exit status the command should end with (the first child's in scene order that was not
+    0, else 0)."""
 
     def __init__(self, argv: Sequence[str], command: str, say):
         self.argv = list(argv)
@@ -61,18 +96,19 @@ class SceneProcesses:
         env = dict(os.environ)
         env[COMMAND_ENV] = self.command
         children: list[subprocess.Popen] = []
+        before = len((segment.run_dir.read_summary() or {}).get("segments", []))
+        codes: list[int] = []
         with StopOnSignal(segment.control.stop, self.say, children):
             for scene in segment.todo.scene_order():
                 if segment.control.stop.is_set():
-                    self.code = EXIT_INTERRUPTED
+                    codes.append(EXIT_INTERRUPTED)
                     break
                 self.say(f"dz-gym-eval: scene {scene} in a new process")
                 argv = child_argv(self.argv, str(segment.run_dir.path), scene)
-                proc = subprocess.Popen(argv, env=env, start_new_session=True)
-                children[:] = [proc]
-                self.code = proc.wait()
-                if self.code != EXIT_OK:
-                    break
+                children.append(subprocess.Popen(argv, env=env, start_new_session=True))
+            codes.extend(proc.wait() for proc in children)
+        self.code = next((code for code in codes if code != EXIT_OK), EXIT_OK)
+        merge_segments(segment.run_dir, before)
         if self.code == EXIT_INTERRUPTED:
             segment.control.stop.set()
         elif self.code not in (EXIT_OK, EXIT_USAGE):

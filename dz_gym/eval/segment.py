@@ -35,6 +35,7 @@ from dz_gym.eval.plan import RunPlan
 from dz_gym.eval.progress import Progress
 from dz_gym.eval.rundir import RunDir
 from dz_gym.eval.runner import RunControl
+from dz_gym.eval.shared import summary_lock
 from dz_gym.eval.signals import shielded
 from dz_gym.eval.summary import build_summary, pair_tracker, versions
 
@@ -142,6 +143,13 @@ class RunSegment:
     def close(self) -> dict[str, Any]:
         """Write ``summary.json`` (and the report); returns the summary."""
         self.bars.close()
+        with summary_lock(self.run_dir):  # the processes of a run (one per scene) may end at once
+            summary = self._write_summary()
+        if self.report:
+            write_report_page(self.run_dir, self.say)
+        return summary
+
+    def _write_summary(self) -> dict[str, Any]:
         previous = self.run_dir.read_summary() or {}  # re-read: a per-scene child may have written it
         segments = list(previous.get("segments", []))
         if self.timing["env_steps"] or self.timing["wall_s"]:
@@ -159,15 +167,20 @@ class RunSegment:
             "versions": versions(),
             **({"servers_b": list(self.servers_b)} if self.config.ab else {}),
             **self.extra,
-            "dropped": self.dropped,
+            "dropped": _merged(self.dropped, (previous.get("sequential") or {}).get("dropped", [])),
         }
         if self.inherit:
             extra.update({k: previous[k] for k in SUMMARY_FROM_CHILDREN if k in previous})
         summary = build_summary(self.config, self.run_dir, segments=segments, extra=extra)
         self.run_dir.write_summary(summary)
-        if self.report:
-            write_report_page(self.run_dir, self.say)
         return summary
+
+
+def _merged(mine: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The dropped episodes of this segment and those another process of the run wrote meanwhile, once each."""
+    out = {(d["scene"], d["episode"], d.get("arm")): d for d in theirs}
+    out.update({(d["scene"], d["episode"], d.get("arm")): d for d in mine})
+    return list(out.values())
 
 
 def run_segment(segment: RunSegment, executor: Executor) -> dict[str, Any]:
