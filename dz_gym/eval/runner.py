@@ -66,7 +66,7 @@ from dz_gym.eval.row import EpisodeRow
 from dz_gym.eval.rundir import RunDir, episode_name
 from dz_gym.eval.timing import SceneResult, union_seconds
 from dz_gym.eval.video import VideoRecorder, strip_frames
-from dz_gym.eval.writer import EpisodeWriter
+from dz_gym.eval.writer import EpisodeWriter, trajectory_arrays
 from dz_gym.records import SESSION_REFUSED, EpisodeStats
 from dz_gym.requests import proprio, to_numpy
 
@@ -222,6 +222,9 @@ class SceneRunner:
         self._result: SceneResult | None = None
         self._writer: EpisodeWriter | None = None
         self._waiting: set[int] = set()  # slots whose episode waits for the server to admit its session
+        self.hold_starts = False  # True: the caller runs refill() after each step (scenes side by side)
+        self._ended: list[tuple[int, bool]] = []  # slots whose episode ended at the last step, and autoreset
+        self._idle_due = False
 
     # -- the loop -------------------------------------------------------------------------------------
     def run(self) -> SceneResult:
@@ -376,7 +379,6 @@ class SceneRunner:
         if self.progress is not None:
             self.progress.steps(len(active), last_latency)
 
-        to_reset, starts = [], []
         for i, error, event, ended_by in finished:
             if event == SESSION_REFUSED and self._defer(i):
                 continue
@@ -385,18 +387,28 @@ class SceneRunner:
             # a done env's record comes with the step's info; one ended here is still the wrapper's current one
             stats = EpisodeStats.from_info(info, i) if done[i] else wrapper.episode_stats(i)
             self._finish(i, error, event, ended_by, stats)
-            if self._queues[i]:
-                starts.append((i, self._queues[i].popleft()))
-                if not done[i]:
-                    to_reset.append(i)
-        if self._drain:  # the sequential test stopped with one of these rows: no new episodes
-            starts, to_reset = [], []
+            self._ended.append((i, bool(done[i])))  # done: the env has already reset itself (autoreset)
+        self._idle_due = self._idle_due or bool(finished)
+        if not self.hold_starts:
+            self.refill()
+
+    def refill(self) -> None:
+        """Start the next entry of each slot whose episode ended at the last step; none once the sequential
+        test has stopped. With ``hold_starts`` the caller calls it, after every scene of a side-by-side run has
+        stepped, so that a stop on any scene's row of that step comes before any new episode."""
+        ended, self._ended = self._ended, []
+        if self._drain or (ended and getattr(self.pairs, "stopped", False)):  # the test stopped: nothing new
+            self._drain = True
+            ended = []
             self._drop_unpaired()
+        starts = [(i, self._queues[i].popleft(), autoreset) for i, autoreset in ended if self._queues[i]]
+        to_reset = [i for i, _, autoreset in starts if not autoreset]
         if to_reset:
-            wrapper.reset(options={"env_ids": np.asarray(to_reset, dtype=np.int64)})
-        for i, item in starts:
+            self.wrapper.reset(options={"env_ids": np.asarray(to_reset, dtype=np.int64)})
+        for i, item, _ in starts:
             self._start(i, item)
-        if finished:
+        if self._idle_due:
+            self._idle_due = False
             self._set_idle()
 
     def _defer(self, slot: int) -> bool:
@@ -502,7 +514,7 @@ class SceneRunner:
             self.recorder.finish(ep.video_key)
             video = self.run_dir.video_relpath(self.scene, ep.episode, ep.arm)
         row = self._row(ep, error, event, ended_by, trajectory, video, stats)
-        self._writer.submit(self.scene, ep.episode, ep.arm, self._arrays(ep), row)
+        self._writer.submit(self.scene, ep.episode, ep.arm, trajectory_arrays(ep), row)
         self.control.record(row)
         if self.pairs is not None and self.pairs.add(row):
             self._drain = True
@@ -515,33 +527,6 @@ class SceneRunner:
                     queue.extend(kept)
         if self.progress is not None:
             self.progress.episode(row["success_at_end"], error is not None, unused_steps=self.max_steps - ep.steps)
-
-    @staticmethod
-    def _arrays(ep: _Episode) -> dict[str, np.ndarray]:
-        arrays = {
-            "actions": np.stack(ep.actions).astype(np.float32),
-            "joint_pos": np.stack(ep.joints).astype(np.float32),
-            "gripper_pos": np.stack(ep.gripper).astype(np.float32),
-            "policy_called": np.asarray(ep.called, dtype=bool),
-            "chunk_latency_ms": np.asarray(ep.latency_ms, dtype=np.float32),
-            "success": np.asarray(ep.success, dtype=bool),
-            "reward": np.asarray(ep.reward, dtype=np.float32),
-            "seed": np.int64(ep.seed),
-        }
-        if ep.object_pos:
-            arrays["object_pos"] = np.stack(ep.object_pos).astype(np.float32)
-        if ep.container_pos:
-            arrays["container_pos"] = np.stack(ep.container_pos).astype(np.float32)
-        if ep.tcp_pos:
-            arrays["tcp_pos"] = np.stack(ep.tcp_pos).astype(np.float32)
-        if ep.object_quat:
-            arrays["object_quat"] = np.stack(ep.object_quat).astype(np.float32)
-        if ep.object_start_pos is not None:
-            arrays["object_start_pos"] = ep.object_start_pos
-        if ep.milestones is not None:  # first step per milestone, -1 where never reached
-            arrays["milestone_names"] = np.asarray(list(ep.milestones), dtype=np.str_)
-            arrays["milestone_first_step"] = np.asarray(list(ep.milestones.values()), dtype=np.int64)
-        return arrays
 
     def _row(self, ep: _Episode, error, event, ended_by, trajectory, video, stats: EpisodeStats | None) -> dict:
         """The episode's :class:`~dz_gym.eval.row.EpisodeRow` as the dict written to ``episodes.jsonl``."""

@@ -7,7 +7,9 @@ before it could fold a second pair, and every episode of the earlier scenes woul
 So the in-process executor builds every scene's batch at once (each with its own env, wrapper and
 :class:`~dz_gym.eval.runner.SceneRunner`, as :func:`~dz_gym.eval.scene.run_scene` builds one) and steps them
 round-robin, one step of each batch in turn: the scenes advance in step and the test can stop in any of
-them.
+them. A batch's ended episodes are replaced only once every batch has made its step, so that when a row of
+any scene ends the test, no scene has started an episode after it (with the scenes in step, their row
+counts at the stop then differ by at most a batch's episodes in flight).
 
 Why a batch per scene, not the env slots split over the scenes: a scene's episodes keep the slots, seeds and
 servers the plan gives them (slot ``k % num_envs`` of that scene's batch), so the rows are the ones the
@@ -36,7 +38,9 @@ __all__ = ["run_side_by_side", "step_in_turn"]
 
 def step_in_turn(runners: Sequence[SceneRunner]) -> SceneResult:
     """Begin every runner, then one :meth:`~dz_gym.eval.runner.SceneRunner.tick` of each in turn until all
-    are done (or stopped); every begun runner is ended (its rows written), also on failure."""
+    are done (or stopped), the slots whose episode ended refilled only once every runner has stepped
+    (:meth:`~dz_gym.eval.runner.SceneRunner.refill`); every begun runner is ended (its rows written), also on
+    failure."""
     begun: list[SceneRunner] = []
     t0 = time.perf_counter()
     try:
@@ -45,8 +49,12 @@ def step_in_turn(runners: Sequence[SceneRunner]) -> SceneResult:
                 begun.append(runner)
                 runner.begin()
             active = list(runners)
+            for runner in runners:
+                runner.hold_starts = True
             while active:
                 active = [runner for runner in active if runner.tick()]
+                for runner in active:  # every scene's rows of this step are in: a stop on any of them starts nothing
+                    runner.refill()
     finally:
         results, failure = [], None
         for runner in begun:

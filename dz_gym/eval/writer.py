@@ -1,5 +1,7 @@
 """Finished episodes are written on a background thread: the trajectory file, then the row, in order.
 
+:func:`trajectory_arrays` gives the trajectory file's arrays of a finished episode.
+
 At the end of an episode the runner used to compress the trajectory (``np.savez_compressed``) and append and
 ``fsync`` the row on the stepping thread: about 2 ms an episode, which at N = 256 envs ending on the same step
 stalled every env for half a second per episode. :class:`EpisodeWriter` takes them off that thread. It keeps
@@ -69,3 +71,31 @@ class EpisodeWriter:
             except BaseException as exc:  # noqa: BLE001 - handed to the runner's thread
                 self._failed = True
                 self._error = exc
+
+
+def trajectory_arrays(ep: Any) -> dict[str, np.ndarray]:
+    """The trajectory file's arrays of a finished episode (the runner's per-step record of it)."""
+    arrays = {
+        "actions": np.stack(ep.actions).astype(np.float32),
+        "joint_pos": np.stack(ep.joints).astype(np.float32),
+        "gripper_pos": np.stack(ep.gripper).astype(np.float32),
+        "policy_called": np.asarray(ep.called, dtype=bool),
+        "chunk_latency_ms": np.asarray(ep.latency_ms, dtype=np.float32),
+        "success": np.asarray(ep.success, dtype=bool),
+        "reward": np.asarray(ep.reward, dtype=np.float32),
+        "seed": np.int64(ep.seed),
+    }
+    if ep.object_pos:
+        arrays["object_pos"] = np.stack(ep.object_pos).astype(np.float32)
+    if ep.container_pos:
+        arrays["container_pos"] = np.stack(ep.container_pos).astype(np.float32)
+    if ep.tcp_pos:
+        arrays["tcp_pos"] = np.stack(ep.tcp_pos).astype(np.float32)
+    if ep.object_quat:
+        arrays["object_quat"] = np.stack(ep.object_quat).astype(np.float32)
+    if ep.object_start_pos is not None:
+        arrays["object_start_pos"] = ep.object_start_pos
+    if ep.milestones is not None:  # first step per milestone, -1 where never reached
+        arrays["milestone_names"] = np.asarray(list(ep.milestones), dtype=np.str_)
+        arrays["milestone_first_step"] = np.asarray(list(ep.milestones.values()), dtype=np.int64)
+    return arrays
