@@ -99,8 +99,8 @@ OUTPUTS = (
 SCALE = (
     Flag("--num-envs", "envs stepped together (slots); with --ray the total over all shards", field="num_envs",
          type=integer, metavar="N"),
-    Flag("--process-per-scene", "run each scene in a fresh process (rebuilding an Isaac stage in one process can "
-         "render wrong poses)", dest="process_per_scene", action=BOOL,
+    Flag("--process-per-scene", "run each scene in a fresh process, the scenes' processes at the same time "
+         "(rebuilding an Isaac stage in one process can render wrong poses)", dest="process_per_scene", action=BOOL,
          shown=backends.per_backend(lambda t: "on" if t.one_scene_per_process else "off")),
     *RAY_FLAGS,
 )  # fmt: skip
