@@ -19,11 +19,12 @@ import pytest
 
 from dz_gym.eval.config import EvalConfig
 from dz_gym.eval.evaluate import evaluate
-from dz_gym.eval.plan import pair_order
+from dz_gym.eval.plan import pair_order, plan_of
 from dz_gym.eval.processes import merge_segments
 from dz_gym.eval.row import comparable
 from dz_gym.eval.rundir import RunDir
 from dz_gym.eval.runner import RunControl
+from dz_gym.eval.segment import RunSegment
 from dz_gym.eval.shared import SharedTest
 from dz_gym.eval.summary import pair_tracker
 from dz_gym.server.launch import start_server_thread
@@ -161,3 +162,13 @@ def test_scene_processes_run_side_by_side_and_stop_together(tmp_path):
     assert set(counts) == {1, 2} and abs(counts[1] - counts[2]) <= NUM_ENVS, counts
     assert max(counts.values()) < 2 * 20  # neither scene ran all its episodes
     assert len(summary["segments"]) == 1 and summary["segments"][0]["env_steps"] > 0
+
+
+def test_the_session_warning_counts_every_scene_side_by_side(tmp_path):
+    """Two scenes of 40 envs at once: 80 sessions at the one server, more than it keeps resident (64)."""
+    lines = []
+    for scenes, warned in (([1], False), ([1, 2], True)):
+        cfg = EvalConfig(scenes=scenes, num_envs=40, episodes=1, backend="mujoco", video=False, report=False)
+        RunSegment(cfg, RunDir.create(tmp_path / str(len(scenes)), cfg), plan_of(cfg, ["ws://a"]),
+                   servers=["ws://a"], progress=False, log=lines.append)  # fmt: skip
+        assert any("80 envs share the server ws://a" in line for line in lines) == warned, lines

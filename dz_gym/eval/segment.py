@@ -119,6 +119,7 @@ class RunSegment:
         say = log or bars.write
         say_later.append(say)
         per_arm = config.num_envs // max(1, len(config.arms))  # a run with K arms: 1/K of the slots per arm
+        per_arm *= max(1, len(self.todo.scene_order()))  # the scenes run side by side, a batch each
         crowded = session_warning(per_arm, self.servers, config.server_max_sessions) if self.servers else None
         if crowded is None and config.ab and self.servers_b:
             crowded = session_warning(per_arm, self.servers_b, config.server_max_sessions)
