@@ -172,3 +172,14 @@ def test_the_session_warning_counts_every_scene_side_by_side(tmp_path):
         RunSegment(cfg, RunDir.create(tmp_path / str(len(scenes)), cfg), plan_of(cfg, ["ws://a"]),
                    servers=["ws://a"], progress=False, log=lines.append)  # fmt: skip
         assert any("80 envs share the server ws://a" in line for line in lines) == warned, lines
+
+
+def test_scene_processes_at_once_is_checked(capsys):
+    from dz_gym.eval import cli
+    from dz_gym.eval.processes import SceneProcesses
+
+    with pytest.raises(ValueError, match="at_once: expected an integer >= 1"):
+        SceneProcesses([], "", print, at_once=0)
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--scene", "1", "--scene", "2", "--process-per-scene", "--scene-processes", "0"])
+    assert exc.value.code == 2 and "--scene-processes: expected an integer >= 1, got 0" in capsys.readouterr().err

@@ -102,6 +102,9 @@ SCALE = (
     Flag("--process-per-scene", "run each scene in a fresh process, the scenes' processes at the same time "
          "(rebuilding an Isaac stage in one process can render wrong poses)", dest="process_per_scene", action=BOOL,
          shown=backends.per_backend(lambda t: "on" if t.one_scene_per_process else "off")),
+    Flag("--scene-processes", "with a process per scene: at most P scene processes at the same time (each holds "
+         "its simulator; on Isaac Lab an app on the GPU); a sequential test can stop early only once every scene "
+         "runs", dest="scene_processes", type=integer, metavar="P", shown="every scene's"),
     *RAY_FLAGS,
 )  # fmt: skip
 AB = (

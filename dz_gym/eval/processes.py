@@ -13,6 +13,9 @@ process opened the run directory and closes it (the summary over every row, then
 same time, so their timing becomes one segment here (the steps added up, the wall time and each server's
 busy time the longest child's: a lower bound for both).
 
+With ``--scene-processes P`` at most P children run at once (each holds its simulator: on Isaac Lab an app on
+the GPU); the next scene starts when one ends, and a test can then stop early only once the last scenes run
+(their segments then stay one per child).
 A stop request (first Ctrl-C) is forwarded to every running child (each in its own session, so a Ctrl-C in
 the terminal reaches only this process). A child that fails does not stop the others.
 """
@@ -32,6 +35,7 @@ from dz_gym.eval.signals import StopOnSignal
 
 __all__ = ["SceneProcesses", "child_argv", "merge_segments", "merged_timing"]
 
+WAIT_S = 0.2  # the longest this process waits on one child before it looks at the others
 DROP_WITH_VALUE = ("--scene", "--task", "--resume", "--output-root", "--only-scene")
 
 
@@ -86,29 +90,49 @@ class SceneProcesses:
     ``code`` is the exit status the command should end with (the first child's in scene order that was not
     0, else 0)."""
 
-    def __init__(self, argv: Sequence[str], command: str, say):
+    def __init__(self, argv: Sequence[str], command: str, say, at_once: int | None = None):
+        if at_once is not None and (not isinstance(at_once, int) or at_once < 1):
+            raise ValueError(f"at_once: expected an integer >= 1 (scene processes at the same time), got {at_once!r}")
         self.argv = list(argv)
         self.command = command
         self.say = say
+        self.at_once = at_once  # None: every scene's process at once
         self.code = EXIT_OK
 
     def run(self, segment: RunSegment) -> None:
         env = dict(os.environ)
         env[COMMAND_ENV] = self.command
-        children: list[subprocess.Popen] = []
+        children: list[subprocess.Popen] = []  # the running ones (a signal is forwarded to them)
         before = len((segment.run_dir.read_summary() or {}).get("segments", []))
-        codes: list[int] = []
+        pending, codes, scene_of = list(segment.todo.scene_order()), {}, {}
+        at_once = self.at_once or max(1, len(pending))
+        together = at_once >= len(pending)  # every child at once: their stepping loops overlap
         with StopOnSignal(segment.control.stop, self.say, children):
-            for scene in segment.todo.scene_order():
-                if segment.control.stop.is_set():
-                    codes.append(EXIT_INTERRUPTED)
-                    break
-                self.say(f"dz-gym-eval: scene {scene} in a new process")
-                argv = child_argv(self.argv, str(segment.run_dir.path), scene)
-                children.append(subprocess.Popen(argv, env=env, start_new_session=True))
-            codes.extend(proc.wait() for proc in children)
-        self.code = next((code for code in codes if code != EXIT_OK), EXIT_OK)
-        merge_segments(segment.run_dir, before)
+            while pending or children:
+                if pending and segment.control.stop.is_set():
+                    codes.update({scene: EXIT_INTERRUPTED for scene in pending})
+                    pending.clear()
+                if pending and len(children) < at_once:
+                    scene = pending.pop(0)
+                    self.say(f"dz-gym-eval: scene {scene} in a new process")
+                    proc = subprocess.Popen(child_argv(self.argv, str(segment.run_dir.path), scene), env=env,
+                                            start_new_session=True)  # fmt: skip
+                    scene_of[proc.pid] = scene
+                    children.append(proc)
+                    continue
+                try:
+                    children[0].wait(timeout=WAIT_S)
+                except subprocess.TimeoutExpired:
+                    pass
+                for proc in [p for p in children if p.poll() is not None]:
+                    codes[scene_of[proc.pid]] = proc.returncode
+                    children.remove(proc)
+                    if proc.returncode == EXIT_USAGE:  # the flags: every scene's process would end the same way
+                        pending.clear()
+        order = segment.todo.scene_order()
+        self.code = next((codes[s] for s in order if codes.get(s, EXIT_OK) != EXIT_OK), EXIT_OK)
+        if together:
+            merge_segments(segment.run_dir, before)
         if self.code == EXIT_INTERRUPTED:
             segment.control.stop.set()
         elif self.code not in (EXIT_OK, EXIT_USAGE):
