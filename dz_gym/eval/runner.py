@@ -269,6 +269,11 @@ class SceneRunner:
             self._step(result)
         return True
 
+    @property
+    def stepping(self) -> bool:
+        """Whether an episode is running (else the batch at most waits for refused sessions' retries)."""
+        return any(ep is not None for ep in self._current)
+
     def end(self) -> SceneResult:
         """Drop the episodes still running (no row), and write the finished ones; returns the scene's result."""
         result = self._result
@@ -434,7 +439,7 @@ class SceneRunner:
         retry = {i: self.wrapper.admission_retry_at(i) or now for i in self._waiting}
         ready = sorted(i for i, at in retry.items() if at <= now)
         if not ready:
-            if all(ep is None for ep in self._current):
+            if not self.stepping and not self.hold_starts:  # side by side, the caller waits (other scenes step)
                 self.control.stop.wait(min(min(retry.values()) - now, 1.0))
             return
         self._waiting.difference_update(ready)

@@ -35,6 +35,8 @@ from dz_gym.eval.timing import SceneResult, side_by_side
 
 __all__ = ["run_side_by_side", "step_in_turn"]
 
+RETRY_POLL_S = 0.05  # every batch waits for a refused session's retry time: look again after this long
+
 
 def step_in_turn(runners: Sequence[SceneRunner]) -> SceneResult:
     """Begin every runner, then one :meth:`~dz_gym.eval.runner.SceneRunner.tick` of each in turn until all
@@ -55,6 +57,8 @@ def step_in_turn(runners: Sequence[SceneRunner]) -> SceneResult:
                 active = [runner for runner in active if runner.tick()]
                 for runner in active:  # every scene's rows of this step are in: a stop on any of them starts nothing
                     runner.refill()
+                if active and not any(runner.stepping for runner in active):  # all wait for a session's retry
+                    active[0].control.stop.wait(RETRY_POLL_S)
     finally:
         results, failure = [], None
         for runner in begun:
