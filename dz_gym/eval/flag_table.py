@@ -28,7 +28,8 @@ BOOL = argparse.BooleanOptionalAction
 
 RUN = (
     Flag("--scene", "DROID scene 1, 2 or 3 (repeatable)", field="scenes", type=integer, action="append", metavar="S",
-         doc="scene 1, 2 or 3; repeatable. Scenes run in turn, with one env instance per scene"),
+         doc="scene 1, 2 or 3; repeatable. Scenes run side by side, each with an env batch of its own "
+             "(--num-envs envs per scene)"),
     Flag("--task", "a sim-evals task by name, e.g. place_spoon_in_sink or DROID-CubeInBowl (repeatable; isaac "
          "backend; its instruction is the prompt and its max_timesteps the default --max-steps; docs/isaac.md)",
          dest="tasks", action="append", metavar="NAME"),
