@@ -89,4 +89,7 @@ class SharedTest:
         return self.stopped
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.__dict__["test"], name)
+        test = self.__dict__.get("test")
+        if test is None:  # not built yet (or a copy being restored)
+            raise AttributeError(name)
+        return getattr(test, name)
