@@ -87,6 +87,20 @@ def test_side_by_side_rows_are_the_scenes_in_turn_rows(tmp_path, open_closed):
     assert set(per_scene(first_half)) == {1, 2}  # written interleaved, not scene after scene
 
 
+def test_a_race_over_two_scenes_stops_with_both_in_step(tmp_path, open_closed):
+    """--select-best with arm y closing the gripper and x holding it open: y wins within both scenes' first
+    seeds, not after every seed of scene 1."""
+    specs = [f"x={open_closed[0]}", f"y={open_closed[1]}"]
+    config = EvalConfig(scenes=[1, 2], num_envs=NUM_ENVS, episodes=40, max_steps=4, video=False, report=False,
+                        arm_specs=specs, select_best=True)  # fmt: skip
+    run_dir = RunDir.create(tmp_path, config)
+    summary = run(config, run_dir)
+    assert summary["selection"]["best"] == "y" and summary["selection"]["stopped"]
+    counts = per_scene(run_dir.read_rows())
+    assert set(counts) == {1, 2} and abs(counts[1] - counts[2]) <= NUM_ENVS, counts
+    assert max(counts.values()) < 2 * 40
+
+
 def test_a_resumed_multi_scene_run_continues_interleaved(tmp_path, open_closed):
     config = toy_config(open_closed, sequential=True, max_episodes=80)
     run_dir = RunDir.create(tmp_path, config)
