@@ -197,3 +197,17 @@ def test_scene_processes_at_once_is_checked(capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(["--scene", "1", "--scene", "2", "--process-per-scene", "--scene-processes", "0"])
     assert exc.value.code == 2 and "--scene-processes: expected an integer >= 1, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # two scene processes one after the other: 10-25 s
+def test_scene_processes_one_at_a_time_keep_a_segment_each(tmp_path):
+    from dz_gym.eval import cli
+
+    argv = ["--backend", "mujoco", "--scene", "1", "--scene", "3", "--process-per-scene", "--scene-processes", "1",
+            "--num-envs", "1", "--episodes", "1", "--max-steps", "8", "--no-video", "--no-progress", "--no-report",
+            "--output-root", str(tmp_path)]  # fmt: skip
+    assert cli.main(argv) == 0
+    (path,) = tmp_path.iterdir()
+    summary = json.loads((path / "summary.json").read_text())
+    assert summary["complete"] and len(summary["segments"]) == 2  # their loops did not overlap: one each
+    assert sorted((r["scene"], r["episode"]) for r in RunDir(path).read_rows()) == [(1, 0), (3, 0)]
