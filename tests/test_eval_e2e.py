@@ -329,7 +329,8 @@ def test_killed_and_restarted_server(tmp_path, monkeypatch):
 
 
 def test_process_per_scene(tmp_path):
-    """Scenes in fresh processes (the Isaac Lab default) append to one run directory and one summary."""
+    """Scenes in fresh processes (the Isaac Lab default), all at once, append to one run directory and one
+    summary."""
     argv = [
         "--scene",
         "1",
@@ -354,7 +355,8 @@ def test_process_per_scene(tmp_path):
     summary = json.loads((run.path / "summary.json").read_text())
     assert summary["complete"] and summary["1"]["episodes"] == 1 and summary["3"]["episodes"] == 1
     assert summary["command"].startswith("dz-gym-eval --scene 1 --scene 3")
-    assert len(summary["segments"]) == 2
+    assert len(summary["segments"]) == 1  # the two scene processes stepped at once: their timing is one segment
+    assert summary["segments"][0]["env_steps"] >= 2 * 8
 
 
 @pytest.mark.slow

@@ -94,9 +94,11 @@ def _print_results(run_dir: RunDir, summary: dict[str, Any] | None) -> None:
     print(f"results: {run_dir.path}")
 
 
-def _run_scene_processes(argv: list[str], config: EvalConfig, run_dir: RunDir, command: str) -> int:
-    """Run each scene in a fresh ``dz-gym-eval --resume RUN_DIR --only-scene S`` process, in turn
-    (:class:`~dz_gym.eval.processes.SceneProcesses`), as one run segment of this process."""
+def _run_scene_processes(argv: list[str], config: EvalConfig, run_dir: RunDir, command: str,
+                         at_once: int | None = None) -> int:  # fmt: skip
+    """Run each scene in a fresh ``dz-gym-eval --resume RUN_DIR --only-scene S`` process, ``at_once`` of them
+    (default all) at the same time (:class:`~dz_gym.eval.processes.SceneProcesses`), as one run segment of
+    this process."""
     from dz_gym.eval.plan import plan_of
     from dz_gym.eval.processes import SceneProcesses
     from dz_gym.eval.segment import RunSegment, run_segment
@@ -106,7 +108,7 @@ def _run_scene_processes(argv: list[str], config: EvalConfig, run_dir: RunDir, c
     plan = plan_of(config, servers, config.servers_b or ["embedded"])
     segment = RunSegment(config, run_dir, plan, servers=config.servers, servers_b=config.servers_b, progress=False,
                          log=_say, command=command, inherit=True)  # fmt: skip
-    executor = SceneProcesses(argv, command, _say)
+    executor = SceneProcesses(argv, command, _say, at_once)
     summary = None
     try:
         summary = run_segment(segment, executor)
@@ -220,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
             parser = build_parser(isaac_args=isaac_flags_wanted(argv))
             args = parser.parse_args(argv)
             config, run_dir, _ = resolve_config(parser, args)
+            if args.scene_processes is not None and args.scene_processes < 1:
+                parser.error(f"--scene-processes: expected an integer >= 1, got {args.scene_processes}")
             from dz_gym.eval.shards.options import ray_options_from_args
 
             ray_options = ray_options_from_args(parser, args, config)
@@ -284,7 +288,7 @@ def _main(
     per_process = args.process_per_scene if args.process_per_scene is not None else backend.one_scene_per_process
     if per_process and not args.only_scene and len(config.scenes) > 1 and ray_options is None:  # shards: a process each
         run_dir, created = _open_run_dir(args, config, run_dir)
-        code = _run_scene_processes(argv, config, run_dir, command)
+        code = _run_scene_processes(argv, config, run_dir, command, args.scene_processes)
         if code == EXIT_USAGE and created and not run_dir.read_rows():  # a child's horizon error: nothing ran
             shutil.rmtree(run_dir.path, ignore_errors=True)
         return code

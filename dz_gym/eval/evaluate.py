@@ -3,8 +3,8 @@
 :func:`evaluate` is the programmatic entry point behind ``dz-gym-eval``: it takes an :class:`EvalConfig`, a run
 directory and the policy servers' URLs, makes the run plan (:mod:`dz_gym.eval.plan`) and runs it as one run
 segment (:mod:`dz_gym.eval.segment`) with the in-process executor, :class:`InProcess`: one env batch per scene
-(in turn), wrapped in :class:`~dz_gym.wrapper.DreamZeroPolicyWrapper`, whose
-:class:`~dz_gym.eval.runner.SceneRunner` runs the plan's entries that have no row yet. The segment always (also
+(the scenes side by side, stepped in turn: :mod:`dz_gym.eval.sidebyside`), each wrapped in
+:class:`~dz_gym.wrapper.DreamZeroPolicyWrapper`, whose :class:`~dz_gym.eval.runner.SceneRunner` runs the plan's entries that have no row yet. The segment always (also
 on Ctrl-C, an exhausted error budget or a crash) rewrites ``summary.json`` from every row of
 ``episodes.jsonl``. With ``ray_options`` the same plan runs as shards on Ray
 (:func:`dz_gym.eval.shards.driver.evaluate_sharded`). It warns (through ``log``) when more envs share a server
@@ -42,15 +42,19 @@ from dz_gym.eval.config import EvalConfig
 from dz_gym.eval.plan import plan_of
 from dz_gym.eval.rundir import RunDir
 from dz_gym.eval.runner import RunControl
-from dz_gym.eval.scene import EnvFactory, default_env_factory, run_scene
+from dz_gym.eval.scene import EnvFactory, default_env_factory
 from dz_gym.eval.segment import RunSegment, run_segment
+from dz_gym.eval.shared import SharedTest
+from dz_gym.eval.sidebyside import run_side_by_side
+from dz_gym.eval.summary import pair_tracker
 from dz_gym.eval.video import VideoRecorder
 
 __all__ = ["InProcess", "default_env_factory", "evaluate", "python_command"]
 
 
 class InProcess:
-    """The in-process executor: the segment's scenes in turn, one env batch each, in this process."""
+    """The in-process executor: the segment's scenes side by side, one env batch each, in this process
+    (:mod:`dz_gym.eval.sidebyside`)."""
 
     def __init__(self, env_factory: EnvFactory | None = None, env_kwargs: Mapping[str, Any] | None = None):
         self.env_factory = env_factory
@@ -60,27 +64,26 @@ class InProcess:
     def run(self, segment: RunSegment) -> None:
         config, todo = segment.config, segment.todo
         self.recorder = VideoRecorder() if config.video else None
-        for scene in todo.scene_order():
-            if segment.control.stop.is_set() or (segment.pairs is not None and segment.pairs.stopped):
-                break
-            queues = todo.slot_queues(scene)
+        scenes = [(scene, todo.slot_queues(scene)) for scene in todo.scene_order()]
+        for scene, queues in scenes:
             segment.say(f"scene {scene}: {sum(len(q) for q in queues)} episode(s) on {config.num_envs} env(s)")
-            result = run_scene(
-                config,
-                scene,
-                queues,
-                todo.servers_of(),
-                env_factory=self.env_factory,
-                env_kwargs=self.env_kwargs,
-                server_metadata=segment.server_metadata,
-                run_dir=segment.run_dir,
-                control=segment.control,
-                recorder=self.recorder,
-                progress=segment.bars,
-                pairs=segment.pairs,
-            )
-            segment.dropped.extend(result.dropped)
-            segment.add_time(result.wall_s, result.env_steps, result.busy_s)
+        if len(scenes) > 1:
+            segment.say(f"scenes {', '.join(str(s) for s, _ in scenes)} side by side, a batch each")
+        result = run_side_by_side(
+            config,
+            scenes,
+            todo.servers_of(),
+            env_factory=self.env_factory,
+            env_kwargs=self.env_kwargs,
+            server_metadata=segment.server_metadata,
+            run_dir=segment.run_dir,
+            control=segment.control,
+            recorder=self.recorder,
+            progress=segment.bars,
+            pairs=segment.pairs,
+        )
+        segment.dropped.extend(result.dropped)
+        segment.add_time(result.wall_s, result.env_steps, result.busy_s)
 
     def close(self, segment: RunSegment, error: BaseException | None) -> None:
         if self.recorder is not None:
@@ -113,8 +116,9 @@ def evaluate(
     :func:`default_env_factory`; ``env_kwargs`` go to the backend, e.g. Isaac Lab's ``app_args``);
     ``control`` carries the stop request and the error budget (a fresh one when None); ``progress`` turns
     the bars on/off (None: bars on a TTY, else a progress line every 30 s); ``only_scenes`` restricts this
-    call to some scenes (a process per scene: the parent then writes the report); ``command`` and
-    ``server_info`` are recorded in the summary; ``log`` receives the lines for the user (default: above the
+    call to some scenes (a process per scene, the other scenes' processes running at once: the parent then
+    writes the report, and a sequential test or race also reads their rows, :mod:`dz_gym.eval.shared`);
+    ``command`` and ``server_info`` are recorded in the summary; ``log`` receives the lines for the user (default: above the
     progress bars, on stderr); ``ray_options`` (a :class:`~dz_gym.eval.shards.options.RayOptions`) runs the
     episodes as shards on a Ray cluster instead, with the same rows and the same run directory
     (``docs/ray.md``); ``servers_b``: arm B's URLs of an A/B run (default ``config.servers_b``; the command
@@ -148,6 +152,8 @@ def evaluate(
     segment = RunSegment(config, run_dir, plan, servers=servers, servers_b=servers_b if config.ab else (),
                          control=control, progress=progress, log=log, command=command, server_info=server_info,
                          report=config.report and only_scenes is None)  # fmt: skip
+    if only_scenes is not None and segment.pairs is not None:  # other processes run the other scenes at once
+        segment.pairs = SharedTest(lambda rows: pair_tracker(config, rows), run_dir, only_scenes)
     return run_segment(segment, InProcess(env_factory, env_kwargs))
 
 

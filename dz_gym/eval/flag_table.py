@@ -28,7 +28,8 @@ BOOL = argparse.BooleanOptionalAction
 
 RUN = (
     Flag("--scene", "DROID scene 1, 2 or 3 (repeatable)", field="scenes", type=integer, action="append", metavar="S",
-         doc="scene 1, 2 or 3; repeatable. Scenes run in turn, with one env instance per scene"),
+         doc="scene 1, 2 or 3; repeatable. Scenes run side by side, each with an env batch of its own "
+             "(--num-envs envs per scene)"),
     Flag("--task", "a sim-evals task by name, e.g. place_spoon_in_sink or DROID-CubeInBowl (repeatable; isaac "
          "backend; its instruction is the prompt and its max_timesteps the default --max-steps; docs/isaac.md)",
          dest="tasks", action="append", metavar="NAME"),
@@ -103,9 +104,12 @@ OUTPUTS = (
 SCALE = (
     Flag("--num-envs", "envs stepped together (slots); with --ray the total over all shards", field="num_envs",
          type=integer, metavar="N"),
-    Flag("--process-per-scene", "run each scene in a fresh process (rebuilding an Isaac stage in one process can "
-         "render wrong poses)", dest="process_per_scene", action=BOOL,
+    Flag("--process-per-scene", "run each scene in a fresh process, the scenes' processes at the same time "
+         "(rebuilding an Isaac stage in one process can render wrong poses)", dest="process_per_scene", action=BOOL,
          shown=backends.per_backend(lambda t: "on" if t.one_scene_per_process else "off")),
+    Flag("--scene-processes", "with a process per scene: at most P scene processes at the same time (each holds "
+         "its simulator; on Isaac Lab an app on the GPU); a sequential test can stop early only once every scene "
+         "runs", dest="scene_processes", type=integer, metavar="P", shown="every scene's"),
     *RAY_FLAGS,
 )  # fmt: skip
 AB = (

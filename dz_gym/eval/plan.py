@@ -17,10 +17,11 @@ The map, fixed for a run by its config (``num_envs``, servers, shard count) and 
   servers, ``servers[(s*M + m) % len(servers)]``, over its slots in turn;
 - shard: the ``num_envs`` slots are cut into contiguous near-equal ranges, one per shard (one shard when the
   run is not sharded); a shard runs the entries of its slots;
-- plan order: scenes in their config order, then episode, then arm (``order``); with ``interleave=True`` the
-  scenes alternate (episode-major). A/B entries carry ``pair``: the index of their (scene, episode) among the
-  plan's pairs in plan order, which a sequential test can consume in that order whatever order the episodes
-  finish in.
+- plan order: scenes in their config order, then episode, then arm (``order``); with ``interleave=True`` (a
+  run's plan, :func:`plan_of`) the scenes alternate (episode-major). A/B entries carry ``pair``: the index of
+  their (scene, episode) among the plan's pairs in plan order, which a sequential test can consume in that
+  order whatever order the episodes finish in; so that it can stop in any scene, the executors run a run's
+  scenes side by side (one batch each), not one after another.
 
 Example::
 
@@ -289,5 +290,5 @@ def plan_of(
         arm_servers=named,
         shards=shards,
         servers_per_shard=servers_per_shard,
-        interleave=True,  # pairs numbered as the sequential test takes them (eval/ab.py); each scene runs whole
+        interleave=True,  # pairs numbered as the sequential test takes them (eval/ab.py), the scenes side by side
     )

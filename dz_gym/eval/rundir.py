@@ -126,12 +126,18 @@ class RunDir:
 
     # -- rows ---------------------------------------------------------------------------------------
     def append_row(self, row: Mapping[str, Any]) -> None:
-        """Append one episode row and flush it to disk before returning."""
+        """Append one episode row and flush it to disk before returning; the line goes in one ``write`` on an
+        ``O_APPEND`` descriptor, so rows that processes of one run (one per scene) append at once never mix."""
         line = json.dumps(_to_json(row), allow_nan=False, separators=(",", ":")) + "\n"
-        with open(self.path / ROWS_FILE, "a", encoding="utf-8") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
+        fd = os.open(self.path / ROWS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            data = line.encode("utf-8")
+            written = os.write(fd, data)
+            if written != len(data):  # a regular file takes it whole unless the disk is full
+                raise OSError(f"{self.path / ROWS_FILE}: wrote {written} of {len(data)} bytes of a row")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def append_attempt(self, record: Mapping[str, Any]) -> None:
         """Append one errored attempt that is run again (scene, episode, arm, attempt, error), flushed."""

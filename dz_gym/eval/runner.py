@@ -30,7 +30,8 @@ The runner uses only the wrapper's public surface (``set_idle``, ``render_policy
 A/B runs (entries with an ``arm``): episode ``k`` runs twice, under arm A on slot ``2j`` and under arm B on
 slot ``2j + 1`` with ``j = k % (num_envs / 2)`` (the plan's): the two runs of a seed are on neighbouring slots,
 at about the same time, in the same batch. Rows then carry ``arm``. With a
-:class:`~dz_gym.eval.ab.PairTracker` that stops (the sequential test decided), no new episode starts; an
+:class:`~dz_gym.eval.ab.PairTracker` that stops (the sequential test decided, on a row of this scene or, with
+the scenes side by side, of another), no new episode starts; an
 episode in progress whose twin has already run or is running finishes, one whose twin has not started is
 dropped (no row; listed in ``SceneResult.dropped``), so no pair is left half-finished by the stop.
 
@@ -49,14 +50,13 @@ on ``--resume``.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as _dt
 import logging
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -69,6 +69,7 @@ from dz_gym.eval.progress import Progress
 from dz_gym.eval.results import latency_stats
 from dz_gym.eval.row import EpisodeRow
 from dz_gym.eval.rundir import RunDir, episode_name
+from dz_gym.eval.timing import SceneResult, union_seconds
 from dz_gym.eval.video import VideoRecorder, strip_frames
 from dz_gym.eval.writer import EpisodeWriter
 from dz_gym.records import SESSION_REFUSED, EpisodeStats
@@ -105,30 +106,6 @@ class RunControl:
     @property
     def interrupted(self) -> bool:
         return self.stop.is_set() and self.aborted is None
-
-
-@dataclasses.dataclass
-class SceneResult:
-    """Timing of one scene's stepping loop (what rows cannot carry)."""
-
-    scene: int
-    env_steps: int = 0  # steps of the episodes that ran (finished or not)
-    wall_s: float = 0.0  # from the first reset to the end of the loop
-    busy_s: dict[str, float] = dataclasses.field(default_factory=dict)  # per server URL
-    stopped: bool = False  # ended by a stop request or the error budget
-    dropped: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # cut off by a sequential stop
-    intervals: dict[str, list[tuple[float, float]]] = dataclasses.field(default_factory=dict)  # per URL
-
-
-def union_seconds(intervals: Iterable[tuple[float, float]]) -> float:
-    """Total length of the union of ``(start, end)`` intervals."""
-    total, end = 0.0, -np.inf
-    for start, stop in sorted(intervals):
-        if stop <= end:
-            continue
-        total += stop - max(start, end)
-        end = stop
-    return total
 
 
 def _iso(timestamp: float) -> str:
@@ -222,43 +199,74 @@ class SceneRunner:
             if record.get("scene") == self.scene and (record.get("episode"), record.get("arm")) in self._todo:
                 key = (int(record["episode"]), record.get("arm"))
                 self._retried.setdefault(key, []).append(str(record.get("error_event")))
+        self.hold_starts = False  # True: the caller runs refill() after each step (scenes side by side)
+        self._ended: list[tuple[int, bool]] = []  # slots whose episode ended at the last step, and autoreset
+        self._idle_due = False
 
     # -- the loop -------------------------------------------------------------------------------------
     def run(self) -> SceneResult:
-        result = SceneResult(self.scene)
-        self._result = result
-        wrapper = self.wrapper
+        """Run every queued entry (or until a stop); the rows are on disk when it returns."""
+        try:
+            self.begin()
+            while self.tick():
+                pass
+        finally:
+            self.end()
+        return self._result
+
+    def begin(self) -> None:
+        """Reset the batch and start each slot's first entry (:meth:`run` is begin, :meth:`tick` till False,
+        :meth:`end`; an executor that runs several scenes side by side calls them itself)."""
+        self._result, self._t0 = SceneResult(self.scene), time.perf_counter()
         first = [i for i in range(self.num_envs) if self._queues[i]]
         if not first:
-            return result
+            return
         self._writer = EpisodeWriter(self.run_dir)
-        try:
-            self.base.set_episode_seeds(first, [self._queues[i][0].seed for i in first])
-            wrapper.render_policy = "all" if self.recorder is not None else "due"
-            self._set_idle()
-            t0 = time.perf_counter()
-            wrapper.reset()
-            for i in first:
-                self._start(i, self._queues[i].popleft())
-            self._set_idle()
-            while any(ep is not None for ep in self._current) or self._waiting:
-                if self.control.stop.is_set():
-                    result.stopped = True
-                    break
-                self._resume_waiting()
-                if any(ep is not None for ep in self._current):
-                    self._step(result)
-            result.wall_s = time.perf_counter() - t0
+        self.base.set_episode_seeds(first, [self._queues[i][0].seed for i in first])
+        self.wrapper.render_policy = "all" if self.recorder is not None else "due"
+        self._set_idle()
+        self.wrapper.reset()
+        for i in first:
+            self._start(i, self._queues[i].popleft())
+        self._set_idle()
+
+    def tick(self) -> bool:
+        """One step of the batch (or a wait for a refused session's retry); False once done or stopped."""
+        result = self._result
+        if not (any(ep is not None for ep in self._current) or self._waiting):
+            return False
+        if self.control.stop.is_set():
+            result.stopped = True
+            return False
+        if not self._drain and getattr(self.pairs, "stopped", False):  # another scene's row ended the test
+            self._drain = True
+            self._drop_unpaired()
+        self._resume_waiting()
+        if any(ep is not None for ep in self._current):
+            self._step(result)
+        return True
+
+    @property
+    def stepping(self) -> bool:
+        """Whether an episode is running (else the batch at most waits for refused sessions' retries)."""
+        return any(ep is not None for ep in self._current)
+
+    def end(self) -> SceneResult:
+        """Drop the episodes still running (no row), and write the finished ones; returns the scene's result."""
+        result = self._result
+        if self._writer is None:  # nothing was queued, or end() already ran
+            return result
+        if sys.exc_info()[1] is None:
+            result.wall_s = time.perf_counter() - self._t0
             result.busy_s = {url: union_seconds(spans) for url, spans in result.intervals.items()}
-        finally:
-            self._waiting.clear()  # refused episodes not restarted yet run again on resume
-            for i, ep in enumerate(self._current):
-                if ep is not None:  # stopped mid-episode: no row; it runs again on resume
-                    if self.recorder is not None and ep.video_key is not None:
-                        self.recorder.abort(ep.video_key)
-                    self._current[i] = None
-            wrapper.set_idle(np.zeros(self.num_envs, dtype=bool))
-            self._close_writer()
+        self._waiting.clear()  # refused episodes not restarted yet run again on resume
+        for i, ep in enumerate(self._current):
+            if ep is not None:  # stopped mid-episode: no row; it runs again on resume
+                if self.recorder is not None and ep.video_key is not None:
+                    self.recorder.abort(ep.video_key)
+                self._current[i] = None
+        self.wrapper.set_idle(np.zeros(self.num_envs, dtype=bool))
+        self._close_writer()
         return result
 
     def _close_writer(self) -> None:
@@ -353,7 +361,6 @@ class SceneRunner:
         if self.progress is not None:
             self.progress.steps(len(active), last_latency)
 
-        to_reset, starts = [], []
         for i, error, event, ended_by in finished:
             if event == SESSION_REFUSED and self._defer(i):
                 continue
@@ -364,18 +371,28 @@ class SceneRunner:
             # a done env's record comes with the step's info; one ended here is still the wrapper's current one
             stats = EpisodeStats.from_info(info, i) if done[i] else wrapper.episode_stats(i)
             self._finish(i, error, event, ended_by, stats)
-            if self._queues[i]:
-                starts.append((i, self._queues[i].popleft()))
-                if not done[i]:
-                    to_reset.append(i)
-        if self._drain:  # the sequential test stopped with one of these rows: no new episodes
-            starts, to_reset = [], []
+            self._ended.append((i, bool(done[i])))  # done: the env has already reset itself (autoreset)
+        self._idle_due = self._idle_due or bool(finished)
+        if not self.hold_starts:
+            self.refill()
+
+    def refill(self) -> None:
+        """Start the next entry of each slot whose episode ended at the last step; none once the sequential
+        test has stopped. With ``hold_starts`` the caller calls it, after every scene of a side-by-side run has
+        stepped, so that a stop on any scene's row of that step comes before any new episode."""
+        ended, self._ended = self._ended, []
+        if self._drain or (ended and getattr(self.pairs, "stopped", False)):  # the test stopped: nothing new
+            self._drain = True
+            ended = []
             self._drop_unpaired()
+        starts = [(i, self._queues[i].popleft(), autoreset) for i, autoreset in ended if self._queues[i]]
+        to_reset = [i for i, _, autoreset in starts if not autoreset]
         if to_reset:
-            wrapper.reset(options={"env_ids": np.asarray(to_reset, dtype=np.int64)})
-        for i, item in starts:
+            self.wrapper.reset(options={"env_ids": np.asarray(to_reset, dtype=np.int64)})
+        for i, item, _ in starts:
             self._start(i, item)
-        if finished:
+        if self._idle_due:
+            self._idle_due = False
             self._set_idle()
 
     def _defer(self, slot: int) -> bool:
@@ -422,7 +439,7 @@ class SceneRunner:
         retry = {i: self.wrapper.admission_retry_at(i) or now for i in self._waiting}
         ready = sorted(i for i, at in retry.items() if at <= now)
         if not ready:
-            if all(ep is None for ep in self._current):
+            if not self.stepping and not self.hold_starts:  # side by side, the caller waits (other scenes step)
                 self.control.stop.wait(min(min(retry.values()) - now, 1.0))
             return
         self._waiting.difference_update(ready)

@@ -5,23 +5,27 @@
 caller passes another), connects it to the servers the run plan gives its slots (an A/B run's two arms behind
 one :class:`~dz_gym.eval.clients.ArmRouter`; a run that sends sampling fields through
 :class:`~dz_gym.eval.clients.RequestFields`), runs the slots' plan entries with
-:class:`~dz_gym.eval.runner.SceneRunner` and closes everything, also on failure.
+:class:`~dz_gym.eval.runner.SceneRunner` and closes everything, also on failure. :func:`scene_batch` is the
+same batch held open, for an executor that steps several scenes' batches side by side
+(:mod:`dz_gym.eval.sidebyside`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from dz_gym.eval.config import EvalConfig
 from dz_gym.eval.plan import PlanEntry
-from dz_gym.eval.runner import SceneResult, SceneRunner
+from dz_gym.eval.runner import SceneRunner
 from dz_gym.eval.signals import interruptible, shielded
 from dz_gym.eval.summary import metadata_dict
+from dz_gym.eval.timing import SceneResult
 
 EnvFactory = Callable[..., Any]  # (scene, config, **env_kwargs) -> batched env
 
-__all__ = ["EnvFactory", "default_env_factory", "policy_client", "run_scene"]
+__all__ = ["EnvFactory", "default_env_factory", "policy_client", "run_scene", "scene_batch"]
 
 
 def default_env_factory(scene: int, config: EvalConfig, **backend_kwargs: Any):
@@ -69,7 +73,8 @@ def _wrapper(env, config: EvalConfig, slot_servers: Sequence[str], client):
     )
 
 
-def run_scene(
+@contextlib.contextmanager
+def scene_batch(
     config: EvalConfig,
     scene: int,
     queues: Sequence[Sequence[PlanEntry]],
@@ -80,38 +85,52 @@ def run_scene(
     server_metadata: dict[str, Any],
     before_connect: Callable[[Any], None] | None = None,
     **runner_kwargs: Any,
-) -> SceneResult:
-    """Run ``queues`` (per slot, the plan entries of ``scene``) on a fresh batch of ``len(queues)`` envs.
-
-    ``server_metadata`` receives each server URL's metadata (the first seen per URL); ``before_connect(env)``
-    is called once the simulator is built, before the first connection (a shard's start line); ``runner_kwargs``
-    go to :class:`~dz_gym.eval.runner.SceneRunner` (``run_dir``, ``control``, ``recorder``, ``progress``,
-    ``pairs``, ``placement``). Building the simulator is not interruptible (its workers start whole); the
-    rest is, and everything is closed on the way out."""
+) -> Iterator[SceneRunner | None]:
+    """Build ``scene``'s batch of ``len(queues)`` envs, connect it and yield its runner (None: a stop came
+    while the simulator was built); everything is closed on the way out (see :func:`run_scene`)."""
     arms = config.arms
     if any(e.arm not in (None, *arms) for q in queues for e in q):
         raise ValueError(f"queues: expected arms in {arms}")
     factory = env_factory or default_env_factory
     env = factory(scene, config, **dict(env_kwargs or {}))
-    wrapper = None
+    wrapper = runner = None
     try:
-        with interruptible():
+        with interruptible():  # not while the batch is held: another scene's simulator may be starting then
             if before_connect is not None:
                 before_connect(env)
-            control = runner_kwargs["control"]
-            if control.stop.is_set():
-                return SceneResult(int(scene), stopped=True)
-            client = policy_client(config, slot_servers)
-            wrapper = _wrapper(env, config, slot_servers, client)
-            for i in range(wrapper.num_envs):
-                server_metadata.setdefault(wrapper.server_url(i), metadata_dict(wrapper.server_metadata[i]))
-            runner = SceneRunner(wrapper, scene=scene, queues=queues, max_steps=config.max_steps,
-                                 on_episode_start=getattr(client, "begin_episode", None),
-                                 episode_retries=config.episode_retries, **runner_kwargs)  # fmt: skip
-            return runner.run()
+            if not runner_kwargs["control"].stop.is_set():
+                client = policy_client(config, slot_servers)
+                wrapper = _wrapper(env, config, slot_servers, client)
+                for i in range(wrapper.num_envs):
+                    server_metadata.setdefault(wrapper.server_url(i), metadata_dict(wrapper.server_metadata[i]))
+                runner = SceneRunner(wrapper, scene=scene, queues=queues, max_steps=config.max_steps,
+                                     on_episode_start=getattr(client, "begin_episode", None),
+                                     episode_retries=config.episode_retries, **runner_kwargs)  # fmt: skip
+        yield runner
     finally:
         with shielded():
             if wrapper is not None:
                 wrapper.close()
             else:
                 env.close()
+
+
+def run_scene(
+    config: EvalConfig,
+    scene: int,
+    queues: Sequence[Sequence[PlanEntry]],
+    slot_servers: Sequence[str],
+    **kwargs: Any,
+) -> SceneResult:
+    """Run ``queues`` (per slot, the plan entries of ``scene``) on a fresh batch of ``len(queues)`` envs.
+
+    ``kwargs``: :func:`scene_batch`'s. ``server_metadata`` receives each server URL's metadata (the first seen
+    per URL); ``before_connect(env)`` is called once the simulator is built, before the first connection (a
+    shard's start line); the rest go to :class:`~dz_gym.eval.runner.SceneRunner` (``run_dir``, ``control``,
+    ``recorder``, ``progress``, ``pairs``, ``placement``). Building the simulator is not interruptible (its
+    workers start whole); the rest is, and everything is closed on the way out."""
+    with scene_batch(config, scene, queues, slot_servers, **kwargs) as runner:
+        if runner is None:
+            return SceneResult(int(scene), stopped=True)
+        with interruptible():
+            return runner.run()

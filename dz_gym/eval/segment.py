@@ -41,6 +41,7 @@ from dz_gym.eval.progress import Progress
 from dz_gym.eval.rundir import ROWS_FILE, RunDir
 from dz_gym.eval.runlock import RunLock
 from dz_gym.eval.runner import RunControl, task_name
+from dz_gym.eval.shared import summary_lock
 from dz_gym.eval.signals import shielded
 from dz_gym.eval.summary import build_summary, pair_tracker, versions
 from dz_gym.eval.video import withdraw_broken_videos
@@ -117,9 +118,14 @@ class RunSegment:
         self.inherit = inherit
         self.lock = RunLock.acquire(run_dir.path)
         try:
-            run_dir.repair_rows()
+            # A per-scene child (the parent's lock, inherited) shares episodes.jsonl with its siblings, which
+            # append to it at the same time: the parent repaired it and withdrew broken videos before they
+            # started, and withdraws again once they have ended; a child only reads.
+            owner = not self.lock.inherited
+            if owner:
+                run_dir.repair_rows()
             rows = checked_rows(config, run_dir)
-            self.video_errors: dict[str, str] = withdraw_broken_videos(run_dir, rows)
+            self.video_errors: dict[str, str] = withdraw_broken_videos(run_dir, rows) if owner else {}
         except BaseException:
             self.lock.release()
             raise
@@ -144,6 +150,7 @@ class RunSegment:
         say = log or bars.write
         say_later.append(say)
         per_arm = config.num_envs // max(1, len(config.arms))  # a run with K arms: 1/K of the slots per arm
+        per_arm *= max(1, len(self.todo.scene_order()))  # the scenes run side by side, a batch each
         crowded = session_warning(per_arm, self.servers, config.server_max_sessions) if self.servers else None
         if crowded is None and config.ab and self.servers_b:
             crowded = session_warning(per_arm, self.servers_b, config.server_max_sessions)
@@ -175,10 +182,19 @@ class RunSegment:
 
     def _close(self) -> dict[str, Any]:
         self.bars.close()
-        try:
-            self.video_errors.update(withdraw_broken_videos(self.run_dir, self.run_dir.read_rows(), self.video_errors))
-        except OSError as exc:  # e.g. a full disk: the next segment's opening withdraws them
-            logger.warning("%s: could not unlink the broken videos from their rows now: %s", self.run_dir.path, exc)
+        if not self.lock.inherited:  # a child: its siblings may still append rows (see __init__)
+            try:
+                rows = self.run_dir.read_rows()
+                self.video_errors.update(withdraw_broken_videos(self.run_dir, rows, self.video_errors))
+            except OSError as exc:  # e.g. a full disk: the next segment's opening withdraws them
+                logger.warning("%s: could not unlink the broken videos from their rows now: %s", self.run_dir.path, exc)
+        with summary_lock(self.run_dir):  # the processes of a run (one per scene) may end at once
+            summary = self._write_summary()
+        if self.report:
+            write_report_page(self.run_dir, self.say)
+        return summary
+
+    def _write_summary(self) -> dict[str, Any]:
         previous = self.run_dir.read_summary() or {}  # re-read: a per-scene child may have written it
         segments = list(previous.get("segments", []))
         if self.timing["env_steps"] or self.timing["wall_s"]:
@@ -196,16 +212,21 @@ class RunSegment:
             "versions": versions(),
             **({"servers_b": list(self.servers_b)} if self.config.ab else {}),
             **self.extra,
-            "dropped": self.dropped,
+            "dropped": _merged(self.dropped, (previous.get("sequential") or {}).get("dropped", [])),
         }
         if self.inherit:
             extra.update({k: previous[k] for k in SUMMARY_FROM_CHILDREN if k in previous})
         extra["video_errors"] = {**previous.get("video_errors", {}), **self.video_errors}  # every segment's
         summary = build_summary(self.config, self.run_dir, segments=segments, extra=extra)
         self.run_dir.write_summary(summary)
-        if self.report:
-            write_report_page(self.run_dir, self.say)
         return summary
+
+
+def _merged(mine: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The dropped episodes of this segment and those another process of the run wrote meanwhile, once each."""
+    out = {(d["scene"], d["episode"], d.get("arm")): d for d in theirs}
+    out.update({(d["scene"], d["episode"], d.get("arm")): d for d in mine})
+    return list(out.values())
 
 
 def run_segment(segment: RunSegment, executor: Executor) -> dict[str, Any]:
