@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 CHECKER = ROOT / "scripts" / "missing_requirements.py"
 SETUP = ROOT / "scripts" / "setup_isaac3.sh"
@@ -88,3 +90,33 @@ def test_unknown_option_is_a_usage_error():
     done = subprocess.run(["bash", str(SETUP), "--wheel", "x"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip() == "setup_isaac3: unknown option --wheel (expected --wheels DIR, --target DIR)"
+
+
+def _has_the_kitless_stack() -> bool:
+    if sys.version_info[:2] != (3, 12):
+        return False
+    done = subprocess.run([sys.executable, str(CHECKER), *_listed().values(), "torch"], capture_output=True, text=True)
+    return done.returncode == 0 and done.stdout == ""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _has_the_kitless_stack(), reason="needs Python 3.12 with torch and the kit-less stack")
+def test_target_with_wheels_asks_only_for_what_the_python_lacks(tmp_path):
+    """A Python that has every listed package (the third CI environment): ``--target`` with an empty wheel
+    folder installs nothing (it used to stop at the first package that Python already had) and converts."""
+    wheels, target = tmp_path / "wheels", tmp_path / "site"
+    wheels.mkdir()
+    env = {**os.environ, "PYTHON": sys.executable, "DZ_GYM_ISAAC3_ASSETS": str(tmp_path / "assets")}
+    done = subprocess.run(
+        ["bash", str(SETUP), "--wheels", str(wheels), "--target", str(target)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "installing into" not in done.stdout and not target.exists()
+    assert [line.split()[:3] for line in done.stdout.splitlines() if line.startswith("setup_isaac3: scene")] == [
+        ["setup_isaac3:", "scene", str(scene)] for scene in (1, 2, 3)
+    ]
+    assert (tmp_path / "assets").is_dir()
