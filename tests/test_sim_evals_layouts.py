@@ -5,7 +5,9 @@ Each case writes the names and the structure the detector reads, not the upstrea
 models ``arhanjain/sim-evals`` at fea59e52: ``droid_environment.py`` defines ``DROID_SCENES``, a dict keyed by
 16 ids (``"DROID-CubeInBowl"``, ``"DROID-CanInMug"``, ``"DROID-BananaInBin"``, ``"DROID-Berkeley-Task1"``, ...,
 ``"DROID-MILA-Task1"``, ...), read by ``get_scene_spec(env_id)``, which ``EnvCfg.set_scene(self, env_id: str)``
-and ``SceneCfg.dynamic_scene`` call; the package registers ``DROID`` alone (``EnvCfg`` as its entry point).
+and ``SceneCfg.dynamic_scene`` call; the file has no ``register`` call. That commit's ``__init__.py`` was not
+available to read: it is modelled as registering ``DROID`` alone (``EnvCfg`` as its entry point), as the
+``droid_environment.py`` layout's ``__init__.py`` does.
 """
 
 from __future__ import annotations
