@@ -12,7 +12,8 @@
 #              unless VENV is set: Python 3.12 (PYTHON, default python3.12), dz-gym with pytest, and the real
 #              isaaclab 3.0.0 wheel without its dependencies, plus only what its import paths need: the
 #              torch 2.11.0 it pins (PyPI's build for 3.12 is the CUDA one: it imports and runs on a CPU
-#              once the CUDA libraries it links are there), warp-lang, hydra-core and a few small ones.
+#              once the CUDA libraries it links are there) and the kit-less stack of setup_isaac3.sh
+#              (scripts/isaac3_kitless.txt: newton, warp-lang, mujoco-warp, the converter ...).
 # Idempotent: a second run only checks what is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,11 +48,12 @@ if [ $want_isaac30 = 1 ]; then
     "nvidia-cufft==12.0.0.61" "nvidia-cufile==1.15.1.6" "nvidia-curand==10.4.0.35" "nvidia-cusparse==12.6.3.3" \
     "nvidia-cusparselt-cu13==0.8.1" "nvidia-nccl-cu13==2.30.7" "nvidia-nvshmem-cu13==3.4.5" "nvidia-nvjitlink==13.4.92"
   "${pip[@]}" "filelock" "typing-extensions>=4.10" "sympy>=1.13.3" "networkx" "jinja2" "fsspec"
-  # isaaclab 3.0.0 without its dependencies, and what importing its launcher, isaaclab_tasks, config
-  # classes and mdp terms needs; then dz-gym (its own dependencies) and the test runner.
-  "${pip[@]}" --no-deps "isaaclab==3.0.0" "warp-lang==1.17.0"
-  "${pip[@]}" "hydra-core==1.3.8" "pyyaml" "rich" "lazy_loader>=0.4" "toml" "prettytable>=3.3.0" "usd-core==26.11" \
-    -e . "pytest>=8" "pytest-timeout>=2.2"
+  # Isaac Lab 3.0.0 kit-less as scripts/setup_isaac3.sh installs it (the same list, --no-deps: isaaclab,
+  # newton, warp-lang, mujoco-warp, the MJCF-to-USD converter ...), so the kit-less task builds here on
+  # Warp's CPU device; then dz-gym (its own dependencies) and the test runner.
+  mapfile -t kitless < <(sed -e 's/#.*//' -e 's/[[:space:]]*$//' -e '/^$/d' scripts/isaac3_kitless.txt)
+  "${pip[@]}" --no-deps "${kitless[@]}"
+  "${pip[@]}" "toml" -e . "pytest>=8" "pytest-timeout>=2.2"
   exit 0
 fi
 if [ $want_isaac22 = 1 ]; then

@@ -7,12 +7,12 @@
 #   --wheels DIR   install only from the wheels in DIR (a machine without network: pip download them
 #                  elsewhere; docs/isaac.md lists them)
 #   --target DIR   install into DIR (pip --target) for an existing Python 3.12 that already has torch 2.11
-#                  (then export PYTHONPATH=DIR)
+#                  (then export PYTHONPATH=DIR); only the listed packages that Python (or DIR) lacks, or
+#                  has at another version, are installed (scripts/missing_requirements.py), so --wheels
+#                  needs wheels of those alone
 #
 # Isaac Lab's own requirement list is long (open3d, pin, imgui ...); it is installed --no-deps, with only
-# what the kit-less manager-based path imports. mujoco-usd-converter wants mujoco 3.16 but converts this
-# model with the mujoco 3.12 that mujoco-warp 3.12 pins, so it is installed --no-deps too. usd-exchange
-# brings its own OpenUSD (pxr): usd-core must not be installed beside it.
+# what the kit-less manager-based path imports: scripts/isaac3_kitless.txt says which and why.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 wheels=""
@@ -31,20 +31,21 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))'; then
   exit 2
 fi
 
-kitless=(
-  "isaaclab==3.0.0" "newton==1.6.1" "warp-lang==1.17.0" "mujoco-warp==3.12.0" "mujoco==3.12.0"
-  "usd-exchange==3.0.1" "newton-usd-schemas" "mujoco-usd-converter==0.8.0" "numpy-stl" "python-utils"
-  "tinyobjloader==2.0.0rc13" "trimesh" "hydra-core==1.3.8" "omegaconf==2.3.1" "antlr4-python3-runtime==4.9.3"
-  "prettytable" "wcwidth" "etils" "rich" "lazy_loader" "psutil" "pyyaml"
-)
-ours=("gymnasium>=1.1,<2" "numpy" "websockets" "msgpack" "imageio" "imageio-ffmpeg" "tqdm" "farama-notifications")
+# The package list, one requirement a line (# comments): scripts/isaac3_kitless.txt.
+mapfile -t packages < <(sed -e 's/#.*//' -e 's/[[:space:]]*$//' -e '/^$/d' scripts/isaac3_kitless.txt)
 opts=(-q --disable-pip-version-check --no-deps)
 [ -n "$wheels" ] && opts+=(--no-index --find-links "$wheels")
 
 if [ -n "$target" ]; then
   "$PYTHON" -c 'import torch' || { echo "setup_isaac3: --target needs a Python with torch 2.11 (CUDA)" >&2; exit 2; }
-  "$PYTHON" -m pip install "${opts[@]}" --no-compile --target "$target" "${kitless[@]}" "${ours[@]}"
   export PYTHONPATH="$target:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+  lacking_text=$("$PYTHON" scripts/missing_requirements.py "${packages[@]}")
+  mapfile -t lacking <<<"$lacking_text"
+  [ -n "$lacking_text" ] || lacking=()
+  if [ ${#lacking[@]} -gt 0 ]; then
+    echo "setup_isaac3: installing into $target: ${lacking[*]}"
+    "$PYTHON" -m pip install "${opts[@]}" --no-compile --target "$target" "${lacking[@]}"
+  fi
   py="$PYTHON"
 else
   VENV=${VENV:-.venv-isaac3}
@@ -53,10 +54,10 @@ else
   # torch 2.11 with CUDA 13 (Isaac Lab 3.0's pin) and its CUDA libraries: resolved with dependencies.
   "$py" -m pip install -q --disable-pip-version-check ${wheels:+--no-index --find-links "$wheels"} \
     "torch==2.11.0" "torchvision==0.26.0" scipy
-  "$py" -m pip install "${opts[@]}" "${kitless[@]}" "${ours[@]}"
+  "$py" -m pip install "${opts[@]}" "${packages[@]}"
   "$py" -m pip install "${opts[@]}" -e .
+  "$py" -m pip uninstall -q -y usd-core 2>/dev/null || true
 fi
-"$py" -m pip uninstall -q -y usd-core 2>/dev/null || true
 
 # Convert the robot, table and scene objects to USD once (cached; see dz_gym/envs/isaac_droid3/assets.py).
 "$py" - <<'EOF'

@@ -4,7 +4,8 @@
 # Then the same tests again in the environment Isaac Lab 2.2 users have (scripts/setup.sh --test --isaac22:
 # Python 3.11, numpy 1.26, gymnasium 1.2.0, websockets 16, and the real isaaclab 2.2.0 wheel), with the
 # slow-marked tests left out to bound CI time. DZ_GYM_SKIP_ISAAC22=1 skips that second run. Last, the tests
-# of the backend against the real isaaclab 3.0.0 wheel on Python 3.12 (scripts/setup.sh --isaac30);
+# of the backend against the real isaaclab 3.0.0 wheel on Python 3.12 (scripts/setup.sh --isaac30), and the
+# kit-less task built on the CPU with Newton, Warp and MuJoCo-Warp (tests/test_isaac3_kitless_cpu.py);
 # DZ_GYM_SKIP_ISAAC30=1 skips them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +30,7 @@ if [ "${DZ_GYM_SKIP_ISAAC30:-0}" = 0 ]; then
   elif [ $status != 0 ]; then
     exit $status
   else
-    .venv-isaac30/bin/python -m pytest -q tests/test_isaac_wheels.py tests/test_gym_api_isaac3.py
+    .venv-isaac30/bin/python -m pytest -q tests/test_isaac_wheels.py tests/test_isaac3_setup.py tests/test_isaac3_kitless_cpu.py \
+      tests/test_gym_api_isaac3.py
   fi
 fi

@@ -263,11 +263,12 @@ def prim_entities(api) -> dict:
 
 def scenario_nokit() -> None:
     from dz_gym.envs import backends
-    from dz_gym.envs.isaac import compat, launch
+    from dz_gym.envs.isaac import checks, compat, launch
     from dz_gym.eval import flags
 
     OUT["dist_version"] = version()
     OUT["isaacsim_found"] = importlib.util.find_spec("isaacsim") is not None
+    OUT["kitless_found"] = all(importlib.util.find_spec(name) is not None for name in checks.KITLESS_STACK)
     OUT["auto"] = backends.resolve("auto")
     OUT["flags_wanted_auto"] = launch.isaac_flags_wanted([])
     with step("detect"):

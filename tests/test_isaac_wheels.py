@@ -111,9 +111,12 @@ def test_launch_starts_one_headless_app_with_cameras_and_closes_it():
 
 def test_isaac_lab_wheel_without_isaac_sim_is_not_picked_by_auto_and_the_cli_builds():
     """An isaaclab wheel alone (no Isaac Sim): ``--backend auto`` takes MuJoCo, and the CLI's parser builds
-    (2.2's wheel raises ImportError on import without Isaac Sim: dz-gym-eval --help used to crash)."""
+    (2.2's wheel raises ImportError on import without Isaac Sim: dz-gym-eval --help used to crash). Beside
+    3.0's kit-less stack (Newton, Warp, MuJoCo-Warp: the third CI environment) auto takes Isaac Lab."""
     result = ok(probe("nokit"), "detect", "build_parser")
-    assert not result["isaacsim_found"] and result["auto"] == "mujoco" and result["flags_wanted_auto"] is False
+    expected = "isaac" if result["kitless_found"] else "mujoco"
+    assert not result["isaacsim_found"] and result["auto"] == expected
+    assert result["flags_wanted_auto"] is (expected == "isaac")
     assert result["detect"] == ([3, 0] if V3 else [2, 2])  # read from the metadata, nothing imported
     if V3:  # 3.0's launcher flags need no Kit; they join the CLI without a clash
         assert "--viz" in result["launcher_flags"] and "--viz" in result["cli_flags_with_isaac"]

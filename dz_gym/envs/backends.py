@@ -130,6 +130,7 @@ REGISTRY: dict[str, BackendTraits] = {
             package="isaaclab",
             missing="Isaac Lab is not importable here with Isaac Sim or its kit-less stack (see docs/isaac.md), or use --backend mujoco",
             factory="dz_gym.envs.isaac:make_env",
+            config_kwargs={"seed": "seed", "max_episode_length": "max_steps"},
             embedded_policy="hold",
             one_scene_per_process=True,
             app_launcher="dz_gym.envs.isaac.launch:launch_app",

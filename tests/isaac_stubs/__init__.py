@@ -167,9 +167,11 @@ _SOURCES = {
         "__init__.py": f"SCENES = {_SCENE_IDS}\nfor env_id in SCENES:\n    gym.register(id=env_id, entry_point=make)\n",
         "droid_environment.py": "class EnvCfg:\n    def set_scene(self, env_id: str):\n        ...\n",
     },
-    "fea59e52": {
+    "fea59e52": {  # droid_environment.py: the per-scene ids are DROID_SCENES' keys, read by set_scene only
         "__init__.py": 'gym.register(id="DROID", entry_point="isaaclab.envs:ManagerBasedRLEnv")\n',
-        "droid_environment.py": "class EnvCfg:\n    def set_scene(self, env_id: str):\n        ...\n",
+        "droid_environment.py": f"DROID_SCENES = {_SCENE_IDS}\n\n\ndef get_scene_spec(env_id: str):\n"
+        "    return DROID_SCENES[env_id]\n\n\nclass EnvCfg:\n    def set_scene(self, env_id: str):\n"
+        "        spec = get_scene_spec(env_id)\n",
     },
     "7ef6f1bc": {
         "__init__.py": f'gym.register(id="DROID", entry_point=make)\nfor env_id in {_SCENE_IDS}:\n'

@@ -135,6 +135,15 @@ def set_episode_shape(cfg: Any, *, env_spacing: float | None, max_episode_length
     return changes
 
 
+def set_seed(cfg: Any, seed: int) -> str:
+    """Isaac Lab's ``cfg.seed`` from the run's seed (it seeds torch, numpy and Warp when the env is created;
+    unset, Isaac Lab warns "Seed not set"); returns what was changed, in words."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed: expected an integer >= 0, got {seed!r}")
+    cfg.seed = int(seed)
+    return f"seed: {cfg.seed}"
+
+
 def set_max_episode_length(cfg: Any, steps: int) -> str:
     """Make Isaac Lab time out after ``steps`` env steps; returns what was changed, in words.
 

@@ -37,7 +37,7 @@ from dz_gym.envs import droid, scenes
 from dz_gym.envs.base import BatchedDroidEnv
 from dz_gym.envs.isaac import checks, kitless, launch, tasks
 from dz_gym.envs.isaac.build import InitialConditions, MilestoneProbe, parse_task_cfg
-from dz_gym.envs.isaac.config import keep_one_dome_light, patch_env_cfg
+from dz_gym.envs.isaac.config import keep_one_dome_light, patch_env_cfg, set_seed
 from dz_gym.envs.isaac.mila import MilaFallback
 from dz_gym.envs.isaac.state import DEFAULT_TCP_BODIES, StateProbe, TaskState
 from dz_gym.preprocess import to_numpy
@@ -117,7 +117,7 @@ class IsaacDroidEnv(BatchedDroidEnv):
         self._milestones: MilestoneProbe | None = None
 
         options = dict(app_args=app_args, device=str(device), version=isaaclab_version, image_shape=image_shape,
-                       env_spacing=env_spacing, max_episode_length=max_episode_length)  # fmt: skip
+                       env_spacing=env_spacing, max_episode_length=max_episode_length, seed=seed)  # fmt: skip
         if task.kitless:
             self._build_kitless(task, **options)
         else:
@@ -141,7 +141,7 @@ class IsaacDroidEnv(BatchedDroidEnv):
         self._last_obs = None
 
     def _build_sim_evals(self, task, *, app_args, headless, device, version, assets_dir, check_gpu, tiled_cameras,
-                         env_spacing, image_shape, tcp_bodies, max_episode_length) -> None:  # fmt: skip
+                         env_spacing, image_shape, tcp_bodies, max_episode_length, seed) -> None:  # fmt: skip
         """sim-evals' env of ``task`` on Isaac Sim (Kit), patched for N envs."""
         # Everything that can fail fast, before a minutes-long start of Isaac Sim.
         checks.check_packages()
@@ -185,6 +185,8 @@ class IsaacDroidEnv(BatchedDroidEnv):
                 tiled_cameras=tiled_cameras,
                 max_episode_length=max_episode_length,
             )
+            if seed is not None:
+                self.patches.append(set_seed(cfg, seed))
             if self._milestones is not None:
                 self.patches.append(self._milestones.install(cfg))
             self.cfg = cfg
@@ -202,14 +204,15 @@ class IsaacDroidEnv(BatchedDroidEnv):
             launch.release_scene()
             raise
 
-    def _build_kitless(self, task, *, app_args, device, version, image_shape, env_spacing, max_episode_length) -> None:
+    def _build_kitless(self, task, *, app_args, device, version, image_shape, env_spacing, max_episode_length,
+                       seed) -> None:  # fmt: skip
         """A dz-gym task on Isaac Lab 3.0 kit-less (:mod:`dz_gym.envs.isaac.kitless`)."""
         self.layout = "kitless"
         launch.claim_scene(task.key)
         try:
             built = kitless.build(
                 task, self.num_envs, device=device, app_args=app_args, version=version, image_shape=image_shape,
-                env_spacing=env_spacing, max_episode_length=max_episode_length,
+                env_spacing=env_spacing, max_episode_length=max_episode_length, seed=seed,
             )  # fmt: skip
         except BaseException:
             launch.release_scene()

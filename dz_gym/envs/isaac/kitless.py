@@ -17,7 +17,7 @@ from typing import Any
 
 from dz_gym.envs.isaac import launch
 from dz_gym.envs.isaac.compat import IsaacLabApi, detect
-from dz_gym.envs.isaac.config import PROBE_TERM, set_episode_shape
+from dz_gym.envs.isaac.config import PROBE_TERM, set_episode_shape, set_seed
 from dz_gym.envs.isaac.state import StateProbe
 from dz_gym.envs.scenes import IsaacTask
 from dz_gym.errors import BackendUnavailable
@@ -56,8 +56,12 @@ def build(
     image_shape: tuple[int, int] | None = None,
     env_spacing: float | None = None,
     max_episode_length: int | None = None,
+    seed: int | None = None,
 ) -> KitlessBuild:
-    """Parse the task's config, add the backend's probe, launch kit-less and ``gym.make`` the env."""
+    """Parse the task's config, add the backend's probe, launch kit-less and ``gym.make`` the env.
+
+    ``max_episode_length``: the time-out in env steps (the task's 450 unless given; longer is honoured);
+    ``seed``: Isaac Lab's ``cfg.seed`` (torch, numpy and Warp seeded at creation; None leaves it unset)."""
     import gymnasium as gym
 
     check_packages()
@@ -66,6 +70,8 @@ def build(
         raise BackendUnavailable(f"task {task.name}: needs Isaac Lab 3.0 (kit-less), found {api.source}; {SETUP_HINT}")
     importlib.import_module(task.package)  # registers the gym ids
     cfg = api.parse_env_cfg(task.gym_id, device=device, num_envs=num_envs)
+    sync = getattr(cfg, "sync_derived", None)
+    derived = sync() if callable(sync) else []
     spec = task.scene_spec()
     robot = importlib.import_module(f"{task.package}.mdp")
     probe = StateProbe(
@@ -79,6 +85,9 @@ def build(
     managers = importlib.import_module("isaaclab.managers")
     setattr(cfg.terminations, PROBE_TERM, managers.TerminationTermCfg(func=probe.term, time_out=False))
     patches = [f"dz-gym task {task.gym_id} ({task.package})", f"terminations.{PROBE_TERM}: task-state probe"]
+    patches.extend(derived)
+    if seed is not None:
+        patches.append(set_seed(cfg, seed))
     if image_shape is not None:
         cfg.resize_cameras(tuple(int(v) for v in image_shape))
         patches.append(f"cameras: {image_shape[0]}x{image_shape[1]}")

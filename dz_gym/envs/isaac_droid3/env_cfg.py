@@ -174,7 +174,13 @@ class RewardsCfg:
 
 @configclass
 class DroidNewtonEnvCfg(ManagerBasedRLEnvCfg):
-    """Scene 1 by default; ``scene_id`` and ``image_shape`` pick the scene and the views' (H, W)."""
+    """Scene 1 by default; ``scene_id`` and ``image_shape`` pick the scene and the views' (H, W).
+
+    Both may also be set after construction, as Isaac Lab's Hydra overrides do (``env.scene_id=2``,
+    ``env.image_shape=[90,160]``: ``parse_env_cfg(..., overrides=[...])`` or a training script's command
+    line write them after ``__post_init__``): :meth:`validate_config`, which Isaac Lab calls when the env is
+    created (before anything is built), rebuilds what derives from them (:meth:`sync_derived`).
+    """
 
     scene_id: int = 1
     image_shape: tuple[int, int] = droid.DEFAULT_EMBEDDED_IMAGE_SHAPE
@@ -201,6 +207,37 @@ class DroidNewtonEnvCfg(ManagerBasedRLEnvCfg):
         self.events.reset_initial_conditions.params = {"scene_id": self.scene_id}
         self.prompt = droid.scene_spec(self.scene_id).prompt
         self.num_rerenders_on_reset = 1
+
+    def validate_config(self):
+        """Isaac Lab's hook at env creation: bring the scene in line with ``scene_id`` and ``image_shape``."""
+        self.sync_derived()
+
+    def sync_derived(self) -> list[str]:
+        """Rebuild what ``__post_init__`` derived from ``scene_id`` and ``image_shape`` if either was set since
+        (a Hydra override); returns what changed, in words. A scene change rebuilds the scene (keeping
+        ``num_envs``, ``env_spacing`` and ``replicate_physics``; other ``scene.*`` overrides are the old scene's
+        and are dropped), the layout event and the prompt; ``image_shape`` is the three views' size."""
+        scene_id = self.scene_id
+        if isinstance(scene_id, bool) or not isinstance(scene_id, int) or scene_id not in (1, 2, 3):
+            raise ValueError(f"scene_id: expected 1, 2 or 3, got {scene_id!r}")
+        shape = tuple(self.image_shape) if isinstance(self.image_shape, (list, tuple)) else ()
+        if len(shape) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in shape):
+            raise ValueError(f"image_shape: expected [height, width], integers >= 1, got {self.image_shape!r}")
+        changes = []
+        built = self.events.reset_initial_conditions.params.get("scene_id")
+        if built != scene_id:
+            old = self.scene
+            self.scene = _scene_cfg(scene_id, shape)
+            self.scene.num_envs, self.scene.env_spacing = old.num_envs, old.env_spacing
+            self.scene.replicate_physics = old.replicate_physics
+            self.events.reset_initial_conditions.params = {"scene_id": scene_id}
+            if built in (1, 2, 3) and self.prompt == droid.scene_spec(built).prompt:
+                self.prompt = droid.scene_spec(scene_id).prompt
+            changes.append(f"scene_id: scene {built} -> {scene_id} (scene, layout event, prompt rebuilt)")
+        if any((getattr(self.scene, key).height, getattr(self.scene, key).width) != shape for key in droid.CAMERA_KEYS):
+            self.resize_cameras(shape)
+            changes.append(f"image_shape: views {shape[0]}x{shape[1]}")
+        return changes
 
     def resize_cameras(self, shape: tuple[int, int]) -> None:
         """Render the three views at ``shape`` (H, W), with the same fields of view."""

@@ -1,0 +1,147 @@
+"""The kit-less DROID task built for real on the CPU: isaaclab 3.0.0, Newton, Warp's CPU device, MuJoCo-Warp and
+the MJCF-to-USD converter, as ``scripts/setup.sh --isaac30`` (the third CI environment) installs them.
+
+One env of ``DZ-DROID-CubeInBowl-Newton-v0`` with N = 2 and small views is built once for the module and run
+for one short episode: the observation contract (keys, shapes, dtypes), the objects where the MuJoCo backend's
+sampler puts them for the episodes' seeds, the time-out at ``max_episode_length`` (the run's ``--max-steps``),
+and Isaac Lab's ``cfg.seed`` from the run's seed. Hydra-style overrides and a time-out above 450 steps are
+checked on the parsed config, without a second build. Elsewhere (the first two environments, which lack the
+kit-less stack) the module is skipped.
+
+Warp compiles its kernels on first use, minutes on the CPU: here at ``-O0`` (``warp.config.optimization_level``,
+as MuJoCo-Warp's own tests allow; the few steps run slower, the compilation is much shorter), cached under
+the venv (``WARP_CACHE_PATH``, unless set), so a second run of this file takes a fraction of the first.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+KITLESS = ("isaaclab", "isaaclab_newton", "newton", "warp", "mujoco_warp", "mujoco_usd_converter", "torch")
+if any(importlib.util.find_spec(name) is None for name in KITLESS):  # nothing imported (a 2.x isaaclab raises)
+    pytest.skip("needs Isaac Lab 3.0's kit-less stack (scripts/setup.sh --isaac30)", allow_module_level=True)
+os.environ.setdefault("WARP_CACHE_PATH", str(Path(sys.prefix) / "warp-cache"))
+import warp  # noqa: E402
+
+warp.config.optimization_level = 0
+
+from dz_gym.envs import droid, scenes  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # the first build compiles Warp's kernels
+TASK = "DZ-DROID-CubeInBowl-Newton-v0"
+NUM_ENVS = 2
+SHAPE = (36, 64)
+STEPS = 3
+SEED = 7
+
+
+@pytest.fixture(scope="module")
+def env():
+    from dz_gym.envs.isaac import make_env
+
+    built = make_env(TASK, num_envs=NUM_ENVS, device="cpu", seed=SEED, image_shape=SHAPE, max_episode_length=STEPS)
+    yield built
+    built.close()
+
+
+@pytest.fixture(scope="module")
+def episode(env):
+    """The first reset and ``STEPS`` hold steps with the gripper closing: (reset obs, info, per-step results)."""
+    import torch
+
+    obs, info = env.reset(seed=SEED)
+    action = torch.zeros((NUM_ENVS, droid.ACTION_DIM))
+    action[:, : droid.ARM_DOF] = torch.as_tensor(droid.HOME_JOINT_POSITIONS)
+    action[:, droid.ARM_DOF] = 1.0
+    steps = [env.step(action) for _ in range(STEPS)]
+    return obs, info, steps
+
+
+def test_observation_contract(env, episode):
+    obs, _, steps = episode
+    for policy in (obs[droid.POLICY_GROUP], steps[-1][0][droid.POLICY_GROUP]):
+        assert set(policy) == {*droid.CAMERA_KEYS, droid.OBS_JOINT_KEY, droid.OBS_GRIPPER_KEY}
+        for key in droid.CAMERA_KEYS:
+            assert tuple(policy[key].shape) == (NUM_ENVS, *SHAPE, 3) and str(policy[key].dtype) == "torch.uint8"
+            assert float(policy[key].float().std()) > 1.0  # not a blank view
+        assert tuple(policy[droid.OBS_JOINT_KEY].shape) == (NUM_ENVS, droid.ARM_DOF)
+        assert tuple(policy[droid.OBS_GRIPPER_KEY].shape) == (NUM_ENVS, 1)
+        assert {str(policy[k].dtype) for k in (droid.OBS_JOINT_KEY, droid.OBS_GRIPPER_KEY)} == {"torch.float32"}
+    space = env.single_observation_space[droid.POLICY_GROUP]
+    assert space[droid.CAMERA_KEYS[0]].shape == (*SHAPE, 3) and str(space[droid.CAMERA_KEYS[0]].dtype) == "uint8"
+    joints = steps[-1][0][droid.POLICY_GROUP][droid.OBS_JOINT_KEY].cpu().numpy()
+    np.testing.assert_allclose(joints, np.tile(droid.HOME_JOINT_POSITIONS, (NUM_ENVS, 1)), atol=0.05)
+
+
+def test_objects_start_where_the_seeds_layout_puts_them(env, episode):
+    from dz_gym.envs.mujoco import scene as mujoco_scene
+
+    _, info, _ = episode
+    seeds = [int(s) for s in info["episode_seed"]]
+    assert seeds == [SEED + i for i in range(NUM_ENVS)]
+    env.reset(seed=SEED)  # the same seeds again: the same start
+    state = env._probe.read(env.isaac_env)
+    scene_id = scenes.task_for(TASK).scene
+    for i, seed in enumerate(seeds):
+        layout = mujoco_scene.sample_layout(scene_id, np.random.default_rng(seed), mujoco_scene.Randomization())
+        np.testing.assert_allclose(state.object_pos[i, :2], layout.object_xy, atol=0.01)
+        np.testing.assert_allclose(state.container_pos[i, :2], layout.container_xy, atol=0.01)
+    rest_z = mujoco_scene.LAYOUTS[scene_id].object_rest_z
+    np.testing.assert_allclose(state.object_pos[:, 2], rest_z, atol=0.01)
+
+
+def test_episode_times_out_at_max_episode_length(env, episode):
+    _, _, steps = episode
+    assert env.max_episode_length == STEPS and env.isaac_env.max_episode_length == STEPS
+    truncated = [bool(np.asarray(step[3].cpu() if hasattr(step[3], "cpu") else step[3]).all()) for step in steps]
+    terminated = [bool(np.asarray(step[2].cpu() if hasattr(step[2], "cpu") else step[2]).any()) for step in steps]
+    assert truncated == [False] * (STEPS - 1) + [True] and not any(terminated)
+
+
+def test_isaac_labs_seed_is_the_runs(env):
+    assert env.cfg.seed == SEED and env.isaac_env.cfg.seed == SEED
+    assert any(patch == f"seed: {SEED}" for patch in env.patches)
+
+
+def _parsed(overrides=()):
+    from isaaclab_tasks.utils import parse_env_cfg
+
+    import dz_gym.envs.isaac_droid3  # noqa: F401  (registers the ids)
+
+    return parse_env_cfg(TASK, device="cpu", num_envs=NUM_ENVS, overrides=list(overrides))
+
+
+def test_hydra_overrides_of_scene_and_views_are_honoured_at_env_creation():
+    from isaaclab.utils import validate
+
+    cfg = _parsed(["env.scene_id=2", "env.image_shape=[24,32]", "env.scene.env_spacing=4.5"])
+    assert cfg.scene_id == 2
+    validate(cfg)  # what ManagerBasedEnv.__init__ calls first: it runs the config's validate_config
+    assert cfg.prompt == droid.scene_spec(2).prompt
+    assert cfg.events.reset_initial_conditions.params == {"scene_id": 2}
+    assert (
+        "scene2_object" in cfg.scene.object.spawn.usd_path and "scene2_container" in cfg.scene.container.spawn.usd_path
+    )
+    assert cfg.scene.env_spacing == 4.5 and cfg.scene.num_envs == NUM_ENVS
+    for key in droid.CAMERA_KEYS:
+        assert (getattr(cfg.scene, key).height, getattr(cfg.scene, key).width) == (24, 32)
+    with pytest.raises(ValueError, match=r"^scene_id: expected 1, 2 or 3, got 4$"):
+        validate(_parsed(["env.scene_id=4"]))
+
+
+def test_a_time_out_above_450_steps_is_honoured():
+    from dz_gym.envs.isaac.config import set_max_episode_length
+
+    cfg = _parsed()
+    step_dt = cfg.sim.dt * cfg.decimation
+    assert math.ceil(cfg.episode_length_s / step_dt) == droid.MAX_EPISODE_LENGTH
+    for steps in (451, 600, 3000):
+        set_max_episode_length(cfg, steps)
+        assert math.ceil(cfg.episode_length_s / step_dt) == steps  # Isaac Lab's max_episode_length
