@@ -52,6 +52,7 @@ def test_every_row_is_where_the_plan_put_it(in_process):
     for row in in_process:
         entry = by_key[(row["scene"], row["episode"], None)]
         assert (row["seed"], row["env"]) == (entry.seed, entry.slot)
+        assert (row["backend"], row["policy"]) == ("mujoco", entry.policy) == ("mujoco", "reference")
         assert EpisodeRow.from_dict(row).to_dict() == row  # the written row is exactly the declared schema
 
 

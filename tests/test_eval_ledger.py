@@ -38,12 +38,13 @@ def config(**kw) -> EvalConfig:
 
 
 def rows_of(cfg: EvalConfig, episodes, **kw) -> list[dict]:
-    plan = plan_of(cfg, cfg.servers)
+    plan = plan_of(cfg, cfg.servers or ["embedded"])
     out = []
     for entry in plan.entries:
         if entry.episode in episodes:
-            row = EpisodeRow.of(entry, prompt="p", task="DROID-CubeInBowl", max_steps=cfg.max_steps, steps=8,
-                                ended_by="time_limit", success_at_end=True, success_any_step=True)  # fmt: skip
+            row = EpisodeRow.of(entry, prompt="p", task="DROID-CubeInBowl", max_steps=cfg.max_steps,
+                                backend=cfg.backend, steps=8, ended_by="time_limit", success_at_end=True,
+                                success_any_step=True)  # fmt: skip
             out.append({**row.to_dict(), **kw})
     return out
 
@@ -146,6 +147,10 @@ def test_a_run_segment_holds_the_lock_until_it_closes(tmp_path, holder):
         (lambda c: rows_of(config(episodes=8), [6]), ":1: episode 6 of scene 1 is not planned"),
         (lambda c: rows_of(config(scenes=[2]), [0], task="DROID-CanInMug"), ":1: scene 2 is not one of"),
         (lambda c: [{k: v for k, v in r.items() if k != "episode"} for r in rows_of(c, [0])], ":1: missing key 'episode'"),
+        (lambda c: rows_of(c, [0]) + rows_of(config(backend="isaac"), [1]), ":2: backend 'isaac', but this run's backend is 'mujoco'"),
+        (lambda c: rows_of(c, [0]) + rows_of(c, [1], backend="isaac"), ":2: backend 'isaac', but this run's backend is 'mujoco'"),
+        (lambda c: rows_of(config(servers=[], policy="hold"), [0]), ":1: policy 'hold', but this run's policy is 'external'"),
+        (lambda c: rows_of(c, [0, 1]) + rows_of(c, [2], policy="reference"), ":3: policy 'reference', but this run's policy is 'external'"),
     ],
 )  # fmt: skip
 def test_resume_refuses_duplicate_foreign_and_other_configuration_rows(capsys, tmp_path, make, needle):
@@ -155,6 +160,29 @@ def test_resume_refuses_duplicate_foreign_and_other_configuration_rows(capsys, t
     line = one_error(err)
     assert code == 1 and line.startswith("dz-gym-eval: error: --resume: ") and "episodes.jsonl" + needle in line, line
     assert not (run_dir.path / "summary.json").exists()
+
+
+def test_resume_refuses_a_row_of_another_arm_policy_and_accepts_a_new_server_url(capsys, tmp_path):
+    arms = lambda x: config(servers=[], arm_specs=[f"x={x}", f"y={NOWHERE}"])  # noqa: E731
+    cfg = arms("reference")
+    run_dir = run_with_rows(tmp_path, cfg, rows_of(cfg, [0]) + rows_of(arms("hold"), [1]))
+    code, err = resume(capsys, run_dir)
+    line = one_error(err)
+    assert code == 1 and "episodes.jsonl:3: policy 'hold', but arm x's policy in this run is 'reference'" in line
+    moved = config(servers=["ws://127.0.0.1:10/elsewhere"])  # the same external policy, served from elsewhere
+    run_dir = run_with_rows(tmp_path, config(), rows_of(moved, range(4)))
+    code, err = resume(capsys, run_dir)
+    assert code == 0 and "is finished: 4 episode rows" in err, err
+
+
+def test_rows_of_an_older_run_without_backend_and_policy_still_resume(capsys, tmp_path):
+    cfg = config()
+    old = [{k: v for k, v in r.items() if k not in ("backend", "policy")} for r in rows_of(cfg, [0, 1])]
+    assert all("backend" in r and "policy" in r for r in rows_of(cfg, [2, 3]))
+    run_dir = run_with_rows(tmp_path, cfg, old + rows_of(cfg, [2, 3]))  # resumed once since: rows of both kinds
+    code, err = resume(capsys, run_dir)
+    assert code == 0 and "is finished: 4 episode rows, nothing left to run" in err and "error" not in err, err
+    assert json.loads((run_dir.path / "summary.json").read_text())["overall"]["episodes"] == 4
 
 
 @pytest.mark.parametrize("garbage", [b"\xff\xfe\x00binary\n", b'{"scene": 1, "epis\n'])
@@ -238,8 +266,8 @@ class VideoRows:
             for _ in range(3):
                 self.recorder.add(key, frame)
             self.recorder.finish(key)
-            row = EpisodeRow.of(entry, prompt="p", task=None, max_steps=8, steps=8, ended_by="time_limit",
-                                success_at_end=True, success_any_step=True,
+            row = EpisodeRow.of(entry, prompt="p", task=None, max_steps=8, backend=segment.config.backend, steps=8,
+                                ended_by="time_limit", success_at_end=True, success_any_step=True,
                                 video=segment.run_dir.video_relpath(entry.scene, entry.episode))  # fmt: skip
             segment.run_dir.append_row(row.to_dict())
 

@@ -13,8 +13,8 @@ from dz_gym.eval.row import FILES, PLACEMENT, RESULTS, VOLATILE, EpisodeRow, che
 from dz_gym.records import INTEGRITY_EVENTS, SHARD_LOST
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "eval.md"
-ENTRY = PlanEntry(order=4, scene=2, episode=5, arm="b", seed=15, slot=3, server="ws://b")
-CONTEXT = {"prompt": "put the can in the mug", "task": "DROID-CanInMug", "max_steps": 16}
+ENTRY = PlanEntry(order=4, scene=2, episode=5, arm="b", seed=15, slot=3, server="ws://b", policy="hold")
+CONTEXT = {"prompt": "put the can in the mug", "task": "DROID-CanInMug", "max_steps": 16, "backend": "mujoco"}
 
 
 def test_a_finished_row_carries_the_plan_entry_and_what_was_measured():
@@ -22,6 +22,7 @@ def test_a_finished_row_carries_the_plan_entry_and_what_was_measured():
                         success_any_step=True, first_success_step=9, server_calls=2).to_dict()  # fmt: skip
     assert (row["scene"], row["episode"], row["arm"], row["seed"], row["env"], row["server"]) == (
         2, 5, "b", 15, 3, "ws://b")  # fmt: skip
+    assert (row["backend"], row["policy"]) == ("mujoco", "hold")  # the configuration it ran under
     assert row["success_at_end"] is True and row["error"] is None and row["error_step"] is None
     assert list(row)[0] == "arm" and "shard" not in row and "node" not in row
     assert set(row) == set(row_mod._NAMES) - {"shard", "node", "gpu"}
@@ -58,6 +59,13 @@ def test_unknown_fields_are_refused():
         EpisodeRow.from_dict({**good, "colour": "red"})
     with pytest.raises(ValueError, match="missing key 'seed'"):
         check_row({k: v for k, v in good.items() if k != "seed"})
+
+
+def test_a_row_of_an_older_run_without_backend_and_policy_reads_back_as_it_was():
+    new = EpisodeRow.of(ENTRY, **CONTEXT, error="x").to_dict()
+    old = {k: v for k, v in new.items() if k not in ("backend", "policy")}
+    row = EpisodeRow.from_dict(old)
+    assert (row.backend, row.policy) == (None, None) and row.to_dict() == old
 
 
 def test_every_field_has_one_kind():

@@ -170,6 +170,8 @@ def test_a_shard_lost_beyond_its_restarts_is_recorded_errored(cluster, server, t
     # A lost episode's row is an errored row like any other: every field of the schema, the plan's slot.
     for r in errored:
         assert set(r) == set(rows[0]) and EpisodeRow.from_dict(r).to_dict() == r
+        ran = next(r for r in rows if r["shard"] == 0)  # and the configuration of the rows that ran
+        assert (r["backend"], r["policy"]) == (ran["backend"], ran["policy"]) == (config().backend, "reference")
         assert r["task"] == "DROID-CubeInBowl" and r["env"] == r["episode"] % 2 and r["error_step"] == 0
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from dz_gym.cli_types import field_default
 from dz_gym.envs import backends, droid
+from dz_gym.eval.plan import is_url
 from dz_gym.transport import TransportConfig, validate_url
 
 CONFIG_VERSION = 1
@@ -217,6 +218,21 @@ class EvalConfig:
         [('x', 'reference'), ('y', 'ws://127.0.0.1:1')]
         """
         return [tuple(spec.split("=", 1)) for spec in self.arm_specs]  # type: ignore[misc]
+
+    def arm_policies(self) -> dict[str | None, str]:
+        """The policy each arm's rows name (key None: a run without arms): the embedded server's policy spec, or
+        ``external`` for servers the run did not start (a URL is where the policy runs, and may change on resume).
+
+        >>> EvalConfig(num_envs=2, backend="mujoco", arm_specs=["x=reference", "y=ws://127.0.0.1:1"]).arm_policies()
+        {'x': 'reference', 'y': 'external'}
+        >>> EvalConfig(num_envs=2, backend="mujoco", policy_b="reference:skill=0.3").arm_policies()
+        {'a': 'reference', 'b': 'reference:skill=0.3'}
+        """
+        if self.arm_specs:
+            return {name: EXTERNAL_POLICY if is_url(value) else value for name, value in self.arm_table()}
+        if self.ab:
+            return {"a": str(self.policy), "b": str(self.policy_b)}
+        return {None: str(self.policy)}
 
     def _check_arms(self) -> None:
         """``--arm NAME=POLICY_OR_URL``: at least two, distinct short names, not mixed with the A/B flags."""

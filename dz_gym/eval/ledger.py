@@ -8,7 +8,9 @@ So every row read back must be one the run's own config can have written: :func:
 - a row whose identity names no planned entry: a scene the run does not have, an episode beyond the planned
   ones, an arm the run does not have (or one missing in a run with arms), a seed other than ``seed + k``, a
   task other than the scene's (where the row names one);
-- a row of another configuration: another ``max_steps``;
+- a row of another configuration: another ``max_steps``, another ``backend``, another ``policy`` than its
+  arm's (the server URL is placement and may change on resume: not checked); a row of an older run without
+  ``backend`` or ``policy`` is not checked on what it does not name;
 - a second row of the same planned entry (scene, episode, arm).
 
 ``episodes`` may grow on resume, so a row only has to name an episode below the config's ``episodes``.
@@ -26,6 +28,16 @@ ValueError: episodes.jsonl:2: a second row of scene 1 episode 0 (the first is on
 Traceback (most recent call last):
 ...
 ValueError: episodes.jsonl:1: seed 0 is not this run's seed for scene 1 episode 0 (expected 10: --seed 10 + 0)
+>>> spec = LedgerSpec(scenes=(1,), episodes=2, arms=(), seed=10, max_steps=30, backend="mujoco",
+...                   policies={None: "reference"})
+>>> check_ledger([(1, dict(row, backend="isaac"))], spec, "episodes.jsonl")
+Traceback (most recent call last):
+...
+ValueError: episodes.jsonl:1: backend 'isaac', but this run's backend is 'mujoco'
+>>> check_ledger([(1, dict(row, backend="mujoco", policy="hold"))], spec, "episodes.jsonl")
+Traceback (most recent call last):
+...
+ValueError: episodes.jsonl:1: policy 'hold', but this run's policy is 'reference'
 """
 
 from __future__ import annotations
@@ -41,8 +53,9 @@ __all__ = ["LedgerSpec", "check_ledger", "spec_of"]
 
 @dataclasses.dataclass(frozen=True)
 class LedgerSpec:
-    """What a row of the run may say: its scenes, episodes per scene, arms, base seed, step limit, and per
-    scene the task name its rows carry (a scene missing there is not checked)."""
+    """What a row of the run may say: its scenes, episodes per scene, arms, base seed, step limit, per scene
+    the task name its rows carry (a scene missing there is not checked), its backend (None: not checked) and
+    per arm (None: the run without arms) its policy (an arm missing there is not checked)."""
 
     scenes: tuple[int, ...]
     episodes: int
@@ -50,13 +63,16 @@ class LedgerSpec:
     seed: int
     max_steps: int
     tasks: Mapping[int, str | None] = dataclasses.field(default_factory=dict)
+    backend: str | None = None
+    policies: Mapping[str | None, str] = dataclasses.field(default_factory=dict)
 
 
 def spec_of(config: Any, tasks: Mapping[int, str | None] | None = None) -> LedgerSpec:
     """The :class:`LedgerSpec` of an :class:`~dz_gym.eval.config.EvalConfig`."""
     return LedgerSpec(scenes=tuple(int(s) for s in config.scenes), episodes=int(config.episodes),
                       arms=tuple(config.arms), seed=int(config.seed), max_steps=int(config.max_steps),
-                      tasks=dict(tasks or {}))  # fmt: skip
+                      tasks=dict(tasks or {}), backend=str(config.backend),
+                      policies=config.arm_policies())  # fmt: skip
 
 
 def _what(scene: int, episode: int, arm: str | None) -> str:
@@ -81,6 +97,18 @@ def _why(row: Mapping[str, Any], spec: LedgerSpec) -> str | None:
         return f"max_steps {row['max_steps']!r}, but this run's episodes have max_steps {spec.max_steps}"
     if row.get("task") is not None and scene in spec.tasks and row["task"] != spec.tasks[scene]:
         return f"task {row.get('task')!r}, but scene {scene} of this run is {spec.tasks[scene]!r}"
+    return _other_configuration(row, spec)
+
+
+def _other_configuration(row: Mapping[str, Any], spec: LedgerSpec) -> str | None:
+    """Why ``row`` was written under another backend or policy than the run's, or None (also when the row, of
+    an older run, does not name them)."""
+    backend, policy, arm = row.get("backend"), row.get("policy"), row.get("arm")
+    if backend is not None and spec.backend is not None and backend != spec.backend:
+        return f"backend {backend!r}, but this run's backend is {spec.backend!r}"
+    if policy is not None and arm in spec.policies and policy != spec.policies[arm]:
+        whose = "this run's policy" if arm is None else f"arm {arm}'s policy in this run"
+        return f"policy {policy!r}, but {whose} is {spec.policies[arm]!r}"
     return None
 
 

@@ -68,7 +68,8 @@ class PlanEntry:
     """One episode of the plan: what it is (scene, episode, arm, seed) and where it runs (slot, server, shard).
 
     ``order``: its position in the whole plan (kept by :meth:`RunPlan.remaining`); ``pair``: A/B runs only,
-    the index of its (scene, episode) among the plan's pairs, in plan order."""
+    the index of its (scene, episode) among the plan's pairs, in plan order; ``policy``: its arm's policy
+    (:meth:`~dz_gym.eval.config.EvalConfig.arm_policies`), None where the plan was not given one."""
 
     order: int
     scene: int
@@ -79,6 +80,7 @@ class PlanEntry:
     server: str
     shard: int = 0
     pair: int | None = None
+    policy: str | None = None
 
     @property
     def key(self) -> tuple[int, int, str | None]:
@@ -232,10 +234,12 @@ def build_plan(
     servers_per_shard: int | None = None,
     interleave: bool = False,
     arm_servers: Sequence[tuple[str, Sequence[str]]] = (),
+    policies: Mapping[str | None, str] | None = None,
 ) -> RunPlan:
     """The plan of a run (see the module docstring); ``servers_b`` non-empty makes it an A/B run (arms ``a``:
     ``servers`` and ``b``: ``servers_b``); ``arm_servers``: ``(name, servers)`` per arm of a run of ``K >= 2``
-    named arms, in arm order (``servers`` then only has to be non-empty)."""
+    named arms, in arm order (``servers`` then only has to be non-empty); ``policies``: per arm (None without
+    arms) the policy its entries name."""
     if not isinstance(episodes, int) or isinstance(episodes, bool) or episodes < 0:
         raise ValueError(f"episodes: expected an integer >= 0, got {episodes!r}")
     if servers_b:
@@ -260,7 +264,8 @@ def build_plan(
             slot = k % int(num_envs) if arm is None else len(arms) * (k % per_arm) + arms.index(arm)
             entries.append(PlanEntry(order=len(entries), scene=scene, episode=k, arm=arm, seed=int(seed) + k,
                                      slot=slot, server=slot_servers[slot], shard=shard_of[slot],
-                                     pair=pair if arm is not None else None))  # fmt: skip
+                                     pair=pair if arm is not None else None,
+                                     policy=(policies or {}).get(arm)))  # fmt: skip
     return RunPlan(tuple(entries), int(num_envs), tuple(scene_list), arms, tuple(ranges), slot_servers)
 
 
@@ -290,5 +295,6 @@ def plan_of(
         arm_servers=named,
         shards=shards,
         servers_per_shard=servers_per_shard,
+        policies=config.arm_policies(),
         interleave=True,  # pairs numbered as the sequential test takes them (eval/ab.py), the scenes side by side
     )

@@ -2,7 +2,8 @@
 
 :class:`EpisodeRow` is the schema. Each field says, in its metadata, its JSON type, its meaning and its kind:
 
-- ``identity``: what the episode is (scene, episode, arm, seed, prompt...), fixed by the run plan;
+- ``identity``: what the episode is (scene, episode, arm, seed, prompt...) and the configuration it ran
+  under (step limit, backend, policy), fixed by the run plan;
 - ``placement``: where it ran (env slot, server, shard), fixed by the plan too but different between runs
   with other ``num_envs``, servers or shard counts;
 - ``result``: what it measured; for a deterministic policy equal between any two runs of the same plan;
@@ -19,7 +20,7 @@ null and its ``error_step`` is its step count).
 
 >>> from dz_gym.eval.plan import PlanEntry
 >>> entry = PlanEntry(order=0, scene=1, episode=3, arm=None, seed=3, slot=1, server="ws://a")
->>> row = EpisodeRow.of(entry, prompt="put the cube in the bowl", task=None, max_steps=16,
+>>> row = EpisodeRow.of(entry, prompt="put the cube in the bowl", task=None, max_steps=16, backend="mujoco",
 ...                     error="shard 0 lost", error_event="shard_lost")
 >>> d = row.to_dict()
 >>> d["ended_by"], d["success_at_end"], d["error_step"], d["env"], "arm" in d, "shard" in d
@@ -76,6 +77,12 @@ class EpisodeRow:
                   "`K (episode % (num_envs / K)) + i` for arm i)")  # fmt: skip
     prompt: str = _f("identity", "str", "what the server got as the instruction", "")
     server: str = _f("placement", "str", "the server URL the episode's requests went to", "")
+    backend: str | None = _f("identity", "str", "the simulator backend that ran it (`mujoco`, `isaac`, ...); absent "
+                             "in rows of older runs")  # fmt: skip
+    policy: str | None = _f("identity", "str", "the policy of its arm (of the run without arms): the embedded "
+                            "server's policy spec (`reference`, `reference:skill=0.3`, `module:factory`) or `external` "
+                            "for servers the run did not start (their URL is placement); absent in rows of older "
+                            "runs")  # fmt: skip
     session_id: str = _f("volatile", "str", "the episode's session id (empty when it never started)", "")
     steps: int = _f("result", "int", "steps taken", 0)
     max_steps: int = _f("identity", "int", "the episode's step limit", 0)
@@ -133,8 +140,10 @@ class EpisodeRow:
                          "(null without a GPU; see [ray.md](ray.md))")  # fmt: skip
 
     @classmethod
-    def of(cls, entry: Any, *, prompt: str, task: str | None, max_steps: int, **measured: Any) -> EpisodeRow:
-        """The row of plan entry ``entry`` (a :class:`~dz_gym.eval.plan.PlanEntry`): finished, errored or lost.
+    def of(cls, entry: Any, *, prompt: str, task: str | None, max_steps: int, backend: str | None,
+           **measured: Any) -> EpisodeRow:  # fmt: skip
+        """The row of plan entry ``entry`` (a :class:`~dz_gym.eval.plan.PlanEntry`; its ``policy`` is the row's):
+        finished, errored or lost, run on ``backend``.
 
         ``measured``: what its steps measured (any result, volatile, file or placement field; the rest keep
         their "nothing ran" defaults). With ``error`` set the success fields are null, ``ended_by`` is
@@ -145,7 +154,7 @@ class EpisodeRow:
             raise TypeError(f"episode row: unknown field(s) {sorted(unknown)}")
         values = {"scene": entry.scene, "episode": entry.episode, "seed": entry.seed, "env": entry.slot,
                   "server": entry.server, "arm": entry.arm, "prompt": prompt, "task": task,
-                  "max_steps": int(max_steps)}  # fmt: skip
+                  "max_steps": int(max_steps), "backend": backend, "policy": entry.policy}  # fmt: skip
         values.update(measured)
         if values.get("error") is not None:
             values.update(ended_by="error", success_at_end=None, success_any_step=None, first_success_step=None)
@@ -155,10 +164,12 @@ class EpisodeRow:
         return row
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object of ``episodes.jsonl`` (``arm``, ``shard``, ``node`` only where they apply)."""
+        """The JSON object of ``episodes.jsonl`` (``arm``, ``shard``, ``node``, ``backend``, ``policy`` only
+        where they apply or are known)."""
         out = {name: getattr(self, name) for name in _NAMES}
-        if out["arm"] is None:
-            del out["arm"]
+        for name in ("arm", "backend", "policy"):  # no arm; a row built from an older run's row
+            if out[name] is None:
+                del out[name]
         if out["shard"] is None:  # not sharded; a sharded row names its node and GPU, null when not known
             del out["shard"], out["node"], out["gpu"]
         return out

@@ -146,6 +146,7 @@ class SceneRunner:
     every row. ``pairs`` (A/B): the :class:`~dz_gym.eval.ab.PairTracker` fed with every row;
     ``on_episode_start(slot, seed)``: called as each episode starts (per-episode request fields).
     ``episode_retries``: how many times an attempt that ended by an infrastructure error runs again.
+    ``backend``: the simulator backend every row names (the config's).
     """
 
     def __init__(
@@ -163,6 +164,7 @@ class SceneRunner:
         on_episode_start: Callable[[int, int], None] | None = None,
         placement: Mapping[str, Any] | None = None,
         episode_retries: int = 0,
+        backend: str | None = None,
     ):
         self.wrapper = wrapper
         self.base = wrapper.unwrapped
@@ -178,6 +180,7 @@ class SceneRunner:
         self.episodes = sorted({k for k, _ in self._todo})
         self.placement = dict(placement or {})
         self.max_steps = int(max_steps)
+        self.backend = backend
         self.run_dir = run_dir
         self.control = control
         self.recorder = recorder
@@ -558,6 +561,7 @@ class SceneRunner:
             prompt=ep.prompt,
             task=ep.task,
             max_steps=self.max_steps,
+            backend=self.backend,
             server=self.wrapper.server_url(ep.slot),  # where its requests went (the plan's server)
             session_id=ep.session_id,
             steps=ep.steps,

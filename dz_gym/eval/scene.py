@@ -104,7 +104,7 @@ def scene_batch(
                 for i in range(wrapper.num_envs):
                     server_metadata.setdefault(wrapper.server_url(i), metadata_dict(wrapper.server_metadata[i]))
                 runner = SceneRunner(wrapper, scene=scene, queues=queues, max_steps=config.max_steps,
-                                     on_episode_start=getattr(client, "begin_episode", None),
+                                     backend=config.backend, on_episode_start=getattr(client, "begin_episode", None),
                                      episode_retries=config.episode_retries, **runner_kwargs)  # fmt: skip
         yield runner
     finally:

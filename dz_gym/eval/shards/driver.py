@@ -371,7 +371,8 @@ class ShardedRun:
             for queue in self._queues(st, scene):
                 for entry in queue:
                     row = EpisodeRow.of(entry, prompt=scene_prompt(scene), task=task_name(scene),
-                                        max_steps=self.config.max_steps, error=why, error_event=SHARD_LOST,
+                                        max_steps=self.config.max_steps, backend=self.config.backend,
+                                        error=why, error_event=SHARD_LOST,
                                         shard=st.index, node=st.where.get("node"),
                                         gpu=st.where.get("gpu"))  # fmt: skip
                     self._write({"row": row.to_dict(), "files": {}})
