@@ -242,7 +242,8 @@ def test_cli_ctrl_c_then_resume_on_the_cluster(cluster, one_process, tmp_path):
         assert cli.main(["--resume", str(run.path), "--ray", cluster.address, "--shards", "2", "--no-progress"]) == 0
     rows = run.read_rows()
     assert len(rows) == 6 and rows[: len(first)] == first
-    assert stable(rows) == stable(one_process.read_rows())
+    assert {r["policy"] for r in rows} == {"external"}  # --server: the reference's policy, on a server not its own
+    assert stable(rows, "policy") == stable(one_process.read_rows(), "policy")
 
 
 def wait_for_rows(root, count: int, proc) -> Path:
