@@ -54,12 +54,16 @@ def policy_client(config: EvalConfig, slot_servers: Sequence[str]):
                         arm_servers=by_arm if config.arm_specs else None)  # fmt: skip
 
 
-def _wrapper(env, config: EvalConfig, slot_servers: Sequence[str], client):
+def _wrapper(env, config: EvalConfig, slot_servers: Sequence[str], client, profiler=None):
     from dz_gym.wrapper import DreamZeroPolicyWrapper
 
     connection = {"client": client} if client is not None else {"server": list(slot_servers),
                                                                  "transport": config.transport_config()}  # fmt: skip
-    return DreamZeroPolicyWrapper(
+    if profiler is not None:
+        from dz_gym.profiled_wrapper import ProfiledPolicyWrapper
+
+        connection["profiler"] = profiler
+    return (DreamZeroPolicyWrapper if profiler is None else ProfiledPolicyWrapper)(
         env,
         **connection,
         open_loop_horizon=config.open_loop_horizon,
@@ -102,12 +106,20 @@ def run_scene(
             if control.stop.is_set():
                 return SceneResult(int(scene), stopped=True)
             client = policy_client(config, slot_servers)
-            wrapper = _wrapper(env, config, slot_servers, client)
+            profiler = None
+            if config.profile:
+                from dz_gym.eval.profile_run import ProfileRun
+
+                profiler = ProfileRun(scene, runner_kwargs["run_dir"])
+            wrapper = _wrapper(env, config, slot_servers, client, None if profiler is None else profiler.profiler)
             for i in range(wrapper.num_envs):
                 server_metadata.setdefault(wrapper.server_url(i), metadata_dict(wrapper.server_metadata[i]))
             runner = SceneRunner(wrapper, scene=scene, queues=queues, max_steps=config.max_steps,
                                  on_episode_start=getattr(client, "begin_episode", None), **runner_kwargs)  # fmt: skip
-            return runner.run()
+            if profiler is None:
+                return runner.run()
+            with profiler.span(wrapper):
+                return runner.run()
     finally:
         with shielded():
             if wrapper is not None:
