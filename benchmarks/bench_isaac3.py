@@ -18,7 +18,10 @@ server in a subprocess (``dz-gym-serve --policy hold --workers N --latency-ms L`
   without the profiler (it waits for the GPU at each stage boundary).
 
 The server runs on cores of its own: the child pins itself to the first half of the host's cores and the
-server process to the other half (``os.sched_setaffinity``), so the client's CPU time is its own.
+server processes to the other half (``os.sched_setaffinity``), so the client's CPU time is its own.
+``--servers K`` starts K server processes with N/K workers each (W = N in all, the same bound): one process
+decoding 1024 requests of 0.5 MB per round is itself a ceiling that a remote policy server would not put on
+the evaluator.
 
 The same run measures the embedded MuJoCo backend (``--mujoco-sizes``, its worker processes on this host's
 cores) the same way, as the baseline of the same machine. ``--plan 2:1024,3:1024`` adds scenes 2 and 3.
@@ -33,6 +36,7 @@ Usage (the GPU host; Isaac Lab 3.0 installed by ``scripts/setup_isaac3.sh``)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -107,13 +111,19 @@ def child(args) -> dict:
 
     env.close = lambda: None  # both runs use this env (Isaac Lab builds one simulation per process)
 
-    serve = ["--policy", "hold", "--workers", str(n), "--latency-ms", str(args.latency_ms), "--quiet"]
-    with start_server_process(serve, timeout=120.0) as server:
-        if server_cores:
-            os.sched_setaffinity(server.pid, server_cores)
+    count = max(1, min(args.servers, n))
+    workers = math.ceil(n / count)  # W = N in all: the bound is the same with any count
+    serve = ["--policy", "hold", "--workers", str(workers), "--latency-ms", str(args.latency_ms), "--quiet"]
+    out["servers"] = count
+    with contextlib.ExitStack() as stack:
+        servers = [stack.enter_context(start_server_process(serve, timeout=120.0)) for _ in range(count)]
+        for server in servers:
+            if server_cores:
+                os.sched_setaffinity(server.pid, server_cores)
+        urls = [server.url + PATH for server in servers]
         for prefetch in sorted({0, args.prefetch}):
             for profile in (False, True) if args.profile else (False,):
-                summary, rows, report = _evaluate(scene, n, args, prefetch, profile, backend, server.url, factory)
+                summary, rows, report = _evaluate(scene, n, args, prefetch, profile, backend, urls, factory)
                 if profile:
                     out["profiles"][prefetch] = report
                     continue
@@ -139,7 +149,7 @@ def _split_cores() -> tuple[list[int], list[int]]:
     return cores[:half], cores[half:]
 
 
-def _evaluate(scene, n, args, prefetch, profile, backend, url, factory):
+def _evaluate(scene, n, args, prefetch, profile, backend, urls, factory):
     """One evaluator run of N episodes on the bench's env: (summary, rows, profile report or None)."""
     from dz_gym.eval.config import EvalConfig
     from dz_gym.eval.evaluate import evaluate
@@ -152,7 +162,7 @@ def _evaluate(scene, n, args, prefetch, profile, backend, url, factory):
     )  # fmt: skip
     with tempfile.TemporaryDirectory() as root:
         run_dir = RunDir.create(root, config)
-        summary = evaluate(config, run_dir, [url + PATH], env_factory=factory, progress=False, log=lambda _: None)
+        summary = evaluate(config, run_dir, urls, env_factory=factory, progress=False, log=lambda _: None)
         rows = run_dir.read_rows()
         report = None
         if profile:
@@ -163,7 +173,7 @@ def _evaluate(scene, n, args, prefetch, profile, backend, url, factory):
 def run_child(backend: str, n: int, args, scene: int = 1) -> dict | None:
     command = [sys.executable, __file__, "--child", backend, "--num-envs", str(n), "--latency-ms", str(args.latency_ms),
                "--max-steps", str(args.max_steps), "--prefetch", str(args.prefetch), "--cycles", str(args.cycles),
-               "--device", args.device, "--scene", str(scene), "--profile" if args.profile else "--no-profile"]  # fmt: skip
+               "--device", args.device, "--scene", str(scene), "--servers", str(args.servers), "--profile" if args.profile else "--no-profile"]  # fmt: skip
     start = time.perf_counter()
     proc = subprocess.run(command, capture_output=True, text=True, timeout=args.child_timeout, check=False)
     for line in proc.stdout.splitlines():
@@ -236,6 +246,9 @@ def main() -> int:
     parser.add_argument("--cycles", type=int, default=3, help="8-step cycles timed for s_N")
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--child-timeout", type=float, default=900.0)
+    parser.add_argument(
+        "--servers", type=int, default=1, help="server processes (env i talks to server i %% K), W = N workers in all"
+    )
     parser.add_argument("--plan", default="", help="more isaac runs as SCENE:N,... (e.g. 2:1024,3:1024)")
     parser.add_argument(
         "--profile",
