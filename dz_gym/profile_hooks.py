@@ -88,7 +88,8 @@ def _timed(profiler: StageProfiler, stage: str, call: Callable, sync, active: Ca
 
 def instrument_env(env: Any, profiler: StageProfiler, active: Callable[[], bool] = lambda: True) -> list[str]:
     """Time an Isaac Lab env's physics and rendering into ``profiler`` while ``active()`` (the wrapper's env
-    step: resets are not counted) by instance attributes only (the classes are untouched); the hooks
+    step: resets are not counted) by instance attributes only (the classes are untouched; a later call, e.g.
+    the next run on the same env, replaces the earlier hooks); the hooks
     installed, e.g. ``["physics: sim.step", "render: observation_manager.compute"]``."""
     isaac = getattr(getattr(env, "unwrapped", env), "isaac_env", None)
     if isaac is None:
@@ -98,8 +99,10 @@ def instrument_env(env: Any, profiler: StageProfiler, active: Callable[[], bool]
     for stage, owner_name, method in (("physics", "sim", "step"), ("render", "observation_manager", "compute")):
         owner = getattr(isaac, owner_name, None)
         call = getattr(owner, method, None)
-        if call is None or getattr(call, "__dz_gym_profiled__", False):
+        if call is None:
             continue
+        if getattr(call, "__dz_gym_profiled__", False):  # an earlier profiler's hook: time into this one now
+            call = call.__wrapped__
         setattr(owner, method, _timed(profiler, stage, call, sync, active))
         hooks.append(f"{stage}: {owner_name}.{method}")
     return hooks

@@ -150,3 +150,48 @@ def test_views_one_transfer_equal_per_camera_copies(resolution):
         np.testing.assert_array_equal(views[camera], expected[camera])
         assert views[camera].flags.c_contiguous and views[camera].dtype == np.uint8
         assert views[camera][1].flags.c_contiguous  # each env's view goes to msgpack as one buffer
+
+
+class _Sim:
+    def __init__(self):
+        self.calls = 0
+
+    def step(self, render=False):
+        self.calls += 1
+
+
+class _Observations:
+    def compute(self, update_history=False):
+        return {"policy": {}}
+
+
+class _IsaacLike:
+    """What instrument_env reads of an Isaac Lab env (the real one needs a GPU): sim.step, observation_manager."""
+
+    def __init__(self):
+        self.isaac_env = self
+        self.sim = _Sim()
+        self.observation_manager = _Observations()
+        self.unwrapped = self
+
+
+def test_env_hooks_count_inside_the_step_only_and_rebind():
+    from dz_gym.profile_hooks import instrument_env
+
+    env = _IsaacLike()
+    first, second = StageProfiler(), StageProfiler()
+    stepping = [False]
+    assert instrument_env(env, first, active=lambda: stepping[0]) == [
+        "physics: sim.step",
+        "render: observation_manager.compute",
+    ]
+    env.sim.step(render=False)  # outside a step (a reset): not counted
+    stepping[0] = True
+    env.sim.step(render=False)
+    env.observation_manager.compute(update_history=True)
+    assert first.total("physics") > 0 and first.total("render") > 0 and env.sim.calls == 2
+    before = first.total("physics")
+    instrument_env(env, second)  # a second run on the same env times into its own profiler
+    env.sim.step()
+    assert first.total("physics") == before and second.total("physics") > 0 and env.sim.calls == 3
+    assert instrument_env(object(), second) == []
