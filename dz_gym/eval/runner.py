@@ -172,6 +172,18 @@ def _column(info: Mapping[str, Any], key: str) -> np.ndarray | None:
     return None if value is None else to_numpy(value)
 
 
+def _float32_columns(info: Mapping[str, Any], joints: np.ndarray, gripper: np.ndarray) -> tuple:
+    """The step's actions, joints, gripper and poses as whole-batch float32 arrays, made once per batch step
+    (each episode keeps its row, a view, instead of one conversion per env and field)."""
+    poses = (_column(info, key) for key in ("object_pos", "container_pos", "tcp_pos", "object_quat"))
+    return (
+        np.asarray(info["policy_action"], dtype=np.float32),
+        joints.astype(np.float32),
+        gripper.astype(np.float32),
+        *(None if a is None else a.astype(np.float32) for a in poses),
+    )
+
+
 def _milestone_columns(info: Mapping[str, Any]) -> dict[str, np.ndarray] | None:
     """``info["milestones"]`` as name -> ``(N,)`` int64 host arrays (None when the env reports none)."""
     value = info.get("milestones")
@@ -319,18 +331,10 @@ class SceneRunner:
         success = _column(info, "success")
         success_any = _column(info, "success_any_step")
         milestones = _milestone_columns(info)
-        tcp_pos = _column(info, "tcp_pos")
-        object_quat = _column(info, "object_quat")
         object_start = _column(info, "object_start_pos")
         env_seed = _column(info, "episode_seed")
-        object_pos = _column(info, "object_pos")
-        container_pos = _column(info, "container_pos")
-
-        # whole-batch float32 copies once per step; each episode keeps its row (a view) of them
-        actions32 = np.asarray(info["policy_action"], dtype=np.float32)
-        joints, gripper = joints.astype(np.float32), gripper.astype(np.float32)
-        object_pos, container_pos, tcp_pos, object_quat = (
-            None if a is None else a.astype(np.float32) for a in (object_pos, container_pos, tcp_pos, object_quat)
+        actions32, joints, gripper, object_pos, container_pos, tcp_pos, object_quat = _float32_columns(
+            info, joints, gripper
         )
         self._account_busy(result, info)
         result.env_steps += len(active)
