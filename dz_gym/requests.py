@@ -67,9 +67,8 @@ def resized_views(
     """The three views of ``env_ids`` (in sorted order), resized with pad to ``image_resolution``.
 
     Full-resolution images are never gathered: each run of consecutive env ids is resized through a slice
-    (a view of the batch, on its device). Tensors stay on their device until every camera's part is ready,
-    then go to the host in one transfer (:func:`_to_host`): a single synchronisation, into page-locked
-    memory when they are on a GPU.
+    (a view of the batch, on its device). GPU tensors stay there until every camera's part is ready, then go
+    to the host in one transfer into page-locked memory (:func:`_to_host`): a single synchronisation.
     """
     runs = contiguous_runs(env_ids)
     parts: dict[str, list[Any]] = {}
@@ -82,36 +81,36 @@ def resized_views(
                 block = resize_with_pad(block, int(image_resolution[0]), int(image_resolution[1]))
             blocks.append(block)
         parts[camera] = blocks
-    if any(is_torch_tensor(block) for blocks in parts.values() for block in blocks):
+    if any(getattr(block, "is_cuda", False) for blocks in parts.values() for block in blocks):
         return _to_host(parts)
-    return {camera: blocks[0] if len(blocks) == 1 else np.concatenate(blocks) for camera, blocks in parts.items()}
+    return {camera: to_numpy(blocks[0]) if len(blocks) == 1 else np.concatenate([to_numpy(b) for b in blocks])
+            for camera, blocks in parts.items()}  # fmt: skip
 
 
 def _to_host(parts: Mapping[str, Sequence[Any]]) -> dict[str, np.ndarray]:
-    """Each camera's device blocks as one host array, all cameras in one buffer and one transfer.
+    """Each camera's GPU blocks as one host array, all cameras in one buffer and one transfer.
 
-    The blocks are copied asynchronously into a fresh host buffer (page-locked when they are on a GPU;
-    PyTorch's host allocator reuses such buffers once the arrays that view them are gone), and the copies
-    are waited for once. The arrays returned are views of that buffer (each C-contiguous)."""
+    The blocks are copied asynchronously into a fresh page-locked host buffer (PyTorch's host allocator reuses
+    such buffers once the arrays that view them are gone), and the copies are waited for once. The arrays
+    returned are views of that buffer (each C-contiguous). Host tensors do not come here: their arrays are
+    the tensors' own memory (a copy through torch would also wake its intra-op threads)."""
     import torch
 
     first = next(iter(parts.values()))[0]
     shapes = {camera: (sum(int(b.shape[0]) for b in blocks), *blocks[0].shape[1:]) for camera, blocks in parts.items()}
     sizes = {camera: int(np.prod(shape)) for camera, shape in shapes.items()}
-    cuda = bool(getattr(first, "is_cuda", False))
-    host = torch.empty(sum(sizes.values()), dtype=first.dtype, pin_memory=cuda)
+    host = torch.empty(sum(sizes.values()), dtype=first.dtype, pin_memory=True)
     out, offset = {}, 0
     for camera, blocks in parts.items():
         target = host[offset : offset + sizes[camera]].view(shapes[camera])
         row = 0
         for block in blocks:
             rows = int(block.shape[0])
-            target[row : row + rows].copy_(torch.as_tensor(block), non_blocking=cuda)
+            target[row : row + rows].copy_(block, non_blocking=True)
             row += rows
         out[camera] = target
         offset += sizes[camera]
-    if cuda:
-        torch.cuda.current_stream(first.device).synchronize()
+    torch.cuda.current_stream(first.device).synchronize()
     return {camera: tensor.numpy() for camera, tensor in out.items()}
 
 
