@@ -116,6 +116,7 @@ class EvalConfig:
     num_inference_steps: int | None = _result(None)  # send ``sampling_params: {num_inference_steps}`` in each request
     video: bool = True
     report: bool = True  # write report.html into the run directory at the end (dz_gym.report)
+    profile: bool = False  # time every stage of the hot path, write profile.json (dz_gym.profiling)
     version: int = CONFIG_VERSION
 
     @classmethod

@@ -98,6 +98,10 @@ OUTPUTS = (
          "line every 30 s instead", dest="progress", action=BOOL, shown="bars on a TTY, else lines",
          doc="tqdm bars for episodes (running success rate) and env steps (env-steps/s, last chunk latency); when "
          "stderr is not a terminal, one progress line every 30 s instead. `--no-progress`: neither"),
+    Flag("--profile", "time every stage of the hot path (physics, rendering, host copy, encoding, send, server, "
+         "decode, scatter, bookkeeping) per batch step and per request round; prints the table per scene and "
+         "writes profile.json into the run directory; GPU stages wait for the GPU, so a profiled run is slightly "
+         "slower", field="profile", action="store_true"),
     Flag("--max-errors", "abort once more than M episodes have errored", field="max_errors", type=integer,
          metavar="M", shown="10% of the planned episodes, at least 5"),
 )  # fmt: skip
