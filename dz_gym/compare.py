@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from dz_gym.cli_types import Flag, OneLineErrorParser, add_flags, flag_message, number, show
+from dz_gym.eval.failure import format_transitions, mode_transitions
 from dz_gym.stats.comparison import compare_rows, format_comparison
 from dz_gym.stats.ranking import format_ranking, outcomes_by_seed, rank_arms
 
@@ -164,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(f"runs not comparable: {'; '.join(problems)} (--force compares them anyway)")
             labels = {"a": _label(config_a, args.runs[0]), "b": _label(config_b, args.runs[1])}
             result = compare_rows(rows_a, rows_b, labels=labels, **level)
+            result["failure_modes"] = mode_transitions(rows_a, rows_b)
         else:
             config, rows = load_run(args.runs[0])
             if not any("arm" in row for row in rows):
@@ -172,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
                 return _print_ranking(args, _rank_arms_of_run(config, rows, level), [args.runs[0]], [])
             labels = {arm: f"{args.runs[0]} arm {arm.upper()}" + _arm_suffix(config, rows, arm) for arm in "ab"}
             result = compare_rows(rows, labels=labels, **level)
+            arm_rows = [[r for r in rows if r.get("arm") == arm] for arm in "ab"]
+            result["failure_modes"] = mode_transitions(*arm_rows)
     except ValueError as exc:
         parser.error(flag_message(exc, FLAGS))
     result["runs"] = list(args.runs)
@@ -183,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("no pairs: the runs share no (scene, seed); run both with the same --seed and scenes")
     sequential = len(args.runs) == 1 and bool(config.get("sequential"))
     text = format_comparison(result, descriptive=sequential)
+    text += "\n" + "\n".join(format_transitions(result["failure_modes"]))
     if sequential:
         text += "\n\n" + _sequential_line(args.runs[0])
     notes = [f"note: not comparable, compared anyway (--force): {p}" for p in problems]

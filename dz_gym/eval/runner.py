@@ -58,6 +58,7 @@ from typing import Any
 import numpy as np
 
 from dz_gym.envs import droid
+from dz_gym.eval import trajectory
 from dz_gym.eval.plan import PlanEntry
 from dz_gym.eval.progress import Progress
 from dz_gym.eval.results import latency_stats
@@ -517,30 +518,27 @@ class SceneRunner:
 
     @staticmethod
     def _arrays(ep: _Episode) -> dict[str, np.ndarray]:
-        arrays = {
-            "actions": np.stack(ep.actions).astype(np.float32),
-            "joint_pos": np.stack(ep.joints).astype(np.float32),
-            "gripper_pos": np.stack(ep.gripper).astype(np.float32),
-            "policy_called": np.asarray(ep.called, dtype=bool),
-            "chunk_latency_ms": np.asarray(ep.latency_ms, dtype=np.float32),
-            "success": np.asarray(ep.success, dtype=bool),
-            "reward": np.asarray(ep.reward, dtype=np.float32),
-            "seed": np.int64(ep.seed),
-        }
-        if ep.object_pos:
-            arrays["object_pos"] = np.stack(ep.object_pos).astype(np.float32)
-        if ep.container_pos:
-            arrays["container_pos"] = np.stack(ep.container_pos).astype(np.float32)
-        if ep.tcp_pos:
-            arrays["tcp_pos"] = np.stack(ep.tcp_pos).astype(np.float32)
-        if ep.object_quat:
-            arrays["object_quat"] = np.stack(ep.object_quat).astype(np.float32)
-        if ep.object_start_pos is not None:
-            arrays["object_start_pos"] = ep.object_start_pos
-        if ep.milestones is not None:  # first step per milestone, -1 where never reached
-            arrays["milestone_names"] = np.asarray(list(ep.milestones), dtype=np.str_)
-            arrays["milestone_first_step"] = np.asarray(list(ep.milestones.values()), dtype=np.int64)
-        return arrays
+        """The episode's trajectory file (:mod:`dz_gym.eval.trajectory`: keys, dtypes, shapes)."""
+        names = None if ep.milestones is None else list(ep.milestones)
+        return trajectory.pack(
+            {
+                "actions": ep.actions,
+                "joint_pos": ep.joints,
+                "gripper_pos": ep.gripper,
+                "policy_called": ep.called,
+                "chunk_latency_ms": ep.latency_ms,
+                "success": ep.success,
+                "reward": ep.reward,
+                "seed": ep.seed,
+                "object_pos": ep.object_pos,
+                "container_pos": ep.container_pos,
+                "tcp_pos": ep.tcp_pos,
+                "object_quat": ep.object_quat,
+                "object_start_pos": ep.object_start_pos,
+                "milestone_names": names,
+                "milestone_first_step": None if names is None else list(ep.milestones.values()),
+            }  # fmt: skip
+        )
 
     def _row(self, ep: _Episode, error, event, ended_by, trajectory, video, stats: EpisodeStats | None) -> dict:
         """The episode's :class:`~dz_gym.eval.row.EpisodeRow` as the dict written to ``episodes.jsonl``."""
