@@ -108,10 +108,13 @@ def _run_scene_processes(argv: list[str], config: EvalConfig, run_dir: RunDir, c
                          log=_say, command=command, inherit=True)  # fmt: skip
     executor = SceneProcesses(argv, command, _say)
     summary = None
+    log = _open_logs(config, run_dir, None)  # the children's rows are logged from the run directory at the end
     try:
         summary = run_segment(segment, executor)
     except KeyboardInterrupt:
         summary = run_dir.read_summary()
+    finally:
+        _close_logs(log, run_dir, summary)
     if executor.code != EXIT_USAGE:
         _print_results(run_dir, summary)
     return executor.exit_code(summary)
@@ -122,8 +125,29 @@ def _preflight(config: EvalConfig) -> str | None:
     from dz_gym.eval.plan import is_url
     from dz_gym.eval.preflight import check_backend, check_servers
 
+    from dz_gym.eval.tracking import missing
+
     urls = config.servers + config.servers_b + [v for _, v in config.arm_table() if is_url(v)]
-    return check_backend(config.backend) or check_servers(urls, config.transport_config())
+    return check_backend(config.backend) or missing(config.log) or check_servers(urls, config.transport_config())
+
+
+def _open_logs(config: EvalConfig, run_dir: RunDir, control: RunControl | None):
+    """The ``--log`` trackers of this run segment, hooked on ``control``'s rows; None without ``--log``."""
+    if not config.log:
+        return None
+    import dataclasses
+
+    from dz_gym.eval.tracking import open_logs
+
+    log = open_logs(config.log, run_dir.path, dataclasses.asdict(config), config.log_project)
+    if control is not None:
+        log.attach(control)
+    return log
+
+
+def _close_logs(log, run_dir: RunDir, summary: dict[str, Any] | None) -> None:
+    if log is not None:
+        log.finish(run_dir.path, run_dir.read_rows(), summary if summary is not None else run_dir.read_summary())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -300,6 +324,8 @@ def _evaluate(
     from dz_gym.eval.evaluate import evaluate
 
     servers, servers_b, ray_options, arm_servers = placement  # arm A's and B's URLs, the Ray shards, --arm's URLs
+    log = None if args.only_scene else _open_logs(config, run_dir, control)  # a scene's child: its parent logs
+    summary = None
     try:
         summary = evaluate(
             config,
@@ -319,6 +345,8 @@ def _evaluate(
         summary = run_dir.read_summary() or {"interrupted": True}
         summary["interrupted"] = True
     except Exception as exc:  # noqa: BLE001 - one line for the user; the summary is already written
+        _close_logs(log, run_dir, None)
+        log = None
         if _is_horizon_error(exc):
             text = flag_message(ValueError(_first_line(exc)))
             _say(f"dz-gym-eval: error: {text if text.startswith('--') else '--open-loop-horizon: ' + text}")
@@ -333,6 +361,7 @@ def _evaluate(
         _say(f"dz-gym-eval: error: {type(exc).__name__}: {_first_line(exc)}")
         _print_results(run_dir, run_dir.read_summary())
         return EXIT_ABORTED
+    _close_logs(log, run_dir, summary)
     if not args.only_scene or summary.get("interrupted") or summary.get("aborted"):
         _print_results(run_dir, summary)
     return _exit_code(summary)

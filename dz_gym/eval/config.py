@@ -30,7 +30,11 @@ BACKENDS = backends.NAMES  # "auto" and every backend of dz_gym.envs.backends
 EXTERNAL_POLICY = "external"  # the ``policy`` of a run against servers it did not start
 
 _ARM_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,15}")
-ARMS = ("a", "b")  # the arms of an A/B run: slot 2j runs arm a, slot 2j+1 arm b
+ARMS = ("a", "b")
+LOG_CHOICES = (
+    "wandb",
+    "tensorboard",
+)  # --log: the experiment trackers (dz_gym.eval.tracking)  # the arms of an A/B run: slot 2j runs arm a, slot 2j+1 arm b
 DEFAULT_MAX_EPISODES = 200  # --sequential: pairs (episodes per arm) the test may use by default
 DEFAULT_ALPHA = 0.05  # --sequential: the test's type-I error
 DEFAULT_MIN_DIFFERENCE = 0.2  # --sequential: the smallest difference in success rate the design is planned for
@@ -111,6 +115,8 @@ class EvalConfig:
     num_inference_steps: int | None = _result(None)  # send ``sampling_params: {num_inference_steps}`` in each request
     video: bool = True
     report: bool = True  # write report.html into the run directory at the end (dz_gym.report)
+    log: list[str] = dataclasses.field(default_factory=list)  # experiment logging: "wandb", "tensorboard"
+    log_project: str = "dz-gym"  # the W&B project of --log wandb
     version: int = CONFIG_VERSION
 
     @classmethod
@@ -181,6 +187,12 @@ class EvalConfig:
             raise ValueError(
                 "policy_b: only for the embedded servers; with --server give arm B's servers with --server-b"
             )
+        self.log = list(self.log)
+        for choice in self.log:
+            if choice not in LOG_CHOICES:
+                raise ValueError(f"log: expected a list of {', '.join(LOG_CHOICES)}, got {choice!r}")
+        if not isinstance(self.log_project, str) or not self.log_project:
+            raise ValueError(f"log_project: expected a non-empty W&B project name, got {self.log_project!r}")
         self._check_schedule()
         self.transport_config()
 
