@@ -124,7 +124,6 @@ def _preflight(config: EvalConfig) -> str | None:
     """Why the run cannot start (one line), or None; nothing is written either way."""
     from dz_gym.eval.plan import is_url
     from dz_gym.eval.preflight import check_backend, check_servers
-
     from dz_gym.eval.tracking import missing
 
     urls = config.servers + config.servers_b + [v for _, v in config.arm_table() if is_url(v)]
