@@ -16,6 +16,7 @@ from dz_gym.eval.evaluate import evaluate
 from dz_gym.eval.plan import PlanEntry
 from dz_gym.eval.row import EpisodeRow, check_row
 from dz_gym.eval.rundir import RunDir
+from dz_gym.report import build_report
 from dz_gym.server.launch import start_server_thread
 from dz_gym.server.policies import HoldPolicy
 from dz_gym.testing.toy_env import STAGED_LENGTH, STAGED_MODES, StagedToyEnv
@@ -45,8 +46,8 @@ def _joint0(seed: int) -> float:
     return float(env.joints[0, 0])
 
 
-def _run(tmp_path, url, *, episodes=9, seed=0):
-    config = EvalConfig(scenes=[1], episodes=episodes, num_envs=3, seed=seed, max_steps=STAGED_LENGTH, video=False,
+def _run(tmp_path, url, *, episodes=9, seed=0, video=False):
+    config = EvalConfig(scenes=[1], episodes=episodes, num_envs=3, seed=seed, max_steps=STAGED_LENGTH, video=video,
                         report=False)  # fmt: skip
     run_dir = RunDir.create(tmp_path, config)
     summary = evaluate(config, run_dir, [url], env_factory=lambda scene, cfg: StagedToyEnv(cfg.num_envs, scene),
@@ -57,7 +58,7 @@ def _run(tmp_path, url, *, episodes=9, seed=0):
 def test_scripted_episodes_end_in_their_modes(tmp_path):
     # Seeds 0..7 run the eight scripts; seed 8 (the success script again) errors at the server.
     with start_server_thread(FailOnJointPolicy(_joint0(8))) as server:
-        summary, run_dir = _run(tmp_path, server.url + PATH)
+        summary, run_dir = _run(tmp_path, server.url + PATH, video=True)
     rows = {r["seed"]: r for r in run_dir.read_rows()}
     got = {STAGED_MODES[s % 8] if s < 8 else "error": rows[s]["failure_mode"] for s in rows}
     assert got == {**EXPECTED, "error": "server_error"}
@@ -73,6 +74,16 @@ def test_scripted_episodes_end_in_their_modes(tmp_path):
     assert counts == {"server_error": 1, "success": 1, "undone": 1, "never_reached": 1, "grasp_failed": 1,
                       "dropped": 1, "timeout_near": 1, "misplaced": 2}  # fmt: skip
     assert summary["1"]["failure_modes"] == counts
+    # The report: the counts per mode, then each mode's episodes with their videos.
+    page = build_report(run_dir.path)
+    table = page[page.index('id="modes-table"') : page.index("</table>", page.index('id="modes-table"'))]
+    assert '<td data-mode="misplaced">2' in table and '<td data-mode="server_error">1' in table
+    for mode in counts:
+        start = page.index(f'<details class="mode" data-mode="{mode}">')
+        section = page[start : page.index("</details>", start)]
+        videos = [r["video"] for r in rows.values() if r["failure_mode"] == mode]
+        assert section.count("<video ") == len(videos) == counts[mode]
+        assert all(f'src="{video}"' in section and (run_dir.path / video).is_file() for video in videos)
 
 
 def test_compare_says_which_modes_b_fixes_and_breaks(tmp_path, capsys):

@@ -111,11 +111,12 @@ def pack(values: Mapping[str, Any]) -> dict[str, np.ndarray]:
     return out
 
 
-def check(arrays: Mapping[str, Any]) -> int:
+def check(arrays: Mapping[str, Any], *, complete: bool = True) -> int:
     """The number of steps T of a trajectory's ``arrays``; a one-line ``ValueError`` naming the key when one is
-    missing, unknown, of another dtype kind or shape, or when per-step arrays disagree on T."""
+    missing (only with ``complete``), unknown, of another dtype kind or shape, or when per-step arrays disagree
+    on T."""
     for spec in ARRAYS:
-        if spec.required and spec.key not in arrays:
+        if complete and spec.required and spec.key not in arrays:
             raise ValueError(f"trajectory: missing key {spec.key!r} ({spec.meaning})")
     steps: int | None = None
     milestones: int | None = None
@@ -147,16 +148,18 @@ def check(arrays: Mapping[str, Any]) -> int:
 
 
 def read(path: str | os.PathLike, keys: Iterable[str] | None = None) -> dict[str, np.ndarray]:
-    """The checked arrays of one trajectory file (only ``keys``, when given; each must be in the schema).
-    Raises ``OSError`` or a one-line ``ValueError``."""
+    """The checked arrays of one trajectory file. With ``keys`` (each in the schema) only those that the file
+    has, checked among themselves: what a reader of older or partial files (the report) needs. Raises
+    ``OSError`` or a one-line ``ValueError``."""
     wanted = None if keys is None else list(keys)
     for key in wanted or ():
         if key not in BY_KEY:
             raise ValueError(f"trajectory: unknown key {key!r} (expected {', '.join(BY_KEY)})")
     with np.load(path, allow_pickle=False) as data:
-        arrays = {key: np.asarray(data[key]) for key in data.files}
-    check(arrays)
-    return arrays if wanted is None else {k: arrays[k] for k in wanted if k in arrays}
+        names = data.files if wanted is None else [k for k in wanted if k in data.files]
+        arrays = {key: np.asarray(data[key]) for key in names}
+    check(arrays, complete=wanted is None)
+    return arrays
 
 
 def _shape(spec: Array) -> str:

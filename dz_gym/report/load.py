@@ -165,7 +165,7 @@ def compact_trajectory(path: Path, points: int = TRAJ_POINTS) -> dict[str, Any] 
         joints = np.asarray(data["joint_pos"], dtype=np.float64)
         gripper = np.asarray(data["gripper_pos"], dtype=np.float64).reshape(len(joints), -1)[:, 0]
         called = np.asarray(data["policy_called"], dtype=bool)
-        success = np.asarray(data["success"], dtype=bool)
+        success = np.asarray(data["success"], dtype=bool) if "success" in data else np.zeros(len(joints), bool)
     except (OSError, KeyError, ValueError) as exc:
         logger.warning("%s: unreadable trajectory (%s)", path, exc)
         return None

@@ -19,10 +19,12 @@ from typing import Any
 from urllib.parse import quote
 
 from dz_gym.eval import results
+from dz_gym.eval.failure import mode_of
 from dz_gym.eval.row import INFO_FIELDS
 from dz_gym.report import plots
 from dz_gym.report.leaderboard import leaderboard_block, named_arms
 from dz_gym.report.load import RunView, episode_key, outcome
+from dz_gym.report.modes import modes_block
 from dz_gym.report.paired import compare, discordant_list, split_arms
 from dz_gym.report.sequential import sequential_block
 
@@ -237,6 +239,7 @@ def episode_grid(views: Sequence[RunView], videos: _Videos) -> str:
         "seed",
         "env",
         "outcome",
+        "mode",
         "any step",
         "steps",
         "calls",
@@ -259,6 +262,7 @@ def episode_grid(views: Sequence[RunView], videos: _Videos) -> str:
                 r["seed"],
                 r["env"],
                 state,
+                mode_of(r),
                 any_step,
                 r["steps"],
                 r["server_calls"],
@@ -420,6 +424,7 @@ def build_page(views: Sequence[RunView], out_dir: str | os.PathLike) -> str:
             block.append(f"<h3>{title}</h3>{results_table(per_arm, f'results-table{suffix}-arm-{arm}')}")
             block.append(funnel_table(per_arm, f"funnel{suffix}-arm-{arm}") if _has_milestones(per_arm) else "")
         block.append(f"<h3>Milestones</h3>{funnel_table(s, 'funnel' + suffix)}")
+        block.append(modes_block(view.rows, s, lambda r, v=view: videos.src(v, r), suffix))
         block.append(f"<h3>Errored episodes</h3>{errored_list(view.rows, view.label)}")
         note = s.get("note")
         if note:
