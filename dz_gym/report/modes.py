@@ -2,12 +2,13 @@
 
 The counts are the summary's ``failure_modes`` where it has them, else the rows' (:func:`dz_gym.eval.failure.
 mode_counts`, so an old run without the field gets them too); the grid shows, for each mode that occurs, up to
-:data:`VIDEOS_PER_MODE` of its episodes' videos (``preload="none"``: nothing loads until played), with the
+:data:`VIDEOS_PER_MODE` of its episodes' videos (made only when asked for: nothing loads before), with the
 rule that defines the mode as the title, so a page answers "why did it fail", not only "how often".
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from html import escape
 from typing import Any
@@ -54,22 +55,17 @@ def _grid(rows: Sequence[Mapping[str, Any]], video: VideoSource, grid_id: str) -
         mine = by_mode.get(name) or []
         if not mine:
             continue
-        figures = []
+        videos = []
         for row in mine[:VIDEOS_PER_MODE]:
             arm = f"{row['arm']} · " if row.get("arm") else ""
-            caption = f"{arm}scene {row['scene']}, episode {row['episode']} (seed {row['seed']})"
             src, why = video(row)
-            media = (
-                f'<video src="{escape(src)}" controls muted preload="none" width="320"></video>'
-                if src
-                else f'<p class="muted">{escape(why)}</p>'
-            )
-            figures.append(f"<figure><figcaption>{escape(caption)}</figcaption>{media}</figure>")
+            videos.append([f"{arm}scene {row['scene']}, episode {row['episode']} (seed {row['seed']})", src, why])
         more = len(mine) - VIDEOS_PER_MODE
-        tail = f'<p class="muted">and {more} more</p>' if more > 0 else ""
+        tail = f' <span class="muted">(the first {VIDEOS_PER_MODE}; {more} more)</span>' if more > 0 else ""
         parts.append(
             f'<details class="mode" data-mode="{escape(name)}"><summary><b>{escape(name)}</b> ({len(mine)}): '
-            f'{escape(RULES[name])}</summary><div class="pairvids">{"".join(figures)}</div>{tail}</details>'
+            f'{escape(RULES[name])}</summary><button class="modeopen" type="button" '
+            f'data-videos="{escape(json.dumps(videos))}">show videos</button>{tail}<div class="pairvids"></div></details>'
         )
     return f'<div class="modes" id="{escape(grid_id)}">{"".join(parts)}</div>'
 
