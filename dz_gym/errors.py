@@ -8,6 +8,21 @@ bound that ran out. Messages are one line and name the field and what was expect
 from __future__ import annotations
 
 
+def first_line(error: BaseException | str, default: str | None = None) -> str:
+    """The first line of an error's message, stripped: what a one-line error shows. An empty message gives
+    ``default``, else the exception's type name.
+
+    >>> first_line(ValueError("num_envs: expected an integer\\n  (details)")), first_line(KeyError())
+    ('num_envs: expected an integer', 'KeyError')
+    """
+    text = str(error).strip()
+    if text:
+        return text.splitlines()[0].strip()
+    if default is not None or isinstance(error, str):
+        return default or ""
+    return type(error).__name__
+
+
 class DzGymError(Exception):
     """Base class of every dz-gym error."""
 

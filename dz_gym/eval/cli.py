@@ -29,6 +29,8 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
+from dz_gym.errors import first_line
+
 # Only light imports here: main() installs the signal handler before it imports numpy, the simulator, the
 # transport (seconds on a busy machine), so a Ctrl-C during those imports is a clean stop too.
 from dz_gym.eval.flag_table import DEFAULT_OUTPUT_ROOT, DEFAULT_PATH
@@ -71,11 +73,6 @@ def _is_horizon_error(exc: BaseException) -> bool:
     from dz_gym.chunks import HorizonError
 
     return isinstance(exc, HorizonError)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _exit_code(summary: dict[str, Any]) -> int:
@@ -231,7 +228,7 @@ def _main(
             except KeyboardInterrupt:
                 return EXIT_INTERRUPTED
             except (RuntimeError, OSError, ValueError) as exc:
-                _say(f"dz-gym-eval: error: cannot start the embedded server: {_first_line(exc)}")
+                _say(f"dz-gym-eval: error: cannot start the embedded server: {first_line(exc)}")
                 return EXIT_ABORTED
             servers = [url for urls in arm_servers.values() for url in urls]
             if control.stop.is_set():
@@ -249,7 +246,7 @@ def _main(
             except KeyboardInterrupt:
                 return EXIT_INTERRUPTED
             except (RuntimeError, OSError, ValueError) as exc:
-                _say(f"dz-gym-eval: error: cannot start the embedded server: {_first_line(exc)}")
+                _say(f"dz-gym-eval: error: cannot start the embedded server: {first_line(exc)}")
                 return EXIT_ABORTED
             servers = urls[:1]
             servers_b = urls[1:]
@@ -347,7 +344,7 @@ def _evaluate(
         _close_logs(log, run_dir, None)
         log = None
         if _is_horizon_error(exc):
-            text = flag_message(ValueError(_first_line(exc)))
+            text = flag_message(ValueError(first_line(exc)))
             _say(f"dz-gym-eval: error: {text if text.startswith('--') else '--open-loop-horizon: ' + text}")
             if created and not run_dir.read_rows():
                 shutil.rmtree(run_dir.path, ignore_errors=True)  # nothing ran: leave nothing behind
@@ -357,7 +354,7 @@ def _evaluate(
         if signals.signals:  # a failure caused by stopping (e.g. a simulator worker that got the signal too)
             _print_results(run_dir, run_dir.read_summary())
             return EXIT_INTERRUPTED
-        _say(f"dz-gym-eval: error: {type(exc).__name__}: {_first_line(exc)}")
+        _say(f"dz-gym-eval: error: {type(exc).__name__}: {first_line(exc)}")
         _print_results(run_dir, run_dir.read_summary())
         return EXIT_ABORTED
     _close_logs(log, run_dir, summary)

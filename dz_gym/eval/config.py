@@ -23,6 +23,7 @@ from typing import Any
 
 from dz_gym.cli_types import field_default
 from dz_gym.envs import backends, droid
+from dz_gym.stats.comparison import ARMS
 from dz_gym.transport import TransportConfig, validate_url
 
 CONFIG_VERSION = 1
@@ -30,7 +31,7 @@ BACKENDS = backends.NAMES  # "auto" and every backend of dz_gym.envs.backends
 EXTERNAL_POLICY = "external"  # the ``policy`` of a run against servers it did not start
 
 _ARM_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,15}")
-ARMS = ("a", "b")
+
 LOG_CHOICES = (
     "wandb",
     "tensorboard",

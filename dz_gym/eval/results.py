@@ -27,6 +27,7 @@ import numpy as np
 
 from dz_gym.eval.failure import mode_counts
 from dz_gym.eval.row import check_row
+from dz_gym.stats.comparison import ARMS
 from dz_gym.stats.proportions import wilson_interval
 
 ERRORED_NOTE = "errored episodes are excluded from the success denominators (n) and counted in 'errored'"
@@ -213,7 +214,7 @@ def _arm_names(arms: Mapping[str, Any]) -> list[str]:
 
 def _arm_label(arm: str) -> str:
     """An arm's name in the table: an A/B run's ``A``/``B``, a named arm as given."""
-    return arm.upper() if arm in ("a", "b") else arm
+    return arm.upper() if arm in ARMS else arm
 
 
 def format_table(summary: Mapping[str, Any]) -> str:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from dz_gym.errors import first_line
 from dz_gym.eval.failure import NAMES as MODES
 from dz_gym.eval.failure import mode_of
 
@@ -230,7 +231,7 @@ class ExperimentLog:
             getattr(sink, method)(*args)
         except Exception as exc:  # noqa: BLE001 - logging must never lose a run
             logger.warning("--log %s: %s failed (%s); logging to it stops here", type(sink).__name__.strip("_").lower(),
-                           method, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)  # fmt: skip
+                           method, first_line(exc))  # fmt: skip
             if sink in self.sinks:
                 self.sinks.remove(sink)
 

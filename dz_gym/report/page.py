@@ -27,6 +27,7 @@ from dz_gym.report.load import RunView, episode_key, outcome
 from dz_gym.report.modes import modes_block
 from dz_gym.report.paired import compare, discordant_list, split_arms
 from dz_gym.report.sequential import sequential_block
+from dz_gym.stats.comparison import ARMS
 
 INFO_KEYS = INFO_FIELDS  # shown under each episode
 
@@ -362,7 +363,7 @@ def comparison_block(
 def _arm_summaries(view: RunView) -> list[tuple[str, Mapping[str, Any]]]:
     """Per arm of an A/B run or a run of named arms: the summary's ``arms`` entries (recomputed from the rows
     when the summary is)."""
-    names = named_arms(view) or (["a", "b"] if split_arms(view.rows) is not None else [])
+    names = named_arms(view) or (list(ARMS) if split_arms(view.rows) is not None else [])
     if not names:
         return []
     saved = view.summary.get("arms")
