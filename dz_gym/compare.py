@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from dz_gym.cli_types import Flag, OneLineErrorParser, add_flags, flag_message, number, show
+from dz_gym.errors import RunError
 from dz_gym.eval.failure import format_transitions, mode_transitions
 from dz_gym.stats.comparison import compare_rows, format_comparison
 from dz_gym.stats.ranking import format_ranking, outcomes_by_seed, rank_arms
@@ -42,10 +43,6 @@ ROWS_FILE = "episodes.jsonl"
 MUST_MATCH = {"backend": "backend", "max_steps": "max steps", "open_loop_horizon": "horizon (--open-loop-horizon)"}
 # Settings that change outcomes but may be what an A/B compares: reported, not refused.
 MAY_DIFFER = ("prefetch", "simulated_delay", "max_stale_steps")
-
-
-class RunError(ValueError):
-    """A run directory that cannot be read as a dz-gym-eval run (one line)."""
 
 
 def load_run(path: str | os.PathLike) -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -63,7 +63,7 @@ their :class:`EpisodeStats` as arrays, with Gymnasium's vector masks: ``info["_c
 inside, ``"_<field>"`` per field.
 
 A server whose chunk is shorter than ``open_loop_horizon`` stops the run at its first reply with
-:class:`~dz_gym.chunks.HorizonError` (one line; the evaluator exits 2). A robot policy contract announced
+:class:`~dz_gym.errors.HorizonError` (one line; the evaluator exits 2). A robot policy contract announced
 in the handshake (:mod:`dz_gym.protocol.contract`) is checked before the first request, and with
 ``open_loop_horizon=None`` the announced chunk length caps the DROID default of 8. A refused session
 (:class:`~dz_gym.errors.SessionRefused`, ``"session_refused"``) makes its env hold and wait

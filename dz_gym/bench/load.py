@@ -34,16 +34,12 @@ import numpy as np
 
 from dz_gym.bench.metrics import RequestRecord
 from dz_gym.bench.payloads import PayloadSet, new_session_id
-from dz_gym.errors import DzGymError, SessionRefused
+from dz_gym.errors import BenchAborted, DzGymError, SessionRefused
 from dz_gym.transport import AsyncSession, TransportConfig
 
 __all__ = ["ARRIVALS", "BenchAborted", "LoadResult", "LoadSpec", "SimSession", "arrival_offsets", "run_load"]
 
 ARRIVALS = ("poisson", "constant")
-
-
-class BenchAborted(DzGymError):
-    """The run cannot go on (server down, or nothing but errors); the message says why, in one line."""
 
 
 def arrival_offsets(rate: float, arrival: str = "poisson", seed: int = 0) -> Iterator[float]:
