@@ -4,12 +4,14 @@ and to a W&B offline run, then read back from those files (no network)."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import struct
 import time
 
 import pytest
 
+from dz_gym import extras
 from dz_gym.eval import tracking
 from dz_gym.eval.config import EvalConfig
 from dz_gym.eval.evaluate import evaluate
@@ -120,7 +122,9 @@ def test_wandb_offline_run_holds_episodes_summary_and_table(tmp_path, monkeypatc
 
 
 def test_a_missing_tracker_is_named_in_one_line():
-    assert tracking.missing(["tensorboard"]) is None or "not installed" in tracking.missing(["tensorboard"])
+    for choice in ("tensorboard", "wandb"):
+        installed = importlib.util.find_spec(choice) is not None
+        assert tracking.missing([choice]) == (None if installed else f"--log {choice}: {extras.missing([choice])}")
     assert tracking.missing(["mlflow"]) == "--log: expected one of wandb, tensorboard, got 'mlflow'"
     with pytest.raises(ValueError, match="^log: expected a list of wandb, tensorboard, got 'x'$"):
         EvalConfig(scenes=[1], log=["x"])

@@ -17,7 +17,6 @@ TensorBoard's event files go to ``RUN_DIR/tensorboard/``, W&B's files under ``RU
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import math
 import threading
@@ -26,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from dz_gym import extras
 from dz_gym.errors import first_line
 from dz_gym.eval.failure import NAMES as MODES
 from dz_gym.eval.failure import mode_of
@@ -43,8 +43,9 @@ def missing(choices: Iterable[str]) -> str | None:
     for choice in choices:
         if choice not in BACKENDS:
             return f"--log: expected one of {', '.join(BACKENDS)}, got {choice!r}"
-        if importlib.util.find_spec(BACKENDS[choice]) is None:
-            return f"--log {choice}: the {choice} package is not installed (pip install 'dz-gym[{choice}]')"
+        problem = extras.missing([BACKENDS[choice]])
+        if problem is not None:
+            return f"--log {choice}: {problem}"
     return None
 
 
