@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 # Only light imports here: main() installs the signal handler before it imports numpy, the simulator, the
 # transport (seconds on a busy machine), so a Ctrl-C during those imports is a clean stop too.
+from dz_gym.eval.flag_table import DEFAULT_PATH
 from dz_gym.eval.flags import (
     COMMAND_ENV,
     EXIT_ABORTED,
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
     from dz_gym.eval.runner import RunControl
     from dz_gym.eval.shards.options import RayOptions
 
-__all__ = ["build_parser", "default_policy", "main", "resolve_config"]
+__all__ = ["DEFAULT_PATH", "build_parser", "default_policy", "main", "resolve_config"]
 
 
 def _say(message: str) -> None:
