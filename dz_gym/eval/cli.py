@@ -127,18 +127,19 @@ def _main(
         argv=argv,
         say=lambda line: _say(f"dz-gym-eval: {line}"),
     )
+    if result.status == "usage":
+        if result.exception is not None:  # the horizon error of this process (a child prints its own)
+            text = flag_message(ValueError(result.error))
+            _say(f"dz-gym-eval: error: {text if text.startswith('--') else '--open-loop-horizon: ' + text}")
+            if result.run_dir is not None:  # episodes ran before (a resume): kept
+                print(f"results: {result.run_dir.path}")
+        return EXIT_USAGE
     if result.run_dir is None:  # nothing was written
         if result.status == "interrupted":
             _say(f"dz-gym-eval: {result.error}")
         elif result.error:
             _say(f"dz-gym-eval: error: {result.error}")
-        return {"interrupted": EXIT_INTERRUPTED, "usage": EXIT_USAGE}.get(result.status, EXIT_ABORTED)
-    if result.status == "usage":
-        if result.exception is not None:  # the horizon error of this process (a child prints its own)
-            text = flag_message(ValueError(result.error))
-            _say(f"dz-gym-eval: error: {text if text.startswith('--') else '--open-loop-horizon: ' + text}")
-            print(f"results: {result.run_dir.path}")
-        return EXIT_USAGE
+        return EXIT_INTERRUPTED if result.status == "interrupted" else EXIT_ABORTED
     if result.exception is not None:  # a failure outside an episode; the summary is written
         if not signals.signals:  # else caused by stopping (e.g. a simulator worker that got the signal too)
             _say(f"dz-gym-eval: error: {result.error}")
