@@ -13,7 +13,9 @@ Exit status: 0 when every planned episode has a row, 130 after Ctrl-C or SIGTERM
 kept and ``summary.json`` says ``"interrupted": true``), 1 when a preflight check failed (nothing is written) or
 the run aborted (``--max-errors`` exceeded, a simulator or server failure outside an episode), 2 for bad flags
 (one line) and for an ``--open-loop-horizon`` longer than the server's chunks. Every default comes from
-:class:`~dz_gym.eval.config.EvalConfig`. ``docs/eval.md`` describes flags, outputs and resume.
+:class:`~dz_gym.eval.config.EvalConfig`. ``docs/eval.md`` describes flags, outputs and resume. This module only
+parses, calls :func:`dz_gym.eval.run.run_eval` (the run itself, the same from Python), prints what it returns
+and maps its status to the exit status.
 
 The parser is plain argparse so Isaac Lab's launcher flags (``--device``, ``--headless``...) join it when
 Isaac Lab is installed.
