@@ -56,11 +56,11 @@ that step and asks again at its next step (after a bounded reconnect when the co
 is flagged, the other envs carry on. For the envs whose episode ended in the step, ``info["chunk_stats"]`` holds
 their :class:`EpisodeStats` as arrays, masked by ``info["_chunk_stats"]`` (which envs).
 
-A chunk shorter than ``open_loop_horizon`` stops the run (:class:`~dz_gym.chunks.HorizonError`, one line; the
-evaluator exits 2). A robot policy contract announced in the handshake (:mod:`dz_gym.protocol.contract`) is
-checked before the first request; with ``open_loop_horizon=None`` its chunk length caps the default 8. A
-refused session (:class:`~dz_gym.errors.SessionRefused`, ``"session_refused"``) makes its env hold and wait
-(:mod:`dz_gym.admission`, :meth:`admission_retry_at`); the evaluator restarts such an episode.
+A chunk shorter than ``open_loop_horizon`` stops the run at its first reply (:class:`~dz_gym.errors.HorizonError`,
+one line; the evaluator exits 2). A policy contract announced in the handshake (:mod:`dz_gym.protocol.contract`)
+is checked before the first request; with ``open_loop_horizon=None`` its chunk length caps the default 8. A
+refused session (:class:`~dz_gym.errors.SessionRefused`) makes its env hold and wait (:mod:`dz_gym.admission`,
+:meth:`admission_retry_at`); the evaluator restarts such an episode.
 
 Latency hiding (opt-in; the rules: :mod:`dz_gym.chunks`): ``prefetch=K`` asks for the next chunk K actions
 before the window ends, ``max_stale_steps`` bounds the steps run on a late chunk's previous rows, and

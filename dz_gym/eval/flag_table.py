@@ -94,6 +94,10 @@ OUTPUTS = (
     Flag("--video", "per-episode mp4 videos", field="video", action=BOOL),
     Flag("--report", "write report.html (dz-gym-report) into the run directory at the end of every run segment, "
          "also after Ctrl-C and on resume", field="report", action=BOOL),
+    Flag("--log", "also log episodes, the summary and the decision to wandb (W&B; WANDB_MODE=offline works with "
+         "no network) or tensorboard (event files in RUN_DIR/tensorboard); repeatable; optional extras",
+         field="log", action="append", choices=("wandb", "tensorboard"), metavar="TRACKER", shown="none"),
+    Flag("--log-project", "the W&B project of --log wandb", field="log_project", metavar="NAME"),
     Flag("--progress", "progress bars for episodes and env steps; when stderr is not a terminal, one progress "
          "line every 30 s instead", dest="progress", action=BOOL, shown="bars on a TTY, else lines",
          doc="tqdm bars for episodes (running success rate) and env steps (env-steps/s, last chunk latency); when "

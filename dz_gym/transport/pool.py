@@ -28,7 +28,7 @@ import time
 import weakref
 from collections.abc import Iterable
 
-from dz_gym.errors import DzGymError, RequestTimeout
+from dz_gym.errors import DzGymError, PartialConnectError, RequestTimeout
 from dz_gym.policy_client import Outcome, PolicyClient
 from dz_gym.protocol import ServerMetadata
 from dz_gym.protocol.contract import releases_sessions
@@ -40,22 +40,6 @@ from dz_gym.transport.session import AsyncSession, encode_request
 __all__ = ["PartialConnectError", "SessionPool"]
 
 logger = logging.getLogger("dz_gym.transport")
-
-
-class PartialConnectError(DzGymError):
-    """Some sessions of a pool failed to connect; the others are connected and usable.
-
-    ``connected`` maps session index -> metadata, ``errors`` maps session index -> the typed error.
-    """
-
-    def __init__(self, connected: dict[int, ServerMetadata], errors: dict[int, DzGymError]):
-        first = min(errors)
-        super().__init__(
-            f"{len(errors)} of {len(errors) + len(connected)} sessions failed to connect; "
-            f"first: session {first}: {errors[first]}"
-        )
-        self.connected = connected
-        self.errors = errors
 
 
 class SessionPool(PolicyClient):
