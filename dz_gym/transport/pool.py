@@ -177,22 +177,7 @@ class SessionPool(PolicyClient):
         Wait on it at most ``config.request_bound()`` seconds: that covers every attempt the request may
         make (see :meth:`AsyncSession.send`).
         """
-        session = self._session(i)
-        profiler = self._profiler
-        start = time.perf_counter()
-        try:
-            payload = encode_request(request)
-        except DzGymError as exc:
-            done: concurrent.futures.Future[Outcome] = concurrent.futures.Future()
-            done.set_result(Outcome.failed(i, exc))
-            return done
-        if profiler is None:
-            return self._loop.submit(session.send(payload, index=i))
-        encoded = time.perf_counter()
-        future = self._loop.submit(session.send(payload, index=i))
-        profiler.add("encode", encoded - start)
-        profiler.add("submit", time.perf_counter() - encoded)
-        return future
+        return self.submit_many([(i, request)])[0]
 
     def submit_many(self, items) -> list[concurrent.futures.Future[Outcome]]:
         """:meth:`submit` for each ``(i, request)``: all encoded here, then handed to the loop thread at once
