@@ -49,7 +49,7 @@ Example (two envs, synchronous, a horizon of 2 rows; ``chunk`` stands for a serv
     >>> schedule.accept_chunk(1, chunk[:1])
     Traceback (most recent call last):
     ...
-    dz_gym.chunks.HorizonError: open_loop_horizon: 2 is longer than the server's chunk of 1 row(s); pass at most 1
+    dz_gym.errors.HorizonError: open_loop_horizon: 2 is longer than the server's chunk of 1 row(s); pass at most 1
 """
 
 from __future__ import annotations
@@ -61,25 +61,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dz_gym.envs import droid
-from dz_gym.errors import DzGymError
+from dz_gym.errors import HorizonError
 from dz_gym.protocol.contract import check_chunk
-
-
-class HorizonError(DzGymError, ValueError):
-    """``open_loop_horizon`` is longer than the server's action chunk (known from its first reply).
-
-    A configuration error, not a fault of one episode: the run should stop with this one-line message.
-    ``horizon`` is the requested value, ``chunk_length`` the rows the server sent.
-    """
-
-    def __init__(self, horizon: int, chunk_length: int, where: str = ""):
-        suffix = f" ({where})" if where else ""
-        super().__init__(
-            f"open_loop_horizon: {horizon} is longer than the server's chunk of {chunk_length} row(s); "
-            f"pass at most {chunk_length}{suffix}"
-        )
-        self.horizon = int(horizon)
-        self.chunk_length = int(chunk_length)
 
 
 def check_horizon(open_loop_horizon: int, chunk_length: int, where: str = "") -> None:

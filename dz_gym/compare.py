@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from dz_gym.cli_types import Flag, OneLineErrorParser, add_flags, flag_message, number, show
+from dz_gym.errors import RunError
+from dz_gym.eval.failure import format_transitions, mode_transitions
 from dz_gym.stats.comparison import compare_rows, descriptive_comparison, format_comparison
 from dz_gym.stats.ranking import format_ranking, outcomes_by_seed, rank_arms
 
@@ -41,10 +43,6 @@ ROWS_FILE = "episodes.jsonl"
 MUST_MATCH = {"backend": "backend", "max_steps": "max steps", "open_loop_horizon": "horizon (--open-loop-horizon)"}
 # Settings that change outcomes but may be what an A/B compares: reported, not refused.
 MAY_DIFFER = ("prefetch", "simulated_delay", "max_stale_steps")
-
-
-class RunError(ValueError):
-    """A run directory that cannot be read as a dz-gym-eval run (one line)."""
 
 
 def load_run(path: str | os.PathLike) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -164,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(f"runs not comparable: {'; '.join(problems)} (--force compares them anyway)")
             labels = {"a": _label(config_a, args.runs[0]), "b": _label(config_b, args.runs[1])}
             result = compare_rows(rows_a, rows_b, labels=labels, **level)
+            result["failure_modes"] = mode_transitions(rows_a, rows_b)
         else:
             config, rows = load_run(args.runs[0])
             if not any("arm" in row for row in rows):
@@ -173,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
                 return _print_ranking(args, ranking, [args.runs[0]], [])
             labels = {arm: f"{args.runs[0]} arm {arm.upper()}" + _arm_suffix(config, rows, arm) for arm in "ab"}
             result = compare_rows(rows, labels=labels, **level)
+            arm_rows = [[r for r in rows if r.get("arm") == arm] for arm in "ab"]
+            result["failure_modes"] = mode_transitions(*arm_rows)
     except ValueError as exc:
         parser.error(flag_message(exc, FLAGS))
     result["runs"] = list(args.runs)
@@ -186,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     if sequential:  # the run stopped by its sequential test: no fixed-n verdicts, the numbers descriptive
         result = descriptive_comparison(result)
     text = format_comparison(result, descriptive=sequential)
+    text += "\n" + "\n".join(format_transitions(result["failure_modes"]))
     if sequential:
         text += "\n\n" + _sequential_line(args.runs[0])
     notes = [f"note: not comparable, compared anyway (--force): {p}" for p in problems]

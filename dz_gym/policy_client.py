@@ -24,6 +24,7 @@ import abc
 import concurrent.futures
 import dataclasses
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from dz_gym.errors import DzGymError
@@ -108,6 +109,10 @@ class PolicyClient(abc.ABC):
     @abc.abstractmethod
     def submit(self, env_id: int, request: dict) -> concurrent.futures.Future[Outcome]:
         """Send one infer request of slot ``env_id``; the future resolves to its outcome."""
+
+    def submit_many(self, items: Sequence[tuple[int, dict]]) -> list[concurrent.futures.Future[Outcome]]:
+        """:meth:`submit` for each ``(env_id, request)``, in order (a client may hand them over at once)."""
+        return [self.submit(env_id, request) for env_id, request in items]
 
     @abc.abstractmethod
     def reconnect(self, env_id: int) -> ServerMetadata:

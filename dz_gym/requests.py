@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 
 from dz_gym.envs import droid
-from dz_gym.preprocess import is_torch_tensor, resize_with_pad_to_numpy, to_numpy
+from dz_gym.preprocess import is_torch_tensor, resize_with_pad, to_numpy
 from dz_gym.protocol import build_infer_request
 
-__all__ = ["build_requests", "contiguous_runs", "hold_actions", "is_torch_tensor", "proprio", "resized_views",
+__all__ = ["assemble_requests", "build_requests", "contiguous_runs", "hold_actions", "is_torch_tensor", "proprio", "resized_views",
            "resolve_prompts", "to_numpy", "validate_policy_obs", "checked_actions", "env_actions"]  # fmt: skip
 
 
@@ -67,21 +67,77 @@ def resized_views(
     """The three views of ``env_ids`` (in sorted order), resized with pad to ``image_resolution``.
 
     Full-resolution images are never gathered: each run of consecutive env ids is resized through a slice
-    (a view of the batch, on its device), and only the small results are joined on the host.
+    (a view of the batch, on its device). GPU tensors stay there until every camera's part is ready, then go
+    to the host in one transfer into page-locked memory (:func:`_to_host`): a single synchronisation.
     """
     runs = contiguous_runs(env_ids)
-    views = {}
+    parts: dict[str, list[Any]] = {}
     for camera in droid.CAMERA_KEYS:
         batch = policy[camera]
-        parts = []
+        blocks = []
         for start, stop in runs:
             block = batch[start:stop]
-            if image_resolution is None:
-                parts.append(to_numpy(block))
-            else:
-                parts.append(resize_with_pad_to_numpy(block, int(image_resolution[0]), int(image_resolution[1])))
-        views[camera] = parts[0] if len(parts) == 1 else np.concatenate(parts)
-    return views
+            if image_resolution is not None:
+                block = resize_with_pad(block, int(image_resolution[0]), int(image_resolution[1]))
+            blocks.append(block)
+        parts[camera] = blocks
+    if any(getattr(block, "is_cuda", False) for blocks in parts.values() for block in blocks):
+        return _to_host(parts)
+    return {camera: to_numpy(blocks[0]) if len(blocks) == 1 else np.concatenate([to_numpy(b) for b in blocks])
+            for camera, blocks in parts.items()}  # fmt: skip
+
+
+def _to_host(parts: Mapping[str, Sequence[Any]]) -> dict[str, np.ndarray]:
+    """Each camera's GPU blocks as one host array, all cameras in one buffer and one transfer.
+
+    The blocks are copied asynchronously into a fresh page-locked host buffer (PyTorch's host allocator reuses
+    such buffers once the arrays that view them are gone), and the copies are waited for once. The arrays
+    returned are views of that buffer (each C-contiguous). Host tensors do not come here: their arrays are
+    the tensors' own memory (a copy through torch would also wake its intra-op threads)."""
+    import torch
+
+    first = next(iter(parts.values()))[0]
+    shapes = {camera: (sum(int(b.shape[0]) for b in blocks), *blocks[0].shape[1:]) for camera, blocks in parts.items()}
+    sizes = {camera: int(np.prod(shape)) for camera, shape in shapes.items()}
+    host = torch.empty(sum(sizes.values()), dtype=first.dtype, pin_memory=True)
+    out, offset = {}, 0
+    for camera, blocks in parts.items():
+        target = host[offset : offset + sizes[camera]].view(shapes[camera])
+        row = 0
+        for block in blocks:
+            rows = int(block.shape[0])
+            target[row : row + rows].copy_(block, non_blocking=True)
+            row += rows
+        out[camera] = target
+        offset += sizes[camera]
+    torch.cuda.current_stream(first.device).synchronize()
+    return {camera: tensor.numpy() for camera, tensor in out.items()}
+
+
+def assemble_requests(
+    views: Mapping[str, np.ndarray],
+    joints: np.ndarray,
+    gripper: np.ndarray,
+    env_ids: Sequence[int],
+    *,
+    prompts: Sequence[str],
+    session_ids: Sequence[str],
+    image_keys: Mapping[str, str] | None = None,
+) -> dict[int, dict]:
+    """The requests of ``env_ids`` from their host views (rows in sorted id order, as :func:`resized_views`
+    returns them) and every env's ``joints``/``gripper`` (indexed by env id); see :func:`build_requests`."""
+    image_keys = droid.REQUEST_IMAGE_KEYS if image_keys is None else image_keys
+    requests = {}
+    for row, env_id in enumerate(sorted(int(i) for i in env_ids)):
+        images = {image_keys[camera]: views[camera][row] for camera in droid.CAMERA_KEYS}
+        requests[int(env_id)] = build_infer_request(
+            images=images,
+            joint_position=joints[env_id],
+            gripper_position=gripper[env_id],
+            prompt=prompts[env_id],
+            session_id=session_ids[env_id],
+        )
+    return requests
 
 
 def build_requests(
@@ -97,22 +153,12 @@ def build_requests(
 
     ``image_keys`` maps each camera to its request key (default ``droid.REQUEST_IMAGE_KEYS``; an env whose
     task sends another camera as the first exterior view says so with its ``request_image_keys``)."""
-    image_keys = droid.REQUEST_IMAGE_KEYS if image_keys is None else image_keys
     if len(env_ids) == 0:
         return {}
     views = resized_views(policy, env_ids, image_resolution)
     joints, gripper = proprio(policy)
-    requests = {}
-    for row, env_id in enumerate(sorted(int(i) for i in env_ids)):
-        images = {image_keys[camera]: views[camera][row] for camera in droid.CAMERA_KEYS}
-        requests[int(env_id)] = build_infer_request(
-            images=images,
-            joint_position=joints[env_id],
-            gripper_position=gripper[env_id],
-            prompt=prompts[env_id],
-            session_id=session_ids[env_id],
-        )
-    return requests
+    return assemble_requests(views, joints, gripper, env_ids, prompts=prompts, session_ids=session_ids,
+                             image_keys=image_keys)  # fmt: skip
 
 
 def hold_actions(policy: Mapping[str, Any]) -> np.ndarray:

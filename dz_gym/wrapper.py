@@ -56,11 +56,11 @@ that step and asks again at its next step (after a bounded reconnect when the co
 is flagged, the other envs carry on. For the envs whose episode ended in the step, ``info["chunk_stats"]`` holds
 their :class:`EpisodeStats` as arrays, masked by ``info["_chunk_stats"]`` (which envs).
 
-A chunk shorter than ``open_loop_horizon`` stops the run (:class:`~dz_gym.chunks.HorizonError`, one line; the
-evaluator exits 2). A robot policy contract announced in the handshake (:mod:`dz_gym.protocol.contract`) is
-checked before the first request; with ``open_loop_horizon=None`` its chunk length caps the default 8. A
-refused session (:class:`~dz_gym.errors.SessionRefused`, ``"session_refused"``) makes its env hold and wait
-(:mod:`dz_gym.admission`, :meth:`admission_retry_at`); the evaluator restarts such an episode.
+A chunk shorter than ``open_loop_horizon`` stops the run at its first reply (:class:`~dz_gym.errors.HorizonError`,
+one line; the evaluator exits 2). A policy contract announced in the handshake (:mod:`dz_gym.protocol.contract`)
+is checked before the first request; with ``open_loop_horizon=None`` its chunk length caps the default 8. A
+refused session (:class:`~dz_gym.errors.SessionRefused`) makes its env hold and wait (:mod:`dz_gym.admission`,
+:meth:`admission_retry_at`); the evaluator restarts such an episode.
 
 Latency hiding (opt-in; the rules: :mod:`dz_gym.chunks`): ``prefetch=K`` asks for the next chunk K actions
 before the window ends, ``max_stale_steps`` bounds the steps run on a late chunk's previous rows, and
@@ -495,18 +495,12 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
             now = time.monotonic()
             due = [i for i in due if self._admission.may_ask(i, now)]
         if due:
-            requests = build_requests(
-                policy_obs,
-                due,
-                prompts=self.prompts,
-                session_ids=self._schedule.session_ids,
-                image_resolution=self.image_resolution,
-                image_keys=getattr(self.env.unwrapped, "request_image_keys", None),
-            )
+            requests = self._requests(policy_obs, due)
             self._used[due] = True
-            for env_id in due:
-                token = self._schedule.mark_sent(env_id)
-                self._in_flight[env_id] = _InFlight(token, self._client.submit(env_id, requests[env_id]))
+            tokens = [self._schedule.mark_sent(env_id) for env_id in due]
+            futures = self._client.submit_many([(env_id, requests[env_id]) for env_id in due])
+            for env_id, token, future in zip(due, tokens, futures):
+                self._in_flight[env_id] = _InFlight(token, future)
             record.called[due] = True
 
         if not self._in_flight and not self._schedule.in_flight().any():
@@ -517,6 +511,12 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         self._take_replies(waiting, True, record)
         self._schedule.apply_arrivals()
         return record
+
+    def _requests(self, policy_obs, due: list[int]) -> dict[int, dict]:
+        """The requests of the ``due`` envs (keyed by env id)."""
+        return build_requests(policy_obs, due, prompts=self.prompts, session_ids=self._schedule.session_ids,
+                              image_resolution=self.image_resolution,
+                              image_keys=getattr(self.env.unwrapped, "request_image_keys", None))  # fmt: skip
 
     def _take_replies(self, env_ids: list[int], block: bool, record: StepRecord) -> None:
         """Settle the finished requests of ``env_ids`` into ``record`` (waiting for them when ``block``)."""

@@ -21,8 +21,11 @@ import time
 
 import numpy as np
 
+from dz_gym.extras import require
+
 
 def main() -> int:
+    require("isaac3_smoke.py", "isaaclab", "torch")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", default="DZ-DROID-CubeInBowl-Newton-v0")
     parser.add_argument("--device", default="cuda:0")

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dz_gym.extras import require
+
 HOME = (0.0, -0.2 * math.pi, 0.0, -0.8 * math.pi, 0.0, 0.6 * math.pi, 0.0)
 POOLED = (45, 80)
 QUANTITIES = ("arm_joint_pos", "gripper_pos", "object_pos", "container_pos", "success", "milestones", "images")
@@ -162,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    require("isaac_check_batched.py", "isaaclab", "torch")
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     if args.role is not None:

@@ -14,11 +14,16 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
 
-from dz_gym.envs import droid
-from dz_gym.envs.mujoco import make_env
-from dz_gym.envs.mujoco.expert import ScriptedExpert
+from dz_gym.extras import require
+
+require("render_scenes.py", "mujoco", "PIL")  # before the imports that need them: one line, not a traceback
+
+from PIL import Image  # noqa: E402
+
+from dz_gym.envs import droid  # noqa: E402
+from dz_gym.envs.mujoco import make_env  # noqa: E402
+from dz_gym.envs.mujoco.expert import ScriptedExpert  # noqa: E402
 
 
 def grasp_frame(scene: int, seed: int, image_shape) -> dict[str, np.ndarray]:

@@ -27,6 +27,8 @@ import time
 
 import numpy as np
 
+from dz_gym.extras import require
+
 OPENPI_PATH = "/v1/realtime/robot/openpi"
 
 
@@ -144,6 +146,7 @@ def run(server_url: str, args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    require("residual_ppo.py", "torch", "rsl_rl", "mujoco")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-envs", type=int, default=8)
     parser.add_argument("--iterations", type=int, default=20, help="PPO iterations (default 20)")

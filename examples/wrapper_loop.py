@@ -17,6 +17,7 @@ import argparse
 import numpy as np
 
 import dz_gym
+from dz_gym.extras import require
 from dz_gym.server.launch import start_server_process
 
 
@@ -51,6 +52,7 @@ def run(server_url: str, args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    require("wrapper_loop.py", "mujoco")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--server", help="ws:// URL of a policy server (default: start the reference server)")
     parser.add_argument("--scene", type=int, default=1)

@@ -94,7 +94,8 @@ if [ $want_test = 1 ]; then
   if [ $want_isaac22 = 1 ]; then
     "${pip[@]}" -e ".[mujoco,test,plot]" "${pins[@]}"
   else
-    "${pip[@]}" -e ".[mujoco,test,plot]" "torch==2.13.0"
+    # the experiment trackers (--log) only in the first environment: the logging tests skip without them
+    "${pip[@]}" -e ".[mujoco,test,plot,wandb,tensorboard]" "torch==2.13.0"
   fi
   # openpi-client pins numpy<2 and forgets typing_extensions: install it without its pins, next to the
   # dependencies it really uses (pillow, dm-tree, typing-extensions come with the test extra).

@@ -68,3 +68,29 @@ def test_ray_shards_write_the_same_rows(in_process, tmp_path):
     rows = run_cli(tmp_path, "--ray", "local", "--shards", "2")
     assert {r["shard"] for r in rows} == {0, 1} and all(r["shard"] == r["env"] for r in rows)
     assert comparable(rows, ignore={"server", "shard"}) == comparable(in_process, ignore={"server"})
+
+
+def _api_rows(root: Path, **options) -> list[dict]:
+    """The same run through the Python API (dz_gym.eval.run.run_eval), in this process."""
+    from dz_gym.eval.run import run_eval
+
+    config = EvalConfig(scenes=[1, 2], episodes=3, num_envs=2, max_steps=12, backend="mujoco", video=False,
+                        report=False)  # fmt: skip
+    result = run_eval(config, output_root=root, **options)
+    assert result.status == "complete" and result.error is None, result.error
+    assert result.summary["complete"] and result.run_dir.path.parent == root
+    return result.run_dir.read_rows()
+
+
+@pytest.mark.slow  # 8-17 s; runs in the first environment's pass
+def test_the_python_api_writes_the_same_rows_as_the_cli(in_process, tmp_path):
+    rows = _api_rows(tmp_path, process_per_scene=False)  # its own embedded server, started and stopped by the API
+    assert comparable(rows, ignore={"server"}) == comparable(in_process, ignore={"server"})
+
+
+@pytest.mark.slow  # 8-17 s; runs in the first environment's pass
+def test_the_python_api_runs_a_process_per_scene_too(in_process, tmp_path, monkeypatch):
+    for key, value in ENV.items():
+        monkeypatch.setenv(key, value)
+    rows = _api_rows(tmp_path, process_per_scene=True)  # each scene in a dz-gym-eval child, as on Isaac Lab
+    assert comparable(rows, ignore={"server"}) == comparable(in_process, ignore={"server"})

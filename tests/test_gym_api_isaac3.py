@@ -44,36 +44,35 @@ assert vec.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP
 client = MemoryPolicyClient(HoldPolicy(), num_envs=2)
 """
 
-VECTOR_CASE = (
+CASE = (
     COMMON
     + """
-wrapper = dz_gym.DreamZeroPolicyWrapper(vec, client=client)
+wrapper = dz_gym.DreamZeroPolicyWrapper(vec, client=client)  # over the VectorEnv
 obs, info = wrapper.reset(seed=0)
 for _ in range(10):
     obs, reward, terminated, truncated, info = wrapper.step()
 assert info["_success"].all() and info["milestones"]["_placed"].all() and info["_policy_called"].all()
 assert to_numpy(obs["policy"]["wrist_cam"]).shape[0] == 2
-wrapper.close()
-print("CASE OK")
-"""
-)
+print("VECTOR OK")
 
-RAW_CASE = (
-    COMMON
-    + """
-raw = vec.unwrapped.isaac_env  # Isaac Lab's ManagerBasedRLEnv itself
-wrapper = dz_gym.DreamZeroPolicyWrapper(raw, client=client, prompt="put the cube in the bowl")
+raw = vec.unwrapped.isaac_env  # over Isaac Lab's ManagerBasedRLEnv itself (the same simulation: one per process)
+wrapper = dz_gym.DreamZeroPolicyWrapper(raw, client=MemoryPolicyClient(HoldPolicy(), num_envs=2),
+                                        prompt="put the cube in the bowl")
 obs, info = wrapper.reset(seed=0)
-for _ in range(10):
+received = 0
+for _ in range(10):  # requests at steps 0 and 8 (open-loop horizon 8): 2 chunks per env
     obs, reward, terminated, truncated, info = wrapper.step()
-assert info["_policy_called"].all() and info["chunk_received"].sum() >= 2
+    assert info["_policy_called"].all()
+    received += int(info["chunk_received"].sum())
+assert received == 4, received
 wrapper.close()
-print("CASE OK")
+print("RAW OK")
 """
 )
 
 
-@pytest.mark.parametrize("case", [VECTOR_CASE, RAW_CASE], ids=["vector_env", "manager_based_rl_env"])
-def test_wrapper_drives_the_kitless_env_on_the_cpu(case):
-    done = subprocess.run([sys.executable, "-c", case], capture_output=True, text=True, timeout=500, check=False)
-    assert done.returncode == 0 and "CASE OK" in done.stdout, done.stderr[-4000:]
+def test_wrapper_drives_the_kitless_env_on_the_cpu():
+    """One build (Isaac Lab builds one simulation per process): the wrapper over the registered vector env,
+    then over the ManagerBasedRLEnv underneath it."""
+    done = subprocess.run([sys.executable, "-c", CASE], capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0 and "VECTOR OK" in done.stdout and "RAW OK" in done.stdout, done.stderr[-4000:]

@@ -181,6 +181,30 @@ def test_session_store_is_lru_bounded_and_renews_on_request():
         SessionStore(dict, max_sessions=0)
 
 
+def test_session_store_counts_and_warns_once_when_an_evicted_session_comes_back(caplog):
+    """1024 envs asking in turn of a store of 64 sessions: every session is evicted before it asks again, so
+    its plan would silently restart at every chunk (the reference policy's old default gave 0/1024 on Isaac Lab
+    at N = 1024); the loss is counted and said once. The default store keeps 1024 envs x 4 scenes."""
+    small = SessionStore(dict, max_sessions=64)
+    with caplog.at_level("WARNING", logger="dz_gym.policies.reference.sessions"):
+        for _ in range(2):
+            for env in range(1024):
+                with small.session(f"s{env}"):
+                    pass
+    assert small.lost == 1024 and small.evictions == 2 * 1024 - 64
+    warnings = [r for r in caplog.records if "evicted" in r.getMessage()]
+    assert len(warnings) == 1 and "max_sessions=64" in warnings[0].getMessage()
+    default = SessionStore(dict)
+    for _ in range(2):
+        for env in range(4 * 1024):
+            with default.session(f"s{env}"):
+                pass
+    assert default.lost == 0 and default.evictions == 0
+    with small.session("fresh", new=True):  # a new session is never a loss
+        pass
+    assert small.lost == 1024
+
+
 def test_session_store_serialises_calls_of_one_session_across_threads():
     store = SessionStore(lambda: {"inside": 0, "max": 0, "calls": 0}, max_sessions=8)
     barrier = threading.Barrier(8)

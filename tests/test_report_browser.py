@@ -115,6 +115,14 @@ def test_video_plays_and_trajectory_is_drawn(run, open_page):
     assert page.locator(f"{traj} line.call").count() == row["server_calls"]
     page.click(f'#episodes tr[data-key="{key}"] button.open')  # closes again
     assert page.locator("tr.detail").count() == 0
+    # A failure mode's fold-out makes its episodes' videos only when asked for.
+    mode = f'details.mode[data-mode="{row["failure_mode"]}"]'
+    page.click(f"{mode} summary")
+    page.click(f"{mode} button.modeopen")
+    same = sum(r["failure_mode"] == row["failure_mode"] for r in run.read_rows())
+    assert page.locator(f"{mode} video").count() == min(same, 12)
+    page.click(f"{mode} button.modeopen")
+    assert page.locator("video").count() == 0
     assert_clean(watch)
 
 

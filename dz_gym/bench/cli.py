@@ -43,7 +43,7 @@ from dz_gym.cli_types import (
     positive_int,
 )
 from dz_gym.envs import droid
-from dz_gym.errors import DzGymError
+from dz_gym.errors import DzGymError, first_line
 
 __all__ = ["build_parser", "config_from_args", "main"]
 
@@ -158,8 +158,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 
 def _fail(message: str) -> int:
-    first = str(message).strip().splitlines()[0] if str(message).strip() else "unknown error"
-    print(f"dz-gym-bench: error: {first}", file=sys.stderr)
+    print(f"dz-gym-bench: error: {first_line(message, 'unknown error')}", file=sys.stderr)
     return 1
 
 

@@ -40,17 +40,13 @@ import numpy as np
 from dz_gym.bench.metrics import RequestRecord
 from dz_gym.bench.payloads import PayloadSet, new_session_id
 from dz_gym.envs import droid
-from dz_gym.errors import DzGymError, ProtocolError, SessionRefused
+from dz_gym.errors import BenchAborted, DzGymError, ProtocolError, SessionRefused
 from dz_gym.protocol.contract import PolicyContract, check_reply
 from dz_gym.transport import AsyncSession, TransportConfig
 
 __all__ = ["ARRIVALS", "BenchAborted", "LoadResult", "LoadSpec", "SimSession", "arrival_offsets", "run_load"]
 
 ARRIVALS = ("poisson", "constant")
-
-
-class BenchAborted(DzGymError):
-    """The run cannot go on (server down, or nothing but errors); the message says why, in one line."""
 
 
 def arrival_offsets(rate: float, arrival: str = "poisson", seed: int = 0) -> Iterator[float]:

@@ -206,7 +206,7 @@ async def run_benchmark(cfg: BenchConfig, *, on_run=None, keep_records: bool = F
 
     Raises the typed errors of :mod:`dz_gym.errors` (a server never ready, a refused handshake, a policy
     contract the open-loop horizon or DROID's action width cannot follow) and
-    :class:`~dz_gym.bench.load.BenchAborted` (a run that cannot go on).
+    :class:`~dz_gym.errors.BenchAborted` (a run that cannot go on).
     """
     transport = cfg.transport_config()
     infos = [await wait_ready(url, cfg.ready_timeout, transport) for url in cfg.servers]

@@ -23,6 +23,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from dz_gym.stats.comparison import ARMS
 from dz_gym.stats.confseq import difference_confidence_sequence
 from dz_gym.stats.sequential import (
     DEFAULT_MIN_DIFFERENCE,
@@ -33,8 +34,6 @@ from dz_gym.stats.sequential import (
 )
 
 __all__ = ["PairTracker", "unpaired_rows"]
-
-ARMS = ("a", "b")
 
 
 def _pair_key(row: Mapping[str, Any]) -> tuple[int, int]:

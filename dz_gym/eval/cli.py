@@ -13,7 +13,9 @@ Exit status: 0 when every planned episode has a row, 130 after Ctrl-C or SIGTERM
 kept and ``summary.json`` says ``"interrupted": true``), 1 when a preflight check failed (nothing is written) or
 the run aborted (``--max-errors`` exceeded, a simulator or server failure outside an episode), 2 for bad flags
 (one line) and for an ``--open-loop-horizon`` longer than the server's chunks. Every default comes from
-:class:`~dz_gym.eval.config.EvalConfig`. ``docs/eval.md`` describes flags, outputs and resume.
+:class:`~dz_gym.eval.config.EvalConfig`. ``docs/eval.md`` describes flags, outputs and resume. This module only
+parses, calls :func:`dz_gym.eval.run.run_eval` (the run itself, the same from Python), prints what it returns
+and maps its status to the exit status.
 
 The parser is plain argparse so Isaac Lab's launcher flags (``--device``, ``--headless``...) join it when
 Isaac Lab is installed.
@@ -24,14 +26,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import shutil
 import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
 # Only light imports here: main() installs the signal handler before it imports numpy, the simulator, the
 # transport (seconds on a busy machine), so a Ctrl-C during those imports is a clean stop too.
-from dz_gym.eval.flag_table import DEFAULT_OUTPUT_ROOT, DEFAULT_PATH
+from dz_gym.eval.flag_table import DEFAULT_PATH
 from dz_gym.eval.flags import (
     COMMAND_ENV,
     EXIT_ABORTED,
@@ -43,7 +44,7 @@ from dz_gym.eval.flags import (
     flag_message,
     resolve_config,
 )
-from dz_gym.eval.signals import StopOnSignal, interruptible
+from dz_gym.eval.signals import StopOnSignal
 
 if TYPE_CHECKING:
     from dz_gym.eval.config import EvalConfig
@@ -51,164 +52,20 @@ if TYPE_CHECKING:
     from dz_gym.eval.runner import RunControl
     from dz_gym.eval.shards.options import RayOptions
 
-__all__ = ["build_parser", "default_policy", "main", "resolve_config"]
+__all__ = ["DEFAULT_PATH", "build_parser", "default_policy", "main", "resolve_config"]
 
 
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _start_embedded_server(policy: str, serve_args: list[str]):
-    from dz_gym.server.launch import start_server_process
-
-    argv = ["--policy", policy, "--flavor", "vllm-omni", "--quiet", *serve_args]
-    server = start_server_process(argv, new_session=True)
-    return server, server.url + DEFAULT_PATH
-
-
-def _is_horizon_error(exc: BaseException) -> bool:
-    """The wrapper's error for an open-loop horizon longer than the server's chunk."""
-    from dz_gym.chunks import HorizonError
-
-    return isinstance(exc, HorizonError)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _exit_code(summary: dict[str, Any]) -> int:
-    if summary.get("interrupted"):
-        return EXIT_INTERRUPTED
-    if summary.get("aborted"):
-        return EXIT_ABORTED
-    return EXIT_OK
-
-
-def _print_results(run_dir: RunDir, summary: dict[str, Any] | None) -> None:
+def _print_results(run_dir: RunDir | None, summary: dict[str, Any] | None) -> None:
     from dz_gym.eval.results import format_table
 
     if summary is not None and "overall" in summary:
         print(format_table(summary))
-    print(f"results: {run_dir.path}")
-
-
-def _run_scene_processes(argv: list[str], config: EvalConfig, run_dir: RunDir, command: str,
-                         at_once: int | None = None) -> int:  # fmt: skip
-    """Run each scene in a fresh ``dz-gym-eval --resume RUN_DIR --only-scene S`` process, ``at_once`` of them
-    (default all) at the same time (:class:`~dz_gym.eval.processes.SceneProcesses`), as one run segment of
-    this process."""
-    from dz_gym.eval.plan import plan_of
-    from dz_gym.eval.processes import SceneProcesses
-    from dz_gym.eval.segment import RunSegment, run_segment
-
-    # The children start the embedded servers: this process plans the scenes, not the servers' URLs.
-    servers = config.servers or ["embedded"]
-    plan = plan_of(config, servers, config.servers_b or ["embedded"])
-    segment = RunSegment(config, run_dir, plan, servers=config.servers, servers_b=config.servers_b, progress=False,
-                         log=_say, command=command, inherit=True)  # fmt: skip
-    executor = SceneProcesses(argv, command, _say, at_once)
-    summary = None
-    try:
-        summary = run_segment(segment, executor)
-    except KeyboardInterrupt:
-        summary = run_dir.read_summary()
-    if executor.code != EXIT_USAGE:
-        _print_results(run_dir, summary)
-    return executor.exit_code(summary)
-
-
-def _preflight(config: EvalConfig) -> str | None:
-    """Why the run cannot start (one line), or None; nothing is written either way."""
-    from dz_gym.eval.plan import is_url
-    from dz_gym.eval.preflight import check_backend, check_servers
-
-    urls = config.servers + config.servers_b + [v for _, v in config.arm_table() if is_url(v)]
-    return check_backend(config.backend) or check_servers(urls, config.transport_config())
-
-
-def _check_outputs(args: argparse.Namespace, config: EvalConfig, run_dir: RunDir | None) -> str | None:
-    """Why the run's outputs cannot be written (one line), or None: the output root of a new run, the run
-    directory (and its videos folder) of a resumed one."""
-    from dz_gym.eval.preflight import check_writable
-
-    if run_dir is None:
-        return check_writable(args.output_root or DEFAULT_OUTPUT_ROOT, "--output-root")
-    problem = check_writable(run_dir.path, "--resume")
-    if problem is None and config.video:
-        problem = check_writable(run_dir.path / "videos", "--resume")
-    return problem
-
-
-def _open_ledger(args: argparse.Namespace, config: EvalConfig, run_dir: RunDir | None):
-    """A resume: the run directory's lock, its rows checked against the plan, and whether anything is left;
-    returns ``(lock, None)`` to go on, or ``(None, exit status)`` when the run must not start (another process
-    writes the directory, a bad row, or a finished run: said in one line, and no server is started)."""
-    if run_dir is None:
-        return None, None
-    from dz_gym.eval.runlock import RunLock, RunLocked
-    from dz_gym.eval.segment import checked_rows
-
-    try:
-        lock = RunLock.acquire(run_dir.path)
-    except (RunLocked, OSError) as exc:
-        _say(f"dz-gym-eval: error: {_first_line(exc)}")
-        return None, EXIT_ABORTED
-    try:
-        run_dir.repair_rows()
-        rows = checked_rows(config, run_dir)
-        if args.only_scene or not _finished(config, rows):
-            return lock, None
-        _say(f"dz-gym-eval: {run_dir.path} is finished: {len(rows)} episode rows, nothing left to run "
-             "(no server or simulator started)")  # fmt: skip
-        _print_results(run_dir, _finished_summary(config, run_dir))
-        lock.release()
-        return None, EXIT_OK
-    except (ValueError, OSError) as exc:
-        lock.release()
-        _say(f"dz-gym-eval: error: --resume: {_first_line(exc)}")
-        return None, EXIT_ABORTED
-
-
-def _finished(config: EvalConfig, rows: list[dict[str, Any]]) -> bool:
-    """Whether the plan has nothing left after ``rows`` (every entry has a row, or an adaptive stop ended it)."""
-    from dz_gym.eval.plan import plan_of
-    from dz_gym.eval.segment import remaining
-
-    todo, _ = remaining(config, plan_of(config, config.servers or ["embedded"], config.servers_b or ["embedded"]), rows)
-    return len(todo) == 0
-
-
-def _finished_summary(config: EvalConfig, run_dir: RunDir) -> dict[str, Any] | None:
-    """The summary of a finished run; rewritten (as an empty run segment) where it is missing, does not say
-    complete, or a row linked a video that cannot be read."""
-    from dz_gym.eval.plan import plan_of
-    from dz_gym.eval.segment import RunSegment, run_segment
-    from dz_gym.eval.video import withdraw_broken_videos
-
-    summary = run_dir.read_summary()
-    withdrawn = withdraw_broken_videos(run_dir, run_dir.read_rows())
-    if summary is not None and summary.get("complete") and not withdrawn:
-        return summary
-    previous = summary or {}
-    servers = list(previous.get("servers") or config.servers)
-    plan = plan_of(config, servers or ["embedded"], config.servers_b or ["embedded"])
-    segment = RunSegment(config, run_dir, plan, servers=servers, servers_b=list(previous.get("servers_b") or []),
-                         progress=False, log=_say, command=str(previous.get("command", "")),
-                         server_info=previous.get("server"), report=config.report)  # fmt: skip
-    segment.video_errors.update(withdrawn)
-    return run_segment(segment, _NoEpisodes())
-
-
-class _NoEpisodes:
-    """The executor of a run segment with nothing to run (a finished run's summary rewritten)."""
-
-    def run(self, segment: Any) -> None:
-        return None
-
-    def close(self, segment: Any, error: BaseException | None) -> None:
-        return None
+    if run_dir is not None:
+        print(f"results: {run_dir.path}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -237,18 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             if early_stop.is_set():
                 _say("dz-gym-eval: stopped before the run started; nothing was written")
                 return EXIT_INTERRUPTED
-            problem = _check_outputs(args, config, run_dir)
-            if problem is not None:
-                _say(f"dz-gym-eval: error: {problem}")
-                return EXIT_USAGE
-            lock, code = _open_ledger(args, config, run_dir)
-            if code is not None:
-                return code
-            try:
-                return _main(args, argv, config, run_dir, ray_options, command, control, signals)
-            finally:
-                if lock is not None:
-                    lock.release()
+            return _main(args, argv, config, run_dir, ray_options, command, control, signals)
         except KeyboardInterrupt:  # a repeated signal where stopping at once was safe (nothing half-written)
             return EXIT_INTERRUPTED
 
@@ -263,177 +109,52 @@ def _main(
     control: RunControl,
     signals: StopOnSignal,
 ) -> int:
-    """Preflight, embedded server, run directory, evaluation: in this order, so a failure before the run
-    leaves nothing behind; a stop signal at any point ends with exit status 130."""
+    """Call :func:`~dz_gym.eval.run.run_eval` with what the flags say, print what it gives, map it to the exit
+    status."""
+    from dz_gym.envs.backends import auto_reason, traits
+    from dz_gym.eval.run import run_eval
 
     if args.backend in (None, "auto") and args.resume is None and not args.only_scene:
-        from dz_gym.envs.backends import auto_reason
-
         _say(f"dz-gym-eval: backend {config.backend} (auto: {auto_reason(config.backend)})")
-    try:
-        with interruptible():
-            problem = _preflight(config)
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
-    if problem is not None:
-        _say(f"dz-gym-eval: error: {problem}")
-        return EXIT_ABORTED
-    if control.stop.is_set():
-        _say("dz-gym-eval: stopped before the run started; nothing was written")
-        return EXIT_INTERRUPTED
-
-    from dz_gym.envs.backends import traits
-
-    backend = traits(config.backend)
-    per_process = args.process_per_scene if args.process_per_scene is not None else backend.one_scene_per_process
-    if per_process and not args.only_scene and len(config.scenes) > 1 and ray_options is None:  # shards: a process each
-        run_dir, created = _open_run_dir(args, config, run_dir)
-        code = _run_scene_processes(argv, config, run_dir, command, args.scene_processes)
-        if code == EXIT_USAGE and created and not run_dir.read_rows():  # a child's horizon error: nothing ran
-            shutil.rmtree(run_dir.path, ignore_errors=True)
-        return code
-
-    started: list = []  # embedded servers (arm A's, then arm B's; or the --arm arms' that name a policy)
-    try:
-        servers = list(config.servers)
-        servers_b = list(config.servers_b)
-        server_info: dict[str, Any] = {"embedded": not servers}
-        arm_servers: dict[str, list[str]] | None = None
-        if config.arm_specs:
-            try:
-                with interruptible():
-                    arm_servers = _start_arm_servers(config, args.serve_arg, started, server_info)
-            except KeyboardInterrupt:
-                return EXIT_INTERRUPTED
-            except (RuntimeError, OSError, ValueError) as exc:
-                _say(f"dz-gym-eval: error: cannot start the embedded server: {_first_line(exc)}")
-                return EXIT_ABORTED
-            servers = [url for urls in arm_servers.values() for url in urls]
-            if control.stop.is_set():
-                _say("dz-gym-eval: stopped before the run started; nothing was written")
-                return EXIT_INTERRUPTED
-        elif not servers:
-            policies = [config.policy] + ([config.policy_b] if config.ab else [])
-            urls = []
-            try:
-                with interruptible():
-                    for policy in policies:  # an A/B run: one server per arm, the same flavor and arguments
-                        server, url = _start_embedded_server(policy, args.serve_arg)
-                        started.append(server)
-                        urls.append(url)
-            except KeyboardInterrupt:
-                return EXIT_INTERRUPTED
-            except (RuntimeError, OSError, ValueError) as exc:
-                _say(f"dz-gym-eval: error: cannot start the embedded server: {_first_line(exc)}")
-                return EXIT_ABORTED
-            servers = urls[:1]
-            servers_b = urls[1:]
-            server_info.update(policy=config.policy, flavor="vllm-omni", serve_args=list(args.serve_arg), url=urls[0])
-            if config.ab:
-                server_info.update(policy_b=config.policy_b, url_b=urls[1])
-                _say(f"dz-gym-eval: no --server given; started two embedded reference servers: arm A (policy "
-                     f"{config.policy}) at {urls[0]}, arm B (policy {config.policy_b}) at {urls[1]}")  # fmt: skip
-            else:
-                _say(
-                    f"dz-gym-eval: no --server given; started the embedded reference server (policy {config.policy}) at {urls[0]}"
-                )
-            if control.stop.is_set():
-                _say("dz-gym-eval: stopped before the run started; nothing was written")
-                return EXIT_INTERRUPTED
-        run_dir, created = _open_run_dir(args, config, run_dir)
-        return _evaluate(args, config, run_dir, (servers, servers_b, ray_options, arm_servers), server_info, command,
-                         control, signals, created)  # fmt: skip
-    finally:
-        for server in reversed(started):
-            server.stop()
-
-
-def _start_arm_servers(config: EvalConfig, serve_args: list[str], started: list, info: dict) -> dict[str, list[str]]:
-    """Per ``--arm``, its server URLs: its own URL, or an embedded server started here for its policy (appended to
-    ``started``, so that the caller stops it); ``info`` (the summary's ``server``) records each arm's."""
-    from dz_gym.eval.plan import is_url
-
-    out: dict[str, list[str]] = {}
-    info["arms"] = {}
-    for name, value in config.arm_table():
-        if is_url(value):
-            out[name] = [value]
-            info["arms"][name] = {"url": value}
-            continue
-        server, url = _start_embedded_server(value, serve_args)
-        started.append(server)
-        out[name] = [url]
-        info["arms"][name] = {"policy": value, "url": url, "flavor": "vllm-omni"}
-        _say(f"dz-gym-eval: arm {name}: started an embedded reference server (policy {value}) at {url}")
-    info["embedded"] = any("policy" in entry for entry in info["arms"].values())
-    return out
-
-
-def _open_run_dir(args: argparse.Namespace, config: EvalConfig, run_dir: RunDir | None) -> tuple[RunDir, bool]:
-    """The run directory: a new one (``created``), or the resumed one with the config saved again."""
-    from dz_gym.eval.rundir import RunDir
-
-    if run_dir is None:
-        run_dir = RunDir.create(args.output_root or DEFAULT_OUTPUT_ROOT, config)
-        _say(f"dz-gym-eval: run directory {run_dir.path}")
-        return run_dir, True
-    run_dir.save_config(config)
-    if not args.only_scene:
-        _say(f"dz-gym-eval: resuming {run_dir.path}")
-    return run_dir, False
-
-
-def _evaluate(
-    args: argparse.Namespace,
-    config: EvalConfig,
-    run_dir: RunDir,
-    placement: tuple[list[str], list[str], RayOptions | None, dict[str, list[str]] | None],
-    server_info: dict[str, Any],
-    command: str,
-    control: RunControl,
-    signals: StopOnSignal,
-    created: bool,
-) -> int:
-    from dz_gym.envs.backends import traits
-    from dz_gym.eval.evaluate import evaluate
-
-    servers, servers_b, ray_options, arm_servers = placement  # arm A's and B's URLs, the Ray shards, --arm's URLs
-    try:
-        summary = evaluate(
-            config,
-            run_dir,
-            servers,
-            control=control,
-            progress=args.progress,
-            command=command,
-            server_info=server_info,
-            only_scenes=args.only_scene,
-            env_kwargs={"app_args": args} if traits(config.backend).starts_app else None,
-            ray_options=ray_options,
-            servers_b=servers_b,
-            arm_servers=arm_servers,
-        )
-    except KeyboardInterrupt:
-        summary = run_dir.read_summary() or {"interrupted": True}
-        summary["interrupted"] = True
-    except Exception as exc:  # noqa: BLE001 - one line for the user; the summary is already written
-        if _is_horizon_error(exc):
-            text = flag_message(ValueError(_first_line(exc)))
+    result = run_eval(
+        config,
+        run_dir=run_dir,
+        output_root=args.output_root,
+        serve_args=args.serve_arg,
+        process_per_scene=args.process_per_scene,
+        ray_options=ray_options,
+        control=control,
+        progress=args.progress,
+        command=command,
+        env_kwargs={"app_args": args} if traits(config.backend).starts_app else None,
+        only_scenes=args.only_scene,
+        scene_processes=args.scene_processes,
+        argv=argv,
+        say=lambda line: _say(f"dz-gym-eval: {line}"),
+    )
+    if result.status == "usage":
+        if result.exception is None and result.error:  # an output that cannot be written: nothing started
+            _say(f"dz-gym-eval: error: {result.error}")
+        if result.exception is not None:  # the horizon error of this process (a child prints its own)
+            text = flag_message(ValueError(result.error))
             _say(f"dz-gym-eval: error: {text if text.startswith('--') else '--open-loop-horizon: ' + text}")
-            if created and not run_dir.read_rows():
-                shutil.rmtree(run_dir.path, ignore_errors=True)  # nothing ran: leave nothing behind
-            else:
-                print(f"results: {run_dir.path}")
-            return EXIT_USAGE
-        if signals.signals:  # a failure caused by stopping (e.g. a simulator worker that got the signal too)
-            _print_results(run_dir, run_dir.read_summary())
-            return EXIT_INTERRUPTED
-        _say(f"dz-gym-eval: error: {type(exc).__name__}: {_first_line(exc)}")
-        _print_results(run_dir, run_dir.read_summary())
-        return EXIT_ABORTED
-    if not args.only_scene or summary.get("interrupted") or summary.get("aborted"):
-        _print_results(run_dir, summary)
-    return _exit_code(summary)
+            if result.run_dir is not None:  # episodes ran before (a resume): kept
+                print(f"results: {result.run_dir.path}")
+        return EXIT_USAGE
+    if result.run_dir is None:  # nothing was written
+        if result.status == "interrupted":
+            _say(f"dz-gym-eval: {result.error}")
+        elif result.error:
+            _say(f"dz-gym-eval: error: {result.error}")
+        return EXIT_INTERRUPTED if result.status == "interrupted" else EXIT_ABORTED
+    if result.exception is not None:  # a failure outside an episode; the summary is written
+        if not signals.signals:  # else caused by stopping (e.g. a simulator worker that got the signal too)
+            _say(f"dz-gym-eval: error: {result.error}")
+        _print_results(result.run_dir, result.summary)
+        return EXIT_INTERRUPTED if signals.signals else EXIT_ABORTED
+    if not args.only_scene or result.status in ("interrupted", "aborted"):
+        _print_results(result.run_dir, result.summary)
+    return {"interrupted": EXIT_INTERRUPTED, "aborted": EXIT_ABORTED}.get(result.status, EXIT_OK)
 
 
 if __name__ == "__main__":

@@ -19,11 +19,12 @@ from collections.abc import Mapping, Sequence
 from dz_gym.policy_client import Outcome, PolicyClient
 from dz_gym.protocol import ServerMetadata
 from dz_gym.protocol.messages import sampling_fields
+from dz_gym.stats.comparison import ARMS
 from dz_gym.transport import SessionPool, TransportConfig
 
 __all__ = ["ArmRouter", "RequestFields", "arm_of_slot", "build_client", "policy_seed"]
 
-ARMS = ("a", "b")
+
 _MASK64 = (1 << 64) - 1
 
 

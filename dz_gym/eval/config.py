@@ -24,6 +24,7 @@ from typing import Any
 from dz_gym.cli_types import field_default
 from dz_gym.envs import backends, droid
 from dz_gym.eval.plan import is_url
+from dz_gym.stats.comparison import ARMS
 from dz_gym.transport import TransportConfig, validate_url
 
 CONFIG_VERSION = 1
@@ -31,7 +32,8 @@ BACKENDS = backends.NAMES  # "auto" and every backend of dz_gym.envs.backends
 EXTERNAL_POLICY = "external"  # the ``policy`` of a run against servers it did not start
 
 _ARM_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,15}")
-ARMS = ("a", "b")  # the arms of an A/B run: slot 2j runs arm a, slot 2j+1 arm b
+
+LOG_CHOICES = ("wandb", "tensorboard")  # --log: the experiment trackers (dz_gym.eval.tracking)
 LEGACY_MAX_EPISODES = 200  # --sequential's budget in runs saved before it defaulted to the design's cap
 DEFAULT_ALPHA = 0.05  # --sequential: the test's type-I error
 DEFAULT_MIN_DIFFERENCE = 0.2  # --sequential: the smallest difference in success rate the design is planned for
@@ -117,6 +119,9 @@ class EvalConfig:
     num_inference_steps: int | None = _result(None)  # send ``sampling_params: {num_inference_steps}`` in each request
     video: bool = True
     report: bool = True  # write report.html into the run directory at the end (dz_gym.report)
+    profile: bool = False  # time every stage of the hot path, write profile.json (dz_gym.profiling)
+    log: list[str] = dataclasses.field(default_factory=list)  # experiment logging: "wandb", "tensorboard"
+    log_project: str = "dz-gym"  # the W&B project of --log wandb
     version: int = CONFIG_VERSION
 
     @classmethod
@@ -191,6 +196,12 @@ class EvalConfig:
             raise ValueError(
                 "policy_b: only for the embedded servers; with --server give arm B's servers with --server-b"
             )
+        self.log = list(self.log)
+        for choice in self.log:
+            if choice not in LOG_CHOICES:
+                raise ValueError(f"log: expected a list of {', '.join(LOG_CHOICES)}, got {choice!r}")
+        if not isinstance(self.log_project, str) or not self.log_project:
+            raise ValueError(f"log_project: expected a non-empty W&B project name, got {self.log_project!r}")
         self._check_schedule()
         self.transport_config()
 

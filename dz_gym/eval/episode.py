@@ -10,6 +10,7 @@ import dataclasses
 
 import numpy as np
 
+from dz_gym.eval import trajectory
 from dz_gym.eval.plan import PlanEntry
 
 __all__ = ["EpisodeInProgress"]
@@ -53,29 +54,25 @@ class EpisodeInProgress:
         return len(self.actions)
 
     def arrays(self) -> dict[str, np.ndarray]:
-        """The trajectory file's arrays (what :class:`~dz_gym.eval.writer.EpisodeWriter` saves)."""
-        ep = self
-        arrays = {
-            "actions": np.stack(ep.actions).astype(np.float32),
-            "joint_pos": np.stack(ep.joints).astype(np.float32),
-            "gripper_pos": np.stack(ep.gripper).astype(np.float32),
-            "policy_called": np.asarray(ep.called, dtype=bool),
-            "chunk_latency_ms": np.asarray(ep.latency_ms, dtype=np.float32),
-            "success": np.asarray(ep.success, dtype=bool),
-            "reward": np.asarray(ep.reward, dtype=np.float32),
-            "seed": np.int64(ep.seed),
-        }
-        if ep.object_pos:
-            arrays["object_pos"] = np.stack(ep.object_pos).astype(np.float32)
-        if ep.container_pos:
-            arrays["container_pos"] = np.stack(ep.container_pos).astype(np.float32)
-        if ep.tcp_pos:
-            arrays["tcp_pos"] = np.stack(ep.tcp_pos).astype(np.float32)
-        if ep.object_quat:
-            arrays["object_quat"] = np.stack(ep.object_quat).astype(np.float32)
-        if ep.object_start_pos is not None:
-            arrays["object_start_pos"] = ep.object_start_pos
-        if ep.milestones is not None:  # first step per milestone, -1 where never reached
-            arrays["milestone_names"] = np.asarray(list(ep.milestones), dtype=np.str_)
-            arrays["milestone_first_step"] = np.asarray(list(ep.milestones.values()), dtype=np.int64)
-        return arrays
+        """The trajectory file's arrays (what :class:`~dz_gym.eval.writer.EpisodeWriter` saves), through the
+        file's schema (:mod:`dz_gym.eval.trajectory`: keys, dtypes, shapes)."""
+        names = None if self.milestones is None else list(self.milestones)
+        return trajectory.pack(
+            {
+                "actions": self.actions,
+                "joint_pos": self.joints,
+                "gripper_pos": self.gripper,
+                "policy_called": self.called,
+                "chunk_latency_ms": self.latency_ms,
+                "success": self.success,
+                "reward": self.reward,
+                "seed": self.seed,
+                "object_pos": self.object_pos,
+                "container_pos": self.container_pos,
+                "tcp_pos": self.tcp_pos,
+                "object_quat": self.object_quat,
+                "object_start_pos": self.object_start_pos,
+                "milestone_names": names,
+                "milestone_first_step": None if names is None else list(self.milestones.values()),
+            }  # fmt: skip
+        )

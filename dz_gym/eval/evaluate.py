@@ -1,10 +1,12 @@
 """One evaluation run (or the rest of one, on resume): the run plan, an executor, then ``summary.json``.
 
-:func:`evaluate` is the programmatic entry point behind ``dz-gym-eval``: it takes an :class:`EvalConfig`, a run
-directory and the policy servers' URLs, makes the run plan (:mod:`dz_gym.eval.plan`) and runs it as one run
-segment (:mod:`dz_gym.eval.segment`) with the in-process executor, :class:`InProcess`: one env batch per scene
-(the scenes side by side, stepped in turn: :mod:`dz_gym.eval.sidebyside`), each wrapped in
-:class:`~dz_gym.wrapper.DreamZeroPolicyWrapper`, whose :class:`~dz_gym.eval.runner.SceneRunner` runs the plan's entries that have no row yet. The segment always (also
+:func:`evaluate` is the in-process (and Ray) executor under :func:`dz_gym.eval.run.run_eval`, the one entry
+point of a run (which also chooses a process per scene, starts the embedded servers and opens the run
+directory): it takes an :class:`EvalConfig`, a run directory and the policy servers' URLs, makes the run plan
+(:mod:`dz_gym.eval.plan`) and runs it as one run segment (:mod:`dz_gym.eval.segment`) with the in-process
+executor, :class:`InProcess`: one env batch per scene (the scenes side by side, stepped in turn:
+:mod:`dz_gym.eval.sidebyside`), each wrapped in :class:`~dz_gym.wrapper.DreamZeroPolicyWrapper`, whose
+:class:`~dz_gym.eval.runner.SceneRunner` runs the plan's entries that have no row yet. The segment always (also
 on Ctrl-C, an exhausted error budget or a crash) rewrites ``summary.json`` from every row of
 ``episodes.jsonl``. With ``ray_options`` the same plan runs as shards on Ray
 (:func:`dz_gym.eval.shards.driver.evaluate_sharded`). It warns (through ``log``) when more envs share a server
@@ -34,6 +36,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -50,6 +53,8 @@ from dz_gym.eval.summary import pair_tracker
 from dz_gym.eval.video import VideoRecorder
 
 __all__ = ["InProcess", "default_env_factory", "evaluate", "python_command"]
+
+logger = logging.getLogger(__name__)
 
 
 class InProcess:
@@ -128,6 +133,12 @@ def evaluate(
     Raises what ended the run early (after writing the summary): ``KeyboardInterrupt`` on a repeated stop
     signal, or the simulator's/wrapper's error (the summary then says ``aborted``).
     """
+    if env_factory is None and only_scenes is None and ray_options is None and len(config.scenes) > 1:
+        from dz_gym.envs.backends import traits
+
+        if traits(config.backend).one_scene_per_process:
+            logger.warning("backend %s needs a process per scene; evaluate() runs every scene in this one: "
+                           "dz_gym.eval.run.run_eval chooses the executor as dz-gym-eval does", config.backend)  # fmt: skip
     if ray_options is not None:  # K shards on a Ray cluster (dz_gym.eval.shards); Ray is imported only there
         if env_factory is not None or only_scenes is not None:
             raise ValueError("ray_options: a sharded run builds its envs in its shards (no env_factory, only_scenes)")

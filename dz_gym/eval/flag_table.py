@@ -94,10 +94,18 @@ OUTPUTS = (
     Flag("--video", "per-episode mp4 videos", field="video", action=BOOL),
     Flag("--report", "write report.html (dz-gym-report) into the run directory at the end of every run segment, "
          "also after Ctrl-C and on resume", field="report", action=BOOL),
+    Flag("--log", "also log episodes, the summary and the decision to wandb (W&B; WANDB_MODE=offline works with "
+         "no network) or tensorboard (event files in RUN_DIR/tensorboard); repeatable; optional extras",
+         field="log", action="append", choices=("wandb", "tensorboard"), metavar="TRACKER", shown="none"),
+    Flag("--log-project", "the W&B project of --log wandb", field="log_project", metavar="NAME"),
     Flag("--progress", "progress bars for episodes and env steps; when stderr is not a terminal, one progress "
          "line every 30 s instead", dest="progress", action=BOOL, shown="bars on a TTY, else lines",
          doc="tqdm bars for episodes (running success rate) and env steps (env-steps/s, last chunk latency); when "
          "stderr is not a terminal, one progress line every 30 s instead. `--no-progress`: neither"),
+    Flag("--profile", "time every stage of the hot path (physics, rendering, host copy, encoding, send, server, "
+         "decode, scatter, bookkeeping) per batch step and per request round; prints the table per scene and "
+         "writes profile.json into the run directory; GPU stages wait for the GPU, so a profiled run is slightly "
+         "slower", field="profile", action="store_true"),
     Flag("--max-errors", "abort once more than M episodes have errored", field="max_errors", type=integer,
          metavar="M", shown="10% of the planned episodes, at least 5"),
 )  # fmt: skip

@@ -48,7 +48,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-ARMS = ("a", "b")  # the arms of an A/B run (--server-b/--policy-b); --arm names its own
+from dz_gym.stats.comparison import ARMS  # the arms of an A/B run (--server-b/--policy-b); --arm names its own
 
 
 def is_url(value: str) -> bool:

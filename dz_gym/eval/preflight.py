@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dz_gym.envs import backends
-from dz_gym.errors import DzGymError
+from dz_gym.errors import DzGymError, first_line
 from dz_gym.transport import PartialConnectError, SessionPool, TransportConfig
 
 
@@ -58,15 +58,10 @@ def check_servers(servers: Sequence[str], transport: TransportConfig) -> str | N
         pool.connect()
     except PartialConnectError as exc:
         first = min(exc.errors)
-        text = _one_line(exc.errors[first])
+        text = first_line(exc.errors[first])
         return f"--server: {text}" if servers[first] in text else f"--server {servers[first]}: {text}"
     except DzGymError as exc:
-        return f"--server: {_one_line(exc)}"
+        return f"--server: {first_line(exc)}"
     finally:
         pool.close()
     return None
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -25,7 +25,9 @@ from typing import Any
 
 import numpy as np
 
+from dz_gym.eval.failure import mode_counts
 from dz_gym.eval.row import check_row
+from dz_gym.stats.comparison import ARMS
 from dz_gym.stats.proportions import wilson_interval
 
 ERRORED_NOTE = "errored episodes are excluded from the success denominators (n) and counted in 'errored'"
@@ -110,6 +112,7 @@ def _group(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "server_calls": int(sum(r["server_calls"] for r in rows)),
         "server_errors": int(sum(r.get("server_errors", 0) for r in rows)),
         "latency_ms": latency_stats(latencies),
+        "failure_modes": mode_counts(rows),
     }
 
 
@@ -214,7 +217,7 @@ def _arm_names(arms: Mapping[str, Any]) -> list[str]:
 
 def _arm_label(arm: str) -> str:
     """An arm's name in the table: an A/B run's ``A``/``B``, a named arm as given."""
-    return arm.upper() if arm in ("a", "b") else arm
+    return arm.upper() if arm in ARMS else arm
 
 
 def power_line(sequential: Mapping[str, Any]) -> str:
@@ -279,8 +282,14 @@ def format_table(summary: Mapping[str, Any]) -> str:
     funnel = summary["overall"].get("milestones") if not isinstance(arms, Mapping) else None
     if funnel:
         out.append("milestones: " + ", ".join(f"{name} {_fmt_rate(r)}" for name, r in funnel.items()))
+    modes = summary["overall"].get("failure_modes") if not isinstance(arms, Mapping) else None
+    if modes:
+        out.append("failure modes: " + ", ".join(f"{name} {n}" for name, n in modes.items()))
     if isinstance(arms, Mapping):
         for arm in _arm_names(arms):
+            arm_modes = arms.get(arm, {}).get("overall", {}).get("failure_modes")
+            if arm_modes:
+                out.append(f"failure modes {_arm_label(arm)}: " + ", ".join(f"{m} {n}" for m, n in arm_modes.items()))
             arm_funnel = arms.get(arm, {}).get("overall", {}).get("milestones")
             if arm_funnel:
                 steps = ", ".join(f"{n} {_fmt_rate(r)}" for n, r in arm_funnel.items())

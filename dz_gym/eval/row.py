@@ -35,6 +35,8 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from dz_gym.eval.failure import NAMES as FAILURE_MODES
+from dz_gym.eval.failure import failure_mode
 from dz_gym.records import INTEGRITY_EVENTS
 
 __all__ = [
@@ -98,6 +100,10 @@ class EpisodeRow:
         "`above_target`, `placed` and, for MILA tasks, the task's own names (`reached_spoon`, ...); thresholds in "
         "[embedded_sim.md](embedded_sim.md) and [isaac.md](isaac.md). null when the env reports none"
     )  # fmt: skip
+    failure_mode: str | None = _f("result", "str / null", "why it ended as it did, one name per episode: `success`, "
+                                  "`undone`, `never_reached`, `grasp_failed`, `dropped`, `timeout_near`, `misplaced`, "
+                                  "`failed` or `server_error` (the rules: [Failure modes](#failure-modes)); null only "
+                                  "in rows written before it existed")  # fmt: skip
     server_calls: int = _f("result", "int", "requests sent", 0)
     server_errors: int = _f("result", "int", "failed requests", 0)
     latency_ms: dict[str, float] | None = _f("volatile", "object / null", "`mean`, `p50`, `p90`, `p99`, `max`, "
@@ -159,6 +165,7 @@ class EpisodeRow:
         if values.get("error") is not None:
             values.update(ended_by="error", success_at_end=None, success_any_step=None, first_success_step=None)
             values.setdefault("error_step", int(values.get("steps", 0)))
+        values.setdefault("failure_mode", failure_mode(values))
         row = cls(**values)
         check_row(row.to_dict())
         return row
@@ -208,7 +215,7 @@ REQUIRED = ("scene", "episode", "seed", "env", "session_id", "steps", "server_ca
             "success_any_step", "error")  # fmt: skip
 # What the report lists under an episode beside its outcome and its plots.
 INFO_FIELDS = ("arm", "task", "prompt", "session_id", "server", "first_success_step", "wait_steps", "stale_steps",
-               "error", "error_event", "error_step", "attempts", "milestones", "reconnects", "retries", "shard", "node", "gpu",
+               "error", "error_event", "error_step", "attempts", "failure_mode", "milestones", "reconnects", "retries", "shard", "node", "gpu",
                "wall_s", "started_at")  # fmt: skip
 
 
@@ -230,6 +237,9 @@ def check_row(row: Mapping[str, Any]) -> None:
     event = row.get("error_event")
     if event is not None and event not in INTEGRITY_EVENTS:
         raise ValueError(f"episode row: 'error_event' expected one of {', '.join(INTEGRITY_EVENTS)}, got {event!r}")
+    mode = row.get("failure_mode")
+    if mode is not None and mode not in FAILURE_MODES:
+        raise ValueError(f"episode row: 'failure_mode' expected one of {', '.join(FAILURE_MODES)}, got {mode!r}")
     if "ended_by" in row and row["ended_by"] not in ENDED_BY:
         raise ValueError(f"episode row: 'ended_by' expected one of {', '.join(ENDED_BY)}, got {row['ended_by']!r}")
 

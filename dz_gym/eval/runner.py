@@ -117,6 +117,18 @@ def _column(info: Mapping[str, Any], key: str) -> np.ndarray | None:
     return None if value is None else to_numpy(value)
 
 
+def _float32_columns(info: Mapping[str, Any], joints: np.ndarray, gripper: np.ndarray) -> tuple:
+    """The step's actions, joints, gripper and poses as whole-batch float32 arrays, made once per batch step
+    (each episode keeps its row, a view, instead of one conversion per env and field)."""
+    poses = (_column(info, key) for key in ("object_pos", "container_pos", "tcp_pos", "object_quat"))
+    return (
+        np.asarray(info["policy_action"], dtype=np.float32),
+        joints.astype(np.float32),
+        gripper.astype(np.float32),
+        *(None if a is None else a.astype(np.float32) for a in poses),
+    )
+
+
 def _milestone_columns(info: Mapping[str, Any]) -> dict[str, np.ndarray] | None:
     """``info["milestones"]`` as name -> ``(N,)`` int64 host arrays (None when the env reports none)."""
     value = info.get("milestones")
@@ -308,22 +320,20 @@ class SceneRunner:
         success = _column(info, "success")
         success_any = _column(info, "success_any_step")
         milestones = _milestone_columns(info)
-        tcp_pos = _column(info, "tcp_pos")
-        object_quat = _column(info, "object_quat")
         object_start = _column(info, "object_start_pos")
         env_seed = _column(info, "episode_seed")
-        object_pos = _column(info, "object_pos")
-        container_pos = _column(info, "container_pos")
-
+        actions32, joints, gripper, object_pos, container_pos, tcp_pos, object_quat = _float32_columns(
+            info, joints, gripper
+        )
         self._account_busy(result, info)
         result.env_steps += len(active)
         last_latency = None
         finished: list[tuple[int, str | None, str | None, str]] = []
         for i in active:
             ep = self._current[i]
-            ep.actions.append(np.asarray(info["policy_action"][i], dtype=np.float32))
-            ep.joints.append(joints[i].astype(np.float32))
-            ep.gripper.append(gripper[i].astype(np.float32))
+            ep.actions.append(actions32[i])
+            ep.joints.append(joints[i])
+            ep.gripper.append(gripper[i])
             ep.called.append(bool(called[i]))
             lat_ms = latency_s[i] * 1e3 if (received[i] or errors[i] is not None) else np.nan
             ep.latency_ms.append(lat_ms)
@@ -334,13 +344,13 @@ class SceneRunner:
             ep.success.append(ok)
             ep.success_any = ep.success_any or ok or (bool(success_any[i]) if success_any is not None else False)
             if object_pos is not None:
-                ep.object_pos.append(object_pos[i].astype(np.float32))
+                ep.object_pos.append(object_pos[i])
             if container_pos is not None:
-                ep.container_pos.append(container_pos[i].astype(np.float32))
+                ep.container_pos.append(container_pos[i])
             if tcp_pos is not None:
-                ep.tcp_pos.append(tcp_pos[i].astype(np.float32))
+                ep.tcp_pos.append(tcp_pos[i])
             if object_quat is not None:
-                ep.object_quat.append(object_quat[i].astype(np.float32))
+                ep.object_quat.append(object_quat[i])
             if object_start is not None and ep.object_start_pos is None:
                 ep.object_start_pos = object_start[i].astype(np.float32)
             if env_seed is not None and ep.env_seed is None:

@@ -58,12 +58,16 @@ def policy_client(config: EvalConfig, slot_servers: Sequence[str]):
                         arm_servers=by_arm if config.arm_specs else None)  # fmt: skip
 
 
-def _wrapper(env, config: EvalConfig, slot_servers: Sequence[str], client):
+def _wrapper(env, config: EvalConfig, slot_servers: Sequence[str], client, profiler=None):
     from dz_gym.wrapper import DreamZeroPolicyWrapper
 
     connection = {"client": client} if client is not None else {"server": list(slot_servers),
                                                                  "transport": config.transport_config()}  # fmt: skip
-    return DreamZeroPolicyWrapper(
+    if profiler is not None:
+        from dz_gym.profiled_wrapper import ProfiledPolicyWrapper
+
+        connection["profiler"] = profiler
+    return (DreamZeroPolicyWrapper if profiler is None else ProfiledPolicyWrapper)(
         env,
         **connection,
         open_loop_horizon=config.open_loop_horizon,
@@ -98,15 +102,23 @@ def scene_batch(
         with interruptible():  # not while the batch is held: another scene's simulator may be starting then
             if before_connect is not None:
                 before_connect(env)
+            profiler = None
             if not runner_kwargs["control"].stop.is_set():
                 client = policy_client(config, slot_servers)
-                wrapper = _wrapper(env, config, slot_servers, client)
+                if config.profile:
+                    from dz_gym.eval.profile_run import ProfileRun
+
+                    profiler = ProfileRun(scene, runner_kwargs["run_dir"])
+                wrapper = _wrapper(env, config, slot_servers, client, None if profiler is None else profiler.profiler)
                 for i in range(wrapper.num_envs):
                     server_metadata.setdefault(wrapper.server_url(i), metadata_dict(wrapper.server_metadata[i]))
                 runner = SceneRunner(wrapper, scene=scene, queues=queues, max_steps=config.max_steps,
                                      backend=config.backend, on_episode_start=getattr(client, "begin_episode", None),
                                      episode_retries=config.episode_retries, **runner_kwargs)  # fmt: skip
-        yield runner
+        # --profile: the span is this batch's whole stepping (with scenes side by side the process's CPU time
+        # in it is every scene's)
+        with contextlib.nullcontext() if profiler is None else profiler.span(wrapper):
+            yield runner
     finally:
         with shielded():
             if wrapper is not None:

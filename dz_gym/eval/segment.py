@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from dz_gym.errors import first_line
 from dz_gym.eval.capacity import IdleGapCheck, envs_per_server, session_warning
 from dz_gym.eval.config import EvalConfig
 from dz_gym.eval.ledger import check_ledger, spec_of
@@ -80,11 +81,6 @@ def remaining(config: EvalConfig, plan: RunPlan, rows: Sequence[Mapping[str, Any
     if out:
         todo = dataclasses.replace(todo, entries=tuple(e for e in todo.entries if e.arm not in out))
     return todo, pairs
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class RunSegment:
@@ -170,7 +166,7 @@ class RunSegment:
         if isinstance(exc, KeyboardInterrupt) or (self.control.stop.is_set() and self.control.aborted is None):
             self.control.stop.set()  # a stop request, or a failure that came with it (a worker got the signal too)
         else:
-            self.aborted = self.aborted or f"{type(exc).__name__}: {_first_line(exc)}"
+            self.aborted = self.aborted or f"{type(exc).__name__}: {first_line(exc)}"
 
     def close(self) -> dict[str, Any]:
         """Withdraw the links to videos not finished, write ``summary.json`` (and the report), release the
@@ -261,7 +257,7 @@ def write_report_page(run_dir: RunDir, say: Callable[[str], None] | None = None)
         done = subprocess.run(argv, capture_output=True, text=True, timeout=REPORT_TIMEOUT_S, start_new_session=True,
                               env=dict(os.environ), check=False)  # fmt: skip
     except (OSError, subprocess.TimeoutExpired) as exc:
-        logger.warning("report: could not write report.html in %s: %s", run_dir.path, _first_line(exc))
+        logger.warning("report: could not write report.html in %s: %s", run_dir.path, first_line(exc))
         return False
     if done.returncode != 0:
         lines = [line for line in done.stderr.strip().splitlines() if line.strip()]

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from dz_gym.errors import ProtocolError, ServerError, SessionRefused
+from dz_gym.errors import InvalidRequest, ProtocolError, ServerError, SessionRefused
 from dz_gym.protocol.codec import packb, unpackb
 from dz_gym.protocol.contract import PolicyContract, check_chunk, is_admission_refusal, policy_contract
 
@@ -64,10 +64,6 @@ DREAMZERO_METADATA: dict[str, Any] = {
     "needs_session_id": True,
     "action_space": "joint_position",
 }
-
-
-class InvalidRequest(ProtocolError, ValueError):
-    """A request the caller asked to build does not fit the protocol (wrong shape, dtype or type)."""
 
 
 # ------------------------------------------------------------------------------------------------ helpers

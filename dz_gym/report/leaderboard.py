@@ -19,6 +19,7 @@ from typing import Any
 
 from dz_gym.report.load import RunView
 from dz_gym.report.paired import VideoSource, discordant_list, discordant_pairs
+from dz_gym.stats.comparison import ARMS
 from dz_gym.stats.ranking import outcomes_by_seed, rank_arms
 
 __all__ = ["arm_labels", "leaderboard_block", "named_arms", "ranking_of"]
@@ -29,7 +30,7 @@ def named_arms(view: RunView) -> list[str] | None:
     specs = view.config.get("arm_specs") or []
     names = [str(spec).split("=", 1)[0] for spec in specs]
     seen = [a for a in dict.fromkeys(str(r["arm"]) for r in view.rows if r.get("arm"))]
-    if not names and not set(seen) - {"a", "b"}:
+    if not names and not set(seen) - set(ARMS):
         return None
     return names + [a for a in seen if a not in names]
 

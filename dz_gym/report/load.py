@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from dz_gym.eval import results
+from dz_gym.eval import results, trajectory
 from dz_gym.eval.rundir import CONFIG_FILE, ROWS_FILE, SUMMARY_FILE, RunDir
 
 logger = logging.getLogger(__name__)
@@ -161,11 +161,11 @@ def _runs(mask: np.ndarray) -> list[list[int]]:
 def compact_trajectory(path: Path, points: int = TRAJ_POINTS) -> dict[str, Any] | None:
     """The page's form of one trajectory ``.npz`` (see the module docstring); None when unreadable."""
     try:
-        with np.load(path) as data:
-            joints = np.asarray(data["joint_pos"], dtype=np.float64)
-            gripper = np.asarray(data["gripper_pos"], dtype=np.float64).reshape(len(joints), -1)[:, 0]
-            called = np.asarray(data["policy_called"], dtype=bool)
-            success = np.asarray(data["success"], dtype=bool) if "success" in data else np.zeros(len(joints), bool)
+        data = trajectory.read(path, ("joint_pos", "gripper_pos", "policy_called", "success"))
+        joints = np.asarray(data["joint_pos"], dtype=np.float64)
+        gripper = np.asarray(data["gripper_pos"], dtype=np.float64).reshape(len(joints), -1)[:, 0]
+        called = np.asarray(data["policy_called"], dtype=bool)
+        success = np.asarray(data["success"], dtype=bool) if "success" in data else np.zeros(len(joints), bool)
     except (OSError, KeyError, ValueError) as exc:
         logger.warning("%s: unreadable trajectory (%s)", path, exc)
         return None

@@ -19,12 +19,15 @@ from typing import Any
 from urllib.parse import quote
 
 from dz_gym.eval import results
+from dz_gym.eval.failure import mode_of
 from dz_gym.eval.row import INFO_FIELDS
 from dz_gym.report import plots
 from dz_gym.report.leaderboard import leaderboard_block, named_arms
 from dz_gym.report.load import RunView, episode_key, outcome
+from dz_gym.report.modes import modes_block
 from dz_gym.report.paired import compare, discordant_list, split_arms
 from dz_gym.report.sequential import sequential_block
+from dz_gym.stats.comparison import ARMS
 
 INFO_KEYS = INFO_FIELDS  # shown under each episode
 
@@ -237,6 +240,7 @@ def episode_grid(views: Sequence[RunView], videos: _Videos) -> str:
         "seed",
         "env",
         "outcome",
+        "mode",
         "any step",
         "steps",
         "calls",
@@ -259,6 +263,7 @@ def episode_grid(views: Sequence[RunView], videos: _Videos) -> str:
                 r["seed"],
                 r["env"],
                 state,
+                mode_of(r),
                 any_step,
                 r["steps"],
                 r["server_calls"],
@@ -378,7 +383,7 @@ def _sequential_run(views: Sequence[RunView]) -> bool:
 def _arm_summaries(view: RunView) -> list[tuple[str, Mapping[str, Any]]]:
     """Per arm of an A/B run or a run of named arms: the summary's ``arms`` entries (recomputed from the rows
     when the summary is)."""
-    names = named_arms(view) or (["a", "b"] if split_arms(view.rows) is not None else [])
+    names = named_arms(view) or (list(ARMS) if split_arms(view.rows) is not None else [])
     if not names:
         return []
     saved = view.summary.get("arms")
@@ -440,6 +445,7 @@ def build_page(views: Sequence[RunView], out_dir: str | os.PathLike) -> str:
             block.append(f"<h3>{title}</h3>{results_table(per_arm, f'results-table{suffix}-arm-{arm}')}")
             block.append(funnel_table(per_arm, f"funnel{suffix}-arm-{arm}") if _has_milestones(per_arm) else "")
         block.append(f"<h3>Milestones</h3>{funnel_table(s, 'funnel' + suffix)}")
+        block.append(modes_block(view.rows, s, lambda r, v=view: videos.src(v, r), suffix))
         block.append(f"<h3>Errored episodes</h3>{errored_list(view.rows, view.label)}")
         note = s.get("note")
         if note:

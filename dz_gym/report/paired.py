@@ -14,14 +14,14 @@ from collections.abc import Callable, Mapping, Sequence
 from html import escape
 from typing import Any
 
-from dz_gym.stats.comparison import compare_rows, pair_rows
+from dz_gym.stats.comparison import ARMS, compare_rows, pair_rows
 
 
 def split_arms(rows: Sequence[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]] | None:
     """The A and B rows of an A/B run (its rows carry ``arm``), or None for a plain run or a run of other named
     arms (``--arm``: see :mod:`dz_gym.report.leaderboard`)."""
     names = {r.get("arm") for r in rows} - {None, ""}
-    if not names & {"a", "b"} or names - {"a", "b"}:
+    if not names & set(ARMS) or names - set(ARMS):
         return None
     return [r for r in rows if r.get("arm") == "a"], [r for r in rows if r.get("arm") == "b"]
 

@@ -91,6 +91,13 @@ class ServerConfig:
             raise ValueError(f"flavor: expected one of {', '.join(FLAVORS)}, got {self.flavor!r}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port: expected 0..65535, got {self.port}")
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
+            raise ValueError(f"workers: expected an integer >= 1, got {self.workers!r}")
+        for name in ("latency_ms", "jitter_ms"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name}: expected a number of milliseconds >= 0, got {getattr(self, name)!r}")
+        if self.fail_every < 0:
+            raise ValueError(f"fail_every: expected an integer >= 0 (0: never), got {self.fail_every!r}")
         if self.idle_timeout_s < 0:
             raise ValueError(f"idle_timeout_s: expected >= 0 (0 disables), got {self.idle_timeout_s}")
         if self.max_payload_bytes < 1024:

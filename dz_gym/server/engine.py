@@ -21,13 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from dz_gym.errors import InjectedFailure
+
 __all__ = ["EngineStats", "InferenceEngine", "InjectedFailure", "JobResult"]
 
 logger = logging.getLogger(__name__)
-
-
-class InjectedFailure(RuntimeError):
-    """The failure ``fail_every`` injects in place of an inference."""
 
 
 @dataclass(frozen=True)

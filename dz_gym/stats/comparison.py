@@ -47,7 +47,7 @@ SCHEMA = "dz-gym-compare/1"
 PRIMARY_METRIC = "success_at_end"
 SUCCESS_METRICS = ("success_at_end", "success_any_step")
 MILESTONE_PREFIX = "milestones."
-ARMS = ("a", "b")
+ARMS = ("a", "b")  # the arms of an A/B run, everywhere: slot 2j runs arm a, slot 2j + 1 arm b (eval/plan.py)
 
 
 def split_arms(rows: Iterable[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:

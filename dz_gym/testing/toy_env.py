@@ -35,7 +35,7 @@ from dz_gym.envs import droid
 from dz_gym.envs.base import BatchedDroidEnv
 from dz_gym.envs.episodes import TaskState
 
-__all__ = ["GripperToyEnv", "ToyDroidEnv", "expected_success"]
+__all__ = ["STAGED_MODES", "GripperToyEnv", "StagedToyEnv", "ToyDroidEnv", "expected_success"]
 
 OBJECT_START = (0.55, 0.12, 0.03)  # env-local, the robot base at the origin, table top z = 0
 CONTAINER_POS = (0.55, -0.15, 0.0)
@@ -133,9 +133,7 @@ class ToyDroidEnv(BatchedDroidEnv):
         book = self.episodes
         state = self._task_state(book.episode_seed, book.episode_step + 1)
         time_outs = book.ending_next_step(self.max_episode_length)
-        terminated = np.zeros(self.num_envs, dtype=bool)
-        if self.terminate_on_success:
-            terminated = np.asarray(state.success(self.scene.success), dtype=bool) & ~time_outs
+        terminated = self._terminated(state) & ~time_outs
         info = book.record_step(state, time_outs | terminated)
         done = np.flatnonzero(time_outs | terminated)
         if done.size:
@@ -145,6 +143,12 @@ class ToyDroidEnv(BatchedDroidEnv):
                 self.reset_one(int(i), int(episode_seed))
         reward = np.asarray(info["success"], dtype=np.float32)
         return self._obs(), reward, terminated, time_outs.copy(), info
+
+    def _terminated(self, state: TaskState) -> np.ndarray:
+        """``(N,)`` bool: the envs this step ends by the env's own rule (before the time limit)."""
+        if self.terminate_on_success:
+            return np.asarray(state.success(self.scene.success), dtype=bool)
+        return np.zeros(self.num_envs, dtype=bool)
 
     def close(self):
         self._closed = True
@@ -162,3 +166,58 @@ class GripperToyEnv(ToyDroidEnv):
         closed = self.gripper[:, 0] > 0.5
         obj = np.where(closed[:, None], state.object_pos, start.object_pos)
         return type(state)(obj, state.container_pos, obj + self._tcp_offset, state.object_speed)
+
+
+# The scripts of StagedToyEnv, by seed % 8: the failure mode each one ends in, by the shared milestone checks.
+STAGED_MODES = ("success", "undone", "never_reached", "grasp_failed", "dropped", "timeout_near", "misplaced",
+                "terminated")  # fmt: skip
+STAGED_LENGTH = 12  # steps of a staged episode (each script's stages are laid out over these)
+
+
+class StagedToyEnv(ToyDroidEnv):
+    """The toy env whose episodes follow a pick-and-place script chosen by the seed (``seed % 8`` indexes
+    :data:`STAGED_MODES`), through the real milestone and success checks of every backend: the gripper reaches
+    the object at step 2, lifts it at 4, carries it over the container at 6 and puts it down, released, at 8;
+    each script stops or goes wrong at one stage (``undone``: knocked out again at 10; ``dropped``: falls back
+    to the table at 6; ``timeout_near``: still held over the container at the time limit; ``misplaced``: put
+    down beside the container; ``terminated``: like ``misplaced``, but the env ends the episode at step 9).
+    Episodes last :data:`STAGED_LENGTH` steps; the policy's actions change nothing."""
+
+    def __init__(self, num_envs: int, scene: int = 1, **kwargs):
+        kwargs.setdefault("max_episode_length", STAGED_LENGTH)
+        super().__init__(num_envs, scene, **kwargs)
+
+    def _staged(self, mode: str, t: int, start: np.ndarray, above: np.ndarray, placed: np.ndarray):
+        """(object, tool centre point) of script ``mode`` after step ``t``."""
+        high = np.array([0.0, 0.0, 0.3])
+        stage = 0 if mode == "never_reached" else 1 if mode == "grasp_failed" else 4
+        stage = min(stage, int(t >= 2) + int(t >= 4) + int(t >= 6) + int(t >= 8))
+        if mode == "dropped" and t >= 6:
+            return start, start + high
+        if mode == "timeout_near":
+            stage = min(stage, 3)
+        if mode in ("misplaced", "terminated") and t >= 8:
+            beside = placed + np.array([0.0, 0.25, 0.0])
+            return beside, beside + high
+        if mode == "undone" and t >= 10:
+            return start, start + high
+        lifted = start + np.array([0.0, 0.0, 0.1])
+        obj = (start, start, lifted, above, placed)[stage]
+        return obj, (obj + high if stage in (0, 4) else obj)
+
+    def _task_state(self, seeds: np.ndarray, steps: np.ndarray) -> TaskState:
+        n = self.num_envs
+        container = np.tile(self._container, (n, 1))
+        start = np.array(OBJECT_START, dtype=np.float64)
+        above = self._container + np.array([0.0, 0.0, 0.15])
+        placed = self._container + self._placed_offset
+        obj, tcp = np.zeros((n, 3)), np.zeros((n, 3))
+        for i, (seed, t) in enumerate(zip(seeds, steps)):
+            obj[i], tcp[i] = self._staged(STAGED_MODES[int(seed) % 8], int(t), start, above, placed)
+        return TaskState(obj, container, tcp, np.zeros(n))
+
+    def _terminated(self, state: TaskState) -> np.ndarray:
+        book = self.episodes
+        ends = [STAGED_MODES[int(s) % 8] == "terminated" and int(t) + 1 == 9
+                for s, t in zip(book.episode_seed, book.episode_step)]  # fmt: skip
+        return super()._terminated(state) | np.array(ends, dtype=bool)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import signal
 import threading
 import weakref
@@ -60,6 +61,11 @@ class LoopThread:
     def closed(self) -> bool:
         return not self._finalizer.alive
 
+    @property
+    def thread_id(self) -> int | None:
+        """The loop thread's ident."""
+        return self._thread.ident
+
     def in_loop_thread(self) -> bool:
         return threading.current_thread() is self._thread
 
@@ -69,6 +75,28 @@ class LoopThread:
             coro.close()
             raise RuntimeError("LoopThread is closed")
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def submit_many(self, coros: list[Coroutine[Any, Any, _T]]) -> list[concurrent.futures.Future[_T]]:
+        """:meth:`submit` for each of ``coros`` in one hand-off (one wake-up of the loop thread, however many
+        there are); each future cancels its task when cancelled, as ``run_coroutine_threadsafe``'s do."""
+        if self.closed:
+            for coro in coros:
+                coro.close()
+            raise RuntimeError("LoopThread is closed")
+        futures: list[concurrent.futures.Future[_T]] = [concurrent.futures.Future() for _ in coros]
+        loop = self._loop
+
+        def start() -> None:
+            for coro, future in zip(coros, futures):
+                if future.cancelled():
+                    coro.close()
+                    continue
+                task = loop.create_task(coro)
+                task.add_done_callback(functools.partial(_settle_future, future))
+                future.add_done_callback(functools.partial(_cancel_task, loop, task))
+
+        loop.call_soon_threadsafe(start)
+        return futures
 
     def run(self, coro: Coroutine[Any, Any, _T], timeout: float | None) -> _T:
         """Run ``coro`` on the loop and wait for its result; past ``timeout`` it is cancelled and
@@ -131,3 +159,20 @@ def _stop_loop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> Non
         thread.join(5.0)
     if not thread.is_alive() and not loop.is_closed():
         loop.close()
+
+
+def _settle_future(future: concurrent.futures.Future, task: asyncio.Task) -> None:
+    """Copy a finished task's outcome into the caller's future (unless the caller cancelled it)."""
+    if task.cancelled():
+        future.cancel()
+    elif not future.set_running_or_notify_cancel():
+        return  # the caller cancelled it
+    elif task.exception() is not None:
+        future.set_exception(task.exception())
+    else:
+        future.set_result(task.result())
+
+
+def _cancel_task(loop: asyncio.AbstractEventLoop, task: asyncio.Task, future: concurrent.futures.Future) -> None:
+    if future.cancelled() and not loop.is_closed():
+        loop.call_soon_threadsafe(task.cancel)

@@ -35,7 +35,7 @@ from asyncio import IncompleteReadError
 
 from websockets.exceptions import InvalidMessage, InvalidStatus
 
-from dz_gym.errors import ServerError
+from dz_gym.errors import InvalidTransition, ServerError
 
 __all__ = [
     "LOCAL_PROTOCOL_CLOSE_CODES",
@@ -94,17 +94,13 @@ _TRANSITIONS: dict[SessionState, frozenset[SessionState]] = {
 }
 
 
-class InvalidTransition(RuntimeError):
-    """A state change the session's state machine does not allow (a bug in the caller, never the network)."""
-
-
 def transition(current: SessionState, new: SessionState) -> SessionState:
     """``new`` if a session may go from ``current`` to ``new``; :class:`InvalidTransition` otherwise.
 
     >>> transition(SessionState.CLOSED, SessionState.OPEN)
     Traceback (most recent call last):
     ...
-    dz_gym.transport.rules.InvalidTransition: session state: closed -> open is not allowed
+    dz_gym.errors.InvalidTransition: session state: closed -> open is not allowed
     """
     if new not in _TRANSITIONS[current]:
         raise InvalidTransition(f"session state: {current.value} -> {new.value} is not allowed")

@@ -153,6 +153,7 @@ class AsyncSession:
         self._lock = asyncio.Lock()
         self._closing: set[asyncio.Task[None]] = set()
         self._last_error: DzGymError | None = None
+        self.profiler = None  # a dz_gym.profiling.StageProfiler: sends and reply parsing are timed into it
 
     # -- properties -------------------------------------------------------------------------------------
     @property
@@ -439,7 +440,7 @@ class AsyncSession:
         timeout = self._config.request_timeout
         stamps.sent_at = time.perf_counter()
         try:
-            frame = await asyncio.wait_for(self._send_recv(ws, payload, stamps), timeout)
+            frame = await asyncio.wait_for(self._send_recv(ws, payload, stamps, self.profiler), timeout)
         except (asyncio.TimeoutError, TimeoutError):
             error: DzGymError = RequestTimeout(f"no {what} reply from {self._url} within request_timeout={timeout:g} s")
             self._release(SessionState.BROKEN, error)
@@ -463,7 +464,13 @@ class AsyncSession:
             self._release(SessionState.BROKEN, error)
             raise error from None
         try:
-            return parser(frame)
+            if self.profiler is None:
+                return parser(frame)
+            start = time.perf_counter()
+            try:
+                return parser(frame)
+            finally:
+                self.profiler.add("receive_decode", time.perf_counter() - start)
         except ServerError as exc:
             if breaks_connection(exc):  # the server closes after a text traceback: the stream is over
                 self._release(SessionState.BROKEN, exc)
@@ -473,8 +480,13 @@ class AsyncSession:
             raise
 
     @staticmethod
-    async def _send_recv(ws: ClientConnection, payload: Payload, stamps: _Stamps) -> bytes | str:
-        await ws.send(payload)
+    async def _send_recv(ws: ClientConnection, payload: Payload, stamps: _Stamps, profiler=None) -> bytes | str:
+        if profiler is None:
+            await ws.send(payload)
+        else:
+            start = time.perf_counter()
+            await ws.send(payload)
+            profiler.add("send", time.perf_counter() - start)
         frame = await ws.recv()
         stamps.received_at = time.perf_counter()
         return frame

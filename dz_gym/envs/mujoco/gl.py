@@ -22,7 +22,7 @@ import importlib
 import os
 import sys
 
-from dz_gym.errors import DzGymError
+from dz_gym.errors import RenderingUnavailable
 
 DEFAULT_BACKEND = "egl"
 FALLBACK_BACKEND = "osmesa"
@@ -35,14 +35,6 @@ _PYOPENGL_PLATFORMS = {"egl": "EGLPlatform", "osmesa": "OSMesaPlatform"}
 
 _user_choice: str | None = os.environ.get("MUJOCO_GL")
 _failure: RenderingUnavailable | None = None  # the first failure in this process (see the module docstring)
-
-
-class RenderingUnavailable(DzGymError, RuntimeError):
-    """No headless OpenGL backend could create a rendering context (``detail``: the underlying failure)."""
-
-    def __init__(self, message: str, detail: str = ""):
-        super().__init__(message)
-        self.detail = detail or message
 
 
 def configure() -> str:

@@ -27,6 +27,7 @@ from multiprocessing.connection import Connection, wait
 import numpy as np
 
 from dz_gym.envs.mujoco import gl
+from dz_gym.errors import WorkerError
 
 _ALIGN = 64
 
@@ -124,10 +125,6 @@ def worker_main(conn: Connection, config, fields, shm_name: str) -> None:
     finally:
         group.close()
         buffers.close()
-
-
-class WorkerError(RuntimeError):
-    """A worker process failed or died."""
 
 
 class WorkerPool:

@@ -14,11 +14,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
+from dz_gym.errors import RayMissingError
+
 MISSING_RAY = 'ray: not installed; install it with: pip install "dz-gym[ray]"'
-
-
-class RayMissingError(ImportError):
-    """Ray is needed (``--ray``) but not installed."""
 
 
 def require_ray() -> ModuleType:

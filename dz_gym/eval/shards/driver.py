@@ -33,6 +33,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from dz_gym.envs.backends import traits
+from dz_gym.errors import first_line
 from dz_gym.eval.config import EvalConfig
 from dz_gym.eval.plan import PlanEntry, RunPlan, plan_of, row_key
 from dz_gym.eval.row import EpisodeRow
@@ -323,13 +324,13 @@ class ShardedRun:
             result = ray.get(ref, timeout=CALL_TIMEOUT_S)
         except ray.exceptions.RayActorError as exc:
             self.drain()  # rows it pushed before it died
-            self._lost(st, _first_line(exc))
+            self._lost(st, first_line(exc))
             return
         except ray.exceptions.RayTaskError as exc:
             logger.warning("shard %d failed:\n%s", st.index, exc)  # the shard's traceback, for debugging
             self.drain()
             cause = exc.cause if getattr(exc, "cause", None) is not None else exc
-            self.aborted = self.aborted or f"shard {st.index}: {type(cause).__name__}: {_first_line(cause)}"
+            self.aborted = self.aborted or f"shard {st.index}: {type(cause).__name__}: {first_line(cause)}"
             self.control.stop.set()
             self._kill(st)
             return
@@ -481,8 +482,3 @@ def _shipped_path(rel: str) -> str:
     if not parts or PurePosixPath(rel).is_absolute() or ".." in parts or parts[0] not in ("trajectories", "videos"):
         raise ValueError(f"shard file: expected a path under trajectories/ or videos/, got {rel!r}")
     return str(PurePosixPath(*parts))
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

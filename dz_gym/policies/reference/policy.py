@@ -33,7 +33,7 @@ from dz_gym.policies.reference.geometry import PinholeCamera
 from dz_gym.policies.reference.motion import MotionSolver
 from dz_gym.policies.reference.perception import Perception, Track
 from dz_gym.policies.reference.planner import Measurement, Planner, PlannerConfig, PlannerState
-from dz_gym.policies.reference.sessions import SessionStore
+from dz_gym.policies.reference.sessions import DEFAULT_MAX_SESSIONS, SessionStore
 from dz_gym.policies.reference.skill import SkillDraws, check_skill, episode_seed, retries_at
 from dz_gym.policies.reference.tasks import TaskSpec, task_for_prompt
 from dz_gym.protocol import DREAMZERO_METADATA
@@ -95,7 +95,7 @@ class ReferencePolicy:
     1 is the full policy, lower values fail more often (:mod:`dz_gym.policies.reference.skill`).
     """
 
-    def __init__(self, open_loop_horizon: int = droid.DEFAULT_OPEN_LOOP_HORIZON, max_sessions: int = 64,
+    def __init__(self, open_loop_horizon: int = droid.DEFAULT_OPEN_LOOP_HORIZON, max_sessions: int = DEFAULT_MAX_SESSIONS,
                  horizon: int = droid.ACTION_HORIZON, skill: float = 1.0):  # fmt: skip
         if not isinstance(horizon, int) or horizon < 1:
             raise ValueError(f"horizon: expected an integer >= 1, got {horizon!r}")

@@ -157,6 +157,19 @@
       var b = ev.target.closest("button.open");
       if (b) openRow(b.closest("tr"));
     });
+    // A failure mode's episodes: their videos are made only when asked for, like a pair's.
+    document.querySelectorAll("button.modeopen").forEach(function (b) {
+      b.addEventListener("click", function () {
+        var box = b.parentNode.querySelector(".pairvids");
+        if (box.childElementCount) { box.textContent = ""; b.textContent = "show videos"; return; }
+        JSON.parse(b.dataset.videos).forEach(function (x) {
+          var f = document.createElement("figure"), cap = document.createElement("figcaption");
+          cap.textContent = x[0];
+          f.appendChild(cap); f.appendChild(videoOrNote(x[1], x[2], 320)); box.appendChild(f);
+        });
+        b.textContent = "hide videos";
+      });
+    });
     document.querySelectorAll("button.pairopen").forEach(function (b) {
       b.addEventListener("click", function () {
         var li = b.closest("li"), box = li.querySelector(".pairvids");

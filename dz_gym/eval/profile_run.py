@@ -1,0 +1,73 @@
+"""``--profile`` of one scene's run: the profiler, the span it covers, ``profile.json`` and the printed table.
+
+:class:`ProfileRun` holds the scene's :class:`~dz_gym.profiling.StageProfiler` (the
+:class:`~dz_gym.profiled_wrapper.ProfiledPolicyWrapper` fills it); :meth:`ProfileRun.span` covers the
+runner's loop and measures its wall time, the client process's CPU time (all threads; an embedded server runs
+in a process of its own and is not counted) and the transport loop thread's CPU time, then writes the report
+into ``profile.json`` of the run directory (one entry per scene, ``{"scenes": {"1": {...}}}``) and prints
+the table.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from dz_gym.profiling import StageProfiler, format_table
+
+__all__ = ["PROFILE_FILE", "ProfileRun"]
+
+PROFILE_FILE = "profile.json"
+
+
+def _thread_cpu(thread_id: int | None):
+    """A reader of thread ``thread_id``'s CPU seconds, or None where the platform has no such clock."""
+    if thread_id is None or not hasattr(time, "pthread_getcpuclockid"):
+        return None
+    try:
+        clock = time.pthread_getcpuclockid(thread_id)
+        time.clock_gettime(clock)
+    except (OSError, OverflowError):
+        return None
+    return lambda: time.clock_gettime(clock)
+
+
+class ProfileRun:
+    """One scene's profile (see the module docstring)."""
+
+    def __init__(self, scene: Any, run_dir: Any):
+        self.scene = scene
+        self.run_dir = run_dir
+        self.profiler = StageProfiler()
+        self.report: dict[str, Any] | None = None
+
+    @contextlib.contextmanager
+    def span(self, wrapper: Any) -> Iterator[None]:
+        loop_cpu = _thread_cpu(getattr(wrapper.client, "loop_thread_id", None))
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        loop0 = loop_cpu() if loop_cpu is not None else None
+        try:
+            yield
+        finally:
+            wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+            loop = loop_cpu() - loop0 if loop_cpu is not None else None
+            report = self.profiler.report(wall, cpu_s=cpu, loop_cpu_s=loop)
+            report["env_hooks"] = list(getattr(wrapper, "env_hooks", []))
+            report["num_envs"] = int(wrapper.num_envs)
+            self.report = report
+            self._write(report)
+            print(format_table(report, f"profile of scene {self.scene} (N={wrapper.num_envs})"), flush=True)
+
+    def _write(self, report: dict[str, Any]) -> None:
+        path = self.run_dir.path / PROFILE_FILE
+        try:
+            data = json.loads(path.read_text()) if path.exists() else {}
+        except (OSError, ValueError):
+            data = {}
+        data.setdefault("scenes", {})[str(self.scene)] = report
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        tmp.replace(path)

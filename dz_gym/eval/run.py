@@ -1,0 +1,287 @@
+"""One evaluation run from Python, exactly as ``dz-gym-eval`` runs it: :func:`run_eval`.
+
+``dz-gym-eval`` parses its flags into an :class:`~dz_gym.eval.config.EvalConfig`, calls :func:`run_eval` and maps
+the :class:`RunResult` to its exit status; everything between is here, in this order, so that a failure before
+the run leaves nothing behind:
+
+0. **the outputs and the ledger** (:mod:`dz_gym.eval.opening`): the output root (or the resumed run directory)
+   can be written, else ``usage``; a resumed run's lock is taken and its rows checked against the plan, else
+   ``aborted`` (one line); a finished run is ``complete`` at once, nothing started;
+1. **preflight** (:mod:`dz_gym.eval.preflight`): the backend can run here, every ``--log`` tracker is installed,
+   every external server completes the handshake; else ``aborted`` with the one-line reason, nothing written;
+2. **the executor**: scene processes (:class:`~dz_gym.eval.processes.SceneProcesses`, one ``dz-gym-eval`` child
+   per scene) when the backend needs one scene per process (Isaac Lab) or ``process_per_scene`` asks for it and
+   the run has several scenes; Ray shards with ``ray_options``; else in this process;
+3. **the embedded servers** (:class:`~dz_gym.eval.embedded.EmbeddedServers`) for a config that names policies
+   instead of servers (scene processes start their own, in each child), stopped when the run ends;
+4. **the run directory**: a new one under ``output_root``, or ``run_dir`` resumed (its config saved again);
+5. **the run**, with the ``--log`` trackers (:mod:`dz_gym.eval.tracking`) hooked on its rows; the summary is
+   written whatever ends it.
+
+Example (two scenes, the embedded simulator and the embedded reference server, as ``dz-gym-eval --scene 1
+--scene 2 --num-envs 4 --episodes 4`` does)::
+
+    from dz_gym.eval.config import EvalConfig
+    from dz_gym.eval.run import run_eval
+
+    result = run_eval(EvalConfig(scenes=[1, 2], num_envs=4, episodes=4), output_root="runs/dz_gym_eval")
+    print(result.status, result.run_dir.path, result.summary["overall"]["success_at_end"])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dz_gym.errors import HorizonError, first_line
+from dz_gym.eval.config import EvalConfig
+from dz_gym.eval.flag_table import DEFAULT_OUTPUT_ROOT
+from dz_gym.eval.opening import check_outputs, open_ledger
+from dz_gym.eval.rundir import RunDir
+from dz_gym.eval.runner import RunControl
+from dz_gym.eval.signals import interruptible
+
+__all__ = ["STATUSES", "RunResult", "run_eval"]
+
+STATUSES = ("complete", "incomplete", "interrupted", "aborted", "usage")
+EmbeddedServersLike = Any  # an entered EmbeddedServers: servers, servers_b, arm_servers, info
+
+
+@dataclasses.dataclass
+class RunResult:
+    """How a run ended. ``status``: ``complete`` (every planned episode has a row), ``incomplete`` (a part of a
+    run: ``only_scenes``), ``interrupted`` (a stop request; the rows so far are kept), ``aborted`` (a preflight
+    check, an embedded server, the error budget or a failure outside an episode: ``error`` says which, in one
+    line), ``usage`` (the config cannot run against these servers: an open-loop horizon longer than their
+    chunks). ``run_dir`` is None when nothing was written; ``exception`` is what ended the run, if anything."""
+
+    status: str
+    run_dir: RunDir | None = None
+    summary: dict[str, Any] | None = None
+    error: str | None = None
+    exception: BaseException | None = None
+
+
+def _default_say(message: str) -> None:
+    print(f"dz-gym-eval: {message}", file=sys.stderr, flush=True)
+
+
+def preflight(config: EvalConfig) -> str | None:
+    """Why ``config`` cannot run here (one line), or None; nothing is written either way."""
+    from dz_gym.eval.plan import is_url
+    from dz_gym.eval.preflight import check_backend, check_servers
+    from dz_gym.eval.tracking import missing
+
+    urls = config.servers + config.servers_b + [v for _, v in config.arm_table() if is_url(v)]
+    return check_backend(config.backend) or missing(config.log) or check_servers(urls, config.transport_config())
+
+
+def _status(summary: Mapping[str, Any] | None) -> str:
+    if summary is None:
+        return "aborted"
+    if summary.get("interrupted"):
+        return "interrupted"
+    if summary.get("aborted"):
+        return "aborted"
+    return "complete" if summary.get("complete") else "incomplete"
+
+
+def _open_logs(config: EvalConfig, run_dir: RunDir, control: RunControl | None):
+    """The ``--log`` trackers of this run segment, hooked on ``control``'s rows; None without ``--log``."""
+    if not config.log:
+        return None
+    from dz_gym.eval.tracking import open_logs
+
+    log = open_logs(config.log, run_dir.path, dataclasses.asdict(config), config.log_project)
+    if control is not None:
+        log.attach(control)
+    return log
+
+
+def _close_logs(log, run_dir: RunDir, summary: Mapping[str, Any] | None) -> None:
+    if log is not None:
+        log.finish(run_dir.path, run_dir.read_rows(), summary if summary is not None else run_dir.read_summary())
+
+
+def _open_run_dir(config: EvalConfig, run_dir: RunDir | str | Path | None, output_root, quiet: bool, say):
+    """(the run directory, whether it is new): a new one, or the resumed one with the config saved again."""
+    if run_dir is None:
+        made = RunDir.create(output_root or DEFAULT_OUTPUT_ROOT, config)
+        say(f"run directory {made.path}")
+        return made, True
+    resumed = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+    resumed.save_config(config)
+    if not quiet:
+        say(f"resuming {resumed.path}")
+    return resumed, False
+
+
+def _child_argv(serve_args: Sequence[str], progress: bool | None) -> list[str]:
+    """The flags a scene's child process needs beyond its run directory's config."""
+    out = [f"--serve-arg={arg}" for arg in serve_args]
+    if progress is not None:
+        out.append("--progress" if progress else "--no-progress")
+    return out
+
+
+def _scene_processes(config, run_dir: RunDir, argv, command: str, say, at_once: int | None = None) -> RunResult:
+    """Each scene in a fresh ``dz-gym-eval --resume RUN_DIR --only-scene S`` process, ``at_once`` of them at the
+    same time (default: all, side by side), as one run segment of this process (the children start their own
+    embedded servers; this process plans the scenes only)."""
+    from dz_gym.eval.plan import plan_of
+    from dz_gym.eval.processes import SceneProcesses
+    from dz_gym.eval.segment import RunSegment, run_segment
+
+    plan = plan_of(config, config.servers or ["embedded"], config.servers_b or ["embedded"])
+    plain = lambda line: say(line.removeprefix("dz-gym-eval: "))  # noqa: E731 - the executor's lines name the command
+    segment = RunSegment(config, run_dir, plan, servers=config.servers, servers_b=config.servers_b, progress=False,
+                         log=plain, command=command, inherit=True)  # fmt: skip
+    executor = SceneProcesses(argv, command, plain, at_once)
+    summary = None
+    log = _open_logs(config, run_dir, None)  # the children's rows are logged from the run directory at the end
+    try:
+        summary = run_segment(segment, executor)
+    except KeyboardInterrupt:
+        summary = run_dir.read_summary()
+    finally:
+        _close_logs(log, run_dir, summary)
+    from dz_gym.eval.flags import EXIT_ABORTED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+
+    code = executor.exit_code(summary)
+    status = {EXIT_OK: "complete", EXIT_INTERRUPTED: "interrupted", EXIT_USAGE: "usage", EXIT_ABORTED: "aborted"}
+    # a child says its own usage error
+    error = None if code in (EXIT_OK, EXIT_USAGE) else (summary or {}).get("aborted")
+    return RunResult(status[code], run_dir, summary, error)
+
+
+def _in_this_process(config, run_dir: RunDir, servers: EmbeddedServersLike, options: dict[str, Any]) -> RunResult:
+    """The in-process or sharded run of an open run directory, with its trackers; errors become the result."""
+    from dz_gym.eval.evaluate import evaluate
+
+    control = options["control"]
+    log = None if options["only_scenes"] else _open_logs(config, run_dir, control)  # a scene's child: parent logs
+    summary = None
+    try:
+        summary = evaluate(config, run_dir, servers.servers, servers_b=servers.servers_b,
+                           arm_servers=servers.arm_servers, server_info=servers.info, control=control,
+                           progress=options["progress"], command=options["command"],
+                           only_scenes=options["only_scenes"], env_factory=options["env_factory"],
+                           env_kwargs=options["env_kwargs"], ray_options=options["ray_options"])  # fmt: skip
+    except KeyboardInterrupt:
+        summary = run_dir.read_summary() or {"interrupted": True}
+        summary["interrupted"] = True
+    except Exception as exc:  # noqa: BLE001 - the result says what ended the run; the summary is written
+        _close_logs(log, run_dir, None)
+        if isinstance(exc, HorizonError):
+            return RunResult("usage", run_dir, run_dir.read_summary(), first_line(exc), exc)
+        return RunResult("aborted", run_dir, run_dir.read_summary(), f"{type(exc).__name__}: {first_line(exc)}", exc)
+    _close_logs(log, run_dir, summary)
+    return RunResult(_status(summary), run_dir, summary, summary.get("aborted") or None)
+
+
+def run_eval(
+    config: EvalConfig,
+    *,
+    run_dir: RunDir | str | Path | None = None,
+    output_root: str | Path | None = None,
+    serve_args: Sequence[str] = (),
+    process_per_scene: bool | None = None,
+    ray_options: Any = None,
+    control: RunControl | None = None,
+    progress: bool | None = False,
+    command: str | None = None,
+    env_factory: Callable[..., Any] | None = None,
+    env_kwargs: Mapping[str, Any] | None = None,
+    only_scenes: Sequence[int] | None = None,
+    scene_processes: int | None = None,
+    argv: Sequence[str] | None = None,
+    say: Callable[[str], None] | None = None,
+) -> RunResult:
+    """Run ``config`` (or the rest of ``run_dir``, resumed) as ``dz-gym-eval`` does; see the module docstring.
+
+    ``output_root``: where a new run directory is made (default ``runs/dz_gym_eval``); ``serve_args``: extra
+    ``dz-gym-serve`` arguments of the embedded servers; ``process_per_scene``: one process per scene (default: the
+    backend's ``one_scene_per_process``; never with ``env_factory``, which cannot cross a process); ``ray_options``
+    (a :class:`~dz_gym.eval.shards.options.RayOptions`): shards on Ray; ``control``: the stop request and error
+    budget (default: a fresh one with ``config.error_budget``); ``progress``: bars (None: on a TTY);
+    ``command``: what the summary records (default: this process's command line); ``env_factory``/``env_kwargs``:
+    as :func:`~dz_gym.eval.evaluate.evaluate`'s; ``only_scenes``: this call runs these scenes only (a scene's child
+    process); ``scene_processes``: how many scene processes run at once (default: all); ``argv``: the command line the scene processes repeat (the command line's own; from Python the
+    flags the children need are made from ``serve_args`` and ``progress``); ``say``: where the lines for the user
+    go (default: stderr)."""
+    say = say or _default_say
+    if command is None:
+        from dz_gym.eval.evaluate import python_command
+
+        command = python_command()
+    control = control or RunControl(config.error_budget)
+    resumed = run_dir if run_dir is None or isinstance(run_dir, RunDir) else RunDir(run_dir)
+    problem = check_outputs(config, resumed, output_root)
+    if problem is not None:  # before anything starts: nothing is written
+        return RunResult("usage", error=problem)
+    plain = lambda line: say(line.removeprefix("dz-gym-eval: "))  # noqa: E731 - a segment's lines name the command
+    ledger = open_ledger(config, resumed, part=bool(only_scenes), say=plain)
+    if ledger.error is not None:
+        return RunResult("aborted", error=ledger.error)
+    if ledger.finished:
+        return RunResult("complete", resumed, ledger.summary)
+    try:
+        return _run(config, resumed, output_root, serve_args, process_per_scene, ray_options, control, progress,
+                    command, env_factory, env_kwargs, only_scenes, scene_processes, argv, say)  # fmt: skip
+    finally:
+        ledger.release()
+
+
+def _run(config, run_dir, output_root, serve_args, process_per_scene, ray_options, control, progress, command,
+         env_factory, env_kwargs, only_scenes, scene_processes, argv, say) -> RunResult:  # fmt: skip
+    """:func:`run_eval` once the outputs and the ledger are checked (the resumed run's lock held)."""
+    try:
+        with interruptible():
+            problem = preflight(config)
+    except KeyboardInterrupt:
+        return RunResult("interrupted", error="stopped before the run started; nothing was written")
+    if problem is not None:
+        return RunResult("aborted", error=problem)
+    if control.stop.is_set():
+        return RunResult("interrupted", error="stopped before the run started; nothing was written")
+    from dz_gym.envs.backends import traits
+
+    backend = traits(config.backend)
+    if process_per_scene and env_factory is not None:
+        raise ValueError("process_per_scene: an env_factory cannot cross into a scene's process")
+    per_process = backend.one_scene_per_process if process_per_scene is None else process_per_scene
+    if per_process and env_factory is None and not only_scenes and len(config.scenes) > 1 and ray_options is None:
+        opened, created = _open_run_dir(config, run_dir, output_root, False, say)
+        child = list(argv) if argv is not None else _child_argv(serve_args, progress)
+        result = _scene_processes(config, opened, child, command, say, scene_processes)
+        if result.status == "usage" and created and not opened.read_rows():  # a child's horizon error: nothing ran
+            shutil.rmtree(opened.path, ignore_errors=True)
+            result.run_dir = None
+        return result
+    from dz_gym.eval.embedded import EmbeddedServers
+
+    servers = EmbeddedServers(config, serve_args, say)
+    try:
+        with interruptible():
+            servers.__enter__()
+    except KeyboardInterrupt:
+        return RunResult("interrupted", error="stopped before the run started; nothing was written")
+    except (RuntimeError, OSError, ValueError) as exc:
+        return RunResult("aborted", error=f"cannot start the embedded server: {first_line(exc)}", exception=exc)
+    try:
+        if control.stop.is_set():
+            return RunResult("interrupted", error="stopped before the run started; nothing was written")
+        opened, created = _open_run_dir(config, run_dir, output_root, bool(only_scenes), say)
+        options = {"control": control, "progress": progress, "command": command, "only_scenes": only_scenes,
+                   "env_factory": env_factory, "env_kwargs": env_kwargs, "ray_options": ray_options}  # fmt: skip
+        result = _in_this_process(config, opened, servers, options)
+    finally:
+        servers.close()
+    if result.status == "usage" and created and not opened.read_rows():
+        shutil.rmtree(opened.path, ignore_errors=True)  # nothing ran: leave nothing behind
+        result.run_dir = None
+    return result
