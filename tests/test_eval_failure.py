@@ -112,7 +112,7 @@ def test_compare_says_which_modes_b_fixes_and_breaks(tmp_path, capsys):
 
 
 ENTRY = PlanEntry(order=0, scene=1, episode=0, arm=None, seed=0, slot=0, server="ws://a")
-CONTEXT = {"prompt": "put the cube in the bowl", "task": "DROID-CubeInBowl", "max_steps": 450}
+CONTEXT = {"prompt": "put the cube in the bowl", "task": "DROID-CubeInBowl", "max_steps": 450, "backend": "mujoco"}
 ALL = {"reached": 10, "lifted": 20, "above_target": 30, "placed": None}
 
 
