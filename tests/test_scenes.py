@@ -35,6 +35,13 @@ def test_task_for_accepts_keys_names_and_scene_numbers():
 
 
 def test_importing_the_registry_imports_no_backend():
-    code = "import sys, dz_gym.envs.scenes; print(sorted(m for m in sys.modules if m.startswith(('dz_gym.envs.', 'mujoco'))))"
+    """``import dz_gym`` (first) registers the gym ids: the registration and the kit-less task's id table, no
+    simulator, no Isaac Lab, no torch."""
+    code = (
+        "import sys, dz_gym.envs.scenes; "
+        "print(sorted(m for m in sys.modules if m.startswith(('dz_gym.envs.', 'mujoco', 'isaaclab', 'torch'))))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
-    assert out.stdout.strip() == "['dz_gym.envs.droid', 'dz_gym.envs.scenes']"
+    assert out.stdout.strip() == (
+        "['dz_gym.envs.droid', 'dz_gym.envs.isaac_droid3', 'dz_gym.envs.registration', 'dz_gym.envs.scenes']"
+    )

@@ -6,7 +6,7 @@ own masks (``info["milestones"]["_reached"]``). Gymnasium's ``DictInfoToList`` (
 every level; consumers that iterate a nested dict skip the names that start with ``_`` (:func:`entries`).
 
 Every DROID info key is reported by every env at every step, so the masks the batched env adds are all
-True (read-only); the wrapper's ``chunk_stats`` (only the envs whose episode ended) keep their own masks.
+True (read-only, one array per call); the wrapper's ``chunk_stats`` (only the envs whose episode ended) keep their own masks.
 
 >>> import numpy as np
 >>> info = with_masks({"success": np.array([True, False]), "milestones": {"reached": np.array([3, -1])}}, 2)
@@ -18,7 +18,6 @@ True (read-only); the wrapper's ``chunk_stats`` (only the envs whose episode end
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,13 +26,16 @@ import numpy as np
 
 def with_masks(info: Mapping[str, Any], num_envs: int) -> dict[str, Any]:
     """A copy of ``info`` with an all-True ``_key`` mask for each key (and inside each nested dict) that has
-    none; keys starting with ``_`` are masks already and are kept as they are. The added masks are one shared
-    read-only array (a step's info stays cheap: no array per key).
+    none; keys starting with ``_`` are masks already and are kept as they are. The added masks are one
+    read-only array per call, shared by its keys (a step's info stays cheap: no array per key; never shared
+    with another call's info, which Gymnasium's checker and users keeping infos rely on).
 
     >>> with_masks({"success": np.zeros(2)}, 2)["_success"].flags.writeable
     False
     """
-    return _with_mask(info, _all_true(int(num_envs)))
+    mask = np.ones(int(num_envs), dtype=bool)
+    mask.flags.writeable = False
+    return _with_mask(info, mask)
 
 
 def _with_mask(info: Mapping[str, Any], mask: np.ndarray) -> dict[str, Any]:
@@ -45,13 +47,6 @@ def _with_mask(info: Mapping[str, Any], mask: np.ndarray) -> dict[str, Any]:
             out[key] = _with_mask(value, mask)
         out.setdefault(f"_{key}", mask)
     return out
-
-
-@functools.lru_cache(maxsize=16)
-def _all_true(num_envs: int) -> np.ndarray:
-    mask = np.ones(num_envs, dtype=bool)
-    mask.flags.writeable = False
-    return mask
 
 
 def entries(mapping: Mapping[str, Any]) -> dict[str, Any]:
