@@ -294,6 +294,14 @@ def format_table(summary: Mapping[str, Any]) -> str:
             if arm_funnel:
                 steps = ", ".join(f"{n} {_fmt_rate(r)}" for n, r in arm_funnel.items())
                 out.append(f"milestones {_arm_label(arm)}: {steps}")
+    out.extend(_decision_lines(summary))
+    return "\n".join(out)
+
+
+def _decision_lines(summary: Mapping[str, Any]) -> list[str]:
+    """The table's decision part: the leaderboard of named arms, the race's selection, the A/B comparison and
+    the sequential test's decision."""
+    out: list[str] = []
     ranking = summary.get("ranking")
     if isinstance(ranking, Mapping) and ranking.get("arms") and not isinstance(summary.get("comparison"), Mapping):
         from dz_gym.stats.ranking import format_ranking
@@ -340,4 +348,4 @@ def format_table(summary: Mapping[str, Any]) -> str:
             unpaired, dropped = len(sequential.get("unpaired") or []), len(sequential.get("dropped") or [])
             out.append(f"left out of the comparison: {unpaired} episode(s) without a twin, "
                        f"{dropped} dropped at the stop (no row)")  # fmt: skip
-    return "\n".join(out)
+    return out
