@@ -62,12 +62,17 @@ class ProfileRun:
             print(format_table(report, f"profile of scene {self.scene} (N={wrapper.num_envs})"), flush=True)
 
     def _write(self, report: dict[str, Any]) -> None:
+        """Add this scene's report to ``profile.json`` (under the run's summary lock: the scene processes of a
+        run, side by side, each add theirs)."""
+        from dz_gym.eval.shared import summary_lock
+
         path = self.run_dir.path / PROFILE_FILE
-        try:
-            data = json.loads(path.read_text()) if path.exists() else {}
-        except (OSError, ValueError):
-            data = {}
-        data.setdefault("scenes", {})[str(self.scene)] = report
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(data, indent=1) + "\n")
-        tmp.replace(path)
+        with summary_lock(self.run_dir):
+            try:
+                data = json.loads(path.read_text()) if path.exists() else {}
+            except (OSError, ValueError):
+                data = {}
+            data.setdefault("scenes", {})[str(self.scene)] = report
+            tmp = path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(data, indent=1) + "\n")
+            tmp.replace(path)

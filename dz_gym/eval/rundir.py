@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -65,8 +66,9 @@ def _to_json(value: Any) -> Any:
 
 def _write_atomic(path: Path, data: bytes) -> None:
     """Write ``data`` to a temporary name, then rename it to ``path``; a failed write (a full disk) leaves
-    ``path`` as it was and no temporary file behind."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    ``path`` as it was and no temporary file behind. The temporary name is this process's and thread's own:
+    the scene processes of a run, side by side, write the same files (``config.json``) at the same time."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         with open(tmp, "wb") as f:
             f.write(data)
