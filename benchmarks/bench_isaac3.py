@@ -5,7 +5,10 @@ DROID task ``DZ-DROID-CubeInBowl-Newton-v0`` (Newton physics with the MuJoCo-War
 capture, Newton Warp cameras, three 180x320 views per env) through the isaac backend, against a reference
 server in a subprocess (``dz-gym-serve --policy hold --workers N --latency-ms L``), and measures:
 
-- ``s_N``: seconds per batch step (physics, the three views of every env, the state probe), after warm-up;
+- ``s_N``: seconds per batch step with the evaluator's render pattern (every env's three views rendered at
+  the step before a request, one step in 8; none at the others: the kit-less task's lazy camera terms),
+  physics and the state probe, after warm-up; ``s_N all``: the same with the views rendered at every step
+  (what a simulator benchmark that renders each step, such as ManiSkill3's, measures);
 - GPU memory: device memory in use after the env is built and stepped, less what was in use before
   (``torch.cuda.mem_get_info``: it counts Warp's allocations too), in total and per env;
 - env-steps/s of :func:`dz_gym.eval.evaluate.evaluate` with N envs and N episodes, synchronous and with
@@ -101,9 +104,11 @@ def child(args) -> dict:
         scene = args.scene
     built_s = time.perf_counter() - start
     step_s = bench_eval.measure_batch_step(env, cycles=args.cycles)
+    step_all_s = measure_every_view(env, cycles=args.cycles)
     memory = _gpu_used() - before
     out = {"backend": backend, "n": n, "scene": args.scene, "build_s": built_s, "step_s": step_s,
-           "gpu_bytes": memory, "runs": {}, "profiles": {}, "cores": [len(client_cores), len(server_cores)]}  # fmt: skip
+           "step_all_s": step_all_s, "gpu_bytes": memory, "runs": {}, "profiles": {},
+           "cores": [len(client_cores), len(server_cores)]}  # fmt: skip
 
     def factory(scene_id, config, **_):
         env.max_episode_length = config.max_steps
@@ -135,6 +140,21 @@ def child(args) -> dict:
                 }
     out["gpu_bytes_after_runs"] = _gpu_used() - before
     return out
+
+
+def measure_every_view(env, cycles: int = 3) -> float:
+    """Seconds per batch step with every env's views rendered at every step (no render mask), holding still."""
+    from dz_gym.envs import droid
+
+    env.set_render_mask(None)
+    obs, _ = env.reset(seed=0)
+    action = bench_eval.hold_actions(obs[droid.POLICY_GROUP])
+    for _ in range(HORIZON):
+        env.step(action)
+    start = time.perf_counter()
+    for _ in range(cycles * HORIZON):
+        env.step(action)
+    return (time.perf_counter() - start) / (cycles * HORIZON)
 
 
 def _split_cores() -> tuple[list[int], list[int]]:
@@ -191,30 +211,38 @@ BREAKDOWN = ("env_step", "physics", "render", "gpu_to_host", "build", "encode", 
 
 
 def report(results: list[dict], args) -> bool:
+    """The throughput table and the targets: against s_N (the evaluator's render pattern: the bound the
+    evaluator can reach) and, for the anchor and as the issue first measured it, against s_N all (every view
+    at every step)."""
     latency = args.latency_ms / 1000.0
     print()
     print(f"L={args.latency_ms:.0f} ms, {args.max_steps}-step episodes, policy hold, W=N server workers, prefetch "
-          f"{args.prefetch}; raw = N/s_N (the simulator alone)")  # fmt: skip
-    print(f"{'backend':>7} {'scene':>5} {'N':>5} {'s_N ms':>8} {'raw':>7} {'GPU MiB':>8} {'bound':>7} {'sync':>7} "
-          f"{'of bnd':>7} {'prefetch':>8} {'of bnd':>7} {'of raw':>7} {'errors':>6} {'build s':>8}")  # fmt: skip
+          f"{args.prefetch}; raw = N/s_N (the simulator alone, views 1 step in 8), raw all = N/s_N all (every step)")  # fmt: skip
+    cols = ("s_N ms", "s_all ms", "raw", "raw all", "GPU MiB", "bound", "sync", "of bnd", "of bnd*", "prefetch",
+            "of bnd", "of bnd*", "of raw", "of raw*", "errors", "build s")  # fmt: skip
+    print(f"{'backend':>7} {'scene':>5} {'N':>5} " + " ".join(f"{c:>8}" for c in cols))
     ok = True
     for r in results:
         n, s = r["n"], r["step_s"]
-        b, raw = bound(n, n, latency, s), n / s
+        s_all = r.get("step_all_s", s)
+        b, raw, b_all, raw_all = bound(n, n, latency, s), n / s, bound(n, n, latency, s_all), n / s_all
         sync, pre = r["runs"]["0"]["rate"], r["runs"][str(args.prefetch)]["rate"]
         errors = sum(run.get("errored", 0) for run in r["runs"].values())
         mib = r["gpu_bytes_after_runs"] / 2**20
-        print(f"{r['backend']:>7} {r.get('scene', 1):>5} {n:>5} {1e3 * s:>8.1f} {raw:>7.0f} {mib:>8.0f} {b:>7.0f} "
-              f"{sync:>7.0f} {100 * sync / b:>6.1f}% {pre:>8.0f} {100 * pre / b:>6.1f}% {100 * pre / raw:>6.1f}% "
-              f"{errors:>6} {r['build_s']:>8.1f}")  # fmt: skip
+        cells = (f"{1e3 * s:.1f}", f"{1e3 * s_all:.1f}", f"{raw:.0f}", f"{raw_all:.0f}", f"{mib:.0f}", f"{b:.0f}",
+                 f"{sync:.0f}", f"{100 * sync / b:.1f}%", f"{100 * sync / b_all:.1f}%", f"{pre:.0f}",
+                 f"{100 * pre / b:.1f}%", f"{100 * pre / b_all:.1f}%", f"{100 * pre / raw:.1f}%",
+                 f"{100 * pre / raw_all:.1f}%", f"{errors}", f"{r['build_s']:.1f}")  # fmt: skip
+        print(f"{r['backend']:>7} {r.get('scene', 1):>5} {n:>5} " + " ".join(f"{c:>8}" for c in cells))
         if r["backend"] == "isaac" and r.get("scene", 1) == 1:
             ok &= errors == 0
             if n == 1024:
                 ok &= pre >= 0.85 * raw and sync >= 0.80 * b
             if n == 256:
-                ok &= pre >= 0.92 * b and raw >= 4261
-    print("(env-steps/s; bound = 8N / (ceil(N/W) * L + 8 * s_N); targets at scene 1: N=1024 prefetch >= 85% of raw "
-          "and sync >= 80% of bound; N=256 prefetch >= 92% of bound and raw >= 4261)")  # fmt: skip
+                ok &= pre >= 0.92 * b and raw_all >= 4261
+    print("(env-steps/s; bound = 8N / (ceil(N/W) * L + 8 * s_N); * = against s_N all, the views rendered at every "
+          "step; targets at scene 1: N=1024 prefetch >= 85% of raw and sync >= 80% of bound; N=256 prefetch >= 92% "
+          "of bound and raw all >= 4261)")  # fmt: skip
     profiled = [(r, mode, rep) for r in results for mode, rep in sorted(r.get("profiles", {}).items()) if rep]
     if profiled:
         print()

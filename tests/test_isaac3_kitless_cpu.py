@@ -145,3 +145,33 @@ def test_a_time_out_above_450_steps_is_honoured():
     for steps in (451, 600, 3000):
         set_max_episode_length(cfg, steps)
         assert math.ceil(cfg.episode_length_s / step_dt) == steps  # Isaac Lab's max_episode_length
+
+
+def test_views_render_only_at_the_steps_whose_views_are_due(env, episode):
+    """An empty render mask skips the cameras (the frames repeat though the arm moves, ``images_fresh`` is
+    False); a mask with any env renders every env's views again."""
+    import torch
+
+    from dz_gym.envs.isaac import views
+
+    demand = views.demand_of(env.isaac_env)
+    obs, _ = env.reset(seed=SEED)
+    before = {key: obs[droid.POLICY_GROUP][key].clone() for key in droid.CAMERA_KEYS}
+    action = torch.zeros((NUM_ENVS, droid.ACTION_DIM))
+    action[:, : droid.ARM_DOF] = torch.as_tensor(droid.HOME_JOINT_POSITIONS)
+    action[:, 0] += 0.6  # swing the arm: the wrist camera's view changes
+
+    rendered, skipped = demand.rendered, demand.skipped
+    env.set_render_mask(np.zeros(NUM_ENVS, dtype=bool))
+    obs, _, _, _, info = env.step(action)
+    assert not info["images_fresh"].any()
+    assert (demand.rendered, demand.skipped) == (rendered, skipped + len(droid.CAMERA_KEYS))
+    for key in droid.CAMERA_KEYS:
+        assert torch.equal(obs[droid.POLICY_GROUP][key], before[key])
+
+    env.set_render_mask(np.array([True] + [False] * (NUM_ENVS - 1)))
+    obs, _, _, _, info = env.step(action)
+    assert info["images_fresh"].all()
+    assert demand.rendered == rendered + len(droid.CAMERA_KEYS)
+    assert not torch.equal(obs[droid.POLICY_GROUP]["wrist_cam"], before["wrist_cam"])
+    env.set_render_mask(None)

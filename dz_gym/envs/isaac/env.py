@@ -14,6 +14,10 @@ through the :class:`~dz_gym.envs.base.BatchedDroidEnv` contract; episode bookkee
 - ``info`` holds the keys of the base contract, computed from the state *before* the in-step reset; for a
   MILA task ``success`` and ``milestones`` are sim-evals' own flags, handed to ``self.episodes`` with the
   state (``TaskState.milestone_flags``; :mod:`dz_gym.envs.isaac.mila` when sim-evals lacks them);
+- rendering: on a kit-less task the views render only at the steps :meth:`set_render_mask` asks for (all
+  envs' views when any env's are due; :mod:`dz_gym.envs.isaac.views`), and every reset's observation is
+  rendered; ``images_fresh`` is False where the frames are an earlier step's. sim-evals' views render at
+  every step;
 - start-up quirks: the first ``reset`` resets twice (materials load on the second render cycle), and
   after every reset of all envs one hold step (arm target = current joints, gripper unchanged) is taken
   and the episode counters zeroed, because the first frame after a reset can show the previous episode
@@ -35,7 +39,7 @@ import numpy as np
 
 from dz_gym.envs import droid, scenes
 from dz_gym.envs.base import BatchedDroidEnv
-from dz_gym.envs.isaac import checks, kitless, launch, tasks
+from dz_gym.envs.isaac import checks, kitless, launch, tasks, views
 from dz_gym.envs.isaac.build import InitialConditions, MilestoneProbe, parse_task_cfg
 from dz_gym.envs.isaac.config import keep_one_dome_light, patch_env_cfg, set_seed
 from dz_gym.envs.isaac.mila import MilaFallback
@@ -139,6 +143,8 @@ class IsaacDroidEnv(BatchedDroidEnv):
             self.patches.append("events.reset_initial_conditions: pose set = episode seed mod count")
         self._started = False
         self._last_obs = None
+        # A kit-less task's camera terms render only when due (dz_gym.envs.isaac.views); sim-evals' render always.
+        self._views = views.demand_of(self.isaac_env) if task.kitless else None
 
     def _build_sim_evals(self, task, *, app_args, headless, device, version, assets_dir, check_gpu, tiled_cameras,
                          env_spacing, image_shape, tcp_bodies, max_episode_length, seed) -> None:  # fmt: skip
@@ -222,11 +228,29 @@ class IsaacDroidEnv(BatchedDroidEnv):
         )  # fmt: skip
         self.isaac_env = self._gym_env.unwrapped
 
+    # -- hooks ----------------------------------------------------------------------------------------
+    def set_render_mask(self, mask: np.ndarray | None) -> None:
+        """The base contract's hook; on a kit-less task, any env in the mask renders every env's views at the
+        next step (the renderer draws all worlds in one pass) and an empty mask renders none (their
+        ``images_fresh`` is False). sim-evals' cameras render at every step whatever the mask."""
+        super().set_render_mask(mask)
+        if self._views is not None:
+            self._views.due = self._render_mask is None or bool(self._render_mask.any())
+
     # -- Gymnasium API --------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         """Reset every env, or ``options["env_ids"]`` (or ``options["reset_mask"]``); see the module
-        docstring for the hold step."""
+        docstring for the hold step. The observation of a reset is always rendered."""
         self._check_open()
+        if self._views is None:
+            return self._reset(seed, options)
+        due, self._views.due = self._views.due, True
+        try:
+            return self._reset(seed, options)
+        finally:
+            self._views.due = due
+
+    def _reset(self, seed, options):
         book = self.episodes
         env_ids = book.resolve_reset_ids(options)
         seeds = book.reset_seeds(env_ids, seed)
@@ -283,7 +307,7 @@ class IsaacDroidEnv(BatchedDroidEnv):
         self._probe.latest = None
         time_outs = to_numpy(truncated).astype(bool).reshape(-1)
         done_ids = np.flatnonzero(to_numpy(terminated).astype(bool).reshape(-1) | time_outs)
-        fresh = np.ones(self.num_envs, dtype=bool)
+        fresh = np.full(self.num_envs, self._views is None or self._views.due)
         settle = done_ids.size == self.num_envs and self.settle_steps > 0
         if done_ids.size and not settle:
             fresh[done_ids] = False

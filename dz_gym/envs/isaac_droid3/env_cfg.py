@@ -12,7 +12,9 @@ One config class per scene (:class:`DroidScene1EnvCfg` ...), all from :class:`Dr
 - **actions**: 7 absolute joint-position targets (implicit PD, kp 400, kd 80, the MJCF's gains and force
   limits) and the gripper command on the Robotiq tendon actuator (:class:`~.mdp.GripperAction`);
 - **observations**: ``obs["policy"]`` with the three ``(N, H, W, 3)`` uint8 views, ``arm_joint_pos (N, 7)``
-  and ``gripper_pos (N, 1)``, not concatenated (the DROID contract of :mod:`dz_gym.envs.droid`);
+  and ``gripper_pos (N, 1)``, not concatenated (the DROID contract of :mod:`dz_gym.envs.droid`); the views
+  render only at the steps whose views are due (:class:`~.mdp.LazyImageRGB`, every step unless the isaac
+  backend's ``set_render_mask`` says otherwise);
 - **events**: at reset, the robot to the DROID home pose and the object and container to the layout of the
   episode's seed (:class:`~.mdp.ResetLayout`, the MuJoCo backend's sampler);
 - **terminations**: the 30 s time-out (450 steps). Success is judged outside, by the shared check
@@ -130,7 +132,7 @@ class ActionsCfg:
 
 def _image_term(key: str) -> ObservationTermCfg:
     return ObservationTermCfg(
-        func=base_mdp.image_rgb, params={"sensor_cfg": SceneEntityCfg(key), "data_type": "rgb", "normalize": False}
+        func=mdp.LazyImageRGB, params={"sensor_cfg": SceneEntityCfg(key), "data_type": "rgb", "normalize": False}
     )
 
 

@@ -2,6 +2,8 @@
 
 - :func:`arm_joint_pos` / :func:`gripper_pos`: the DROID proprio, ``(N,7)`` rad and ``(N,1)`` in [0, 1]
   (the driver joint over its closed angle, as the MuJoCo backend reports it);
+- :class:`LazyImageRGB`: Isaac Lab's ``image_rgb`` that reads (renders) its camera only when the env's views
+  are due (:mod:`dz_gym.envs.isaac.views`), and otherwise repeats its last frames;
 - :class:`GripperAction`: the DROID gripper command (> 0.5 closes), sent to the Robotiq tendon actuator as
   its 0 or 255 control, as the MuJoCo backend does;
 - :class:`ResetLayout`: places the object and the container of every env being reset from its episode
@@ -16,12 +18,14 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import isaaclab.envs.mdp as base_mdp
 from isaaclab.envs.mdp.actions.actions_cfg import FixedTendonPositionActionCfg
 from isaaclab.envs.mdp.actions.tendon_actions import FixedTendonPositionAction
-from isaaclab.managers import ManagerTermBase
+from isaaclab.managers import ManagerTermBase, SceneEntityCfg
 from isaaclab.utils import configclass
 
 from dz_gym.envs import droid
+from dz_gym.envs.isaac import views
 from dz_gym.envs.mujoco import robot, scene
 
 ARM_JOINTS = robot.ARM_JOINTS
@@ -61,6 +65,45 @@ def _cached_ids(env, asset, names: tuple[str, ...]) -> list[int]:
     if names not in cache:
         cache[names] = _joint_ids(asset, names)
     return cache[names]
+
+
+class LazyImageRGB(base_mdp.image_rgb):
+    """Observation term: a camera's RGB frames, rendered only when the env's views are due.
+
+    The same parameters and output as Isaac Lab's ``image_rgb``; when :func:`dz_gym.envs.isaac.views.demand_of`
+    says the views are not due, the camera is not read (so not rendered) and the term returns its last frames
+    again. The first call, and every call with ``frame_stack`` > 1 (a stack must advance), always renders.
+    """
+
+    def __init__(self, cfg, env):
+        super().__init__(cfg, env)
+        self._last: torch.Tensor | None = None
+
+    def __call__(
+        self,
+        env,
+        sensor_cfg: SceneEntityCfg = SceneEntityCfg("tiled_camera"),
+        data_type: str = "rgb",
+        normalize: bool = True,
+        mean: float | None = None,
+        channel_first: bool = False,
+        frame_stack: int = 1,
+        *,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        demand = views.demand_of(env)
+        render = demand.due or self._last is None or frame_stack != 1
+        demand.note(render)
+        if render:
+            self._last = super().__call__(
+                env, sensor_cfg, data_type, normalize, mean, channel_first, frame_stack, out=out
+            )
+            return self._last
+        if out is None:
+            return self._last
+        out.copy_(self._last)
+        self._last = out
+        return out
 
 
 class GripperAction(FixedTendonPositionAction):
