@@ -1,12 +1,14 @@
 """The kit-less DROID task built for real on the CPU: isaaclab 3.0.0, Newton, Warp's CPU device, MuJoCo-Warp and
 the MJCF-to-USD converter, as ``scripts/setup.sh --isaac30`` (the third CI environment) installs them.
 
-One env of ``DZ-DROID-CubeInBowl-Newton-v0`` with N = 2 and small views is built once for the module and run
-for one short episode: the observation contract (keys, shapes, dtypes), the objects where the MuJoCo backend's
-sampler puts them for the episodes' seeds, the time-out at ``max_episode_length`` (the run's ``--max-steps``),
-and Isaac Lab's ``cfg.seed`` from the run's seed. Hydra-style overrides and a time-out above 450 steps are
-checked on the parsed config, without a second build. Elsewhere (the first two environments, which lack the
-kit-less stack) the module is skipped.
+One env of ``DZ-DROID-CubeInBowl-Newton-v0`` with N = 2 and small views is built once for the module (Isaac Lab
+builds one simulation per process), through ``gym.make_vec``, and run for short episodes: the observation
+contract (keys, shapes, dtypes), the objects where the MuJoCo backend's sampler puts them for the episodes'
+seeds, the time-out at ``max_episode_length`` (the run's ``--max-steps``), Isaac Lab's ``cfg.seed`` from the
+run's seed, the views rendered only when due, and the Gymnasium face: the make_vec env is a ``VectorEnv``, and
+:class:`~dz_gym.wrapper.DreamZeroPolicyWrapper` drives it and the raw ``ManagerBasedRLEnv`` underneath alike.
+Hydra-style overrides and a time-out above 450 steps are checked on the parsed config, without a second build.
+Elsewhere (the first two environments, which lack the kit-less stack) the module is skipped.
 
 Warp compiles its kernels on first use, minutes on the CPU: here at ``-O0`` (``warp.config.optimization_level``,
 as MuJoCo-Warp's own tests allow; the few steps run slower, the compilation is much shorter), cached under
@@ -44,9 +46,11 @@ SEED = 7
 
 @pytest.fixture(scope="module")
 def env():
-    from dz_gym.envs.isaac import make_env
+    import gymnasium as gym
 
-    built = make_env(TASK, num_envs=NUM_ENVS, device="cpu", seed=SEED, image_shape=SHAPE, max_episode_length=STEPS)
+    import dz_gym  # noqa: F401  (registers the ids)
+
+    built = gym.make_vec(TASK, num_envs=NUM_ENVS, device="cpu", seed=SEED, image_shape=SHAPE, max_episode_steps=STEPS)
     yield built
     built.close()
 
@@ -175,3 +179,50 @@ def test_views_render_only_at_the_steps_whose_views_are_due(env, episode):
     assert demand.rendered == rendered + len(droid.CAMERA_KEYS)
     assert not torch.equal(obs[droid.POLICY_GROUP]["wrist_cam"], before["wrist_cam"])
     env.set_render_mask(None)
+
+
+def test_make_vec_gives_a_same_step_autoreset_vector_env(env):
+    import gymnasium as gym
+
+    from dz_gym.envs.isaac.env import IsaacDroidEnv
+
+    assert isinstance(env, gym.vector.VectorEnv) and isinstance(env.unwrapped, IsaacDroidEnv)
+    assert env.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP
+
+
+def test_the_wrapper_drives_the_vector_env_across_autoresets(env):
+    import dz_gym
+    from dz_gym.preprocess import to_numpy
+    from dz_gym.server.policies import HoldPolicy
+    from dz_gym.testing.memory_client import MemoryPolicyClient
+
+    client = MemoryPolicyClient(HoldPolicy(), num_envs=NUM_ENVS)
+    wrapper = dz_gym.DreamZeroPolicyWrapper(env, client=client)
+    obs, info = wrapper.reset(seed=SEED)
+    episodes = []
+    for _ in range(2 * STEPS + 1):  # two time-outs, each followed by a new session
+        obs, reward, terminated, truncated, info = wrapper.step()
+        assert info["_success"].all() and info["milestones"]["_placed"].all() and info["_policy_called"].all()
+        episodes.append(to_numpy(truncated).astype(bool))
+    assert [bool(done.all()) for done in episodes] == ([False] * (STEPS - 1) + [True]) * 2 + [False]
+    assert info["policy_called"].all()  # the step after a time-out asks the new session's first chunk
+    assert to_numpy(obs["policy"]["wrist_cam"]).shape == (NUM_ENVS, *SHAPE, 3)
+    client.close()
+
+
+def test_the_wrapper_drives_the_raw_manager_based_env(env):
+    import dz_gym
+    from dz_gym.server.policies import HoldPolicy
+    from dz_gym.testing.memory_client import MemoryPolicyClient
+
+    raw = env.unwrapped.isaac_env  # Isaac Lab's ManagerBasedRLEnv (the same simulation: one per process)
+    client = MemoryPolicyClient(HoldPolicy(), num_envs=NUM_ENVS)
+    wrapper = dz_gym.DreamZeroPolicyWrapper(raw, client=client, prompt="put the cube in the bowl")
+    obs, info = wrapper.reset(seed=SEED)
+    received = 0
+    for _ in range(STEPS - 1):  # within one episode: one request per env, at the first step
+        obs, reward, terminated, truncated, info = wrapper.step()
+        assert info["_policy_called"].all()
+        received += int(info["chunk_received"].sum())
+    assert received == NUM_ENVS, received
+    client.close()
