@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import weakref
 
 from dz_gym.envs.isaac import views
 
@@ -29,7 +30,8 @@ def test_a_demand_counts_rendered_and_skipped_calls():
 def test_a_demand_goes_with_its_env():
     env = _Env()
     views.demand_of(env).due = False
-    count = len(views._DEMANDS)
+    alive = weakref.ref(env)
     del env
     gc.collect()
-    assert len(views._DEMANDS) == count - 1
+    assert alive() is None  # the registry does not keep the env alive
+    assert views.demand_of(_Env()).due  # nor does a new env inherit anything
