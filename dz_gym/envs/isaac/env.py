@@ -15,9 +15,9 @@ through the :class:`~dz_gym.envs.base.BatchedDroidEnv` contract; episode bookkee
   MILA task ``success`` and ``milestones`` are sim-evals' own flags, handed to ``self.episodes`` with the
   state (``TaskState.milestone_flags``; :mod:`dz_gym.envs.isaac.mila` when sim-evals lacks them);
 - rendering: on a kit-less task the views render only at the steps :meth:`set_render_mask` asks for (all
-  envs' views when any env's are due; :mod:`dz_gym.envs.isaac.views`), and every reset's observation is
-  rendered; ``images_fresh`` is False where the frames are an earlier step's. sim-evals' views render at
-  every step;
+  envs' views when any env's are due; :mod:`dz_gym.envs.isaac.views`) and at every step that resets an env
+  (in the step or through :meth:`reset`); ``images_fresh`` is False where the frames are an earlier step's.
+  sim-evals' views render at every step;
 - start-up quirks: the first ``reset`` resets twice (materials load on the second render cycle), and
   after every reset of all envs one hold step (arm target = current joints, gripper unchanged) is taken
   and the episode counters zeroed, because the first frame after a reset can show the previous episode
@@ -139,12 +139,14 @@ class IsaacDroidEnv(BatchedDroidEnv):
         self._initial_conditions = InitialConditions.find(self.isaac_env)
         self._pending: tuple[np.ndarray, np.ndarray] | None = None  # (ids, seeds) of the in-step autoreset
         if self._initial_conditions is not None:
-            self._probe.before_reset = self._before_in_step_reset
             self.patches.append("events.reset_initial_conditions: pose set = episode seed mod count")
         self._started = False
         self._last_obs = None
         # A kit-less task's camera terms render only when due (dz_gym.envs.isaac.views); sim-evals' render always.
         self._views = views.demand_of(self.isaac_env) if task.kitless else None
+        self._views_forced = False  # this step's in-step reset made its views due
+        if self._initial_conditions is not None or self._views is not None:
+            self._probe.before_reset = self._before_in_step_reset
 
     def _build_sim_evals(self, task, *, app_args, headless, device, version, assets_dir, check_gpu, tiled_cameras,
                          env_spacing, image_shape, tcp_bodies, max_episode_length, seed) -> None:  # fmt: skip
@@ -293,6 +295,7 @@ class IsaacDroidEnv(BatchedDroidEnv):
         """Step every env once with ``(N,8)`` actions; done envs are reset inside (same-step autoreset)."""
         self._check_started()
         self._pending = None
+        self._views_forced = False
         try:
             obs, _, terminated, truncated, _ = self.isaac_env.step(self._torch_action(action))
         finally:
@@ -326,6 +329,8 @@ class IsaacDroidEnv(BatchedDroidEnv):
                 obs = self._settle(obs)
         reward = self._torch.as_tensor(info["success"], dtype=self._torch.float32, device=self.device)
         self._last_obs = obs
+        if self._views_forced:  # back to what the render mask asked for
+            self._views.due, self._views_forced = False, False
         return obs, reward, terminated, truncated, info
 
     def close(self):
@@ -347,13 +352,18 @@ class IsaacDroidEnv(BatchedDroidEnv):
 
     def _before_in_step_reset(self, env) -> None:
         """From the state probe, after every other termination term: the envs the step will reset get
-        their next episodes' seeds now, and sim-evals' initial conditions are dealt by those seeds."""
+        their next episodes' seeds now, and sim-evals' initial conditions are dealt by those seeds; on a
+        kit-less task the step's views become due (a new episode's first request needs its own frames)."""
         manager = getattr(env, "termination_manager", None)
         if manager is None:
             return
         done = (to_numpy(manager.terminated) | to_numpy(manager.time_outs)).astype(bool).reshape(-1)
         ids = np.flatnonzero(done)
-        if ids.size:
+        if not ids.size:
+            return
+        if self._views is not None and not self._views.due:
+            self._views.due, self._views_forced = True, True
+        if self._initial_conditions is not None:
             seeds = self.episodes.next_seeds(ids)
             self._pending = (ids, seeds)
             self._deal(ids, seeds)
