@@ -11,8 +11,8 @@ lists gave: the per-step values in step order, of the field's dtype.
 A field may be missing (None) at some steps (an env that does not report a pose): an episode's column then
 has only the steps where it was there, as the lists had, and is None where it never was. Memory stays
 bounded: at each :meth:`StepLog.append` the chunks that end before the first step of the oldest running
-episode are dropped (with ``max_steps`` steps per episode at most about ``max_steps + chunk_steps`` steps are
-kept). :meth:`StepLog.keep_first` keeps per slot a value of the episode's first step that has it (the object's
+episode are dropped (with episodes of at most ``max_steps`` steps, at most ``ceil(max_steps / chunk_steps) + 1``
+chunks are kept). :meth:`StepLog.keep_first` keeps per slot a value of the episode's first step that has it (the object's
 start position, the env's seed).
 
 >>> import numpy as np
@@ -80,6 +80,7 @@ class StepLog:
         self.count = 0  # batch steps appended so far; the next one gets this index
         self.begin = np.zeros(self.num_envs, dtype=np.int64)  # per slot: the first step of its episode
         self._chunks: deque[_Chunk] = deque()
+        self._names: dict[str, None] = {}  # every field appended so far, in order (None where never there)
         self._once: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # name -> (per-slot values, which are set)
 
     def start(self, slots: Sequence[int] | np.ndarray) -> None:
@@ -110,6 +111,7 @@ class StepLog:
         chunk = self._chunks[-1]
         row = self.count - chunk.start
         for name, column in columns.items():
+            self._names.setdefault(name)
             if column is not None:
                 chunk.put(row, name, np.asarray(column), self.num_envs)
         self.count += 1
@@ -160,9 +162,8 @@ class StepLog:
         chunks = [c for c in self._chunks if c.start + c.size > begin and c.start < self.count]
         if chunks and chunks[0].start > begin:
             raise ValueError(f"step log: step {begin} was dropped (an episode began there but was not live)")
-        names = dict.fromkeys(name for c in chunks for name in c.columns)
         out: dict[str, np.ndarray | None] = {}
-        for name in names:
+        for name in self._names:
             parts, masks = [], []
             for chunk in chunks:
                 if name not in chunk.columns:
@@ -170,7 +171,7 @@ class StepLog:
                 lo, hi = max(begin, chunk.start) - chunk.start, min(self.count, chunk.start + chunk.size) - chunk.start
                 parts.append(chunk.columns[name][lo:hi, slots])
                 masks.append(chunk.present[name][lo:hi])
-            mask = np.concatenate(masks)
+            mask = np.concatenate(masks) if masks else np.zeros(0, dtype=bool)
             if not mask.any():
                 out[name] = None
                 continue
