@@ -141,3 +141,11 @@ def test_bad_input_names_the_field():
         log.append({"y": np.zeros((2, 4))}, [0])
     with pytest.raises(ValueError, match="chunk_steps: expected a positive number"):
         StepLog(2, chunk_steps=0)
+    log = StepLog(2, chunk_steps=1)
+    log.start([0, 1])
+    log.append({"x": np.zeros(2)}, [0, 1])
+    log.start([0])
+    log.append({"x": np.ones(2)}, [0])  # slot 1's episode was not live: its first step is gone
+    with pytest.raises(ValueError, match="step log: step 0 was dropped"):
+        log.episodes([1])
+    assert log.episodes([0])[0]["x"].tolist() == [1.0]

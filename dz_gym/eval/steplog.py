@@ -160,7 +160,7 @@ class StepLog:
         """The steps ``begin .. count - 1`` of ``slots`` (episodes that began together): field -> ``(M, T, ...)``
         (one contiguous block; each slot's row is a view of it), or None."""
         chunks = [c for c in self._chunks if c.start + c.size > begin and c.start < self.count]
-        if chunks and chunks[0].start > begin:
+        if begin < self.count and (not chunks or chunks[0].start > begin):
             raise ValueError(f"step log: step {begin} was dropped (an episode began there but was not live)")
         out: dict[str, np.ndarray | None] = {}
         for name in self._names:
