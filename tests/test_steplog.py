@@ -6,7 +6,7 @@
 - the memory stays bounded by the longest running episode plus one chunk, and nothing is kept once no
   episode runs;
 - the values of an episode's first step that has them (:meth:`StepLog.keep_first`);
-- bad input: one-line errors naming the field.
+- bad input: one-line errors naming the field; the module's example.
 """
 
 from __future__ import annotations
@@ -149,3 +149,11 @@ def test_bad_input_names_the_field():
     with pytest.raises(ValueError, match="step log: step 0 was dropped"):
         log.episodes([1])
     assert log.episodes([0])[0]["x"].tolist() == [1.0]
+
+
+def test_the_module_example_runs():
+    import doctest
+
+    from dz_gym.eval import steplog
+
+    assert doctest.testmod(steplog).failed == 0
