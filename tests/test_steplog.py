@@ -3,7 +3,7 @@
 - what :meth:`StepLog.episodes` cuts out equals what per-episode lists, appended env by env at every step and
   stacked at the episode's end, give (values, dtypes, shapes, steps where a field was missing), for episodes
   of random lengths starting and ending at random steps on every slot, with several chunk sizes;
-- the memory stays bounded by the longest running episode plus one chunk, and nothing is kept once no
+- the memory stays bounded by the chunks the longest running episode reaches, and nothing is kept once no
   episode runs;
 - the values of an episode's first step that has them (:meth:`StepLog.keep_first`);
 - bad input: one-line errors naming the field; the module's example.
