@@ -1,24 +1,32 @@
-"""An episode in progress on one env slot: its plan entry, its identity and what each step recorded (pure).
+"""An episode in progress on one env slot: its plan entry, its identity and what its row is made from (pure).
 
-:class:`~dz_gym.eval.runner.SceneRunner` fills one per running episode and, when it ends, turns it into the
-trajectory's arrays (:meth:`EpisodeInProgress.arrays`) and the row.
+:class:`~dz_gym.eval.runner.SceneRunner` keeps one per running episode; its per-step values are in the
+runner's :class:`~dz_gym.eval.steplog.StepLog` (the whole batch's steps). When the episode ends, the log's
+columns of its steps (:func:`step_columns`: keyed as the trajectory file's per-step arrays, plus
+``success_any_step``; and its first reported ``object_start_pos`` and ``episode_seed``) become the
+trajectory's arrays (:meth:`EpisodeInProgress.arrays`) and the row's measured fields (:func:`measures`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
 from dz_gym.eval import trajectory
 from dz_gym.eval.plan import PlanEntry
+from dz_gym.requests import to_numpy
 
-__all__ = ["EpisodeInProgress"]
+__all__ = ["STEP_KEYS", "EpisodeInProgress", "measures", "step_columns"]
+
+STEP_KEYS = tuple(a.key for a in trajectory.ARRAYS if a.per == "step")  # the trajectory's per-step arrays
 
 
 @dataclasses.dataclass
 class EpisodeInProgress:
-    """An episode in progress on one slot: its plan entry, its identity and the per-step record."""
+    """An episode in progress on one slot: its plan entry, its identity and its per-episode values."""
 
     entry: PlanEntry
     slot: int  # the wrapper's env slot (a shard's local slot)
@@ -33,46 +41,60 @@ class EpisodeInProgress:
     arm: str | None = None
     task: str | None = None
     milestones: dict[str, int] | None = None  # info["milestones"] of the episode's last step
-    tcp_pos: list = dataclasses.field(default_factory=list)
-    object_quat: list = dataclasses.field(default_factory=list)
-    object_start_pos: np.ndarray | None = None  # the lift milestone's reference height
-    actions: list = dataclasses.field(default_factory=list)
-    joints: list = dataclasses.field(default_factory=list)
-    gripper: list = dataclasses.field(default_factory=list)
-    called: list = dataclasses.field(default_factory=list)
-    latency_ms: list = dataclasses.field(default_factory=list)
-    success: list = dataclasses.field(default_factory=list)
-    reward: list = dataclasses.field(default_factory=list)
-    object_pos: list = dataclasses.field(default_factory=list)
-    container_pos: list = dataclasses.field(default_factory=list)
-    env_seed: int | None = None
-    success_any: bool = False
     server_errors: int = 0
 
-    @property
-    def steps(self) -> int:
-        return len(self.actions)
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        """The trajectory file's arrays (what :class:`~dz_gym.eval.writer.EpisodeWriter` saves), through the
-        file's schema (:mod:`dz_gym.eval.trajectory`: keys, dtypes, shapes)."""
+    def arrays(self, columns: Mapping[str, np.ndarray | None]) -> dict[str, np.ndarray]:
+        """The trajectory file's arrays (what :class:`~dz_gym.eval.writer.EpisodeWriter` saves) from the
+        episode's ``columns``, through the file's schema (:mod:`dz_gym.eval.trajectory`: keys, dtypes, shapes)."""
         names = None if self.milestones is None else list(self.milestones)
         return trajectory.pack(
             {
-                "actions": self.actions,
-                "joint_pos": self.joints,
-                "gripper_pos": self.gripper,
-                "policy_called": self.called,
-                "chunk_latency_ms": self.latency_ms,
-                "success": self.success,
-                "reward": self.reward,
+                **{key: columns.get(key) for key in STEP_KEYS},
                 "seed": self.seed,
-                "object_pos": self.object_pos,
-                "container_pos": self.container_pos,
-                "tcp_pos": self.tcp_pos,
-                "object_quat": self.object_quat,
-                "object_start_pos": self.object_start_pos,
+                "object_start_pos": columns.get("object_start_pos"),  # the lift milestone's reference height
                 "milestone_names": names,
                 "milestone_first_step": None if names is None else list(self.milestones.values()),
-            }  # fmt: skip
+            }
         )
+
+
+def step_columns(info: Mapping[str, Any], joints, gripper, reward, latency_ms, success, success_any) -> dict:
+    """One batch step's whole-batch columns for the step log, keyed as the trajectory's per-step arrays (float32
+    actions, proprio and poses; None for a pose the env does not report; ``success_any_step`` besides), made once
+    per step from the step's ``info`` and the runner's converted ``(N,)`` arrays."""
+    poses = {key: info.get(key) for key in ("object_pos", "container_pos", "tcp_pos", "object_quat")}
+    return {
+        "actions": np.asarray(info["policy_action"], dtype=np.float32),
+        "joint_pos": joints.astype(np.float32),
+        "gripper_pos": gripper.astype(np.float32),
+        "policy_called": np.asarray(info["policy_called"], dtype=bool),
+        "chunk_latency_ms": latency_ms,
+        "success": success,
+        "success_any_step": success_any,
+        "reward": reward,
+        **{key: None if a is None else to_numpy(a).astype(np.float32) for key, a in poses.items()},
+    }
+
+
+def measures(columns: Mapping[str, np.ndarray | None], errored: bool) -> dict[str, Any]:
+    """The row's fields measured on the episode's ``columns``: latencies (ms, rounded, the steps that got a
+    reply or an error), server calls, final poses and, unless it ``errored``, its success."""
+    latency = columns["chunk_latency_ms"]
+    latencies = [round(float(v), 3) for v in latency[np.isfinite(latency)]]
+    object_pos, container_pos = columns.get("object_pos"), columns.get("container_pos")
+    out: dict[str, Any] = {
+        "latencies": latencies,
+        "server_calls": int(np.count_nonzero(columns["policy_called"])),
+        "final_object_pos": None if object_pos is None else object_pos[-1].tolist(),
+        "final_container_pos": None if container_pos is None else container_pos[-1].tolist(),
+        "env_seed": None if columns.get("episode_seed") is None else int(columns["episode_seed"]),
+    }
+    if not errored:
+        success = columns["success"]
+        reached = np.flatnonzero(success)
+        out["success"] = {
+            "success_at_end": bool(success[-1]),
+            "success_any_step": bool(reached.size or np.any(columns["success_any_step"])),
+            "first_success_step": int(reached[0]) + 1 if reached.size else None,
+        }
+    return out

@@ -64,11 +64,13 @@ import numpy as np
 from dz_gym.envs import droid
 from dz_gym.envs.vector_info import entries
 from dz_gym.eval.episode import EpisodeInProgress as _Episode
+from dz_gym.eval.episode import measures, step_columns
 from dz_gym.eval.plan import PlanEntry
 from dz_gym.eval.progress import Progress
 from dz_gym.eval.results import latency_stats
 from dz_gym.eval.row import EpisodeRow
 from dz_gym.eval.rundir import RunDir, episode_name
+from dz_gym.eval.steplog import StepLog
 from dz_gym.eval.timing import SceneResult, union_seconds
 from dz_gym.eval.video import VideoRecorder, strip_frames
 from dz_gym.eval.writer import EpisodeWriter
@@ -117,16 +119,10 @@ def _column(info: Mapping[str, Any], key: str) -> np.ndarray | None:
     return None if value is None else to_numpy(value)
 
 
-def _float32_columns(info: Mapping[str, Any], joints: np.ndarray, gripper: np.ndarray) -> tuple:
-    """The step's actions, joints, gripper and poses as whole-batch float32 arrays, made once per batch step
-    (each episode keeps its row, a view, instead of one conversion per env and field)."""
-    poses = (_column(info, key) for key in ("object_pos", "container_pos", "tcp_pos", "object_quat"))
-    return (
-        np.asarray(info["policy_action"], dtype=np.float32),
-        joints.astype(np.float32),
-        gripper.astype(np.float32),
-        *(None if a is None else a.astype(np.float32) for a in poses),
-    )
+def _flags(info: Mapping[str, Any], key: str, num_envs: int) -> np.ndarray:
+    """``info[key]`` as ``(N,)`` bools, all False where the env does not report it."""
+    value = _column(info, key)
+    return np.zeros(num_envs, dtype=bool) if value is None else np.asarray(value).astype(bool).reshape(-1)
 
 
 def _milestone_columns(info: Mapping[str, Any]) -> dict[str, np.ndarray] | None:
@@ -199,6 +195,8 @@ class SceneRunner:
         self.progress = progress
         self._queues: list[deque[PlanEntry]] = [deque(q) for q in queues]
         self._current: list[_Episode | None] = [None] * self.num_envs
+        self._live = np.zeros(self.num_envs, dtype=bool)  # which slots run an episode (_current is not None)
+        self._log = StepLog(self.num_envs)  # the per-step values of every running episode
         self._warned_seed = False
         self.pairs = pairs
         self.on_episode_start = on_episode_start
@@ -248,7 +246,7 @@ class SceneRunner:
     def tick(self) -> bool:
         """One step of the batch (or a wait for a refused session's retry); False once done or stopped."""
         result = self._result
-        if not (any(ep is not None for ep in self._current) or self._waiting):
+        if not (self._live.any() or self._waiting):
             return False
         if self.control.stop.is_set():
             result.stopped = True
@@ -257,14 +255,14 @@ class SceneRunner:
             self._drain = True
             self._drop_unpaired()
         self._resume_waiting()
-        if any(ep is not None for ep in self._current):
+        if self._live.any():
             self._step(result)
         return True
 
     @property
     def stepping(self) -> bool:
         """Whether an episode is running (else the batch at most waits for refused sessions' retries)."""
-        return any(ep is not None for ep in self._current)
+        return bool(self._live.any())
 
     def end(self) -> SceneResult:
         """Drop the episodes still running (no row), and write the finished ones; returns the scene's result."""
@@ -279,7 +277,7 @@ class SceneRunner:
             if ep is not None:  # stopped mid-episode: no row; it runs again on resume
                 if self.recorder is not None and ep.video_key is not None:
                     self.recorder.abort(ep.video_key)
-                self._current[i] = None
+                self._clear(i)
         self.wrapper.set_idle(np.zeros(self.num_envs, dtype=bool))
         self._close_writer()
         return result
@@ -296,85 +294,55 @@ class SceneRunner:
             logger.warning("writing finished episodes failed as well: %s", exc)
 
     def _set_idle(self) -> None:
-        self.wrapper.set_idle(np.array([ep is None for ep in self._current], dtype=bool))
+        self.wrapper.set_idle(~self._live)
+
+    def _clear(self, slot: int) -> _Episode:
+        """The slot's episode, which is over (finished, dropped or re-queued): the slot runs none now."""
+        ep, self._current[slot] = self._current[slot], None
+        self._live[slot] = False
+        return ep
 
     def _step(self, result: SceneResult) -> None:
+        """One batch step: the whole batch's values go into the step log once; the episodes that ended are
+        finished (or re-queued), in slot order."""
         wrapper = self.wrapper
-        active = [i for i, ep in enumerate(self._current) if ep is not None]
+        active = np.flatnonzero(self._live)
         policy_obs = wrapper.last_obs[droid.POLICY_GROUP]
         joints, gripper = proprio(policy_obs)
         if self.recorder is not None:
-            for i, frame in strip_frames(policy_obs, active).items():
+            for i, frame in strip_frames(policy_obs, active.tolist()).items():
                 self.recorder.add(self._current[i].video_key, frame)
 
         _, reward, terminated, truncated, info = wrapper.step()
 
+        n = self.num_envs
         terminated = np.asarray(to_numpy(terminated), dtype=bool).reshape(-1)
         done = terminated | np.asarray(to_numpy(truncated), dtype=bool).reshape(-1)
+        errors, events = info["policy_error"], info["integrity_event"]
+        failed = np.not_equal(np.asarray(errors, dtype=object), None)
+        received = np.asarray(info.get("chunk_received", info["policy_called"]), dtype=bool)
+        latency_ms = np.where(received | failed, np.asarray(info["chunk_latency_s"], dtype=np.float64) * 1e3, np.nan)
         reward = np.asarray(to_numpy(reward), dtype=np.float64).reshape(-1)
-        called = np.asarray(info["policy_called"], dtype=bool)
-        received = np.asarray(info.get("chunk_received", called), dtype=bool)
-        latency_s = np.asarray(info["chunk_latency_s"], dtype=np.float64)
-        errors = info["policy_error"]
-        events = info["integrity_event"]
-        success = _column(info, "success")
-        success_any = _column(info, "success_any_step")
-        milestones = _milestone_columns(info)
-        object_start = _column(info, "object_start_pos")
-        env_seed = _column(info, "episode_seed")
-        actions32, joints, gripper, object_pos, container_pos, tcp_pos, object_quat = _float32_columns(
-            info, joints, gripper
-        )
+        success, success_any = _flags(info, "success", n), _flags(info, "success_any_step", n)
+        self._log.append(step_columns(info, joints, gripper, reward, latency_ms, success, success_any), active)
+        self._keep_first_values(info, active)
         self._account_busy(result, info)
         result.env_steps += len(active)
-        last_latency = None
-        finished: list[tuple[int, str | None, str | None, str]] = []
-        for i in active:
-            ep = self._current[i]
-            ep.actions.append(actions32[i])
-            ep.joints.append(joints[i])
-            ep.gripper.append(gripper[i])
-            ep.called.append(bool(called[i]))
-            lat_ms = latency_s[i] * 1e3 if (received[i] or errors[i] is not None) else np.nan
-            ep.latency_ms.append(lat_ms)
-            if np.isfinite(lat_ms):
-                last_latency = lat_ms
-            ep.reward.append(float(reward[i]))
-            ok = bool(success[i]) if success is not None else False
-            ep.success.append(ok)
-            ep.success_any = ep.success_any or ok or (bool(success_any[i]) if success_any is not None else False)
-            if object_pos is not None:
-                ep.object_pos.append(object_pos[i])
-            if container_pos is not None:
-                ep.container_pos.append(container_pos[i])
-            if tcp_pos is not None:
-                ep.tcp_pos.append(tcp_pos[i])
-            if object_quat is not None:
-                ep.object_quat.append(object_quat[i])
-            if object_start is not None and ep.object_start_pos is None:
-                ep.object_start_pos = object_start[i].astype(np.float32)
-            if env_seed is not None and ep.env_seed is None:
-                ep.env_seed = int(env_seed[i])
-                if ep.env_seed != ep.seed and not self._warned_seed:
-                    self._warned_seed = True
-                    logger.warning(
-                        "scene %d episode %d: the env reports seed %d, the evaluator asked for %d",
-                        self.scene,
-                        ep.episode,
-                        ep.env_seed,
-                        ep.seed,
-                    )
-            if errors[i] is not None:
-                ep.server_errors += 1
-                finished.append((i, str(errors[i]), None if events[i] is None else str(events[i]), "error"))
-            elif done[i]:
-                finished.append((i, None, None, "terminated" if terminated[i] else "time_limit"))
-            elif ep.steps >= self.max_steps:  # the env's own limit is longer: end it here
-                finished.append((i, None, None, "time_limit"))
         if self.progress is not None:
-            self.progress.steps(len(active), last_latency)
+            seen = latency_ms[active][np.isfinite(latency_ms[active])]
+            self.progress.steps(len(active), seen[-1] if seen.size else None)
 
-        for i, error, event, ended_by in finished:
+        ends = active[failed[active] | done[active] | (self._log.steps(active) >= self.max_steps)]
+        finished: list[tuple[int, str | None, str | None, str]] = []
+        for i in ends.tolist():  # an error first; else the env's end, else max_steps (the env's limit is longer)
+            if failed[i]:
+                self._current[i].server_errors += 1
+                finished.append((i, str(errors[i]), None if events[i] is None else str(events[i]), "error"))
+            else:
+                finished.append((i, None, None, "terminated" if terminated[i] else "time_limit"))
+        milestones = _milestone_columns(info) if finished else None
+        columns = self._log.episodes([i for i, *_ in finished])
+        for (i, error, event, ended_by), episode_columns in zip(finished, columns, strict=True):
             if event == SESSION_REFUSED and self._defer(i):
                 continue
             if error is not None and event != SESSION_REFUSED and self._retry(i, error, event):
@@ -383,11 +351,25 @@ class SceneRunner:
                 self._current[i].milestones = {name: int(steps[i]) for name, steps in milestones.items()}
             # a done env's record comes with the step's info; one ended here is still the wrapper's current one
             stats = EpisodeStats.from_info(info, i) if done[i] else wrapper.episode_stats(i)
-            self._finish(i, error, event, ended_by, stats)
+            self._finish(i, error, event, ended_by, episode_columns, stats)
             self._ended.append((i, bool(done[i])))  # done: the env has already reset itself (autoreset)
         self._idle_due = self._idle_due or bool(finished)
         if not self.hold_starts:
             self.refill()
+
+    def _keep_first_values(self, info: Mapping[str, Any], active: np.ndarray) -> None:
+        """Keep each episode's first reported object start position and env seed (warn, once per scene, when
+        the env's seed is not the one the evaluator asked for)."""
+        self._log.keep_first("object_start_pos", _column(info, "object_start_pos"), active)
+        env_seed = _column(info, "episode_seed")
+        new = self._log.keep_first("episode_seed", env_seed, active)
+        for i in [] if self._warned_seed else new.tolist():
+            ep = self._current[i]
+            if int(env_seed[i]) != ep.seed:
+                self._warned_seed = True
+                logger.warning("scene %d episode %d: the env reports seed %d, the evaluator asked for %d",
+                               self.scene, ep.episode, int(env_seed[i]), ep.seed)  # fmt: skip
+                break
 
     def refill(self) -> None:
         """Start the next entry of each slot whose episode ended at the last step; none once the sequential
@@ -425,8 +407,8 @@ class SceneRunner:
             return False
         events.append(str(event))
         self.run_dir.append_attempt({"scene": ep.scene, "episode": ep.episode, "arm": ep.arm, "seed": ep.seed,
-                                     "attempt": len(events), "steps": ep.steps, "error_event": event, "error": error,
-                                     "started_at": _iso(ep.started_at)})  # fmt: skip
+                                     "attempt": len(events), "steps": self._steps(slot), "error_event": event,
+                                     "error": error, "started_at": _iso(ep.started_at)})  # fmt: skip
         logger.info("scene %d episode %d%s: %s; running it again from its reset (retry %d of %d)", ep.scene,
                     ep.episode, f" arm {ep.arm}" if ep.arm else "", error, len(events), self.episode_retries)  # fmt: skip
         self._requeue(slot)
@@ -435,7 +417,7 @@ class SceneRunner:
     def _requeue(self, slot: int) -> None:
         """Drop the slot's attempt (no row, its video deleted) and queue its episode first, to start again when
         :meth:`_resume_waiting` finds its time has come."""
-        ep, self._current[slot] = self._current[slot], None
+        ep = self._clear(slot)
         if self.recorder is not None and ep.video_key is not None:
             self.recorder.abort(ep.video_key)
         self._started.discard((ep.episode, ep.arm))
@@ -478,10 +460,10 @@ class SceneRunner:
                 continue
             if self.recorder is not None and ep.video_key is not None:
                 self.recorder.abort(ep.video_key)
-            self._current[i] = None
+            self._clear(i)
             if self._result is not None:
                 self._result.dropped.append({"scene": ep.scene, "episode": ep.episode, "seed": ep.seed, "arm": ep.arm,
-                                             "steps": ep.steps})  # fmt: skip
+                                             "steps": self._steps(i)})  # fmt: skip
         self._set_idle()
 
     def _account_busy(self, result: SceneResult, info: Mapping[str, Any]) -> None:
@@ -520,19 +502,27 @@ class SceneRunner:
             arm=arm,
             task=self.task,
         )
+        self._live[slot] = True
+        self._log.start([slot])
+
+    def _steps(self, slot: int) -> int:
+        """How many steps the slot's episode has taken."""
+        return int(self._log.steps([slot])[0])
 
     def _finish(
-        self, slot: int, error: str | None, event: str | None, ended_by: str, stats: EpisodeStats | None = None
+        self, slot: int, error: str | None, event: str | None, ended_by: str, columns: dict, stats: EpisodeStats | None
     ) -> None:
-        ep = self._current[slot]
-        self._current[slot] = None
+        """Write the slot's finished episode (``columns``: its steps, from the step log): trajectory, video, row."""
+        steps, ep = self._steps(slot), self._clear(slot)
         trajectory = self.run_dir.trajectory_relpath(self.scene, ep.episode, ep.arm)
         video = None
         if self.recorder is not None:
             self.recorder.finish(ep.video_key)
             video = self.run_dir.video_relpath(self.scene, ep.episode, ep.arm)
-        row = self._row(ep, error, event, ended_by, trajectory, video, stats)
-        self._writer.submit(self.scene, ep.episode, ep.arm, ep.arrays(), row)
+        row = self._row(
+            ep, steps, measures(columns, error is not None), error, event, ended_by, trajectory, video, stats
+        )
+        self._writer.submit(self.scene, ep.episode, ep.arm, ep.arrays(columns), row)
         self.control.record(row)
         if self.pairs is not None and self.pairs.add(row):
             self._drain = True
@@ -544,21 +534,17 @@ class SceneRunner:
                     queue.clear()
                     queue.extend(kept)
         if self.progress is not None:
-            self.progress.episode(row["success_at_end"], error is not None, unused_steps=self.max_steps - ep.steps)
+            self.progress.episode(row["success_at_end"], error is not None, unused_steps=self.max_steps - steps)
 
-    def _row(self, ep: _Episode, error, event, ended_by, trajectory, video, stats: EpisodeStats | None) -> dict:
-        """The episode's :class:`~dz_gym.eval.row.EpisodeRow` as the dict written to ``episodes.jsonl``."""
-        latencies = [round(float(v), 3) for v in ep.latency_ms if np.isfinite(v)]
+    def _row(self, ep: _Episode, steps: int, seen: dict, error, event, ended_by, trajectory, video,
+             stats: EpisodeStats | None) -> dict:  # fmt: skip
+        """The episode's :class:`~dz_gym.eval.row.EpisodeRow` as the dict written to ``episodes.jsonl``
+        (``seen``: :func:`~dz_gym.eval.episode.measures` of its steps)."""
+        latencies = seen["latencies"]
         milestones = None
         if ep.milestones is not None:
             milestones = {name: (step if step >= 0 else None) for name, step in ep.milestones.items()}
-        measured: dict[str, Any] = {}
-        if error is None:
-            measured.update(
-                success_at_end=bool(ep.success[-1]),
-                success_any_step=bool(ep.success_any),
-                first_success_step=next((t + 1 for t, ok in enumerate(ep.success) if ok), None),
-            )
+        measured: dict[str, Any] = dict(seen.get("success", {}))
         if stats is not None:
             measured.update(chunk_delays=list(stats.delays), wait_steps=int(stats.wait_steps),
                             stale_steps=int(stats.stale_steps), reconnects=int(stats.reconnects),
@@ -574,18 +560,18 @@ class SceneRunner:
             backend=self.backend,
             server=self.wrapper.server_url(ep.slot),  # where its requests went (the plan's server)
             session_id=ep.session_id,
-            steps=ep.steps,
+            steps=steps,
             ended_by=ended_by,
             milestones=milestones,
-            server_calls=int(sum(ep.called)),
+            server_calls=seen["server_calls"],
             server_errors=ep.server_errors,
             latency_ms=latency_stats(latencies),
             latencies_ms=latencies,
             error=error,
             error_event=event,
-            env_seed=ep.env_seed,
-            final_object_pos=ep.object_pos[-1].tolist() if ep.object_pos else None,
-            final_container_pos=ep.container_pos[-1].tolist() if ep.container_pos else None,
+            env_seed=seen["env_seed"],
+            final_object_pos=seen["final_object_pos"],
+            final_container_pos=seen["final_container_pos"],
             started_at=_iso(ep.started_at),
             wall_s=round(time.perf_counter() - ep.t0, 4),
             trajectory=trajectory,
