@@ -53,7 +53,8 @@ _U16, _U32, _U64 = struct.Struct(">BH").pack, struct.Struct(">BI").pack, struct.
 _I8, _I16, _I32, _I64 = (struct.Struct(f">B{c}").pack for c in "bhiq")
 _SMALL_INTS = tuple(bytes((v,)) for v in range(128)) + tuple(bytes((v & 0xFF,)) for v in range(-32, 0))
 
-# str -> its packed bytes (map keys and dtype strings repeat from request to request)
+# map key or dtype string -> its packed bytes (they repeat from request to request; values such as session
+# ids do not, and are not kept)
 _STR_CACHE: dict[str, bytes] = {}
 # (dtype string, shape) -> (the marker up to the data, the marker after it)
 _ARRAY_CACHE: dict[tuple[str, tuple[int, ...]], tuple[bytes, bytes]] = {}
@@ -117,14 +118,19 @@ def _map_head(n: int) -> bytes:
 
 
 def _str(v: str) -> bytes:
+    try:
+        data = v.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: msgpack refuses it, the general path words the error
+        raise _Fallback from None
+    return _str_head(len(data)) + data
+
+
+def _key(v: str) -> bytes:
+    """:func:`_str`, remembered."""
     packed = _STR_CACHE.get(v)
     if packed is None:
-        try:
-            data = v.encode("utf-8")
-        except UnicodeEncodeError:
-            raise _Fallback from None
-        packed = _str_head(len(data)) + data
-        if len(v) <= 64 and len(_STR_CACHE) < _CACHE_LIMIT:
+        packed = _str(v)
+        if len(_STR_CACHE) < _CACHE_LIMIT:
             _STR_CACHE[v] = packed
     return packed
 
@@ -138,7 +144,7 @@ def _array_marker(a: np.ndarray) -> tuple[bytes, bytes]:
         if a.dtype.kind not in _ARRAY_KINDS or a.dtype.fields is not None or a.dtype.subdtype is not None:
             raise _Fallback
         shape = _array_head(len(a.shape)) + b"".join(_int(size) for size in a.shape)
-        marker = (_ND_PREFIX + _bin_head(a.nbytes), _DTYPE_KEY + _str(dtype) + _SHAPE_KEY + shape)
+        marker = (_ND_PREFIX + _bin_head(a.nbytes), _DTYPE_KEY + _key(dtype) + _SHAPE_KEY + shape)
         if len(_ARRAY_CACHE) < _CACHE_LIMIT:
             _ARRAY_CACHE[key] = marker
     return marker
@@ -169,7 +175,7 @@ def _pack_scalar(v: np.generic, parts: list) -> None:
     parts.append(_GEN_PREFIX)
     parts.append(data)
     parts.append(_DTYPE_KEY)
-    parts.append(_str(v.dtype.str))
+    parts.append(_key(v.dtype.str))
 
 
 def _pack(v: Any, parts: list, depth: int) -> None:
@@ -186,7 +192,7 @@ def _pack(v: Any, parts: list, depth: int) -> None:
         for key, value in v.items():
             key_kind = type(key)
             if key_kind is str:
-                parts.append(_str(key))
+                parts.append(_key(key))
             elif key_kind is bytes:
                 parts.append(_bin_head(len(key)))
                 parts.append(key)
