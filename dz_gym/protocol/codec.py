@@ -46,6 +46,7 @@ import msgpack
 import numpy as np
 
 from dz_gym.errors import ProtocolError
+from dz_gym.protocol.packer import pack_fast
 
 __all__ = [
     "DEFAULT_MAX_DEPTH",
@@ -107,6 +108,8 @@ def _find_bad_path(obj: Any, path: str = "", depth: int = 0) -> tuple[str, Any] 
     if isinstance(obj, (np.ndarray, np.generic)):
         return None if obj.dtype.kind in SUPPORTED_DTYPE_KINDS else (path or "<root>", obj)
     if obj is None or isinstance(obj, (bool, int, float, str, bytes, bytearray, memoryview)):
+        if isinstance(obj, memoryview) and not obj.c_contiguous:
+            return (path or "<root>", obj)
         if isinstance(obj, int) and not isinstance(obj, bool) and not (-(2**63) <= obj < 2**64):
             return (path or "<root>", obj)
         return None
@@ -131,12 +134,22 @@ def _find_bad_path(obj: Any, path: str = "", depth: int = 0) -> tuple[str, Any] 
 def packb(obj: Any) -> bytes:
     """Encode ``obj`` (maps, lists, scalars, numpy arrays and scalars) as openpi-compatible msgpack.
 
-    C-contiguous arrays are passed to msgpack without an intermediate copy. Raises ProtocolError naming the
-    offending key for object/structured/complex dtypes and for values msgpack cannot carry.
+    The common values (see :mod:`dz_gym.protocol.packer`) are written into one buffer of the exact final
+    size, each array's bytes copied once; anything else takes msgpack's own packer, with C-contiguous arrays
+    passed as buffers. The bytes are the same either way. Raises ProtocolError naming the offending key for
+    object/structured/complex dtypes and for values msgpack cannot carry.
     """
+    packed = pack_fast(obj)
+    if packed is not None:
+        return packed
+    return _packb_general(obj)
+
+
+def _packb_general(obj: Any) -> bytes:
+    """:func:`packb` through ``msgpack.packb`` with the marker hook (every value it can carry)."""
     try:
         return msgpack.packb(obj, default=_encode_hook, use_bin_type=True)
-    except (_UnsupportedDtype, TypeError, ValueError, OverflowError) as exc:
+    except (_UnsupportedDtype, TypeError, ValueError, OverflowError, BufferError) as exc:
         found = _find_bad_path(obj)
         if found is None:
             raise ProtocolError(f"cannot encode message: {exc}") from None

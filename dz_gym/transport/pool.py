@@ -33,7 +33,7 @@ from dz_gym.policy_client import Outcome, PolicyClient
 from dz_gym.protocol import ServerMetadata
 from dz_gym.protocol.contract import releases_sessions
 from dz_gym.transport.config import TransportConfig, validate_url
-from dz_gym.transport.heap import keep_freed_buffers
+from dz_gym.transport.heap import TRIM_THRESHOLD, keep_freed_buffers
 from dz_gym.transport.loop import LoopThread
 from dz_gym.transport.session import AsyncSession, encode_request
 
@@ -182,10 +182,14 @@ class SessionPool(PolicyClient):
     def submit_many(self, items) -> list[concurrent.futures.Future[Outcome]]:
         """:meth:`submit` for each ``(i, request)``: all encoded here, then handed to the loop thread at once
         (one wake-up instead of one per request: with hundreds of sessions the two threads otherwise trade
-        the interpreter lock at every request)."""
+        the interpreter lock at every request).
+
+        The heap keeps at least twice the bytes encoded here when they are freed (this round and one more in
+        flight, see :mod:`dz_gym.transport.heap`), so the next round does not fault its buffers in again."""
         profiler = self._profiler
         futures: list[concurrent.futures.Future[Outcome] | None] = []
         coros, slots = [], []
+        encoded = 0
         for i, request in items:
             session = self._session(i)
             start = time.perf_counter()
@@ -198,9 +202,12 @@ class SessionPool(PolicyClient):
                 continue
             if profiler is not None:
                 profiler.add("encode", time.perf_counter() - start)
+            encoded += len(payload)
             slots.append(len(futures))
             futures.append(None)
             coros.append(session.send(payload, index=i))
+        if encoded > TRIM_THRESHOLD // 2:
+            keep_freed_buffers(at_least=2 * encoded)
         start = time.perf_counter()
         for slot, future in zip(slots, self._loop.submit_many(coros)):
             futures[slot] = future
