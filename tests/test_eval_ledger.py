@@ -339,20 +339,21 @@ def test_a_full_disk_while_writing_rows_stops_the_run_cleanly_and_a_resume_finis
 
     cfg = EvalConfig(scenes=[1], episodes=4, num_envs=2, max_steps=6, video=True, report=False, backend="mujoco")
     run_dir = RunDir.create(tmp_path, cfg)
-    real, written = RunDir.append_row, []
+    real, written = RunDir.append_rows, []
 
-    def append_row(self, row):
-        if len(written) == 2:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        written.append(row["episode"])
-        real(self, row)
+    def append_rows(self, rows):  # the disk fills after two rows, whatever the batches
+        for row in rows:
+            if len(written) == 2:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            written.append(row["episode"])
+            real(self, [row])
 
     def factory(scene, c):
         return ToyDroidEnv(c.num_envs, scene=scene, max_episode_length=c.max_steps, image_shape=(18, 32))
 
     with start_server_thread("hold") as server:
         url = server.url + "/v1/realtime/robot/openpi"
-        monkeypatch.setattr(RunDir, "append_row", append_row)
+        monkeypatch.setattr(RunDir, "append_rows", append_rows)
         with pytest.raises(OSError, match="No space left on device"):
             evaluate(cfg, run_dir, [url], env_factory=factory, progress=False)
         monkeypatch.undo()

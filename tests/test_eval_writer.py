@@ -22,8 +22,11 @@ class _LoggingRunDir:
         self.fail_at = fail_at
         self.thread_names: set[str] = set()
         self.failed = threading.Event()
+        self.batches: list[int] = []
+        self.entered = threading.Event()  # the writer thread is in save_trajectory
 
     def save_trajectory(self, scene, episode, arrays, arm=None):
+        self.entered.set()
         self.gate.wait(10)
         self.thread_names.add(threading.current_thread().name)
         if episode == self.fail_at:
@@ -31,8 +34,9 @@ class _LoggingRunDir:
             raise OSError("disk full")
         self.events.append(("trajectory", episode))
 
-    def append_row(self, row):
-        self.events.append(("row", row["episode"]))
+    def append_rows(self, rows):
+        self.batches.append(len(rows))
+        self.events.extend(("row", row["episode"]) for row in rows)
 
 
 def test_trajectory_then_row_in_order_on_the_writer_thread(tmp_path):
@@ -52,8 +56,35 @@ def test_trajectory_then_row_in_order_on_the_writer_thread(tmp_path):
     for k in range(5):
         writer.submit(1, k, None, {}, {"episode": k})
     writer.close()
-    assert fake.events == [(kind, k) for k in range(5) for kind in ("trajectory", "row")]
+    assert sorted(fake.events) == sorted((kind, k) for k in range(5) for kind in ("trajectory", "row"))
+    rows = [k for kind, k in fake.events if kind == "row"]
+    assert rows == list(range(5))  # in order, each after its trajectory
+    assert all(fake.events.index(("trajectory", k)) < fake.events.index(("row", k)) for k in range(5))
     assert fake.thread_names == {"dz-gym-episode-writer"}
+
+
+def test_episodes_waiting_together_go_to_disk_in_one_append():
+    """Episodes queued while the writer is busy are written as one batch: one append (one fsync) for their
+    rows, after all of their trajectories."""
+    fake = _LoggingRunDir()
+    fake.gate.clear()
+    writer = EpisodeWriter(fake)
+    writer.submit(1, 0, None, {}, {"episode": 0})
+    assert fake.entered.wait(10)  # the thread took it alone and waits at the gate
+    for k in range(1, 6):
+        writer.submit(1, k, None, {}, {"episode": k})
+    fake.gate.set()
+    writer.close()
+    assert fake.batches == [1, 5]
+    assert fake.events[2:] == [("trajectory", k) for k in range(1, 6)] + [("row", k) for k in range(1, 6)]
+
+
+def test_run_dir_rows_appended_together_read_back_in_order(tmp_path):
+    run_dir = RunDir.create(tmp_path / "run", EvalConfig(scenes=[1], episodes=3, num_envs=1))
+    run_dir.append_rows([{"episode": k, "scene": 1} for k in range(3)])
+    run_dir.append_rows([])
+    run_dir.append_row({"episode": 3, "scene": 1})
+    assert [r["episode"] for r in run_dir.read_rows()] == [0, 1, 2, 3]
 
 
 def test_a_full_queue_waits_for_the_disk_and_close_writes_everything():

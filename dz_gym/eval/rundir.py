@@ -25,7 +25,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -128,15 +128,23 @@ class RunDir:
 
     # -- rows ---------------------------------------------------------------------------------------
     def append_row(self, row: Mapping[str, Any]) -> None:
-        """Append one episode row and flush it to disk before returning; the line goes in one ``write`` on an
-        ``O_APPEND`` descriptor, so rows that processes of one run (one per scene) append at once never mix."""
-        line = json.dumps(_to_json(row), allow_nan=False, separators=(",", ":")) + "\n"
+        """:meth:`append_rows` of one row."""
+        self.append_rows([row])
+
+    def append_rows(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Append episode rows, in order, and flush them to disk (one ``fsync``) before returning; the lines go
+        in one ``write`` on an ``O_APPEND`` descriptor, so rows that processes of one run (one per scene) append
+        at once never mix. The episode writer hands over every row finished since its last write: at N = 1024
+        envs ending together, one ``fsync`` per row was a millisecond each on the writer's thread."""
+        if not rows:
+            return
+        data = "".join(json.dumps(_to_json(row), allow_nan=False, separators=(",", ":")) + "\n" for row in rows)
+        data = data.encode("utf-8")
         fd = os.open(self.path / ROWS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            data = line.encode("utf-8")
             written = os.write(fd, data)
             if written != len(data):  # a regular file takes it whole unless the disk is full
-                raise OSError(f"{self.path / ROWS_FILE}: wrote {written} of {len(data)} bytes of a row")
+                raise OSError(f"{self.path / ROWS_FILE}: wrote {written} of {len(data)} bytes of {len(rows)} row(s)")
             os.fsync(fd)
         finally:
             os.close(fd)

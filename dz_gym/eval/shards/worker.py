@@ -62,6 +62,10 @@ class ShardRunDir(RunDir):
     def append_row(self, row: dict[str, Any]) -> None:
         self.outbox.put(dict(row))
 
+    def append_rows(self, rows) -> None:
+        for row in rows:
+            self.append_row(row)
+
 
 class Outbox:
     """Finished episodes and step counts waiting to go to the driver (thread-safe).
