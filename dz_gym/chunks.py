@@ -156,23 +156,27 @@ class ChunkSchedule:
         self.episode_step = np.zeros(n, dtype=np.int64)
         self.server_calls = np.zeros(n, dtype=np.int64)  # chunks received this episode
         self.stats = [EpisodeChunkStats() for _ in range(n)]
+        self._all_envs = np.arange(n)
 
     # -- queries ---------------------------------------------------------------------------------
-    def _window_left(self) -> np.ndarray:
-        return np.maximum(self._window_end - self._row, 0)
+    def _window_spent(self) -> np.ndarray:
+        """``(N,)`` bool: envs with at most ``prefetch`` rows left in their window (an env without a chunk has
+        none left)."""
+        return self._window_end - self._row <= self.prefetch
 
-    def _usable_left(self) -> np.ndarray:
-        """Actions each env may still execute from its chunk (window plus allowed stale rows)."""
-        limit = self._length
+    def _usable_end(self) -> np.ndarray:
+        """``(N,)``: each env's first row it may not execute: its window's end, or while a reply is awaited,
+        up to ``max_stale_steps`` rows past it (within the chunk). A window never ends past its chunk."""
+        if self.max_stale_steps == 0:
+            return self._window_end
+        stale_end = self._length
         if self.max_stale_steps is not None:
-            limit = np.minimum(limit, self._window_end + self.max_stale_steps)
-        # stale rows only while a reply is awaited
-        limit = np.where(self._in_flight, limit, np.minimum(limit, self._window_end))
-        return np.maximum(limit - self._row, 0)
+            stale_end = np.minimum(stale_end, self._window_end + self.max_stale_steps)
+        return np.where(self._in_flight, stale_end, self._window_end)
 
     def requests_due(self) -> np.ndarray:
         """``(N,)`` bool: envs that should send a request now (none in flight, window nearly spent)."""
-        return ~self._in_flight & (self._window_left() <= self.prefetch)
+        return ~self._in_flight & self._window_spent()
 
     def in_flight(self) -> np.ndarray:
         """``(N,)`` bool: envs with a request whose chunk has not been applied yet."""
@@ -184,10 +188,9 @@ class ChunkSchedule:
 
     def must_wait(self) -> np.ndarray:
         """``(N,)`` bool: envs that cannot take their next step before their reply is delivered."""
-        awaited = self._in_flight & ~self._arrived
-        if self.simulated_delay is None:
-            return awaited & (self._usable_left() == 0)
-        return awaited & self._delay_elapsed()
+        if self.simulated_delay is None:  # (replies are then applied when delivered: none is held)
+            return self._in_flight & (self._usable_end() <= self._row)
+        return self._in_flight & ~self._arrived & self._delay_elapsed()
 
     def pending_token(self, env_id: int) -> int | None:
         """Token of env ``env_id``'s request in flight, or None."""
@@ -195,14 +198,14 @@ class ChunkSchedule:
 
     def has_action(self) -> np.ndarray:
         """``(N,)`` bool: envs that can execute a cached action this step."""
-        return self._usable_left() > 0
+        return self._usable_end() > self._row
 
     def window_nearly_spent(self) -> np.ndarray:
         """``(N,)`` bool: envs that will send a request at their next step unless one is in flight.
 
         Used to decide whose images must be rendered for the next observation.
         """
-        return self._window_left() <= self.prefetch
+        return self._window_spent()
 
     # -- updates ---------------------------------------------------------------------------------
     def mark_sent(self, env_id: int) -> int:
@@ -243,17 +246,13 @@ class ChunkSchedule:
 
     def apply_arrivals(self, env_ids: Iterable[int] | None = None) -> None:
         """Switch envs to their arrived chunks whose (simulated) delay has passed."""
+        if self.simulated_delay is None:
+            return  # replies are applied when delivered: none is held
         if env_ids is None:
-            ready = self._in_flight & self._arrived
-            if self.simulated_delay is not None:
-                ready &= self._delay_elapsed()
-            env_ids = np.flatnonzero(ready).tolist()
+            env_ids = np.flatnonzero(self._arrived & self._delay_elapsed()).tolist()
         for i in env_ids:
-            if not (self._in_flight[i] and self._arrived[i]):
-                continue
-            if self.simulated_delay is not None and self.episode_step[i] - self._sent_step[i] < self.simulated_delay:
-                continue
-            self._apply(i, self._arrived_chunks[i])
+            if self._arrived[i] and self.episode_step[i] - self._sent_step[i] >= self.simulated_delay:
+                self._apply(i, self._arrived_chunks[i])
 
     def _apply(self, env_id: int, chunk: np.ndarray) -> None:
         """Make ``chunk`` (the reply to env ``env_id``'s request in flight) its cache, gripper binarized, from
@@ -302,21 +301,28 @@ class ChunkSchedule:
         nothing) when an active env has no cached action.
         """
         n = self.num_envs
-        active = np.ones(n, dtype=bool) if active is None else np.asarray(active, dtype=bool).reshape(-1)
-        if active.shape != (n,):
-            raise ValueError(f"active: expected shape ({n},), got {active.shape}")
-        ids = np.flatnonzero(active)
-        empty = ids[self._usable_left()[ids] == 0]
-        if empty.size:
-            raise RuntimeError(f"pop_actions: env {empty[0]} has no cached action")
-        rows = self._row[ids]
-        out = np.full((n, droid.ACTION_DIM), np.nan, dtype=np.float32)
-        out[ids] = self._actions[ids, rows]
-        for i in ids[rows >= self._window_end[ids]].tolist():
+        usable_end, window_end = self._usable_end(), self._window_end
+        if active is None:  # every env: whole arrays, no gather of the state
+            ids, rows = self._all_envs, self._row
+        else:
+            active = np.asarray(active, dtype=bool).reshape(-1)
+            if active.shape != (n,):
+                raise ValueError(f"active: expected shape ({n},), got {active.shape}")
+            ids = np.flatnonzero(active)
+            rows, usable_end, window_end = self._row[ids], usable_end[ids], window_end[ids]
+        missing = rows >= usable_end
+        if missing.any():
+            raise RuntimeError(f"pop_actions: env {ids[np.argmax(missing)]} has no cached action")
+        if ids.size == n:
+            out = self._actions[ids, rows]
+        else:
+            out = np.full((n, droid.ACTION_DIM), np.nan, dtype=np.float32)
+            out[ids] = self._actions[ids, rows]
+            for i in np.flatnonzero(~active & self._in_flight).tolist():
+                self.stats[i].wait_steps += 1
+        for i in ids[rows >= window_end].tolist():
             self.stats[i].stale_steps += 1
         self._row[ids] = rows + 1
-        for i in np.flatnonzero(~active & self._in_flight).tolist():
-            self.stats[i].wait_steps += 1
         self.episode_step += 1
         return out
 
