@@ -84,13 +84,6 @@ def binarize_gripper(actions: np.ndarray) -> np.ndarray:
 
 
 @dataclass
-class _Pending:
-    token: int
-    sent_step: int
-    arrived: np.ndarray | None = None  # held back until the simulated delay has passed
-
-
-@dataclass
 class EpisodeChunkStats:
     """Per-episode latency-hiding record of one env."""
 
@@ -112,6 +105,11 @@ class ChunkSchedule:
     With requests in flight: ``token = mark_sent(i)`` when env i's request leaves, ``deliver(i, token, chunk)``
     when its reply is in, ``must_wait()`` says which envs cannot step before their reply, ``has_action()``
     which envs have a row to execute this step (the others hold their pose).
+
+    The state is held in arrays over the envs, so each per-step query is one expression over all of them
+    (no loop in Python over N envs) and each per-reply update touches one env: the chunks share one
+    ``(N, rows, 8)`` buffer, grown when a longer chunk arrives, with each env's length (0: no chunk; its row and
+    window end are then 0 too, so every query gives it no action and an empty window).
     """
 
     def __init__(
@@ -134,7 +132,7 @@ class ChunkSchedule:
             raise ValueError(f"max_stale_steps: expected an integer >= 0 or None, got {max_stale_steps!r}")
         if simulated_delay is not None and int(simulated_delay) < 0:
             raise ValueError(f"simulated_delay: expected an integer >= 0 or None, got {simulated_delay!r}")
-        self.num_envs = int(num_envs)
+        n = self.num_envs = int(num_envs)
         self.open_loop_horizon = int(open_loop_horizon)
         self.prefetch = int(prefetch)
         if max_stale_steps is None and int(prefetch) == 0:
@@ -142,92 +140,82 @@ class ChunkSchedule:
         self.max_stale_steps = None if max_stale_steps is None else int(max_stale_steps)
         self.simulated_delay = None if simulated_delay is None else int(simulated_delay)
         self._new_session_id = session_id_factory
-        self._chunks: list[np.ndarray | None] = [None] * self.num_envs
-        self._row = np.zeros(self.num_envs, dtype=np.int64)  # next row to execute
-        self._window_end = np.zeros(self.num_envs, dtype=np.int64)  # first row past the window
-        self._pending: list[_Pending | None] = [None] * self.num_envs
+        # the cached chunks: rows of env i's chunk in _actions[i, :_length[i]]
+        self._actions = np.zeros((n, self.open_loop_horizon, droid.ACTION_DIM), dtype=np.float32)
+        self._length = np.zeros(n, dtype=np.int64)
+        self._row = np.zeros(n, dtype=np.int64)  # next row to execute
+        self._window_end = np.zeros(n, dtype=np.int64)  # first row past the window
+        # the requests in flight: token and step sent; a reply held back until its simulated delay has passed
+        self._in_flight = np.zeros(n, dtype=bool)
+        self._token = np.zeros(n, dtype=np.int64)
+        self._sent_step = np.zeros(n, dtype=np.int64)
+        self._arrived = np.zeros(n, dtype=bool)
+        self._arrived_chunks: list[np.ndarray | None] = [None] * n
         self._tokens = 0
-        self.session_ids: list[str] = [session_id_factory() for _ in range(self.num_envs)]
-        self.episode_step = np.zeros(self.num_envs, dtype=np.int64)
-        self.server_calls = np.zeros(self.num_envs, dtype=np.int64)  # chunks received this episode
-        self.stats = [EpisodeChunkStats() for _ in range(self.num_envs)]
+        self.session_ids: list[str] = [session_id_factory() for _ in range(n)]
+        self.episode_step = np.zeros(n, dtype=np.int64)
+        self.server_calls = np.zeros(n, dtype=np.int64)  # chunks received this episode
+        self.stats = [EpisodeChunkStats() for _ in range(n)]
+        self._all_envs = np.arange(n)
 
     # -- queries ---------------------------------------------------------------------------------
-    def _window_left(self, env_id: int) -> int:
-        return 0 if self._chunks[env_id] is None else max(0, int(self._window_end[env_id] - self._row[env_id]))
+    def _window_spent(self) -> np.ndarray:
+        """``(N,)`` bool: envs with at most ``prefetch`` rows left in their window (an env without a chunk has
+        none left)."""
+        return self._window_end - self._row <= self.prefetch
 
-    def _usable_left(self, env_id: int) -> int:
-        """Actions env ``env_id`` may still execute from its chunk (window plus allowed stale rows)."""
-        chunk = self._chunks[env_id]
-        if chunk is None:
-            return 0
-        limit = len(chunk)
+    def _usable_end(self) -> np.ndarray:
+        """``(N,)``: each env's first row it may not execute: its window's end, or while a reply is awaited,
+        up to ``max_stale_steps`` rows past it (within the chunk). A window never ends past its chunk."""
+        if self.max_stale_steps == 0:
+            return self._window_end
+        stale_end = self._length
         if self.max_stale_steps is not None:
-            limit = min(limit, int(self._window_end[env_id]) + self.max_stale_steps)
-        if self._pending[env_id] is None:
-            limit = min(limit, int(self._window_end[env_id]))  # stale rows only while a reply is awaited
-        return max(0, limit - int(self._row[env_id]))
+            stale_end = np.minimum(stale_end, self._window_end + self.max_stale_steps)
+        return np.where(self._in_flight, stale_end, self._window_end)
 
     def requests_due(self) -> np.ndarray:
         """``(N,)`` bool: envs that should send a request now (none in flight, window nearly spent)."""
-        return np.array(
-            [
-                self._pending[i] is None and (self._chunks[i] is None or self._window_left(i) <= self.prefetch)
-                for i in range(self.num_envs)
-            ],
-            dtype=bool,
-        )
+        return ~self._in_flight & self._window_spent()
 
     def in_flight(self) -> np.ndarray:
         """``(N,)`` bool: envs with a request whose chunk has not been applied yet."""
-        return np.array([p is not None for p in self._pending], dtype=bool)
+        return self._in_flight.copy()
 
-    def _delay_elapsed(self, env_id: int) -> bool:
-        pending = self._pending[env_id]
-        return (
-            pending is not None
-            and self.simulated_delay is not None
-            and self.episode_step[env_id] - pending.sent_step >= self.simulated_delay
-        )
+    def _delay_elapsed(self) -> np.ndarray:
+        """``(N,)`` bool: envs whose request in flight was sent at least ``simulated_delay`` steps ago."""
+        return self._in_flight & (self.episode_step - self._sent_step >= self.simulated_delay)
 
     def must_wait(self) -> np.ndarray:
         """``(N,)`` bool: envs that cannot take their next step before their reply is delivered."""
-        out = np.zeros(self.num_envs, dtype=bool)
-        for i, pending in enumerate(self._pending):
-            if pending is None or pending.arrived is not None:
-                continue
-            if self.simulated_delay is None:
-                out[i] = self._usable_left(i) == 0
-            else:
-                out[i] = self._delay_elapsed(i)
-        return out
+        if self.simulated_delay is None:  # (replies are then applied when delivered: none is held)
+            return self._in_flight & (self._usable_end() <= self._row)
+        return self._in_flight & ~self._arrived & self._delay_elapsed()
 
     def pending_token(self, env_id: int) -> int | None:
         """Token of env ``env_id``'s request in flight, or None."""
-        pending = self._pending[env_id]
-        return None if pending is None else pending.token
+        return int(self._token[env_id]) if self._in_flight[env_id] else None
 
     def has_action(self) -> np.ndarray:
         """``(N,)`` bool: envs that can execute a cached action this step."""
-        return np.array([self._usable_left(i) > 0 for i in range(self.num_envs)], dtype=bool)
+        return self._usable_end() > self._row
 
     def window_nearly_spent(self) -> np.ndarray:
         """``(N,)`` bool: envs that will send a request at their next step unless one is in flight.
 
         Used to decide whose images must be rendered for the next observation.
         """
-        return np.array(
-            [self._chunks[i] is None or self._window_left(i) <= self.prefetch for i in range(self.num_envs)],
-            dtype=bool,
-        )
+        return self._window_spent()
 
     # -- updates ---------------------------------------------------------------------------------
     def mark_sent(self, env_id: int) -> int:
         """Record that env ``env_id``'s request left now; returns its token for :meth:`deliver`."""
-        if self._pending[env_id] is not None:
+        if self._in_flight[env_id]:
             raise RuntimeError(f"mark_sent: env {env_id} already has a request in flight")
         self._tokens += 1
-        self._pending[env_id] = _Pending(self._tokens, int(self.episode_step[env_id]))
+        self._in_flight[env_id] = True
+        self._token[env_id] = self._tokens
+        self._sent_step[env_id] = self.episode_step[env_id]
         return self._tokens
 
     def deliver(self, env_id: int, token: int, actions: np.ndarray, *, rows: int | None = None) -> bool:
@@ -240,11 +228,14 @@ class ChunkSchedule:
         :class:`HorizonError` for one shorter than ``open_loop_horizon``.
         """
         actions = self._checked(actions, rows)
-        pending = self._pending[env_id]
-        if pending is None or pending.token != token:
+        if not self._in_flight[env_id] or self._token[env_id] != token:
             return False
-        pending.arrived = binarize_gripper(actions)
-        self.apply_arrivals([env_id])
+        if self.simulated_delay is None:
+            self._apply(env_id, actions)
+        else:
+            self._arrived[env_id] = True
+            self._arrived_chunks[env_id] = np.array(actions, dtype=np.float32)  # the caller's array may change
+            self.apply_arrivals([env_id])
         return True
 
     def _checked(self, actions: np.ndarray, rows: int | None = None) -> np.ndarray:
@@ -255,34 +246,49 @@ class ChunkSchedule:
 
     def apply_arrivals(self, env_ids: Iterable[int] | None = None) -> None:
         """Switch envs to their arrived chunks whose (simulated) delay has passed."""
-        for i in range(self.num_envs) if env_ids is None else env_ids:
-            pending = self._pending[i]
-            if pending is None or pending.arrived is None:
-                continue
-            if self.simulated_delay is not None and not self._delay_elapsed(i):
-                continue
-            delay = int(self.episode_step[i] - pending.sent_step)
-            chunk = pending.arrived
-            self._pending[i] = None
-            self.server_calls[i] += 1
-            self.stats[i].delays.append(delay)
-            if delay >= len(chunk):  # every row is in the past: ask again
-                self._chunks[i] = None
-                continue
-            self._chunks[i] = chunk
-            self._row[i] = delay
-            self._window_end[i] = min(len(chunk), delay + self.open_loop_horizon)
+        if self.simulated_delay is None:
+            return  # replies are applied when delivered: none is held
+        if env_ids is None:
+            env_ids = np.flatnonzero(self._arrived & self._delay_elapsed()).tolist()
+        for i in env_ids:
+            if self._arrived[i] and self.episode_step[i] - self._sent_step[i] >= self.simulated_delay:
+                self._apply(i, self._arrived_chunks[i])
+
+    def _apply(self, env_id: int, chunk: np.ndarray) -> None:
+        """Make ``chunk`` (the reply to env ``env_id``'s request in flight) its cache, gripper binarized, from
+        the row of the current step on (none if every row is in the past)."""
+        delay = int(self.episode_step[env_id] - self._sent_step[env_id])
+        self.abandon(env_id)
+        self.server_calls[env_id] += 1
+        self.stats[env_id].delays.append(delay)
+        length = len(chunk)
+        if delay >= length:  # every row is in the past: ask again
+            self._clear_chunk(env_id)
+            return
+        if length > self._actions.shape[1]:
+            grown = np.zeros((self.num_envs, length, droid.ACTION_DIM), dtype=np.float32)
+            grown[:, : self._actions.shape[1]] = self._actions
+            self._actions = grown
+        rows = self._actions[env_id, :length]
+        rows[:] = chunk
+        rows[:, -1] = rows[:, -1] > droid.GRIPPER_CLOSE_THRESHOLD  # as binarize_gripper, in place
+        self._length[env_id] = length
+        self._row[env_id] = delay
+        self._window_end[env_id] = min(length, delay + self.open_loop_horizon)
+
+    def _clear_chunk(self, env_id: int) -> None:
+        self._length[env_id] = self._row[env_id] = self._window_end[env_id] = 0
 
     def abandon(self, env_id: int) -> None:
         """Forget env ``env_id``'s request in flight (it failed); a late reply to it is discarded."""
-        self._pending[env_id] = None
+        self._in_flight[env_id] = self._arrived[env_id] = False
+        self._arrived_chunks[env_id] = None
 
     def accept_chunk(self, env_id: int, actions: np.ndarray) -> None:
         """Shortcut for a request sent now whose reply is already in (delay 0; under a simulated delay
         the chunk is applied ``simulated_delay`` steps later, like any other reply)."""
         actions = self._checked(actions)
-        if self._pending[env_id] is not None:
-            self.abandon(env_id)
+        self.abandon(env_id)
         token = self.mark_sent(env_id)
         self.deliver(env_id, token, actions)
 
@@ -291,21 +297,32 @@ class ChunkSchedule:
 
         ``active`` (``(N,)`` bool, default all) selects the envs that consume a cached action; the rows of
         the others are NaN and their rows stay (the caller fills them, e.g. with a hold action for an env
-        whose server call failed or that waits out a simulated delay).
+        whose server call failed or that waits out a simulated delay). Raises ``RuntimeError`` (and changes
+        nothing) when an active env has no cached action.
         """
-        active = np.ones(self.num_envs, dtype=bool) if active is None else np.asarray(active, dtype=bool)
-        out = np.full((self.num_envs, droid.ACTION_DIM), np.nan, dtype=np.float32)
-        for i in np.flatnonzero(active):
-            if self._usable_left(i) == 0:
-                raise RuntimeError(f"pop_actions: env {i} has no cached action")
-            row = int(self._row[i])
-            out[i] = self._chunks[i][row]
-            if row >= self._window_end[i]:
-                self.stats[i].stale_steps += 1
-            self._row[i] += 1
-        for i in np.flatnonzero(~active):
-            if self._pending[i] is not None:
+        n = self.num_envs
+        usable_end, window_end = self._usable_end(), self._window_end
+        if active is None:  # every env: whole arrays, no gather of the state
+            ids, rows = self._all_envs, self._row
+        else:
+            active = np.asarray(active, dtype=bool).reshape(-1)
+            if active.shape != (n,):
+                raise ValueError(f"active: expected shape ({n},), got {active.shape}")
+            ids = np.flatnonzero(active)
+            rows, usable_end, window_end = self._row[ids], usable_end[ids], window_end[ids]
+        missing = rows >= usable_end
+        if missing.any():
+            raise RuntimeError(f"pop_actions: env {ids[np.argmax(missing)]} has no cached action")
+        if ids.size == n:
+            out = self._actions[ids, rows]
+        else:
+            out = np.full((n, droid.ACTION_DIM), np.nan, dtype=np.float32)
+            out[ids] = self._actions[ids, rows]
+            for i in np.flatnonzero(~active & self._in_flight).tolist():
                 self.stats[i].wait_steps += 1
+        for i in ids[rows >= window_end].tolist():
+            self.stats[i].stale_steps += 1
+        self._row[ids] = rows + 1
         self.episode_step += 1
         return out
 
@@ -316,8 +333,8 @@ class ChunkSchedule:
 
     def drop_chunk(self, env_id: int) -> None:
         """Forget env ``env_id``'s chunk and request in flight (e.g. after a server error)."""
-        self._chunks[env_id] = None
-        self._pending[env_id] = None
+        self._clear_chunk(env_id)
+        self.abandon(env_id)
 
     def end_episodes(self, env_ids: Iterable[int]) -> list[str]:
         """End the episodes of ``env_ids``: drop caches and requests in flight, start new session ids.

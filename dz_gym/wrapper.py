@@ -505,10 +505,10 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
 
         if not self._in_flight and not self._schedule.in_flight().any():
             return record  # every env runs on its cache this step
-        waiting = np.flatnonzero(self._schedule.must_wait()).tolist()
+        waiting = self._schedule.must_wait()
         if self._schedule.simulated_delay is None:  # in simulated time only held steps count as waiting
-            self._schedule.count_wait([i for i in waiting if not record.called[i]])
-        self._take_replies(waiting, True, record)
+            self._schedule.count_wait(np.flatnonzero(waiting & ~record.called).tolist())
+        self._take_replies(np.flatnonzero(waiting).tolist(), True, record)
         self._schedule.apply_arrivals()
         return record
 
