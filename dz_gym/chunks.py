@@ -201,11 +201,25 @@ class ChunkSchedule:
         return self._usable_end() > self._row
 
     def window_nearly_spent(self) -> np.ndarray:
-        """``(N,)`` bool: envs that will send a request at their next step unless one is in flight.
-
-        Used to decide whose images must be rendered for the next observation.
-        """
+        """``(N,)`` bool: envs that will send a request at their next step unless one is in flight."""
         return self._window_spent()
+
+    def views_due(self) -> np.ndarray:
+        """``(N,)`` bool: envs whose next observation a request may read (so whose views must be rendered).
+
+        Those with none in flight whose window is nearly spent (they send at their next step), and those in
+        flight whose reply, were it applied at the next step, would leave at most ``prefetch`` rows of window:
+        a reply that late makes them ask again at once (its length taken as the current chunk's). The others
+        in flight need no views: with ``prefetch`` > 0 that is most of the steps a request is in flight, which
+        :meth:`window_nearly_spent` would render every time.
+        """
+        delay = self.episode_step - self._sent_step  # the delay of a reply applied at the next step
+        length = np.where(self._length > 0, self._length, self.open_loop_horizon)
+        window_after = np.minimum(length, delay + self.open_loop_horizon) - delay
+        late = window_after <= self.prefetch
+        if self.simulated_delay is not None:  # a held reply is applied only once its delay has passed
+            late &= delay >= self.simulated_delay
+        return np.where(self._in_flight, late, self._window_spent())
 
     # -- updates ---------------------------------------------------------------------------------
     def mark_sent(self, env_id: int) -> int:

@@ -303,7 +303,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         base = self.env.unwrapped
         if hasattr(base, "set_render_mask"):
             render_all = self._render_policy == "all"
-            base.set_render_mask(None if render_all else self._schedule.window_nearly_spent() & ~self._idle)
+            base.set_render_mask(None if render_all else self._schedule.views_due() & ~self._idle)
         obs, reward, terminated, truncated, info = self.env.step(env_actions(executed, policy_obs))
 
         ended = [np.asarray(to_numpy(flags), dtype=bool).reshape(-1) for flags in (terminated, truncated)]

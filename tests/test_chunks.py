@@ -206,3 +206,55 @@ def test_prefetch_bounds_are_validated():
         ChunkSchedule(1, open_loop_horizon=8, prefetch=8)
     with pytest.raises(ValueError, match="simulated_delay"):
         ChunkSchedule(1, simulated_delay=-1)
+
+
+def _wrapper_steps(schedule, rng, steps, latency_steps, chunk_rows):
+    """Drive ``schedule`` in the wrapper's order (replies in, due requests out, block where an env must wait,
+    pop), replies taking ``latency_steps()`` steps; checks that every request's env had its views due at the
+    step before; returns (views rendered, views window_nearly_spent would have rendered)."""
+    n = schedule.num_envs
+    due_views = np.ones(n, dtype=bool)  # the reset observation is rendered
+    flights: dict[int, tuple[int, int]] = {}  # env -> (token, step its reply is in)
+    rendered = naive = 0
+    for t in range(steps):
+        for i, (token, at) in list(flights.items()):
+            if at <= t:
+                schedule.deliver(i, token, np.ones((chunk_rows, 8), np.float32))
+                del flights[i]
+        for i in np.flatnonzero(schedule.requests_due()):
+            assert due_views[i], f"step {t}: env {i} sends a request its views were not rendered for"
+            flights[int(i)] = (schedule.mark_sent(int(i)), t + latency_steps())
+        for i in np.flatnonzero(schedule.must_wait()):  # the wrapper blocks: the reply comes now
+            token, _ = flights.pop(int(i))
+            schedule.deliver(int(i), token, np.ones((chunk_rows, 8), np.float32))
+        schedule.apply_arrivals()
+        schedule.pop_actions(schedule.has_action())
+        due_views = schedule.views_due()
+        rendered += int(due_views.sum())
+        naive += int(schedule.window_nearly_spent().sum())
+        ended = np.flatnonzero(rng.random(n) < 0.01)
+        for i in ended:
+            flights.pop(int(i), None)
+        schedule.end_episodes(ended.tolist())
+        due_views[ended] = True  # a reset observation is rendered
+    return rendered, naive
+
+
+@pytest.mark.parametrize("prefetch", [0, 2, 4, 7])
+@pytest.mark.parametrize("max_latency", [1, 4, 12])
+def test_views_are_due_at_the_step_before_every_request(prefetch, max_latency):
+    """Whatever the replies' delays (beyond the chunk too), every request reads views rendered for it; with
+    prefetch and replies within the window, an env in flight is not rendered while its request is out."""
+    rng = np.random.default_rng(prefetch * 100 + max_latency)
+    schedule = ChunkSchedule(24, 8, prefetch=prefetch)
+    rendered, naive = _wrapper_steps(schedule, rng, 300, lambda: int(rng.integers(1, max_latency + 1)), 8)
+    assert rendered <= naive
+    if prefetch in (2, 4) and max_latency <= 4:
+        assert rendered < 0.8 * naive  # fewer renders than rendering every env whose window is nearly spent
+
+
+def test_views_due_with_longer_chunks_and_a_simulated_delay():
+    rng = np.random.default_rng(7)
+    for delay in (0, 3, 9):
+        schedule = ChunkSchedule(8, 4, prefetch=2, simulated_delay=delay)
+        _wrapper_steps(schedule, rng, 200, lambda: int(rng.integers(1, 6)), 10)
