@@ -16,9 +16,9 @@
 
 from __future__ import annotations
 
+import isaaclab.envs.mdp as base_mdp
 import numpy as np
 import torch
-import isaaclab.envs.mdp as base_mdp
 from isaaclab.envs.mdp.actions.actions_cfg import FixedTendonPositionActionCfg
 from isaaclab.envs.mdp.actions.tendon_actions import FixedTendonPositionAction
 from isaaclab.managers import ManagerTermBase, SceneEntityCfg
@@ -33,6 +33,7 @@ GRIPPER_JOINT = robot.GRIPPER_JOINT
 GRIPPER_CLOSED_ANGLE = robot.GRIPPER_CLOSED_ANGLE
 # The pads' centres of mass: their midpoint is within 5 mm of the MJCF's ``tcp`` site (the MuJoCo backend's TCP).
 TCP_BODIES = ("left_pad", "right_pad")
+DEFAULT_CAMERA = SceneEntityCfg("tiled_camera")  # Isaac Lab's image_rgb default; the task names its cameras
 # Every seed is its own "initial condition": the dealer indexes this with ``seed % len``.
 SEED_SPACE = range(2**62)
 
@@ -82,7 +83,7 @@ class LazyImageRGB(base_mdp.image_rgb):
     def __call__(
         self,
         env,
-        sensor_cfg: SceneEntityCfg = SceneEntityCfg("tiled_camera"),
+        sensor_cfg: SceneEntityCfg = DEFAULT_CAMERA,
         data_type: str = "rgb",
         normalize: bool = True,
         mean: float | None = None,
