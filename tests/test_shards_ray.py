@@ -94,11 +94,13 @@ def one_process(server, tmp_path_factory):
 
 
 def sharded(cluster, server, root, cfg=None, control=None, **options):
+    """A sharded run against ``server`` (a URL, or a list: slot i talks to server i % len)."""
     cfg = cfg or config()
     run = RunDir.create(root, cfg)
     options.setdefault("shards", 2)
     opts = RayOptions(address=cluster.address, **options)
-    summary = evaluate_sharded(cfg, run, [server], opts, control=control, progress=False, log=lambda _: None)
+    servers = [server] if isinstance(server, str) else list(server)
+    summary = evaluate_sharded(cfg, run, servers, opts, control=control, progress=False, log=lambda _: None)
     return run, summary
 
 
@@ -130,8 +132,10 @@ def test_rows_equal_a_one_process_run_and_come_from_both_nodes(cluster, server, 
     assert "complete" in (run.path / "report.html").read_text()  # written once, as one process writes it
 
 
-def _kill_shard_after_its_first_row(run_root, shard: int):
-    """An ``on_row`` hook that kills ``shard``'s actor (Ray's kill: the process exits) once its first row is in."""
+def _kill_shard_after_its_first_row(run_root, shard: int, gate: GatedPolicy):
+    """An ``on_row`` hook that kills ``shard``'s actor (Ray's kill: the process exits) once its first row is in,
+    then opens ``gate``: the shard's own server, which answers its first episode's inferences only, so the shard is
+    certainly still running (held in its second episode) when it is killed, however fast the machine is."""
     state = {"killed": 0}
 
     def on_row(row):
@@ -140,26 +144,39 @@ def _kill_shard_after_its_first_row(run_root, shard: int):
             token = (run_dir / TOKEN_FILE).read_text().strip()
             ray.kill(ray.get_actor(actor_name(token, shard, 1)), no_restart=True)
             state["killed"] += 1
+            gate.open()
 
     return on_row, state
 
 
-def test_a_killed_shard_loses_nothing(cluster, server, one_process, tmp_path):
+@pytest.fixture
+def shard1_gated(server):
+    """[the module's server, a server for shard 1 (slot 1) that holds all but its first episode's 2 inferences]."""
+    gate = GatedPolicy(load_policy("reference"), free=config().max_steps // 8)
+    with start_server_thread(gate) as srv:
+        yield [server, srv.url + PATH], gate
+        gate.open()
+
+
+def test_a_killed_shard_loses_nothing(cluster, shard1_gated, one_process, tmp_path):
+    servers, gate = shard1_gated
     control = RunControl(config().error_budget)
-    control.on_row, state = _kill_shard_after_its_first_row(tmp_path, 1)
-    run, summary = sharded(cluster, server, tmp_path, control=control)
+    control.on_row, state = _kill_shard_after_its_first_row(tmp_path, 1, gate)
+    run, summary = sharded(cluster, servers, tmp_path, control=control)
     rows = run.read_rows()
     assert state["killed"] == 1
+    assert {r["server"] for r in rows if r["shard"] == 1} == {servers[1]}
     assert len(rows) == 6 and len({r["episode"] for r in rows}) == 6  # no row lost, none twice
     assert stable(rows) == stable(one_process.read_rows())  # the killed shard's episodes re-ran on a new actor
     assert [s["restarts"] for s in summary["shards"]["per_shard"]] == [0, 1]
     assert summary["complete"] and summary["aborted"] is None
 
 
-def test_a_shard_lost_beyond_its_restarts_is_recorded_errored(cluster, server, tmp_path):
+def test_a_shard_lost_beyond_its_restarts_is_recorded_errored(cluster, shard1_gated, tmp_path):
+    servers, gate = shard1_gated
     control = RunControl(None)
-    control.on_row, state = _kill_shard_after_its_first_row(tmp_path, 1)
-    run, summary = sharded(cluster, server, tmp_path, control=control, max_restarts=0)
+    control.on_row, state = _kill_shard_after_its_first_row(tmp_path, 1, gate)
+    run, summary = sharded(cluster, servers, tmp_path, control=control, max_restarts=0)
     rows = run.read_rows()
     assert state["killed"] == 1 and len(rows) == 6 and len({r["episode"] for r in rows}) == 6
     errored = [r for r in rows if r["error"] is not None]
