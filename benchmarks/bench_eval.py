@@ -52,17 +52,20 @@ def make_env(num_envs: int, max_steps: int, scene: int):
     return make_droid_env(backend="mujoco", scene=scene, num_envs=num_envs, seed=0, max_episode_length=max_steps)
 
 
-def measure_batch_step(env, cycles: int = 3) -> float:
+def measure_batch_step(env, cycles: int = 3, every_step: bool = False) -> float:
     """s_N: mean seconds per batch step of ``env`` with the evaluator's render pattern (every env's views
-    rendered at the step before a request, none otherwise), holding the arms still."""
+    rendered at the step before a request, none otherwise), or with ``every_step`` every view at every step
+    (no render mask), holding the arms still."""
     num_envs = env.unwrapped.num_envs
+    env.set_render_mask(None)
     obs, _ = env.reset(seed=0)
     action = hold_actions(obs[droid.POLICY_GROUP])
     for _ in range(HORIZON):  # warm-up cycle
         env.step(action)
     start = time.perf_counter()
     for k in range(cycles * HORIZON):
-        env.set_render_mask(np.full(num_envs, (k + 1) % HORIZON == 0))
+        if not every_step:
+            env.set_render_mask(np.full(num_envs, (k + 1) % HORIZON == 0))
         env.step(action)
     return (time.perf_counter() - start) / (cycles * HORIZON)
 

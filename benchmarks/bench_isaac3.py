@@ -104,7 +104,7 @@ def child(args) -> dict:
         scene = args.scene
     built_s = time.perf_counter() - start
     step_s = bench_eval.measure_batch_step(env, cycles=args.cycles)
-    step_all_s = measure_every_view(env, cycles=args.cycles)
+    step_all_s = bench_eval.measure_batch_step(env, cycles=args.cycles, every_step=True)
     memory = _gpu_used() - before
     out = {"backend": backend, "n": n, "scene": args.scene, "build_s": built_s, "step_s": step_s,
            "step_all_s": step_all_s, "gpu_bytes": memory, "runs": {}, "profiles": {},
@@ -140,21 +140,6 @@ def child(args) -> dict:
                 }
     out["gpu_bytes_after_runs"] = _gpu_used() - before
     return out
-
-
-def measure_every_view(env, cycles: int = 3) -> float:
-    """Seconds per batch step with every env's views rendered at every step (no render mask), holding still."""
-    from dz_gym.envs import droid
-
-    env.set_render_mask(None)
-    obs, _ = env.reset(seed=0)
-    action = bench_eval.hold_actions(obs[droid.POLICY_GROUP])
-    for _ in range(HORIZON):
-        env.step(action)
-    start = time.perf_counter()
-    for _ in range(cycles * HORIZON):
-        env.step(action)
-    return (time.perf_counter() - start) / (cycles * HORIZON)
 
 
 def _split_cores() -> tuple[list[int], list[int]]:
