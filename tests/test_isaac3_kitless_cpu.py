@@ -185,10 +185,11 @@ def test_a_step_that_resets_envs_renders_their_new_episodes_views(env):
     """Under an empty render mask, the time-out step's observation (the next episodes' first, after the
     in-step reset) is rendered all the same; the step after it is not."""
     from dz_gym.envs.isaac import views
+    from dz_gym.requests import hold_actions
 
     demand = views.demand_of(env.unwrapped.isaac_env)
     obs, _ = env.reset(seed=SEED)
-    action = hold_actions(obs)
+    action = hold_actions(obs[droid.POLICY_GROUP])
     env.set_render_mask(np.zeros(NUM_ENVS, dtype=bool))
     fresh = []
     for _ in range(STEPS + 1):
@@ -198,14 +199,6 @@ def test_a_step_that_resets_envs_renders_their_new_episodes_views(env):
     assert not demand.due  # the empty mask is in force again
     env.set_render_mask(None)
     assert fresh == [(False, False, False)] * (STEPS - 1) + [(True, True, True), (False, False, False)]
-
-
-def hold_actions(obs):
-    """Hold actions for ``obs``: the arm at its joints, the gripper open."""
-    import torch
-
-    policy = obs[droid.POLICY_GROUP]
-    return torch.cat([policy[droid.OBS_JOINT_KEY], torch.zeros((NUM_ENVS, 1))], dim=1)
 
 
 def test_make_vec_gives_a_same_step_autoreset_vector_env(env):
