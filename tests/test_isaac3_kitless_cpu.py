@@ -140,6 +140,14 @@ def test_hydra_overrides_of_scene_and_views_are_honoured_at_env_creation():
         validate(_parsed(["env.scene_id=4"]))
 
 
+def test_renderer_settings_are_overrides_of_each_views_renderer_config():
+    cfg = _parsed(["env.scene.wrist_cam.renderer_cfg.tile_rendering_width=16"])
+    assert cfg.scene.wrist_cam.renderer_cfg.tile_rendering_width == 16
+    assert cfg.scene.external_cam.renderer_cfg.tile_rendering_width == 8  # the other views keep the default
+    with pytest.raises(Exception, match="no_such_field"):
+        _parsed(["env.scene.wrist_cam.renderer_cfg.no_such_field=1"])
+
+
 def test_a_time_out_above_450_steps_is_honoured():
     from dz_gym.envs.isaac.config import set_max_episode_length
 

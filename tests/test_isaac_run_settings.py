@@ -49,3 +49,19 @@ def test_a_bad_seed_is_one_line_naming_it(world):
         with pytest.raises(ValueError, match=r"^seed: expected an integer >= 0, got "):
             set_seed(Cfg(), bad)
     assert set_seed(Cfg(), 3) == "seed: 3"
+
+
+def test_cfg_overrides_are_refused_where_no_hydra_reads_them(world):
+    from dz_gym.envs.isaac import make_env
+
+    with pytest.raises(ValueError, match=r"^cfg_overrides: Hydra overrides are taken by the kit-less tasks"):
+        make_env(1, num_envs=2, device="cpu", check_gpu=False, cfg_overrides=["env.scene_id=2"])
+
+
+def test_bad_cfg_overrides_are_one_line_naming_the_field():
+    from dz_gym.envs.isaac.kitless import check_overrides
+
+    assert check_overrides(["env.scene_id=2", "env.a.b=[1,2]"]) == ("env.scene_id=2", "env.a.b=[1,2]")
+    for bad in ("env.scene_id=2", ["env.scene_id"], ["=2"], [3], None):
+        with pytest.raises(ValueError, match=r"^cfg_overrides: expected "):
+            check_overrides(bad)

@@ -131,10 +131,16 @@ class IsaacLabApi:
         return launcher.app.close
 
     # -- env config -------------------------------------------------------------------------------
-    def parse_env_cfg(self, task: str, *, device: str, num_envs: int):
-        """``parse_env_cfg(task, device=, num_envs=, use_fabric=True)``, as sim-evals' ``run_eval.py`` does."""
+    def parse_env_cfg(self, task: str, *, device: str, num_envs: int, overrides: tuple[str, ...] = ()):
+        """``parse_env_cfg(task, device=, num_envs=, use_fabric=True)``, as sim-evals' ``run_eval.py`` does;
+        ``overrides`` (Hydra ``key=value`` strings) go to 3.0's ``overrides=`` and are refused on 2.2, which
+        has none."""
         utils = importlib.import_module("isaaclab_tasks.utils")
-        return utils.parse_env_cfg(task, device=device, num_envs=num_envs, use_fabric=True)
+        if not overrides:
+            return utils.parse_env_cfg(task, device=device, num_envs=num_envs, use_fabric=True)
+        if not self.is_v3:
+            raise ValueError(f"cfg_overrides: need Isaac Lab 3.0's parse_env_cfg, found {self.source}")
+        return utils.parse_env_cfg(task, device=device, num_envs=num_envs, use_fabric=True, overrides=list(overrides))
 
     def ensure_rerender_on_reset(self, cfg: Any) -> None:
         """Make sure cameras re-render after a reset (sim-evals sets it; keep it on whatever the version)."""

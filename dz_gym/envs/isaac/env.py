@@ -97,8 +97,15 @@ class IsaacDroidEnv(BatchedDroidEnv):
         isaaclab_version: str | None = None,
         close_app_on_close: bool = True,
         max_episode_length: int | None = None,
+        cfg_overrides: Sequence[str] = (),
     ):
         task = scenes.task_for(scene)
+        cfg_overrides = kitless.check_overrides(cfg_overrides)
+        if cfg_overrides and not task.kitless:
+            raise ValueError(
+                f"cfg_overrides: Hydra overrides are taken by the kit-less tasks (Isaac Lab 3.0) only, not by "
+                f"{task.name}; got {list(cfg_overrides)}"
+            )
         self.task = task
         default_shape = droid.DEFAULT_EMBEDDED_IMAGE_SHAPE if task.kitless else droid.ISAAC_IMAGE_SHAPE
         shape = tuple(int(v) for v in image_shape) if image_shape is not None else default_shape
@@ -123,7 +130,7 @@ class IsaacDroidEnv(BatchedDroidEnv):
         options = dict(app_args=app_args, device=str(device), version=isaaclab_version, image_shape=image_shape,
                        env_spacing=env_spacing, max_episode_length=max_episode_length, seed=seed)  # fmt: skip
         if task.kitless:
-            self._build_kitless(task, **options)
+            self._build_kitless(task, cfg_overrides=cfg_overrides, **options)
         else:
             self._build_sim_evals(task, headless=headless, check_gpu=check_gpu, assets_dir=assets_dir,
                                   tiled_cameras=tiled_cameras, tcp_bodies=tcp_bodies, **options)  # fmt: skip
@@ -213,14 +220,14 @@ class IsaacDroidEnv(BatchedDroidEnv):
             raise
 
     def _build_kitless(self, task, *, app_args, device, version, image_shape, env_spacing, max_episode_length,
-                       seed) -> None:  # fmt: skip
+                       seed, cfg_overrides) -> None:  # fmt: skip
         """A dz-gym task on Isaac Lab 3.0 kit-less (:mod:`dz_gym.envs.isaac.kitless`)."""
         self.layout = "kitless"
         launch.claim_scene(task.key)
         try:
             built = kitless.build(
                 task, self.num_envs, device=device, app_args=app_args, version=version, image_shape=image_shape,
-                env_spacing=env_spacing, max_episode_length=max_episode_length, seed=seed,
+                env_spacing=env_spacing, max_episode_length=max_episode_length, seed=seed, overrides=cfg_overrides,
             )  # fmt: skip
         except BaseException:
             launch.release_scene()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,11 +58,15 @@ def build(
     env_spacing: float | None = None,
     max_episode_length: int | None = None,
     seed: int | None = None,
+    overrides: Sequence[str] = (),
 ) -> KitlessBuild:
     """Parse the task's config, add the backend's probe, launch kit-less and ``gym.make`` the env.
 
     ``max_episode_length``: the time-out in env steps (the task's 450 unless given; longer is honoured);
-    ``seed``: Isaac Lab's ``cfg.seed`` (torch, numpy and Warp seeded at creation; None leaves it unset)."""
+    ``seed``: Isaac Lab's ``cfg.seed`` (torch, numpy and Warp seeded at creation; None leaves it unset);
+    ``overrides``: Hydra-style ``key=value`` overrides of the task's config, applied by Isaac Lab 3.0's
+    ``parse_env_cfg`` before anything is derived or built (e.g. ``env.scene_id=2`` or
+    ``env.scene.wrist_cam.renderer_cfg.tile_rendering_width=16``; a key the config lacks is refused there)."""
     import gymnasium as gym
 
     check_packages()
@@ -69,7 +74,8 @@ def build(
     if not api.is_v3:
         raise BackendUnavailable(f"task {task.name}: needs Isaac Lab 3.0 (kit-less), found {api.source}; {SETUP_HINT}")
     importlib.import_module(task.package)  # registers the gym ids
-    cfg = api.parse_env_cfg(task.gym_id, device=device, num_envs=num_envs)
+    overrides = check_overrides(overrides)
+    cfg = api.parse_env_cfg(task.gym_id, device=device, num_envs=num_envs, overrides=overrides)
     sync = getattr(cfg, "sync_derived", None)
     derived = sync() if callable(sync) else []
     spec = task.scene_spec()
@@ -85,6 +91,7 @@ def build(
     managers = importlib.import_module("isaaclab.managers")
     setattr(cfg.terminations, PROBE_TERM, managers.TerminationTermCfg(func=probe.term, time_out=False))
     patches = [f"dz-gym task {task.gym_id} ({task.package})", f"terminations.{PROBE_TERM}: task-state probe"]
+    patches.extend(f"override {item}" for item in overrides)
     patches.extend(derived)
     if seed is not None:
         patches.append(set_seed(cfg, seed))
@@ -97,6 +104,16 @@ def build(
     gym_env = gym.make(task.gym_id, cfg=cfg)
     probe.validate(gym_env.unwrapped)
     return KitlessBuild(api, cfg, gym_env, probe, patches)
+
+
+def check_overrides(overrides: Any) -> tuple[str, ...]:
+    """``overrides`` as a tuple of ``key=value`` strings; ``ValueError`` naming the field otherwise."""
+    if isinstance(overrides, (str, bytes)) or not isinstance(overrides, Sequence):
+        raise ValueError(f"cfg_overrides: expected a list of 'key=value' strings, got {overrides!r}")
+    for item in overrides:
+        if not isinstance(item, str) or "=" not in item or not item.split("=", 1)[0].strip():
+            raise ValueError(f"cfg_overrides: expected 'key=value' strings, got {item!r}")
+    return tuple(overrides)
 
 
 def _find(name: str):
