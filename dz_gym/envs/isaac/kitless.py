@@ -76,6 +76,8 @@ def build(
     importlib.import_module(task.package)  # registers the gym ids
     overrides = check_overrides(overrides)
     cfg = api.parse_env_cfg(task.gym_id, device=device, num_envs=num_envs, overrides=overrides)
+    if overrides:  # Isaac Lab's Hydra path sets a key the config lacks as a new attribute, silently
+        check_override_keys(type(cfg)(), overrides)
     sync = getattr(cfg, "sync_derived", None)
     derived = sync() if callable(sync) else []
     spec = task.scene_spec()
@@ -114,6 +116,24 @@ def check_overrides(overrides: Any) -> tuple[str, ...]:
         if not isinstance(item, str) or "=" not in item or not item.split("=", 1)[0].strip():
             raise ValueError(f"cfg_overrides: expected 'key=value' strings, got {item!r}")
     return tuple(overrides)
+
+
+def check_override_keys(default_cfg: Any, overrides: Sequence[str]) -> None:
+    """Refuse, in one line, an override whose key is not a field of the env's config (``default_cfg``, as
+    the task defines it): keys are ``env.``-dotted paths; below a dict (a term's ``params``) any key goes."""
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        parts = key.split(".")
+        if parts[0] != "env" or len(parts) < 2:
+            raise ValueError(f"cfg_overrides: expected a key under 'env.' (the env's config), got {key!r}")
+        node = default_cfg
+        for depth, name in enumerate(parts[1:], start=1):
+            if isinstance(node, dict):
+                break
+            if not hasattr(node, name):
+                where = ".".join(parts[:depth])
+                raise ValueError(f"cfg_overrides: {key}: {where} ({type(node).__name__}) has no field {name!r}")
+            node = getattr(node, name)
 
 
 def _find(name: str):
