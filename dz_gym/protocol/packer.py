@@ -42,6 +42,7 @@ MAX_FAST_DEPTH = 64
 _ARRAY_KINDS = frozenset("biufUS")
 _SCALAR_KINDS = frozenset("biuf")
 _CACHE_LIMIT = 1024
+_SHORT = 4096  # fast_pieces joins bytes parts shorter than this with their neighbours
 
 _ND_PREFIX = b"\x84\xc4\x0b__ndarray__\xc3\xc4\x04data"  # fixmap 4, bin "__ndarray__", true, bin "data"
 _GEN_PREFIX = b"\x83\xc4\x0d__npgeneric__\xc3\xc4\x04data"  # fixmap 3, bin "__npgeneric__", true, bin "data"
@@ -245,7 +246,19 @@ def fast_pieces(obj: Any) -> list[memoryview] | None:
     parts: list = []
     try:
         _pack(obj, parts, 0)
-        return [memoryview(part).cast("B") for part in parts]
+        pieces: list[memoryview] = []
+        run: list[bytes] = []  # neighbouring headers and short values: one piece (fewer, larger copies)
+        for part in parts:
+            if type(part) is bytes and len(part) < _SHORT:
+                run.append(part)
+                continue
+            if run:
+                pieces.append(memoryview(b"".join(run)))
+                run = []
+            pieces.append(memoryview(part).cast("B"))
+        if run:
+            pieces.append(memoryview(b"".join(run)))
+        return pieces
     except (_Fallback, BufferError, TypeError, ValueError):
         return None
 
