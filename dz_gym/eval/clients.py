@@ -20,7 +20,7 @@ from dz_gym.policy_client import Outcome, PolicyClient
 from dz_gym.protocol import ServerMetadata
 from dz_gym.protocol.messages import sampling_fields
 from dz_gym.stats.comparison import ARMS
-from dz_gym.transport import SessionPool, TransportConfig
+from dz_gym.transport import TransportConfig, open_pool
 
 __all__ = ["ArmRouter", "RequestFields", "arm_of_slot", "build_client", "policy_seed"]
 
@@ -215,19 +215,20 @@ def build_client(
 ) -> PolicyClient:
     """The evaluator's client: websocket pools (one per arm behind an :class:`ArmRouter` when ``servers_b``,
     or per named arm of ``arm_servers``, in order), wrapped in :class:`RequestFields` when a sampling field is
-    sent."""
+    sent. Each pool is :func:`~dz_gym.transport.open_pool`'s: in this process, or over
+    ``transport.processes`` worker processes."""
     client: PolicyClient
     if arm_servers:
         per = int(num_envs) // len(arm_servers)
-        client = ArmRouter({arm: SessionPool(list(urls), per, transport) for arm, urls in arm_servers.items()})
+        client = ArmRouter({arm: open_pool(list(urls), per, transport) for arm, urls in arm_servers.items()})
     elif servers_b:
         half = int(num_envs) // 2
         client = ArmRouter({
-            "a": SessionPool(list(servers), half, transport),
-            "b": SessionPool(list(servers_b), half, transport),
+            "a": open_pool(list(servers), half, transport),
+            "b": open_pool(list(servers_b), half, transport),
         })  # fmt: skip
     else:
-        client = SessionPool(list(servers), int(num_envs), transport)
+        client = open_pool(list(servers), int(num_envs), transport)
     if policy_seed or num_inference_steps is not None:
         client = RequestFields(client, policy_seed=policy_seed, num_inference_steps=num_inference_steps)
     return client

@@ -105,6 +105,7 @@ class EvalConfig:
     server_max_sessions: int = 64  # vLLM-Omni's resident session capacity (MAX_DREAMZERO_SESSIONS)
     server_idle_timeout: float = 30.0  # vLLM-Omni closes a connection idle this long; 0: the servers have none
     auth_env: str | None = None  # NAME of the environment variable holding the servers' API token
+    transport_processes: int = 0  # sessions spread over this many worker processes (0: all in this process)
     servers_b: list[str] = dataclasses.field(default_factory=list)  # A/B: arm B's servers (arm A: servers)
     policy_b: str | None = _result(None)  # A/B on the embedded servers: arm B's policy (arm A: policy)
     arm_specs: list[str] = _result(default_factory=list)  # K >= 2 named arms: "NAME=POLICY_OR_URL" (--arm)
@@ -203,6 +204,11 @@ class EvalConfig:
         if not isinstance(self.log_project, str) or not self.log_project:
             raise ValueError(f"log_project: expected a non-empty W&B project name, got {self.log_project!r}")
         self._check_schedule()
+        if not _is_int(self.transport_processes) or self.transport_processes < 0:
+            raise ValueError(
+                f"transport_processes: expected an integer >= 0 (0: every session in this process), "
+                f"got {self.transport_processes!r}"
+            )
         self.transport_config()
 
     @property
@@ -390,6 +396,7 @@ class EvalConfig:
             "request_timeout": self.request_timeout,
             "retry_server_errors": self.retry_server_errors,
             "auth_env": self.auth_env,
+            "processes": self.transport_processes,
         }
         try:
             return TransportConfig(**fields)

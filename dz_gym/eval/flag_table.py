@@ -118,6 +118,10 @@ SCALE = (
     Flag("--scene-processes", "with a process per scene: at most P scene processes at the same time (each holds "
          "its simulator; on Isaac Lab an app on the GPU); a sequential test can stop early only once every scene "
          "runs", dest="scene_processes", type=integer, metavar="P", shown="every scene's"),
+    Flag("--transport-processes", "spread the policy sessions over P worker processes that send the requests "
+         "(handed over in shared memory): for many sessions of large requests, e.g. --num-envs 256 or more on a "
+         "GPU host, where one process's interpreter lock otherwise moves every request; 0: all in this process",
+         field="transport_processes", type=integer, metavar="P"),
     *RAY_FLAGS,
 )  # fmt: skip
 AB = (

@@ -40,11 +40,12 @@ def default_env_factory(scene: int, config: EvalConfig, **backend_kwargs: Any):
 
 
 def policy_client(config: EvalConfig, slot_servers: Sequence[str]):
-    """The policy client of an A/B run or of a run that sends sampling fields (None: the wrapper's default).
+    """The policy client of an A/B run, of a run that sends sampling fields or of one that spreads its
+    sessions over worker processes (None: the wrapper's default).
 
     ``slot_servers``: the server of each env slot (the plan's); in an A/B run slot ``2j`` is arm A's slot ``j``
     and ``2j + 1`` arm B's; with ``K`` named arms slot ``K j + i`` is arm ``i``'s slot ``j``."""
-    if not (config.armed or config.policy_seed or config.num_inference_steps is not None):
+    if not (config.armed or config.policy_seed or config.num_inference_steps is not None or config.transport_processes):
         return None
     from dz_gym.eval.clients import build_client
 

@@ -46,12 +46,13 @@ import msgpack
 import numpy as np
 
 from dz_gym.errors import ProtocolError
-from dz_gym.protocol.packer import pack_fast
+from dz_gym.protocol.packer import fast_pieces, pack_fast
 
 __all__ = [
     "DEFAULT_MAX_DEPTH",
     "SUPPORTED_DTYPE_KINDS",
     "packb",
+    "packb_pieces",
     "unpackb",
 ]
 
@@ -143,6 +144,17 @@ def packb(obj: Any) -> bytes:
     if packed is not None:
         return packed
     return _packb_general(obj)
+
+
+def packb_pieces(obj: Any) -> list[memoryview]:
+    """:func:`packb`'s bytes as flat byte views to be written one after the other
+    (:func:`dz_gym.protocol.packer.write_pieces`), for a caller that packs into memory of its own: the fast
+    path's pieces (each array's own memory), or the general path's bytes as one piece. Same errors as
+    :func:`packb`."""
+    pieces = fast_pieces(obj)
+    if pieces is not None:
+        return pieces
+    return [memoryview(_packb_general(obj))]
 
 
 def _packb_general(obj: Any) -> bytes:

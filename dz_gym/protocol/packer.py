@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MAX_FAST_DEPTH", "pack_fast"]
+__all__ = ["MAX_FAST_DEPTH", "fast_pieces", "pack_fast", "pieces_size", "write_pieces"]
 
 MAX_FAST_DEPTH = 64
 """Maps and lists nested deeper than this go to the general path (which refuses past 512)."""
@@ -42,6 +42,7 @@ MAX_FAST_DEPTH = 64
 _ARRAY_KINDS = frozenset("biufUS")
 _SCALAR_KINDS = frozenset("biuf")
 _CACHE_LIMIT = 1024
+_SHORT = 4096  # fast_pieces joins bytes parts shorter than this with their neighbours
 
 _ND_PREFIX = b"\x84\xc4\x0b__ndarray__\xc3\xc4\x04data"  # fixmap 4, bin "__ndarray__", true, bin "data"
 _GEN_PREFIX = b"\x83\xc4\x0d__npgeneric__\xc3\xc4\x04data"  # fixmap 3, bin "__npgeneric__", true, bin "data"
@@ -235,3 +236,48 @@ def pack_fast(obj: Any) -> bytes | None:
         return b"".join(parts)
     except (_Fallback, BufferError, TypeError, ValueError):
         return None
+
+
+def fast_pieces(obj: Any) -> list[memoryview] | None:
+    """``obj``'s msgpack bytes as pieces to be written one after the other (what :func:`pack_fast` joins),
+    each a flat byte view; ``None`` where the general path must encode it. With :func:`pieces_size` and
+    :func:`write_pieces` a caller packs into memory of its own (a shared-memory arena) with one copy of each
+    array: the bytes written are those of :func:`pack_fast`."""
+    parts: list = []
+    try:
+        _pack(obj, parts, 0)
+        pieces: list[memoryview] = []
+        run: list[bytes] = []  # neighbouring headers and short values: one piece (fewer, larger copies)
+        for part in parts:
+            if type(part) is bytes and len(part) < _SHORT:
+                run.append(part)
+                continue
+            if run:
+                pieces.append(memoryview(b"".join(run)))
+                run = []
+            pieces.append(memoryview(part).cast("B"))
+        if run:
+            pieces.append(memoryview(b"".join(run)))
+        return pieces
+    except (_Fallback, BufferError, TypeError, ValueError):
+        return None
+
+
+def pieces_size(pieces: list[memoryview]) -> int:
+    """The bytes :func:`write_pieces` writes."""
+    return sum(piece.nbytes for piece in pieces)
+
+
+def write_pieces(pieces: list[memoryview], buffer: Any, offset: int = 0) -> int:
+    """Copy ``pieces`` into the writable ``buffer`` from ``offset`` on; the end offset. ``ValueError`` when
+    they do not fit."""
+    view = memoryview(buffer).cast("B")
+    end = offset + pieces_size(pieces)
+    if offset < 0 or end > view.nbytes:
+        raise ValueError(f"buffer: expected room for {end - offset} bytes at offset {offset}, has {view.nbytes}")
+    position = offset
+    for piece in pieces:
+        size = piece.nbytes
+        view[position : position + size] = piece
+        position += size
+    return position

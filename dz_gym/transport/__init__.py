@@ -8,7 +8,10 @@ This is the I/O edge of dz-gym, in layers (each usable on its own, each importin
 - :mod:`~dz_gym.transport.session` -- :class:`AsyncSession`, one connection for asyncio code;
 - :mod:`~dz_gym.transport.loop` -- :class:`LoopThread`, a private event loop for synchronous callers;
 - :mod:`~dz_gym.transport.pool` -- :class:`SessionPool`, the synchronous facade: the wrapper's default
-  :class:`~dz_gym.policy_client.PolicyClient`.
+  :class:`~dz_gym.policy_client.PolicyClient`;
+- :mod:`~dz_gym.transport.processes` -- :class:`ProcessSessionPool`, the same facade with the sessions spread
+  over worker processes (requests handed over in shared memory, :mod:`~dz_gym.transport.arena`);
+  :func:`open_pool` picks one of the two by ``TransportConfig.processes``.
 
 Every request comes back as a :class:`~dz_gym.policy_client.Outcome` (re-exported here).
 
@@ -21,6 +24,7 @@ from dz_gym.policy_client import Outcome
 from dz_gym.transport.config import TransportConfig, validate_url
 from dz_gym.transport.loop import LoopThread
 from dz_gym.transport.pool import PartialConnectError, SessionPool
+from dz_gym.transport.processes import ProcessSessionPool
 from dz_gym.transport.rules import SessionState
 from dz_gym.transport.session import AsyncSession
 
@@ -29,8 +33,22 @@ __all__ = [
     "LoopThread",
     "Outcome",
     "PartialConnectError",
+    "ProcessSessionPool",
     "SessionPool",
     "SessionState",
     "TransportConfig",
+    "open_pool",
     "validate_url",
 ]
+
+
+def open_pool(
+    urls: list[str] | str, num_sessions: int, config: TransportConfig | None = None
+) -> SessionPool | ProcessSessionPool:
+    """The pool of ``num_sessions`` sessions over ``urls`` that ``config.processes`` asks for: a
+    :class:`SessionPool` in this process (0, the default) or a :class:`ProcessSessionPool` of that many
+    worker processes."""
+    config = config if config is not None else TransportConfig()
+    if isinstance(config, TransportConfig) and config.processes > 0:
+        return ProcessSessionPool(urls, num_sessions, config, processes=config.processes)
+    return SessionPool(urls, num_sessions, config)

@@ -75,6 +75,12 @@ class TransportConfig:
             ``admission_backoff`` up to ``admission_backoff_max``; after ``admission_wait`` seconds of
             refusals in a row it gives up and the failure is reported.
         ssl_context: TLS settings for ``wss://``; ``None`` uses Python's default (system CAs, hostname check).
+        processes: worker processes the sessions are spread over
+            (:class:`~dz_gym.transport.processes.ProcessSessionPool`, built by
+            :func:`~dz_gym.transport.open_pool`): many sessions of large requests (hundreds of 0.5 MB requests
+            a round) then no longer share this process's interpreter lock. ``0``, the default: every session
+            in this process (:class:`~dz_gym.transport.SessionPool`). Not with ``ssl_context`` (a TLS context
+            cannot be handed to another process).
     """
 
     open_timeout: float = 10.0
@@ -96,6 +102,7 @@ class TransportConfig:
     admission_backoff_max: float = 8.0
     admission_wait: float = 900.0
     ssl_context: ssl.SSLContext | None = dataclasses.field(default=None, repr=False, compare=False)
+    processes: int = 0
 
     def __post_init__(self) -> None:
         for name in (
@@ -117,6 +124,7 @@ class TransportConfig:
             ("retry_server_errors", 0),
             ("max_frame_bytes", 1),
             ("connect_concurrency", 1),
+            ("processes", 0),
         ):
             _int_at_least(name, getattr(self, name), low)
         if self.auth_env is not None and (not isinstance(self.auth_env, str) or not _ENV_NAME.match(self.auth_env)):
@@ -135,6 +143,11 @@ class TransportConfig:
             raise ValueError(
                 "TransportConfig.ssl_context: expected an ssl.SSLContext or None, "
                 f"got {type(self.ssl_context).__name__}"
+            )
+        if self.processes and self.ssl_context is not None:
+            raise ValueError(
+                "TransportConfig.processes: expected 0 with an ssl_context (a TLS context cannot be handed to "
+                f"worker processes), got {self.processes}"
             )
 
     def backoff(self, attempt: int) -> float:

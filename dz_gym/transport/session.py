@@ -50,6 +50,7 @@ from dz_gym.protocol import (
     parse_metadata,
     parse_reset_response,
 )
+from dz_gym.protocol.codec import packb_pieces
 from dz_gym.transport.config import TransportConfig, validate_url
 from dz_gym.transport.rules import (
     Delivery,
@@ -63,7 +64,7 @@ from dz_gym.transport.rules import (
     transition,
 )
 
-__all__ = ["AsyncSession", "encode_request"]
+__all__ = ["AsyncSession", "encode_request", "request_pieces"]
 
 logger = logging.getLogger("dz_gym.transport")
 
@@ -121,6 +122,21 @@ def encode_request(request: Any) -> Payload:
         raise ProtocolError(f"request could not be encoded: {exc}") from exc
 
 
+def request_pieces(request: Any) -> list[memoryview]:
+    """:func:`encode_request`'s bytes as flat byte views to be written one after the other into memory of the
+    caller's (:func:`dz_gym.protocol.packer.write_pieces`); same errors."""
+    if isinstance(request, (bytes, bytearray, memoryview)):
+        return [memoryview(request).cast("B")]
+    if not isinstance(request, dict):
+        raise ProtocolError(f"request: expected a dict or encoded bytes, got {type(request).__name__}")
+    try:
+        return packb_pieces(request)
+    except DzGymError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(f"request could not be encoded: {exc}") from exc
+
+
 def _close_frames(exc: ConnectionClosed) -> tuple[tuple[int, str] | None, tuple[int, str] | None]:
     sent = None if exc.sent is None else (int(exc.sent.code), exc.sent.reason)
     rcvd = None if exc.rcvd is None else (int(exc.rcvd.code), exc.rcvd.reason)
@@ -141,6 +157,9 @@ class AsyncSession:
     is; after a timeout, a protocol error or a fatal server error it is ``BROKEN`` (the reply stream can no
     longer be trusted) until the caller reconnects.
     """
+
+    # How an infer reply frame is parsed (a subclass may keep the frame too; the errors must stay the same).
+    _parse_infer = staticmethod(_parse_reply)
 
     def __init__(self, url: str, config: TransportConfig | None = None):
         self._url = validate_url(url)
@@ -361,7 +380,7 @@ class AsyncSession:
             while True:
                 stamps = _Stamps()
                 try:
-                    reply = await self._attempt(payload, "infer", stamps, _parse_reply)
+                    reply = await self._attempt(payload, "infer", stamps, self._parse_infer)
                     assert stamps.sent_at is not None and stamps.received_at is not None
                     return Outcome(
                         index, reply, None, stamps.sent_at, stamps.received_at, len(payload), reconnects, retries

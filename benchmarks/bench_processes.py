@@ -1,0 +1,106 @@
+"""The caller's cost of request rounds in-process vs over worker processes (:class:`ProcessSessionPool`).
+
+N sessions (256 and 1024) send rounds of N requests, each three 180x320x3 uint8 views plus the small arrays,
+to ``dz-gym-serve --policy hold`` in a process of its own (vLLM-Omni's route: sessions by id on one server).
+For each client -- :class:`~dz_gym.transport.SessionPool` (the baseline) and
+:class:`~dz_gym.transport.ProcessSessionPool` with 2 and 4 workers -- it runs two warm-up rounds, then
+``--rounds`` measured ones, and prints per request the calling thread's CPU (encoding and hand-off; waiting
+costs none), this process's CPU (all its threads: the in-process pool's loop thread too, not the workers)
+and the round's wall time, with each one's ratio to the baseline of the same N. The wall time includes the
+server's own decoding, which on a small machine shares the cores with the client and its workers.
+
+Usage: python benchmarks/bench_processes.py [--num-envs 256 1024] [--rounds 4] [--processes 2 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+from dz_gym.server.launch import start_server_process
+from dz_gym.transport import ProcessSessionPool, SessionPool, TransportConfig
+
+PATH = "/v1/realtime/robot/openpi"
+VIEWS = ("observation/exterior_image_0_left", "observation/exterior_image_1_left", "observation/wrist_image_left")
+SOURCES = 64  # distinct image sets (33 MB: more than the caches hold), cycled over the sessions
+WARMUP_ROUNDS = 2
+
+
+def requests_for(num: int, round_k: int) -> list[tuple[int, dict]]:
+    rng = np.random.default_rng(0)
+    images = [[rng.integers(0, 255, (180, 320, 3), dtype=np.uint8) for _ in VIEWS] for _ in range(SOURCES)]
+    return [
+        (
+            i,
+            {
+                **dict(zip(VIEWS, images[i % SOURCES])),
+                "observation/joint_position": np.full(7, 0.01 * i),
+                "observation/gripper_position": np.zeros(1),
+                "prompt": "put the cube in the bowl",
+                "session_id": f"env{i}-round{round_k}",
+            },
+        )
+        for i in range(num)
+    ]
+
+
+def one_round(pool, items) -> tuple[float, float, float]:
+    """(caller thread CPU, process CPU, wall) of one round, in seconds."""
+    thread0, cpu0, wall0 = time.thread_time(), time.process_time(), time.perf_counter()
+    futures = pool.submit_many(items)
+    outcomes = [f.result(300) for f in futures]
+    thread, cpu, wall = time.thread_time() - thread0, time.process_time() - cpu0, time.perf_counter() - wall0
+    failed = [o for o in outcomes if not o.ok]
+    if failed:
+        raise SystemExit(f"{len(failed)} request(s) failed; first: {failed[0].error}")
+    return thread, cpu, wall
+
+
+def measure(url: str, num: int, processes: int, rounds: int) -> dict:
+    config = TransportConfig(request_timeout=120)
+    pool = (
+        SessionPool(url, num, config) if processes == 0 else ProcessSessionPool(url, num, config, processes=processes)
+    )
+    with pool:
+        pool.connect()
+        totals = np.zeros(3)
+        for k in range(WARMUP_ROUNDS + rounds):
+            items = requests_for(num, k)
+            result = one_round(pool, items)
+            if k >= WARMUP_ROUNDS:
+                totals += result
+    thread, cpu, wall = totals / rounds
+    return {
+        "num_envs": num,
+        "client": "in-process" if processes == 0 else f"processes={processes}",
+        "caller_cpu_ms_per_request": thread / num * 1e3,
+        "process_cpu_ms_per_request": cpu / num * 1e3,
+        "round_ms": wall * 1e3,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-envs", type=int, nargs="+", default=[256, 1024])
+    parser.add_argument("--rounds", type=int, default=4, help="measured rounds per client (default 4)")
+    parser.add_argument("--processes", type=int, nargs="+", default=[2, 4])
+    args = parser.parse_args()
+    server = start_server_process(["--policy", "hold", "--workers", "8", "--quiet"], timeout=60)
+    try:
+        for num in args.num_envs:
+            base = None
+            for processes in (0, *args.processes):
+                row = measure(server.url + PATH, num, processes, args.rounds)
+                base = base or row
+                for key in ("caller_cpu_ms_per_request", "process_cpu_ms_per_request", "round_ms"):
+                    row[key.replace("_ms", "") + "_ratio"] = row[key] / base[key]
+                print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+    finally:
+        server.stop(10)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,293 @@
+"""ProcessSessionPool: the sessions in worker processes give SessionPool's outcomes (loopback servers only).
+
+Requests against the reference server through 2 workers equal the in-process pool's; the bytes written into
+the shared-memory arena (or sent through the pipe) are packb's; a partial connect failure, a server error or a
+killed worker touch only their own sessions; closing joins the workers and unlinks the shared memory; the
+evaluator gives the same rows with ``--transport-processes 2``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dz_gym.errors import ConnectionLost, ProtocolError, ServerError
+from dz_gym.protocol import packb
+from dz_gym.protocol.packer import pieces_size, write_pieces
+from dz_gym.server.launch import start_server_thread
+from dz_gym.server.policies import load_policy
+from dz_gym.testing.gated import GatedPolicy
+from dz_gym.testing.servers import ServerThread, free_port, gather, good, replying
+from dz_gym.transport import ProcessSessionPool, SessionPool, TransportConfig, open_pool
+from dz_gym.transport.arena import Extents
+from dz_gym.transport.processes import error_fields, rebuild_error
+from dz_gym.transport.session import request_pieces
+
+pytestmark = pytest.mark.timeout(120)
+
+FAST = TransportConfig(open_timeout=5, request_timeout=30, close_timeout=2, connect_retries=0)
+BOUND_S = 60.0
+
+
+def dz_request(k: int, image: bool = True) -> dict:
+    request = {
+        "observation/joint_position": np.full(7, 0.01 * k),
+        "observation/gripper_position": np.zeros(1),
+        "prompt": "put the cube in the bowl",
+        "session_id": f"episode-{k}",
+    }
+    if image:
+        request["observation/exterior_image_0_left"] = np.full((180, 320, 3), k % 256, dtype=np.uint8)
+    return request
+
+
+def shm_exists(name: str) -> bool:
+    return Path("/dev/shm", name.lstrip("/")).exists()
+
+
+def same_reply(a, b) -> None:
+    assert (a is None) == (b is None)
+    if a is None:
+        return
+    for field in dataclasses.fields(a):
+        x, y = getattr(a, field.name), getattr(b, field.name)
+        if isinstance(x, np.ndarray):
+            np.testing.assert_array_equal(x, y)
+            assert x.dtype == y.dtype
+        else:
+            assert x == y, field.name
+
+
+# ------------------------------------------------------------------------------------------ encoding
+@pytest.mark.parametrize(
+    "value",
+    [
+        dz_request(3),
+        {"x": np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::2], "s": np.array(["ab", "c"]), "n": [1, None]},
+        {"t": np.array(["2020-01-01"], dtype="datetime64[D]"), "b": b"raw"},  # msgpack's general path
+        {"g": np.float32(2.5), "z": np.array(7), "flag": np.array([True, False])},
+    ],
+)
+def test_pieces_written_into_a_buffer_are_packb_bytes(value):
+    pieces = request_pieces(value)
+    buffer = bytearray(pieces_size(pieces) + 100)
+    end = write_pieces(pieces, buffer, 37)
+    assert bytes(buffer[37:end]) == packb(value) and end - 37 == len(packb(value))
+    with pytest.raises(ValueError, match="buffer"):
+        write_pieces(pieces, bytearray(3))
+
+
+def test_extents_merge_out_of_order_frees():
+    extents = Extents(64 * 10)
+    starts = [extents.alloc(64) for _ in range(10)]
+    assert extents.alloc(1) is None
+    for k in (3, 1, 2, 9, 0, 8, 4, 6, 5, 7):
+        extents.free(starts[k])
+    assert extents.free_bytes == 640 and extents.allocated == 0 and extents.alloc(640) == 0
+
+
+@pytest.mark.parametrize("arena_bytes", [None, 0])  # the arena, or (no room at all) the pipe
+def test_the_server_receives_packb_bytes(arena_bytes):
+    frames: list[bytes] = []
+
+    def reply(frame, n):
+        frames.append(bytes(frame))
+        return {"actions": np.zeros((24, 8), dtype=np.float32)}
+
+    kwargs = {} if arena_bytes is None else {"arena_bytes": arena_bytes}
+    requests = {i: dz_request(i) for i in range(4)}
+    with (
+        ServerThread(replying(reply)) as server,
+        ProcessSessionPool(server.url, 4, FAST, processes=2, **kwargs) as pool,
+    ):
+        pool.connect()
+        outcomes = gather(pool, requests, BOUND_S)
+        assert bool(pool.shared_memory_names()) == (arena_bytes is None)
+    assert all(o.ok for o in outcomes.values())
+    assert sorted(frames) == sorted(packb(r) for r in requests.values())
+
+
+# ------------------------------------------------------------------------------ the same as SessionPool
+def test_outcomes_and_metadata_equal_the_in_process_pool():
+    with start_server_thread("hold") as a, start_server_thread("hold") as b:
+        urls = [a.url, b.url]
+        requests = [(i, dz_request(i, image=i % 2 == 0)) for i in range(6)]
+        results = {}
+        for name, make in (("in", SessionPool), ("procs", lambda *args: ProcessSessionPool(*args, processes=2))):
+            with make(urls, 6, FAST) as pool:
+                metadata = pool.connect()
+                assert [pool.url(i) for i in range(6)] == [urls[i % 2] for i in range(6)]
+                futures = pool.submit_many(requests)
+                results[name] = (
+                    metadata,
+                    [f.result(BOUND_S) for f in futures],
+                    [pool.is_connected(i) for i in range(6)],
+                )
+    (meta_in, out_in, conn_in), (meta_p, out_p, conn_p) = results["in"], results["procs"]
+    assert meta_in == meta_p and conn_in == conn_p == [True] * 6
+    for x, y in zip(out_in, out_p):
+        assert (x.index, x.ok, x.request_bytes, x.reconnects, x.retries) == (y.index, y.ok, y.request_bytes, 0, 0)
+        same_reply(x.reply, y.reply)
+        assert y.sent_at <= y.received_at
+
+
+def test_partial_connect_failure_keeps_the_others():
+    dead = f"ws://127.0.0.1:{free_port()}"
+    with ServerThread(good()) as server, ProcessSessionPool([server.url, dead], 4, FAST, processes=3) as pool:
+        assert pool.processes == 3
+        with pytest.raises(Exception) as info:
+            pool.connect()
+        err = info.value
+        assert type(err).__name__ == "PartialConnectError"
+        assert sorted(err.connected) == [0, 2] and sorted(err.errors) == [1, 3]
+        assert all(isinstance(e, ConnectionLost) for e in err.errors.values())
+        assert [pool.is_connected(i) for i in range(4)] == [True, False, True, False]
+        outcomes = gather(pool, {i: dz_request(i, image=False) for i in range(4)}, BOUND_S)
+    assert outcomes[0].ok and outcomes[2].ok
+    assert isinstance(outcomes[1].error, ConnectionLost) and outcomes[1].reply is None
+
+
+def test_server_errors_come_back_as_in_process_and_touch_no_other_session():
+    bad = replying(lambda frame, n: b"\xc1\xc1 not msgpack")
+    with start_server_thread("hold") as ok, start_server_thread("hold", flavor="vllm-omni", fail_every=1) as failing:
+        with ServerThread(bad) as garbage:
+            urls = [ok.url, failing.url, garbage.url]
+            errors = {}
+            for name, make in (("in", SessionPool), ("procs", lambda *args: ProcessSessionPool(*args, processes=2))):
+                with make(urls, 6, FAST) as pool:
+                    pool.connect()
+                    outcomes = gather(pool, {i: dz_request(i) for i in range(6)}, BOUND_S)
+                    assert outcomes[0].ok and outcomes[3].ok
+                    errors[name] = {i: outcomes[i].error for i in (1, 2, 4, 5)}
+                    connected = [pool.is_connected(i) for i in range(6)]
+                    assert connected == [True, True, False, True, True, False]  # garbage breaks its sessions
+                    again = gather(pool, {0: dz_request(0), 3: dz_request(3)}, BOUND_S)
+                    assert again[0].ok and again[3].ok
+    for i, error in errors["procs"].items():
+        expected = errors["in"][i]
+        assert type(error) is type(expected) and str(error) == str(expected)
+    assert isinstance(errors["procs"][1], ServerError) and errors["procs"][1].fatal is False
+    assert errors["procs"][1].message == errors["in"][1].message and errors["procs"][1].code == errors["in"][1].code
+    assert isinstance(errors["procs"][2], ProtocolError)
+
+
+def test_error_fields_rebuild_every_dz_gym_error():
+    for error in (
+        ServerError("Traceback\nboom", fatal=True, code="x"),
+        ConnectionLost("gone", code=1011, reason="bye"),
+        ProtocolError("bad frame"),
+    ):
+        again = rebuild_error(error_fields(error))
+        assert type(again) is type(error) and str(again) == str(error) and vars(again) == vars(error)
+
+
+# --------------------------------------------------------------------------------------- dead workers
+def test_a_killed_worker_fails_its_requests_at_once_and_the_others_complete():
+    gated = GatedPolicy(load_policy("hold"), free=0)
+    with start_server_thread(gated) as server, ProcessSessionPool(server.url, 4, FAST, processes=2) as pool:
+        pool.connect()
+        futures = pool.submit_many([(i, dz_request(i)) for i in range(4)])
+        gated.held.wait(BOUND_S)
+        victim = pool.worker_pid(1)
+        assert victim is not None and pool.worker_pid(3) == victim and pool.worker_pid(0) != victim
+        os.kill(victim, signal.SIGKILL)
+        for i in (1, 3):  # the server still holds every reply: these fail because their worker died
+            outcome = futures[i].result(BOUND_S)
+            assert isinstance(outcome.error, ConnectionLost) and "exited" in str(outcome.error)
+        assert not futures[0].done() and not futures[2].done()
+        assert not pool.is_connected(1) and pool.is_connected(0)
+        assert isinstance(pool.submit(3, dz_request(3)).result(BOUND_S).error, ConnectionLost)
+        gated.open()
+        assert futures[0].result(BOUND_S).ok and futures[2].result(BOUND_S).ok
+        # reconnect restarts the dead worker; its other session reconnects on its own call
+        pool.reconnect(1)
+        assert pool.worker_pid(1) not in (None, victim)
+        assert pool.is_connected(1) and not pool.is_connected(3)
+        assert pool.submit(1, dz_request(1)).result(BOUND_S).ok
+        pool.reconnect(3)
+        assert pool.submit(3, dz_request(3)).result(BOUND_S).ok
+
+
+def test_restarts_are_bounded():
+    with ServerThread(good()) as server, ProcessSessionPool(server.url, 2, FAST, processes=2, max_restarts=0) as pool:
+        pool.connect()
+        pid = pool.worker_pid(1)
+        os.kill(pid, signal.SIGKILL)
+        assert isinstance(pool.submit(1, dz_request(1)).result(BOUND_S).error, ConnectionLost)
+        with pytest.raises(Exception, match="restarted too often") as info:
+            pool.reconnect(1)
+        assert type(info.value).__name__ == "WorkerError"
+        assert pool.submit(0, dz_request(0)).result(BOUND_S).ok
+
+
+# ------------------------------------------------------------------------------------------ teardown
+def test_close_joins_the_workers_unlinks_shared_memory_and_is_idempotent():
+    with ServerThread(good()) as server:
+        pool = ProcessSessionPool(server.url, 3, FAST, processes=2)
+        pool.connect()
+        assert all(o.ok for o in gather(pool, {i: dz_request(i) for i in range(3)}, BOUND_S).values())
+        names = pool.shared_memory_names()
+        processes = [w.process for w in pool._workers]
+        assert names and all(shm_exists(n) for n in names)
+        pool.close()
+        pool.close()
+    assert pool.closed and not any(shm_exists(n) for n in names)
+    assert all(not p.is_alive() and p.exitcode == 0 for p in processes)
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.submit(0, dz_request(0))
+
+
+def test_config_and_factory():
+    with pytest.raises(ValueError, match="processes"):
+        TransportConfig(processes=-1)
+    with pytest.raises(ValueError, match="processes"):
+        ProcessSessionPool("ws://127.0.0.1:1", 2, processes=0)
+    with open_pool("ws://127.0.0.1:1", 2, TransportConfig()) as pool:
+        assert type(pool) is SessionPool
+    with open_pool("ws://127.0.0.1:1", 3, TransportConfig(processes=5)) as pool:
+        assert type(pool) is ProcessSessionPool and pool.processes == 3  # at most one per session
+
+
+# ---------------------------------------------------------------------------------------- the evaluator
+@pytest.mark.slow
+def test_evaluator_rows_with_transport_processes_equal_the_in_process_run(tmp_path):
+    pytest.importorskip("mujoco")
+    from dz_gym.eval import cli
+    from dz_gym.eval.row import PLACEMENT, comparable
+    from dz_gym.eval.rundir import RunDir
+
+    base = ["--num-envs", "4", "--episodes", "4", "--max-steps", "16", "--no-progress", "--no-video", "--no-report"]
+    rows, summaries = {}, {}
+    for name, extra in (("in", []), ("procs", ["--transport-processes", "2"])):
+        root = tmp_path / name
+        assert cli.main([*base, *extra, "--output-root", str(root)]) == 0
+        (path,) = [p for p in root.iterdir() if p.is_dir()]
+        run = RunDir(path)
+        rows[name] = comparable(run.read_rows(), ignore=PLACEMENT)
+        summaries[name] = json.loads((run.path / "summary.json").read_text())["overall"]
+    assert len(rows["in"]) == 4 and rows["in"] == rows["procs"]
+    for key in ("episodes", "errored", "success_at_end", "success_any_step", "server_calls"):
+        assert summaries["in"][key] == summaries["procs"][key], key
+
+
+def test_the_evaluator_builds_a_process_pool_for_transport_processes():
+    from dz_gym.eval.config import EvalConfig
+    from dz_gym.eval.scene import policy_client
+
+    urls = ["ws://127.0.0.1:1"] * 4
+    assert policy_client(EvalConfig(num_envs=4, backend="mujoco"), urls) is None  # the wrapper's SessionPool
+    config = EvalConfig(num_envs=4, backend="mujoco", transport_processes=2)
+    assert config.transport_config().processes == 2
+    client = policy_client(config, urls)
+    try:
+        assert type(client) is ProcessSessionPool and client.processes == 2
+    finally:
+        client.close()
+    with pytest.raises(ValueError, match="transport_processes"):
+        EvalConfig(num_envs=4, backend="mujoco", transport_processes=-1)
