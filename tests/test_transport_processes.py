@@ -8,6 +8,7 @@ evaluator gives the same rows with ``--transport-processes 2``.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import os
@@ -19,14 +20,14 @@ import pytest
 
 from dz_gym.errors import ConnectionLost, ProtocolError, ServerError
 from dz_gym.protocol import packb
-from dz_gym.protocol.packer import pieces_size, write_pieces
+from dz_gym.protocol.packer import RELEASING_COPY_BYTES, pieces_size, write_pieces
 from dz_gym.server.launch import start_server_thread
 from dz_gym.server.policies import load_policy
 from dz_gym.testing.gated import GatedPolicy
 from dz_gym.testing.servers import ServerThread, free_port, gather, good, replying
 from dz_gym.transport import ProcessSessionPool, SessionPool, TransportConfig, open_pool
 from dz_gym.transport.arena import Extents
-from dz_gym.transport.processes import error_fields, rebuild_error
+from dz_gym.transport.processes import PARALLEL_COPY_BYTES, error_fields, rebuild_error
 from dz_gym.transport.session import request_pieces
 
 pytestmark = pytest.mark.timeout(120)
@@ -72,6 +73,7 @@ def same_reply(a, b) -> None:
         {"x": np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::2], "s": np.array(["ab", "c"]), "n": [1, None]},
         {"t": np.array(["2020-01-01"], dtype="datetime64[D]"), "b": b"raw"},  # msgpack's general path
         {"g": np.float32(2.5), "z": np.array(7), "flag": np.array([True, False])},
+        {"big": np.arange(3 * RELEASING_COPY_BYTES, dtype=np.uint8)[::3], "after": b"x" * 5},  # numpy's copy
     ],
 )
 def test_pieces_written_into_a_buffer_are_packb_bytes(value):
@@ -111,6 +113,35 @@ def test_the_server_receives_packb_bytes(arena_bytes):
         assert bool(pool.shared_memory_names()) == (arena_bytes is None)
     assert all(o.ok for o in outcomes.values())
     assert sorted(frames) == sorted(packb(r) for r in requests.values())
+
+
+def test_a_large_batch_is_written_by_one_thread_per_worker_and_arrives_intact():
+    """A submit_many over PARALLEL_COPY_BYTES: each worker's requests written on a copier thread (numpy copies
+    for the large pieces), every frame still packb's bytes, the caller's arrays free to change on return."""
+    frames: list[bytes] = []
+
+    def reply(frame, n):
+        frames.append(bytes(frame))
+        return {"actions": np.zeros((24, 8), dtype=np.float32)}
+
+    def big(k):
+        request = dz_request(k)
+        for key in ("observation/exterior_image_1_left", "observation/wrist_image_left"):
+            request[key] = np.full((180, 320, 3), (3 * k + len(key)) % 256, dtype=np.uint8)
+        return request
+
+    requests = {i: big(i) for i in range(24)}
+    expected = sorted(packb(r) for r in requests.values())
+    assert sum(len(e) for e in expected) >= PARALLEL_COPY_BYTES
+    with ServerThread(replying(reply)) as server, ProcessSessionPool(server.url, 24, FAST, processes=3) as pool:
+        pool.connect()
+        futures = pool.submit_many(list(requests.items()))
+        for request in requests.values():  # the bytes were taken before submit_many returned
+            request["observation/exterior_image_0_left"][:] = 255
+        concurrent.futures.wait(futures, timeout=BOUND_S)
+        assert all(f.done() and f.result().ok for f in futures)
+        assert pool._copiers, "the batch was written on the copier threads"
+    assert sorted(frames) == expected
 
 
 # ------------------------------------------------------------------------------ the same as SessionPool

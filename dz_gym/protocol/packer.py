@@ -35,6 +35,9 @@ import numpy as np
 __all__ = ["MAX_FAST_DEPTH", "fast_pieces", "pack_fast", "pieces_size", "write_pieces"]
 
 MAX_FAST_DEPTH = 64
+RELEASING_COPY_BYTES = 1 << 16
+""":func:`write_pieces` copies a piece at least this long with numpy, which lets go of the interpreter lock
+while it copies: several threads then write their requests side by side."""
 """Maps and lists nested deeper than this go to the general path (which refuses past 512)."""
 
 # Array kinds the fast path writes (the codec's supported kinds less datetimes, which msgpack's path turns
@@ -278,6 +281,9 @@ def write_pieces(pieces: list[memoryview], buffer: Any, offset: int = 0) -> int:
     position = offset
     for piece in pieces:
         size = piece.nbytes
-        view[position : position + size] = piece
+        if size >= RELEASING_COPY_BYTES:  # numpy copies without the interpreter lock; a slice store holds it
+            np.copyto(np.frombuffer(view, np.uint8, size, position), np.frombuffer(piece, np.uint8))
+        else:
+            view[position : position + size] = piece
         position += size
     return position

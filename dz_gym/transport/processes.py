@@ -64,7 +64,7 @@ from dz_gym.transport.config import TransportConfig, validate_url
 from dz_gym.transport.heap import keep_freed_buffers
 from dz_gym.transport.session import AsyncSession, request_pieces
 
-__all__ = ["ARENA_BYTES", "FIRST_SEGMENT_BYTES", "START_TIMEOUT_S", "ProcessSessionPool"]
+__all__ = ["ARENA_BYTES", "FIRST_SEGMENT_BYTES", "PARALLEL_COPY_BYTES", "START_TIMEOUT_S", "ProcessSessionPool"]
 
 logger = logging.getLogger("dz_gym.transport")
 
@@ -75,6 +75,10 @@ FIRST_SEGMENT_BYTES = 32 * 2**20
 ARENA_BYTES = 2**30
 """Default cap of one worker's shared memory (N = 1024 sessions of 0.5 MB over 2 workers need 256 MiB each)."""
 MAX_RESTARTS = 3
+PARALLEL_COPY_BYTES = 8 * 2**20
+"""A ``submit_many`` of at least this many bytes writes each worker's requests on a thread of its own."""
+COPY_TIMEOUT_S = 60.0
+"""Bound on writing one ``submit_many``'s requests into the arenas (memory copies)."""
 _MIN_SEGMENT_BYTES = 2**16
 _STOP_GRACE_S = 5.0  # a worker that answered "closed" (or died) exits within this
 
@@ -617,6 +621,13 @@ class _Worker:
             self.no_room_warned = True
             logger.warning("transport worker %d: %s; requests go through the pipe meanwhile", self.number, why)
 
+    def place_many(self, entries: list[tuple[int, list[memoryview], concurrent.futures.Future]]) -> None:
+        """:meth:`place` each ``(index, pieces, future)`` in order, then send their descriptors at once."""
+        batch: list[list] = []
+        for index, pieces, future in entries:
+            self.place(index, pieces, future, batch)
+        self.send_descriptors(batch)
+
     def send_descriptors(self, descriptors: list[list]) -> None:
         if descriptors:
             self._write(["send", descriptors])
@@ -696,7 +707,11 @@ class ProcessSessionPool(PolicyClient):
         ]
         self._metadata: list[ServerMetadata | None] = [None] * num_sessions
         self._profiler = None
-        self._finalizer = weakref.finalize(self, _close_workers, list(self._workers), self._config.close_timeout)
+        self._copiers: list[concurrent.futures.ThreadPoolExecutor] = []  # at most one (see _copier)
+        self._copier_lock = threading.Lock()
+        self._finalizer = weakref.finalize(
+            self, _close_workers, list(self._workers), self._config.close_timeout, self._copiers
+        )
         try:
             for worker in self._workers:
                 worker.spawn()
@@ -826,29 +841,52 @@ class ProcessSessionPool(PolicyClient):
 
     def submit_many(self, items) -> list[concurrent.futures.Future[Outcome]]:
         """:meth:`submit` for each ``(i, request)``: each encoded here into its worker's arena, then one
-        descriptor message per worker."""
+        descriptor message per worker.
+
+        A call of at least :data:`PARALLEL_COPY_BYTES` writes each worker's requests on a thread of its own,
+        side by side (the copies let go of the interpreter lock), and returns once all are written: the caller
+        may reuse its arrays as soon as this returns, as with SessionPool."""
         profiler = self._profiler
+        start = time.perf_counter()
         futures: list[concurrent.futures.Future[Outcome]] = []
-        batches: dict[int, list[list]] = {}
+        entries: dict[int, list[tuple[int, list[memoryview], concurrent.futures.Future]]] = {}
+        nbytes = 0
         for i, request in items:
             worker = self._worker(i)
             future: concurrent.futures.Future[Outcome] = concurrent.futures.Future()
             futures.append(future)
-            start = time.perf_counter()
             try:
                 pieces = request_pieces(request)
             except DzGymError as exc:
                 future.set_result(Outcome.failed(i, exc))
                 continue
-            worker.place(i, pieces, future, batches.setdefault(worker.number, []))
-            if profiler is not None:
-                profiler.add("encode", time.perf_counter() - start)
-        start = time.perf_counter()
-        for number, descriptors in batches.items():
-            self._workers[number].send_descriptors(descriptors)
+            nbytes += pieces_size(pieces)
+            entries.setdefault(worker.number, []).append((i, pieces, future))
+        if len(entries) > 1 and nbytes >= PARALLEL_COPY_BYTES:
+            copier = self._copier()
+            tasks = [copier.submit(self._workers[n].place_many, batch) for n, batch in entries.items()]
+            done, _ = concurrent.futures.wait(tasks, timeout=COPY_TIMEOUT_S)
+            if len(done) < len(tasks):  # memory copies: only a machine that has stopped gets here
+                raise RuntimeError(f"writing {nbytes} bytes of requests took over {COPY_TIMEOUT_S:g} s")
+            for task in tasks:
+                task.result()
+        else:
+            for n, batch in entries.items():
+                self._workers[n].place_many(batch)
         if profiler is not None:
-            profiler.add("submit", time.perf_counter() - start)
+            profiler.add("encode", time.perf_counter() - start)
         return futures
+
+    def _copier(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The threads that write requests into the arenas, one per worker (made at first use)."""
+        with self._copier_lock:
+            if not self._copiers:
+                self._copiers.append(
+                    concurrent.futures.ThreadPoolExecutor(
+                        len(self._workers), thread_name_prefix="dz-gym-transport-copy"
+                    )
+                )
+            return self._copiers[0]
 
     def set_profiler(self, profiler) -> None:
         """Time the encoding into the arenas and the hand-offs (the caller's side) and the parsing of the
@@ -891,9 +929,13 @@ class ProcessSessionPool(PolicyClient):
         self.close()
 
 
-def _close_workers(workers: list[_Worker], close_timeout: float) -> None:
+def _close_workers(
+    workers: list[_Worker], close_timeout: float, copiers: list[concurrent.futures.ThreadPoolExecutor]
+) -> None:
     """The pool's one close path (also run when a forgotten pool is collected or the interpreter exits);
     the workers close side by side."""
+    for copier in copiers:
+        copier.shutdown(wait=True)  # a write in progress ends before its arena can go
     threads = [threading.Thread(target=w.shutdown, args=(close_timeout,), daemon=True) for w in workers]
     for thread in threads:
         thread.start()
