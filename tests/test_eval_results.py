@@ -49,6 +49,26 @@ def test_latency_stats():
     assert stats["p90"] <= stats["p99"] <= stats["max"]
 
 
+def test_latency_percentiles_are_numpys_to_the_bit():
+    """The rows' p50/p90/p99 are what np.percentile gave them before (same floats, not merely close)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for trial in range(3000):
+        n = int(rng.integers(1, 70))
+        values = rng.random(n) * 10.0 ** int(rng.integers(-2, 4))
+        if trial % 3 == 1:
+            values = np.round(values, 3)  # as the rows' latencies are
+        elif trial % 3 == 2:
+            values = rng.integers(0, 4, n) * 0.1  # ties
+        percents = [50, 90, 99] if trial % 2 else [int(p) for p in rng.integers(0, 101, 3)]
+        expected = [float(v) for v in np.percentile(values, percents)]
+        assert results.linear_percentiles(sorted(values.tolist()), percents) == expected, (values, percents)
+        stats = results.latency_stats(values.tolist())
+        assert [stats["p50"], stats["p90"], stats["p99"]] == [float(v) for v in np.percentile(values, [50, 90, 99])]
+        assert stats["mean"] == float(values.mean()) and stats["max"] == float(values.max())
+
+
 def _row(scene=1, episode=0, success=True, any_step=True, error=None, calls=3, lat=(10.0, 20.0, 30.0)):
     return {
         "scene": scene,

@@ -52,6 +52,28 @@ def rate(k: int, n: int) -> dict[str, Any]:
     }
 
 
+def linear_percentiles(ordered: Sequence[float], percents: Sequence[float]) -> list[float]:
+    """The ``percents`` (0..100) of the sorted, finite ``ordered`` values by linear interpolation: the values of
+    ``np.percentile(ordered, percents)`` (its default method, with its float operations in the same order),
+    without its per-call cost (about 60 us, 1024 times when as many episodes end at one step).
+
+    >>> linear_percentiles([10.0, 20.0, 30.0, 40.0], [50, 90, 99])
+    [25.0, 37.0, 39.699999999999996]
+    """
+    n = len(ordered)
+    out = []
+    for percent in percents:
+        index = (n - 1) * (percent / 100)
+        below = math.floor(index)
+        if index >= n - 1:  # numpy: both neighbours are the last value, the weight past 0.5
+            out.append(ordered[-1] + 0.0)
+            continue
+        low, high = ordered[below], ordered[below + 1]
+        weight, diff = index - below, high - low
+        out.append(high - diff * (1 - weight) if weight >= 0.5 else low + diff * weight)
+    return out
+
+
 def latency_stats(latencies_ms: Iterable[float]) -> dict[str, float] | None:
     """mean/p50/p90/p99/max and count of latencies in milliseconds (``None`` for no samples; NaN skipped).
 
@@ -61,17 +83,18 @@ def latency_stats(latencies_ms: Iterable[float]) -> dict[str, float] | None:
     >>> latency_stats([]) is None
     True
     """
-    values = np.asarray([v for v in latencies_ms if v is not None and math.isfinite(v)], dtype=np.float64)
-    if values.size == 0:
+    values = [float(v) for v in latencies_ms if v is not None and math.isfinite(v)]
+    if not values:
         return None
-    p50, p90, p99 = np.percentile(values, [50, 90, 99])
+    ordered = sorted(values)
+    p50, p90, p99 = linear_percentiles(ordered, (50, 90, 99))
     return {
-        "mean": float(values.mean()),
-        "p50": float(p50),
-        "p90": float(p90),
-        "p99": float(p99),
-        "max": float(values.max()),
-        "count": int(values.size),
+        "mean": float(np.mean(np.asarray(values, dtype=np.float64))),
+        "p50": p50,
+        "p90": p90,
+        "p99": p99,
+        "max": ordered[-1],
+        "count": len(values),
     }
 
 

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from dz_gym.eval.config import EvalConfig
+from dz_gym.eval.npz import npz_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +86,7 @@ class RunDir:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
+        self._made: set[Path] = set()  # folders made by save_trajectory (one mkdir per folder, not per file)
 
     # -- creation -----------------------------------------------------------------------------------
     @classmethod
@@ -233,13 +235,18 @@ class RunDir:
     def save_trajectory(
         self, scene: int, episode: int, arrays: Mapping[str, np.ndarray], arm: str | None = None
     ) -> str:
-        """Write one episode's arrays (compressed npz, atomically); returns the relative path."""
+        """Write one episode's arrays (an npz of stored members, :mod:`dz_gym.eval.npz`; atomically); returns the
+        relative path."""
         rel = self.trajectory_relpath(scene, episode, arm)
         path = self.path / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.parent not in self._made:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._made.add(path.parent)
         tmp = path.with_name(f".{path.stem}.tmp.npz")
+        data = npz_bytes(arrays)
         try:
-            np.savez_compressed(tmp, **{k: np.asarray(v) for k, v in arrays.items()})
+            with open(tmp, "wb") as f:
+                f.write(data)
             os.replace(tmp, path)
         except BaseException:
             tmp.unlink(missing_ok=True)

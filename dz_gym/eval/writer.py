@@ -1,7 +1,7 @@
 """Finished episodes are written on a background thread: the trajectory file, then the row, in order.
 
-At the end of an episode the runner used to compress the trajectory (``np.savez_compressed``) and append and
-``fsync`` the row on the stepping thread: about 2 ms an episode, which at N = 256 envs ending on the same step
+At the end of an episode the runner used to compress the trajectory (``np.savez_compressed``; the writer now
+stores it, :mod:`dz_gym.eval.npz`) and append and ``fsync`` the row on the stepping thread: about 2 ms an episode, which at N = 256 envs ending on the same step
 stalled every env for half a second per episode. :class:`EpisodeWriter` takes them off that thread. It keeps
 the run directory's order (a row is appended only after its trajectory is on disk, rows in the order the
 episodes finished) and its bound: at most ``max_pending`` episodes wait; a full queue makes the runner wait for
