@@ -7,6 +7,7 @@ This is the I/O edge of dz-gym, in layers (each usable on its own, each importin
 - :mod:`~dz_gym.transport.config` -- :class:`TransportConfig` (every bound and default) and :func:`validate_url`;
 - :mod:`~dz_gym.transport.session` -- :class:`AsyncSession`, one connection for asyncio code;
 - :mod:`~dz_gym.transport.loop` -- :class:`LoopThread`, a private event loop for synchronous callers;
+- :mod:`~dz_gym.transport.base` -- :class:`~dz_gym.transport.base.PoolBase`, what the two pools below share;
 - :mod:`~dz_gym.transport.pool` -- :class:`SessionPool`, the synchronous facade: the wrapper's default
   :class:`~dz_gym.policy_client.PolicyClient`;
 - :mod:`~dz_gym.transport.processes` -- :class:`ProcessSessionPool`, the same facade with the sessions spread

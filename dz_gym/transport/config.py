@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 from dz_gym.transport.rules import admission_retry_delay, backoff_delay, backoff_schedule
 
-__all__ = ["TransportConfig", "validate_url"]
+__all__ = ["TransportConfig", "check_pool_args", "validate_url"]
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SCHEME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
@@ -211,3 +211,21 @@ def validate_url(url: Any) -> str:
     if parts.username is not None or parts.password is not None:
         raise ValueError("url: credentials in the URL are not allowed; put the token in an env var named by auth_env")
     return url
+
+
+def check_pool_args(urls: Any, num_sessions: Any, config: Any) -> tuple[list[str], TransportConfig]:
+    """A pool's ``urls`` as a list of checked URLs (one string is one URL) and its config (``None``: the
+    defaults); ``ValueError`` naming the argument for anything else, and for ``num_sessions`` below 1."""
+    if isinstance(urls, str):
+        urls = [urls]
+    urls = list(urls)
+    if not urls:
+        raise ValueError("urls: expected at least one ws:// or wss:// URL, got an empty list")
+    for url in urls:
+        validate_url(url)
+    if not isinstance(num_sessions, int) or isinstance(num_sessions, bool) or num_sessions < 1:
+        raise ValueError(f"num_sessions: expected an int >= 1, got {num_sessions!r}")
+    config = config if config is not None else TransportConfig()
+    if not isinstance(config, TransportConfig):
+        raise ValueError(f"config: expected a TransportConfig, got {type(config).__name__}")
+    return urls, config

@@ -29,10 +29,11 @@ import weakref
 from collections.abc import Iterable
 
 from dz_gym.errors import DzGymError, PartialConnectError, RequestTimeout
-from dz_gym.policy_client import Outcome, PolicyClient
+from dz_gym.policy_client import Outcome
 from dz_gym.protocol import ServerMetadata
 from dz_gym.protocol.contract import releases_sessions
-from dz_gym.transport.config import TransportConfig, validate_url
+from dz_gym.transport.base import PoolBase
+from dz_gym.transport.config import TransportConfig, check_pool_args
 from dz_gym.transport.heap import TRIM_THRESHOLD, keep_freed_buffers
 from dz_gym.transport.loop import LoopThread
 from dz_gym.transport.session import AsyncSession, encode_request
@@ -42,7 +43,7 @@ __all__ = ["PartialConnectError", "SessionPool"]
 logger = logging.getLogger("dz_gym.transport")
 
 
-class SessionPool(PolicyClient):
+class SessionPool(PoolBase):
     """Synchronous facade over ``num_sessions`` :class:`AsyncSession` objects on one :class:`LoopThread`.
 
     Session ``i`` talks to ``urls[i % len(urls)]``. Every call is bounded by the config. Methods are
@@ -59,18 +60,7 @@ class SessionPool(PolicyClient):
         *,
         loop: LoopThread | None = None,
     ):
-        if isinstance(urls, str):
-            urls = [urls]
-        urls = list(urls)
-        if not urls:
-            raise ValueError("urls: expected at least one ws:// or wss:// URL, got an empty list")
-        for url in urls:
-            validate_url(url)
-        if not isinstance(num_sessions, int) or isinstance(num_sessions, bool) or num_sessions < 1:
-            raise ValueError(f"num_sessions: expected an int >= 1, got {num_sessions!r}")
-        self._config = config if config is not None else TransportConfig()
-        if not isinstance(self._config, TransportConfig):
-            raise ValueError(f"config: expected a TransportConfig, got {type(self._config).__name__}")
+        urls, self._config = check_pool_args(urls, num_sessions, config)
         keep_freed_buffers()  # request-sized buffers are reused, not mapped and faulted in each time
         self._owns_loop = loop is None
         self._loop = loop if loop is not None else LoopThread()
@@ -85,22 +75,6 @@ class SessionPool(PolicyClient):
     @property
     def num_sessions(self) -> int:
         return len(self._sessions)
-
-    def __len__(self) -> int:
-        return len(self._sessions)
-
-    @property
-    def config(self) -> TransportConfig:
-        return self._config
-
-    @property
-    def reply_bound(self) -> float:
-        """The bound of one submitted request (``config.request_bound()``), with a margin."""
-        return self._config.request_bound() + 10.0
-
-    @property
-    def closed(self) -> bool:
-        return not self._finalizer.alive
 
     def url(self, i: int) -> str:
         return self._session(i).url
@@ -255,12 +229,6 @@ class SessionPool(PolicyClient):
     def close(self) -> None:
         """Close every connection (and the loop thread if the pool made it); idempotent."""
         self._finalizer()
-
-    def __enter__(self) -> SessionPool:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
 
 def _close_pool(loop: LoopThread, sessions: list[AsyncSession], owns_loop: bool, close_timeout: float) -> None:

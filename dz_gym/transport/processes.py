@@ -55,12 +55,13 @@ import msgpack
 
 from dz_gym import errors as _errors
 from dz_gym.errors import ConnectionLost, DzGymError, PartialConnectError, RequestTimeout, ServerError, WorkerError
-from dz_gym.policy_client import Outcome, PolicyClient
+from dz_gym.policy_client import Outcome
 from dz_gym.protocol import ServerMetadata, packb, parse_metadata
 from dz_gym.protocol.contract import releases_sessions
 from dz_gym.protocol.packer import pieces_size, write_pieces
 from dz_gym.transport.arena import Extents
-from dz_gym.transport.config import TransportConfig, validate_url
+from dz_gym.transport.base import PoolBase
+from dz_gym.transport.config import TransportConfig, check_pool_args
 from dz_gym.transport.heap import keep_freed_buffers
 from dz_gym.transport.session import AsyncSession, request_pieces
 
@@ -651,7 +652,7 @@ class _Worker:
 _TOKENS = itertools.count(1)
 
 
-class ProcessSessionPool(PolicyClient):
+class ProcessSessionPool(PoolBase):
     """:class:`~dz_gym.transport.SessionPool`'s behaviour with session ``i`` in worker process ``i % P``
     (see the module docstring). Methods are thread-safe; every call is bounded by the config.
 
@@ -671,22 +672,11 @@ class ProcessSessionPool(PolicyClient):
         start_timeout: float = START_TIMEOUT_S,
         max_restarts: int = MAX_RESTARTS,
     ):
-        if isinstance(urls, str):
-            urls = [urls]
-        urls = list(urls)
-        if not urls:
-            raise ValueError("urls: expected at least one ws:// or wss:// URL, got an empty list")
-        for url in urls:
-            validate_url(url)
-        if not isinstance(num_sessions, int) or isinstance(num_sessions, bool) or num_sessions < 1:
-            raise ValueError(f"num_sessions: expected an int >= 1, got {num_sessions!r}")
+        urls, self._config = check_pool_args(urls, num_sessions, config)
         if not isinstance(processes, int) or isinstance(processes, bool) or processes < 1:
             raise ValueError(f"processes: expected an int >= 1, got {processes!r}")
         if not isinstance(arena_bytes, int) or isinstance(arena_bytes, bool) or arena_bytes < 0:
             raise ValueError(f"arena_bytes: expected an int >= 0, got {arena_bytes!r}")
-        self._config = config if config is not None else TransportConfig()
-        if not isinstance(self._config, TransportConfig):
-            raise ValueError(f"config: expected a TransportConfig, got {type(self._config).__name__}")
         if self._config.ssl_context is not None:
             raise ValueError("config.ssl_context: a TLS context cannot be handed to worker processes; expected None")
         self._num = num_sessions
@@ -726,25 +716,9 @@ class ProcessSessionPool(PolicyClient):
     def num_sessions(self) -> int:
         return self._num
 
-    def __len__(self) -> int:
-        return self._num
-
     @property
     def processes(self) -> int:
         return len(self._workers)
-
-    @property
-    def config(self) -> TransportConfig:
-        return self._config
-
-    @property
-    def reply_bound(self) -> float:
-        """The bound of one submitted request (``config.request_bound()``), with a margin."""
-        return self._config.request_bound() + 10.0
-
-    @property
-    def closed(self) -> bool:
-        return not self._finalizer.alive
 
     def url(self, i: int) -> str:
         self._check(i)
@@ -921,12 +895,6 @@ class ProcessSessionPool(PolicyClient):
     def close(self) -> None:
         """Close every connection, join the workers and unlink their shared memory; idempotent."""
         self._finalizer()
-
-    def __enter__(self) -> ProcessSessionPool:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
 
 def _close_workers(
