@@ -32,13 +32,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MAX_FAST_DEPTH", "fast_pieces", "pack_fast", "pieces_size", "write_pieces"]
+__all__ = ["MAX_FAST_DEPTH", "RELEASING_COPY_BYTES", "fast_pieces", "pack_fast", "pieces_size", "write_pieces"]
 
 MAX_FAST_DEPTH = 64
+"""Maps and lists nested deeper than this go to the general path (which refuses past 512)."""
 RELEASING_COPY_BYTES = 1 << 16
 """:func:`write_pieces` copies a piece at least this long with numpy, which lets go of the interpreter lock
 while it copies: several threads then write their requests side by side."""
-"""Maps and lists nested deeper than this go to the general path (which refuses past 512)."""
 
 # Array kinds the fast path writes (the codec's supported kinds less datetimes, which msgpack's path turns
 # into bytes its own way); numpy scalar kinds whose ``item()`` is a plain bool, int or float.
