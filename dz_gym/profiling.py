@@ -21,7 +21,8 @@ Stages (:data:`STAGES`), in the order of one batch step:
 
 The caller's-thread stages add up to at most the wall time (the rest is ``unaccounted``); the others overlap
 with them and are shown per request. ``cpu_s`` is the client process's CPU time over the same span (all its
-threads), ``loop_cpu_s`` the loop thread's alone, where the caller measured them.
+threads), ``loop_cpu_s`` the transport's own (the loop thread's, or the worker processes' with
+``--transport-processes``), where the caller measured them.
 """
 
 from __future__ import annotations
@@ -164,7 +165,7 @@ def format_table(report: Mapping[str, Any], title: str = "profile") -> str:
         lines.append(f"{indent + name:<15} {row['total_s']:>9.3f} {row['per_step_ms']:>9.2f} {row['per_round_ms']:>9.2f} "
                      f"{row['per_request_ms']:>10.3f} {share:>8}")  # fmt: skip
     lines.append(f"{'unaccounted':<15} {report['unaccounted_s']:>9.3f}")
-    for key, label in (("cpu_ms_per_request", "client CPU"), ("loop_cpu_ms_per_request", "loop thread CPU")):
+    for key, label in (("cpu_ms_per_request", "client CPU"), ("loop_cpu_ms_per_request", "transport CPU")):
         if report.get(key) is not None:
             lines.append(f"{label}: {report[key]:.3f} ms per request")
     return "\n".join(lines)

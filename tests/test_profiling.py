@@ -86,13 +86,17 @@ def test_profiled_wrapper_changes_nothing():
 
 
 @pytest.mark.slow
-def test_profile_flag_end_to_end(tmp_path, capsys):
+@pytest.mark.parametrize("processes", [0, 2])
+def test_profile_flag_end_to_end(tmp_path, capsys, processes):
+    """With ``--transport-processes`` the workers' sends are in ``send`` and their CPU is the transport's;
+    the hand-off to them is part of ``encode``."""
     pytest.importorskip("mujoco")
     from dz_gym.eval import cli
     from dz_gym.eval.rundir import RunDir
 
     args = ["--num-envs", "2", "--episodes", "2", "--max-steps", "16", "--scene", "1", "--no-video", "--no-report",
-            "--no-progress", "--profile", "--output-root", str(tmp_path)]  # fmt: skip
+            "--no-progress", "--profile", "--output-root", str(tmp_path),
+            "--transport-processes", str(processes)]  # fmt: skip
     assert cli.main(args) == 0
     printed = capsys.readouterr().out
     (run_path,) = [p for p in tmp_path.iterdir() if p.is_dir()]
@@ -106,14 +110,17 @@ def test_profile_flag_end_to_end(tmp_path, capsys):
     for name, row in stages.items():
         for key in ("total_s", "per_step_ms", "per_round_ms", "per_request_ms"):
             assert row[key] >= 0.0, (name, key)
-    for name in ("env_step", "encode", "submit", "wait", "send", "network", "bookkeeping", "reset"):
+    for name in ("env_step", "encode", "wait", "send", "network", "bookkeeping", "reset"):
         assert stages[name]["total_s"] > 0.0, name
+    assert (stages["submit"]["total_s"] > 0.0) == (processes == 0)
     caller = sum(stages[s]["total_s"] for s in CALLER_STAGES if s not in ("physics", "render", "env_other"))
     assert caller == pytest.approx(report["caller_s"])
     assert caller <= report["wall_s"] * (1 + 1e-6) + 1e-6  # the caller's stages never exceed the wall time
     assert report["caller_s"] + report["unaccounted_s"] == pytest.approx(report["wall_s"])
     assert all(stages[s]["share"] is None for s in OFF_THREAD_STAGES)
-    assert report["cpu_s"] > 0 and report["loop_cpu_s"] > 0
+    assert report["cpu_s"] > 0
+    # the loop thread's clock is exact; the workers' (/proc, in clock ticks) may read 0 over so short a run
+    assert report["loop_cpu_s"] > 0 if processes == 0 else report["loop_cpu_s"] >= 0
     assert report["request_bytes"] >= report["requests"] * 3 * 180 * 320 * 3
     assert "profile of scene 1 (N=2)" in printed and "client CPU" in printed
     for name in ("env_step", "gpu_to_host", "encode", "wait", "send", "bookkeeping"):

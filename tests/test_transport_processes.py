@@ -144,6 +144,21 @@ def test_a_large_batch_is_written_by_one_thread_per_worker_and_arrives_intact():
     assert sorted(frames) == expected
 
 
+def test_the_workers_sends_reach_the_profiler_and_their_cpu_is_the_transports():
+    from dz_gym.profiling import StageProfiler
+
+    profiler = StageProfiler()
+    with start_server_thread("hold") as server, ProcessSessionPool(server.url, 4, FAST, processes=2) as pool:
+        pool.connect()
+        before = pool.transport_cpu_s()
+        pool.set_profiler(profiler)
+        outcomes = gather(pool, {i: dz_request(i) for i in range(4)}, BOUND_S)
+        after = pool.transport_cpu_s()
+    assert all(o.ok for o in outcomes.values())
+    assert profiler.total("send") > 0 and profiler.total("receive_decode") > 0
+    assert before is not None and after is not None and after >= before >= 0
+
+
 # ------------------------------------------------------------------------------ the same as SessionPool
 def test_outcomes_and_metadata_equal_the_in_process_pool():
     with start_server_thread("hold") as a, start_server_thread("hold") as b:

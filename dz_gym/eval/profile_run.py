@@ -3,7 +3,8 @@
 :class:`ProfileRun` holds the scene's :class:`~dz_gym.profiling.StageProfiler` (the
 :class:`~dz_gym.profiled_wrapper.ProfiledPolicyWrapper` fills it); :meth:`ProfileRun.span` covers the
 runner's loop and measures its wall time, the client process's CPU time (all threads; an embedded server runs
-in a process of its own and is not counted) and the transport loop thread's CPU time, then writes the report
+in a process of its own and is not counted) and the transport's own CPU time (the loop thread's, or with
+``--transport-processes`` the worker processes'), then writes the report
 into ``profile.json`` of the run directory (one entry per scene, ``{"scenes": {"1": {...}}}``) and prints
 the table.
 """
@@ -23,16 +24,13 @@ __all__ = ["PROFILE_FILE", "ProfileRun"]
 PROFILE_FILE = "profile.json"
 
 
-def _thread_cpu(thread_id: int | None):
-    """A reader of thread ``thread_id``'s CPU seconds, or None where the platform has no such clock."""
-    if thread_id is None or not hasattr(time, "pthread_getcpuclockid"):
+def _transport_cpu(client: Any):
+    """A reader of the CPU seconds of ``client``'s transport (SessionPool's loop thread, ProcessSessionPool's
+    worker processes: their ``transport_cpu_s``), or None where the client or the platform has none."""
+    read = getattr(client, "transport_cpu_s", None)
+    if not callable(read) or read() is None:
         return None
-    try:
-        clock = time.pthread_getcpuclockid(thread_id)
-        time.clock_gettime(clock)
-    except (OSError, OverflowError):
-        return None
-    return lambda: time.clock_gettime(clock)
+    return read
 
 
 class ProfileRun:
@@ -46,14 +44,17 @@ class ProfileRun:
 
     @contextlib.contextmanager
     def span(self, wrapper: Any) -> Iterator[None]:
-        loop_cpu = _thread_cpu(getattr(wrapper.client, "loop_thread_id", None))
+        loop_cpu = _transport_cpu(wrapper.client)
         wall0, cpu0 = time.perf_counter(), time.process_time()
         loop0 = loop_cpu() if loop_cpu is not None else None
         try:
             yield
         finally:
             wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-            loop = loop_cpu() - loop0 if loop_cpu is not None else None
+            loop_now = loop_cpu() if loop_cpu is not None else None
+            loop = loop_now - loop0 if loop_now is not None and loop0 is not None else None
+            if loop is not None and loop < 0:  # a worker restarted: its predecessor's time is gone
+                loop = None
             report = self.profiler.report(wall, cpu_s=cpu, loop_cpu_s=loop)
             report["env_hooks"] = list(getattr(wrapper, "env_hooks", []))
             report["num_envs"] = int(wrapper.num_envs)

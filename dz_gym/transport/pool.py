@@ -201,6 +201,17 @@ class SessionPool(PoolBase):
         """The loop thread's ``threading`` ident (its CPU clock: ``time.pthread_getcpuclockid``)."""
         return self._loop.thread_id
 
+    def transport_cpu_s(self) -> float | None:
+        """CPU seconds the loop thread has used so far (for ``--profile``); None where the platform has no
+        per-thread clock."""
+        thread_id = self._loop.thread_id
+        if thread_id is None or not hasattr(time, "pthread_getcpuclockid"):
+            return None
+        try:
+            return time.clock_gettime(time.pthread_getcpuclockid(thread_id))
+        except (OSError, OverflowError):
+            return None
+
     def release(self, i: int, session_id: str) -> concurrent.futures.Future[None]:
         """Ask session ``i``'s server to free ``session_id`` (a ``reset`` naming it) without waiting.
 

@@ -136,6 +136,18 @@ def _reply_outcome(index: int, frame: Any, stamps: list[Any], error: list[Any] |
     return Outcome(index, reply, None, sent_at, received_at, request_bytes, reconnects, retries)
 
 
+def _process_cpu_s(pid: int | None) -> float | None:
+    """User plus system CPU seconds of process ``pid`` (``/proc/PID/stat``), None where it cannot be read."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()  # after the command name, which may hold spaces
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _create_segment(size: int) -> shared_memory.SharedMemory:
     """A shared-memory segment with its pages reserved now: on a full /dev/shm (tmpfs) this raises OSError,
     where an unreserved segment would crash the writer (SIGBUS) at the first page that finds no room."""
@@ -160,6 +172,22 @@ class _FrameKeepingSession(AsyncSession):
         return (AsyncSession._parse_infer(frame), frame)
 
 
+class _SendClock:
+    """A worker's stand-in for the parent's profiler (AsyncSession times its sends into ``add``): the send
+    seconds since the last :meth:`take`, which the next outcome carries to the parent."""
+
+    def __init__(self) -> None:
+        self.send_s = 0.0
+
+    def add(self, stage: str, seconds: float) -> None:
+        if stage == "send":
+            self.send_s += seconds
+
+    def take(self) -> float:
+        seconds, self.send_s = self.send_s, 0.0
+        return seconds
+
+
 class _WorkerLoop:
     """The worker process: its sessions on one asyncio loop, fed by a thread reading the parent's pipe."""
 
@@ -168,6 +196,9 @@ class _WorkerLoop:
         config = TransportConfig(**init["config"])
         self.close_timeout = config.close_timeout
         self.sessions = {int(i): _FrameKeepingSession(url, config) for i, url in init["sessions"]}
+        self.sends = _SendClock()  # the sends' time, reported with each outcome (the parent's --profile)
+        for session in self.sessions.values():
+            session.profiler = self.sends
         self.concurrency = int(init["concurrency"])
         self.segments: dict[int, shared_memory.SharedMemory] = {}
         for seg, name in init["segments"]:
@@ -248,7 +279,7 @@ class _WorkerLoop:
         frame = kept[1] if kept is not None else None
         error = None if outcome.error is None else error_fields(outcome.error)
         stamps = [outcome.sent_at, outcome.received_at, outcome.request_bytes, outcome.reconnects, outcome.retries]
-        self.post(["out", token, index, frame, stamps, error, session.connected])
+        self.post(["out", token, index, frame, stamps, error, self.sends.take(), session.connected])
 
     async def _connect(self, token: int, index: int) -> None:
         session = self.sessions[index]
@@ -508,12 +539,14 @@ class _Worker:
                 self.connected[pending.index] = bool(message[-1])
         future = pending.future
         if kind == "out":
-            _, _, index, frame, stamps, error, _ = message
+            _, _, index, frame, stamps, error, send_s, _ = message
             start = time.perf_counter()
             outcome = _reply_outcome(index, frame, stamps, error)
             profiler = self.profiler
-            if profiler is not None and outcome.reply is not None:
-                profiler.add("receive_decode", time.perf_counter() - start)
+            if profiler is not None:
+                profiler.add("send", send_s)  # the worker's, since its last outcome
+                if outcome.reply is not None:
+                    profiler.add("receive_decode", time.perf_counter() - start)
             future.set_result(outcome)
         elif kind == "conn":
             _, _, index, meta, error, _ = message
@@ -862,10 +895,22 @@ class ProcessSessionPool(PoolBase):
                 )
             return self._copiers[0]
 
+    def transport_cpu_s(self) -> float | None:
+        """CPU seconds the worker processes have used so far (all of them, live ones; Linux's ``/proc``), the
+        counterpart of SessionPool's loop thread for ``--profile``; None where it cannot be read."""
+        total = 0.0
+        for worker in self._workers:
+            process = worker.process
+            seconds = None if process is None else _process_cpu_s(process.pid)
+            if seconds is None:
+                return None
+            total += seconds
+        return total
+
     def set_profiler(self, profiler) -> None:
         """Time the encoding into the arenas and the hand-offs (the caller's side) and the parsing of the
-        replies into ``profiler`` (a :class:`dz_gym.profiling.StageProfiler`; None: stop). The workers'
-        sends are not timed."""
+        replies into ``profiler`` (a :class:`dz_gym.profiling.StageProfiler`; None: stop); the workers time
+        their sends and each outcome carries them here."""
         self._profiler = profiler
         for worker in self._workers:
             worker.profiler = profiler
