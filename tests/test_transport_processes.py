@@ -27,7 +27,8 @@ from dz_gym.testing.gated import GatedPolicy
 from dz_gym.testing.servers import ServerThread, free_port, gather, good, replying
 from dz_gym.transport import ProcessSessionPool, SessionPool, TransportConfig, open_pool
 from dz_gym.transport.arena import Extents
-from dz_gym.transport.processes import PARALLEL_COPY_BYTES, error_fields, rebuild_error
+from dz_gym.transport.messages import error_fields, rebuild_error
+from dz_gym.transport.processes import PARALLEL_COPY_BYTES
 from dz_gym.transport.session import request_pieces
 
 pytestmark = pytest.mark.timeout(120)

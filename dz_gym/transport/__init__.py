@@ -11,7 +11,9 @@ This is the I/O edge of dz-gym, in layers (each usable on its own, each importin
 - :mod:`~dz_gym.transport.pool` -- :class:`SessionPool`, the synchronous facade: the wrapper's default
   :class:`~dz_gym.policy_client.PolicyClient`;
 - :mod:`~dz_gym.transport.processes` -- :class:`ProcessSessionPool`, the same facade with the sessions spread
-  over worker processes (requests handed over in shared memory, :mod:`~dz_gym.transport.arena`);
+  over worker processes (requests handed over in shared memory, :mod:`~dz_gym.transport.arena`; each worker's
+  handle in this process :mod:`~dz_gym.transport.worker_handle`, the worker itself
+  :mod:`~dz_gym.transport.worker_process`, what they say to each other :mod:`~dz_gym.transport.messages`);
   :func:`open_pool` picks one of the two by ``TransportConfig.processes``.
 
 Every request comes back as a :class:`~dz_gym.policy_client.Outcome` (re-exported here).

@@ -1,0 +1,412 @@
+"""This process's side of one transport worker (:class:`WorkerHandle`, for
+:class:`~dz_gym.transport.ProcessSessionPool`): the process and its pipe, its shared-memory segments and their
+extents, the requests in flight and its sessions' connected flags; the worker process itself is
+:mod:`dz_gym.transport.worker_process`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import itertools
+import logging
+import multiprocessing
+import os
+import threading
+import time
+from multiprocessing import shared_memory
+from typing import Any
+
+from dz_gym.errors import ConnectionLost, DzGymError, WorkerError
+from dz_gym.policy_client import Outcome
+from dz_gym.protocol import parse_metadata
+from dz_gym.protocol.packer import pieces_size, write_pieces
+from dz_gym.transport.arena import Extents
+from dz_gym.transport.config import TransportConfig
+from dz_gym.transport.messages import config_fields, pack_message, rebuild_error, reply_outcome, unpack_message
+from dz_gym.transport.worker_process import worker_main
+
+__all__ = [
+    "ARENA_BYTES",
+    "FIRST_SEGMENT_BYTES",
+    "MAX_RESTARTS",
+    "START_TIMEOUT_S",
+    "STOP_GRACE_S",
+    "WorkerHandle",
+    "process_cpu_s",
+]
+
+logger = logging.getLogger("dz_gym.transport")
+
+START_TIMEOUT_S = 60.0
+"""Bound on a worker's start-up (a fresh interpreter importing the transport), and on each restart."""
+FIRST_SEGMENT_BYTES = 32 * 2**20
+"""A worker's first shared-memory segment; each further one doubles the worker's arena."""
+ARENA_BYTES = 2**30
+"""Default cap of one worker's shared memory (N = 1024 sessions of 0.5 MB over 2 workers need 256 MiB each)."""
+MAX_RESTARTS = 3
+_MIN_SEGMENT_BYTES = 2**16
+STOP_GRACE_S = 5.0  # a worker that answered "closed" (or died) exits within this
+
+
+def process_cpu_s(pid: int | None) -> float | None:
+    """User plus system CPU seconds of process ``pid`` (``/proc/PID/stat``), None where it cannot be read."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()  # after the command name, which may hold spaces
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def create_segment(size: int) -> shared_memory.SharedMemory:
+    """A shared-memory segment with its pages reserved now: on a full /dev/shm (tmpfs) this raises OSError,
+    where an unreserved segment would crash the writer (SIGBUS) at the first page that finds no room."""
+    segment = shared_memory.SharedMemory(create=True, size=size)
+    fd = getattr(segment, "_fd", -1)
+    if fd >= 0 and hasattr(os, "posix_fallocate"):
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError:
+            segment.close()
+            segment.unlink()
+            raise
+    return segment
+
+
+# ================================================================================== the worker process side
+@dataclasses.dataclass
+class _Pending:
+    """A request of this process's that a worker has not answered yet."""
+
+    kind: str  # "out" (infer), "conn", "reset", "closed"
+    future: concurrent.futures.Future
+    index: int
+    extent: tuple[int, int] | None = None  # (segment, offset) to free when it is answered
+    request_bytes: int = 0
+
+
+class WorkerHandle:
+    """This process's side of one worker process: the process, its pipe, its shared-memory segments and
+    extents, the requests in flight, and its sessions' connected flags. Holds no reference to the pool (so
+    a forgotten pool can be collected and its finalizer close the workers)."""
+
+    def __init__(self, number: int, sessions: list[tuple[int, str]], config: TransportConfig, *, concurrency: int,
+                 arena_bytes: int, start_timeout: float, max_restarts: int):  # fmt: skip
+        self.number = number
+        self.sessions = sessions
+        self.config = config
+        self.concurrency = concurrency
+        self.arena_bytes = arena_bytes
+        self.start_timeout = start_timeout
+        self.restarts_left = max_restarts
+        self.lock = threading.Lock()  # pending, extents, segments, alive, connected
+        self.send_lock = threading.Lock()  # one writer on the pipe at a time (taken inside ``lock``, never around)
+        self.pending: dict[int, _Pending] = {}
+        self.segments: list[shared_memory.SharedMemory] = []
+        self.extents: list[Extents] = []
+        self.connected = {i: False for i, _ in sessions}
+        self.no_room_warned = False
+        self.process: Any = None
+        self.conn: Any = None
+        self.reader: threading.Thread | None = None
+        self.generation = 0
+        self.alive = False
+        self.closing = False
+        self.death = ""
+        self.profiler = None
+
+    # -- life cycle ---------------------------------------------------------------------------------------
+    def spawn(self) -> None:
+        """Start the process and send its init message (wait for it with :meth:`wait_ready`)."""
+        ctx = multiprocessing.get_context("spawn")
+        parent_conn, child_conn = ctx.Pipe(duplex=True)
+        process = ctx.Process(target=worker_main, args=(child_conn,), name=f"dz-gym-transport-{self.number}",
+                              daemon=True)  # fmt: skip
+        process.start()
+        child_conn.close()  # only the child holds its end now: its death is our EOF
+        init = {
+            "config": config_fields(self.config),
+            "sessions": [[i, url] for i, url in self.sessions],
+            "concurrency": self.concurrency,
+            "segments": [[k, s.name] for k, s in enumerate(self.segments)],
+        }
+        parent_conn.send_bytes(pack_message(["init", init]))
+        self.process, self.conn = process, parent_conn
+
+    def wait_ready(self) -> None:
+        """Wait (bounded by ``start_timeout``) for the worker's ready message, then start the reader thread."""
+        conn, process = self.conn, self.process
+        try:
+            ready = conn.poll(self.start_timeout)
+            batch = unpack_message(conn.recv_bytes()) if ready else None
+        except (EOFError, OSError):
+            process.join(STOP_GRACE_S)
+            self._discard_process()
+            raise WorkerError(
+                f"transport worker {self.number} exited during start-up (exit code {process.exitcode})"
+            ) from None
+        if batch is None:
+            self._discard_process()
+            raise WorkerError(f"transport worker {self.number} did not start within {self.start_timeout:g} s")
+        with self.lock:
+            self.generation += 1
+            self.alive, self.death = True, ""
+            self.connected = dict.fromkeys(self.connected, False)
+        self.reader = threading.Thread(target=self._read, args=(conn, self.generation),
+                                       name=f"dz-gym-transport-reader-{self.number}", daemon=True)  # fmt: skip
+        self.reader.start()
+
+    def _discard_process(self) -> None:
+        process = self.process
+        if process is not None and process.is_alive():
+            process.kill()
+            process.join(STOP_GRACE_S)
+        if self.conn is not None:
+            self.conn.close()
+
+    def ensure_alive(self) -> None:
+        """Start a fresh worker if this one died (bounded; at most ``max_restarts`` times)."""
+        with self.lock:
+            if self.alive:
+                return
+            if self.closing:
+                raise WorkerError(f"transport worker {self.number}: the pool is closed")
+            if self.restarts_left <= 0:
+                raise WorkerError(f"transport worker {self.number} died ({self.death}) and was restarted too often")
+            self.restarts_left -= 1
+        logger.warning("restarting transport worker %d (%s)", self.number, self.death)
+        if self.reader is not None:
+            self.reader.join(STOP_GRACE_S)
+        self.spawn()
+        self.wait_ready()
+
+    def shutdown(self, close_timeout: float) -> None:
+        """Close the worker's sessions, join it (bounded; killed if it does not exit), fail what is left."""
+        with self.lock:
+            self.closing = True
+            alive = self.alive
+        if alive:
+            closed: concurrent.futures.Future = concurrent.futures.Future()
+            token = self._register(_Pending("closed", closed, -1))
+            if token is not None and self._write(["close", token]):
+                try:
+                    closed.result(close_timeout + STOP_GRACE_S)
+                except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
+                    logger.debug("transport worker %d did not close in time", self.number)
+        process = self.process
+        if process is not None:
+            process.join(STOP_GRACE_S)
+            if process.is_alive():
+                process.kill()
+                process.join(STOP_GRACE_S)
+        if self.conn is not None:
+            self.conn.close()
+        if self.reader is not None and self.reader is not threading.current_thread():
+            self.reader.join(STOP_GRACE_S)
+        self._fail_pending("the pool was closed")
+        for segment in self.segments:
+            try:
+                segment.close()
+            except BufferError:
+                pass
+            try:
+                segment.unlink()
+            except FileNotFoundError:
+                pass
+        self.segments, self.extents = [], []
+
+    # -- the pipe -----------------------------------------------------------------------------------------
+    def _write(self, message: list[Any]) -> bool:
+        """Send one message; False when the worker is gone (its reader thread then fails what is pending).
+
+        A write waits only while the worker's pipe is full; the worker drains it with a thread of its own."""
+        data = pack_message(message)
+        try:
+            with self.send_lock:
+                self.conn.send_bytes(data)
+            return True
+        except (OSError, ValueError):
+            return False
+
+    def _register(self, pending: _Pending) -> int | None:
+        """A token for ``pending`` (kept until the worker answers or dies); None when the worker is dead."""
+        with self.lock:
+            if not self.alive:
+                return None
+            token = next(TOKENS)
+            self.pending[token] = pending
+            return token
+
+    def _read(self, conn: Any, generation: int) -> None:
+        while True:
+            try:
+                batch = unpack_message(conn.recv_bytes())
+            except (EOFError, OSError):
+                break
+            for message in batch:
+                self._deliver(message)
+        self._died(generation)
+
+    def _deliver(self, message: list[Any]) -> None:
+        kind = message[0]
+        if kind == "ready":
+            return
+        token = message[1]
+        with self.lock:
+            pending = self.pending.pop(token, None)
+            if pending is None:
+                return
+            if pending.extent is not None:
+                seg, offset = pending.extent
+                self.extents[seg].free(offset)
+            if kind in ("out", "conn", "reset"):
+                self.connected[pending.index] = bool(message[-1])
+        future = pending.future
+        if kind == "out":
+            _, _, index, frame, stamps, error, send_s, _ = message
+            start = time.perf_counter()
+            outcome = reply_outcome(index, frame, stamps, error)
+            profiler = self.profiler
+            if profiler is not None:
+                profiler.add("send", send_s)  # the worker's, since its last outcome
+                if outcome.reply is not None:
+                    profiler.add("receive_decode", time.perf_counter() - start)
+            future.set_result(outcome)
+        elif kind == "conn":
+            _, _, index, meta, error, _ = message
+            if error is not None:
+                future.set_result((None, rebuild_error(error)))
+            else:
+                try:
+                    future.set_result((parse_metadata(meta), None))
+                except DzGymError as exc:
+                    future.set_result((None, exc))
+        elif kind == "reset":
+            future.set_result(None if message[3] is None else rebuild_error(message[3]))
+        elif kind == "closed":
+            future.set_result(None)
+
+    def _died(self, generation: int) -> None:
+        """The worker's pipe closed: fail every request it had in flight, at once."""
+        process = self.process
+        with self.lock:
+            if generation != self.generation or not self.alive:
+                return
+            self.alive = False
+            self.connected = dict.fromkeys(self.connected, False)
+        if process is not None:
+            process.join(STOP_GRACE_S)
+        code = None if process is None else process.exitcode
+        pid = None if process is None else process.pid
+        self.death = f"pid {pid}, exit code {code}"
+        if not self.closing:
+            logger.warning("transport worker %d exited (%s); its sessions are not connected", self.number, self.death)
+        self._fail_pending(
+            "the pool was closed" if self.closing else f"transport worker {self.number} exited ({self.death})"
+        )
+
+    def _fail_pending(self, why: str) -> None:
+        with self.lock:
+            pending, self.pending = list(self.pending.values()), {}
+            for item in pending:
+                if item.extent is not None:
+                    seg, offset = item.extent
+                    if seg < len(self.extents):
+                        self.extents[seg].free(offset)
+        for item in pending:
+            error = ConnectionLost(f"session {item.index}: {why}") if item.index >= 0 else None
+            if item.kind == "out":
+                item.future.set_result(Outcome.failed(item.index, error, request_bytes=item.request_bytes))
+            elif item.kind == "conn":
+                item.future.set_result((None, error))
+            elif item.kind == "reset":
+                item.future.set_result(error)
+            else:
+                item.future.set_result(None)
+
+    # -- requests -----------------------------------------------------------------------------------------
+    def place(self, index: int, pieces: list[memoryview], future: concurrent.futures.Future, batch: list) -> None:
+        """Register ``future`` and write the request into this worker's arena, its descriptor appended to
+        ``batch`` (sent by :meth:`send_descriptors`); without room it goes through the pipe now (``batch``
+        first, so one session's requests keep their order); a dead worker's fails at once."""
+        nbytes = pieces_size(pieces)
+        with self.lock:
+            if not self.alive:
+                why = f" (its transport worker exited: {self.death})" if self.death else ""
+                error = ConnectionLost(f"session {index} is not connected{why}")
+                future.set_result(Outcome.failed(index, error, request_bytes=nbytes))
+                return
+            spot = self._alloc(nbytes)
+            token = next(TOKENS)
+            if spot is not None:
+                seg, offset = spot
+                # written under the lock: a range is never handed out again while it is being written
+                write_pieces(pieces, self.segments[seg].buf, offset)
+                self.pending[token] = _Pending("out", future, index, spot, nbytes)
+                batch.append([token, index, seg, offset, nbytes])
+                return
+            self.pending[token] = _Pending("out", future, index, None, nbytes)
+        self.send_descriptors(batch)
+        batch.clear()
+        self._write(["sendb", token, index, b"".join(pieces)])
+
+    def _alloc(self, nbytes: int) -> tuple[int, int] | None:
+        """(segment, offset) of room for ``nbytes`` (caller holds the lock); a new segment when the arena
+        may grow; None when it is full."""
+        for seg, extents in enumerate(self.extents):
+            offset = extents.alloc(nbytes)
+            if offset is not None:
+                return seg, offset
+        have = sum(e.size for e in self.extents)
+        size = max(FIRST_SEGMENT_BYTES, have, 2 * nbytes)
+        size = min(size, self.arena_bytes - have)
+        if size < max(nbytes, _MIN_SEGMENT_BYTES):
+            self._warn_no_room(f"the arena's {self.arena_bytes} bytes are in use")
+            return None
+        try:
+            segment = create_segment(size)
+        except OSError as exc:
+            self._warn_no_room(f"a shared-memory segment of {size} bytes could not be made: {exc}")
+            return None
+        self.segments.append(segment)
+        self.extents.append(Extents(size))
+        seg = len(self.segments) - 1
+        self._write(["seg", seg, segment.name])  # before any descriptor that names it
+        return seg, self.extents[seg].alloc(nbytes)
+
+    def _warn_no_room(self, why: str) -> None:
+        if not self.no_room_warned:
+            self.no_room_warned = True
+            logger.warning("transport worker %d: %s; requests go through the pipe meanwhile", self.number, why)
+
+    def place_many(self, entries: list[tuple[int, list[memoryview], concurrent.futures.Future]]) -> None:
+        """:meth:`place` each ``(index, pieces, future)`` in order, then send their descriptors at once."""
+        batch: list[list] = []
+        for index, pieces, future in entries:
+            self.place(index, pieces, future, batch)
+        self.send_descriptors(batch)
+
+    def send_descriptors(self, descriptors: list[list]) -> None:
+        if descriptors:
+            self._write(["send", descriptors])
+
+    def request(self, kind: str, index: int, message: list[Any]) -> concurrent.futures.Future:
+        """Send a ``connect`` or ``reset`` for session ``index``; a future of its answer."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        token = self._register(_Pending(kind, future, index))
+        if token is None:
+            why = f" (its transport worker exited: {self.death})" if self.death else ""
+            error = ConnectionLost(f"session {index} is not connected{why}")
+            future.set_result((None, error) if kind == "conn" else error)
+            return future
+        if kind == "conn":
+            self._write(["connect", [[token, index]]])
+        else:
+            self._write(["reset", token, index, *message])
+        return future
+
+
+TOKENS = itertools.count(1)

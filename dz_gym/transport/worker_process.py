@@ -1,0 +1,210 @@
+"""A transport worker process (spawned by :class:`~dz_gym.transport.ProcessSessionPool`): its sessions on one
+asyncio loop, the requests read from the parent's shared-memory segments, the outcomes sent back over the pipe
+(:mod:`dz_gym.transport.messages`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import threading
+from multiprocessing import shared_memory
+from typing import Any
+
+from dz_gym.errors import DzGymError
+from dz_gym.protocol import packb
+from dz_gym.transport.config import TransportConfig
+from dz_gym.transport.heap import keep_freed_buffers
+from dz_gym.transport.messages import error_fields, pack_message, unpack_message
+from dz_gym.transport.session import AsyncSession
+
+__all__ = ["worker_main"]
+
+logger = logging.getLogger("dz_gym.transport")
+
+
+class FrameKeepingSession(AsyncSession):
+    """An AsyncSession whose replies keep their raw frame (sent back to the parent, which parses it again)."""
+
+    @staticmethod
+    def _parse_infer(frame: Any) -> Any:
+        return (AsyncSession._parse_infer(frame), frame)
+
+
+class SendClock:
+    """A worker's stand-in for the parent's profiler (AsyncSession times its sends into ``add``): the send
+    seconds since the last :meth:`take`, which the next outcome carries to the parent."""
+
+    def __init__(self) -> None:
+        self.send_s = 0.0
+
+    def add(self, stage: str, seconds: float) -> None:
+        if stage == "send":
+            self.send_s += seconds
+
+    def take(self) -> float:
+        seconds, self.send_s = self.send_s, 0.0
+        return seconds
+
+
+class WorkerLoop:
+    """The worker process: its sessions on one asyncio loop, fed by a thread reading the parent's pipe."""
+
+    def __init__(self, conn: Any, init: dict[str, Any]):
+        self.conn = conn
+        config = TransportConfig(**init["config"])
+        self.close_timeout = config.close_timeout
+        self.sessions = {int(i): FrameKeepingSession(url, config) for i, url in init["sessions"]}
+        self.sends = SendClock()  # the sends' time, reported with each outcome (the parent's --profile)
+        for session in self.sessions.values():
+            session.profiler = self.sends
+        self.concurrency = int(init["concurrency"])
+        self.segments: dict[int, shared_memory.SharedMemory] = {}
+        for seg, name in init["segments"]:
+            self._attach(seg, name)
+        self.outbox: list[Any] = []
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def _attach(self, seg: int, name: str) -> None:
+        # Attaching registers the name with the resource tracker that spawn shares with the parent (a set: the
+        # parent's unlink unregisters it once for both).
+        self.segments[int(seg)] = shared_memory.SharedMemory(name=name)
+
+    async def run(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.semaphore = asyncio.Semaphore(self.concurrency)
+        self.stopped = asyncio.Event()
+        threading.Thread(target=self._read, name="dz-gym-worker-pipe", daemon=True).start()
+        self.post(["ready", os.getpid()])
+        await self.stopped.wait()
+
+    def _read(self) -> None:
+        assert self.loop is not None
+        while True:
+            try:
+                data = self.conn.recv_bytes()
+            except (EOFError, OSError):
+                data = None
+            try:
+                self.loop.call_soon_threadsafe(self.handle, data)
+            except RuntimeError:  # the loop is gone
+                return
+            if data is None:
+                return
+
+    # -- messages from the parent -------------------------------------------------------------------------
+    def handle(self, data: bytes | None) -> None:
+        if data is None:  # the parent is gone: nobody is left to answer
+            self._spawn(self._close(None))
+            return
+        message = unpack_message(data)
+        kind = message[0]
+        if kind == "send":
+            for token, index, seg, offset, length in message[1]:
+                payload = self.segments[seg].buf[offset : offset + length]
+                self._spawn(self._send(token, index, payload))
+        elif kind == "sendb":
+            _, token, index, payload = message
+            self._spawn(self._send(token, index, payload))
+        elif kind == "seg":
+            self._attach(message[1], message[2])
+        elif kind == "connect":
+            for token, index in message[1]:
+                self._spawn(self._connect(token, index))
+        elif kind == "reset":
+            _, token, index, session_id = message
+            self._spawn(self._reset(token, index, session_id))
+        elif kind == "close":
+            self._spawn(self._close(message[1]))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _send(self, token: int, index: int, payload: Any) -> None:
+        session = self.sessions[index]
+        try:
+            outcome = await session.send(payload, index=index)
+        except BaseException as exc:  # noqa: BLE001 - cancelled at exit; the parent fails it on its own
+            if not isinstance(exc, asyncio.CancelledError):
+                logger.exception("session %d: send failed unexpectedly", index)
+            raise
+        finally:
+            if isinstance(payload, memoryview):
+                payload.release()  # the segment closes only once no view of it is left
+        kept = outcome.reply
+        frame = kept[1] if kept is not None else None
+        error = None if outcome.error is None else error_fields(outcome.error)
+        stamps = [outcome.sent_at, outcome.received_at, outcome.request_bytes, outcome.reconnects, outcome.retries]
+        self.post(["out", token, index, frame, stamps, error, self.sends.take(), session.connected])
+
+    async def _connect(self, token: int, index: int) -> None:
+        session = self.sessions[index]
+        try:
+            async with self.semaphore:
+                metadata = await session.connect()
+            self.post(["conn", token, index, packb(metadata.raw), None, session.connected])
+        except DzGymError as exc:
+            self.post(["conn", token, index, None, error_fields(exc), session.connected])
+        except Exception as exc:  # noqa: BLE001 - stays with its session, as in SessionPool
+            error = DzGymError(f"session {index}: connect failed: {type(exc).__name__}: {exc}")
+            self.post(["conn", token, index, None, error_fields(error), session.connected])
+
+    async def _reset(self, token: int, index: int, session_id: str | None) -> None:
+        session = self.sessions[index]
+        try:
+            await session.reset(session_id)
+            error = None
+        except DzGymError as exc:
+            error = error_fields(exc)
+        self.post(["reset", token, index, error, session.connected])
+
+    async def _close(self, token: int | None) -> None:
+        """Close every session (a request in flight ends with ConnectionLost and is reported), then stop."""
+        await asyncio.gather(*(s.close() for s in self.sessions.values()), return_exceptions=True)
+        others = [t for t in self.tasks if t is not asyncio.current_task()]
+        if others:
+            await asyncio.wait(others, timeout=self.close_timeout + 2.0)
+        for segment in self.segments.values():
+            try:
+                segment.close()
+            except BufferError:  # a send still holds a view: the exit unmaps it
+                pass
+        if token is not None:
+            self.post(["closed", token])
+            self.flush()
+        self.stopped.set()
+
+    # -- messages to the parent ---------------------------------------------------------------------------
+    def post(self, message: list[Any]) -> None:
+        """Queue ``message``; everything queued in one turn of the loop goes in one write."""
+        if not self.outbox:
+            assert self.loop is not None
+            self.loop.call_soon(self.flush)
+        self.outbox.append(message)
+
+    def flush(self) -> None:
+        if not self.outbox:
+            return
+        batch, self.outbox = self.outbox, []
+        try:
+            self.conn.send_bytes(pack_message(batch))
+        except (OSError, ValueError):  # the parent is gone
+            self.stopped.set()
+
+
+def worker_main(conn: Any) -> None:
+    """Entry point of a worker process (spawned): read the init message, run the loop until told to stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the parent's to handle; it closes us
+    keep_freed_buffers()  # frame-sized buffers (the masked copies) are reused, as in the parent
+    try:
+        message = unpack_message(conn.recv_bytes())
+    except (EOFError, OSError):
+        return
+    if not (isinstance(message, list) and message and message[0] == "init"):
+        return
+    asyncio.run(WorkerLoop(conn, message[1]).run())
