@@ -112,14 +112,7 @@ def encode_request(request: Any) -> Payload:
     """msgpack bytes of a request dict (bytes pass through); :class:`ProtocolError` for anything else."""
     if isinstance(request, (bytes, bytearray, memoryview)):
         return request
-    if not isinstance(request, dict):
-        raise ProtocolError(f"request: expected a dict or encoded bytes, got {type(request).__name__}")
-    try:
-        return packb(request)
-    except DzGymError:
-        raise
-    except (TypeError, ValueError) as exc:
-        raise ProtocolError(f"request could not be encoded: {exc}") from exc
+    return _encode_dict(request, packb)
 
 
 def request_pieces(request: Any) -> list[memoryview]:
@@ -127,10 +120,15 @@ def request_pieces(request: Any) -> list[memoryview]:
     caller's (:func:`dz_gym.protocol.packer.write_pieces`); same errors."""
     if isinstance(request, (bytes, bytearray, memoryview)):
         return [memoryview(request).cast("B")]
+    return _encode_dict(request, packb_pieces)
+
+
+def _encode_dict(request: Any, pack: Callable[[Any], Any]) -> Any:
+    """``pack(request)`` for a request dict; :class:`ProtocolError` for anything else or what cannot be encoded."""
     if not isinstance(request, dict):
         raise ProtocolError(f"request: expected a dict or encoded bytes, got {type(request).__name__}")
     try:
-        return packb_pieces(request)
+        return pack(request)
     except DzGymError:
         raise
     except (TypeError, ValueError) as exc:
