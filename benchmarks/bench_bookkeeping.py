@@ -7,7 +7,10 @@ was about 35 ms per batch step. To see it without a simulator's cost, :class:`Fa
 observations of the real shapes (three 180x320x3 uint8 views, joints, gripper) from preallocated arrays, and
 the evaluator runs through its public path (:func:`dz_gym.eval.evaluate.evaluate` with ``profile=True``,
 trajectories written, videos off) against a ``hold`` server in another process. Every env runs one episode
-of ``--max-steps`` steps, so all N episodes end at the same step, as in the GPU benchmark.
+of ``--max-steps`` steps, so all N episodes end at the same step, as in the GPU benchmark. ``--prefetch K`` and
+``--simulated-delay D`` set the chunk schedule's latency hiding as ``dz-gym-eval``'s flags do (``--prefetch 4
+--simulated-delay 4``: the locked mode, requests sent four steps before their window ends and applied exactly
+four steps later, so the transport works while the envs step).
 
 It prints, per N, the profile's ``bookkeeping`` (and ``scatter``, ``encode``) in ms per batch step. With
 ``--baseline REF`` it runs the same measurement on the tree of git revision ``REF`` too (checked out into a
@@ -17,6 +20,7 @@ temporary worktree, its own child process), interleaved with this tree's runs, a
 Usage::
 
     python benchmarks/bench_bookkeeping.py [--sizes 256,1024] [--max-steps 64] [--repeats 2] [--baseline main]
+        [--prefetch 4 --simulated-delay 4]
 """
 
 from __future__ import annotations
@@ -86,9 +90,17 @@ class FastDroidEnv(BatchedDroidEnv):
         self._closed = True
 
 
-def measure(url: str, num_envs: int, max_steps: int, cprofile: str | None = None) -> dict:
-    """One evaluator run of ``num_envs`` episodes on as many :class:`FastDroidEnv` envs: the profile's
-    stages in ms per batch step, and the run's wall time and env-steps/s."""
+def measure(
+    url: str,
+    num_envs: int,
+    max_steps: int,
+    cprofile: str | None = None,
+    prefetch: int = 0,
+    simulated_delay: int | None = None,
+) -> dict:
+    """One evaluator run of ``num_envs`` episodes on as many :class:`FastDroidEnv` envs (``prefetch`` and
+    ``simulated_delay``: the chunk schedule's): the profile's stages in ms per batch step, and the run's wall
+    time and env-steps/s."""
     from dz_gym.eval.config import EvalConfig
     from dz_gym.eval.evaluate import evaluate
     from dz_gym.eval.rundir import RunDir
@@ -97,7 +109,7 @@ def measure(url: str, num_envs: int, max_steps: int, cprofile: str | None = None
         return FastDroidEnv(config.num_envs, scene_id, max_episode_length=config.max_steps)
 
     config = EvalConfig(scenes=[1], episodes=num_envs, num_envs=num_envs, max_steps=max_steps, video=False,
-                        report=False, profile=True)  # fmt: skip
+                        report=False, profile=True, prefetch=prefetch, simulated_delay=simulated_delay)  # fmt: skip
     with tempfile.TemporaryDirectory() as root:
         run_dir = RunDir.create(root, config)
         profiler = None
@@ -127,8 +139,8 @@ def _child(args) -> int:
     serve = ["--policy", "hold", "--workers", "8", "--quiet"]
     with start_server_process(serve) as server:
         url = server.url + "/v1/realtime/robot/openpi"
-        results = {n: measure(url, n, args.max_steps, args.cprofile if n == args.cprofile_n else None)
-                   for n in args.sizes}  # fmt: skip
+        results = {n: measure(url, n, args.max_steps, args.cprofile if n == args.cprofile_n else None,
+                              args.prefetch, args.simulated_delay) for n in args.sizes}  # fmt: skip
     print(json.dumps(results))
     return 0
 
@@ -137,7 +149,9 @@ def _run_tree(tree: Path, args, cprofile_n: int = 0, cprofile: str = "") -> dict
     """This benchmark's child run on the package of ``tree`` (its own process), the results per N."""
     env = dict(os.environ, PYTHONPATH=str(tree))
     cmd = [sys.executable, str(HERE / "bench_bookkeeping.py"), "--child", "--sizes", ",".join(map(str, args.sizes)),
-           "--max-steps", str(args.max_steps)]  # fmt: skip
+           "--max-steps", str(args.max_steps), "--prefetch", str(args.prefetch)]  # fmt: skip
+    if args.simulated_delay is not None:
+        cmd += ["--simulated-delay", str(args.simulated_delay)]
     if cprofile_n:
         cmd += ["--cprofile-n", str(cprofile_n), "--cprofile", cprofile]
     proc = subprocess.run(cmd, env=env, cwd=tree, stdout=subprocess.PIPE, timeout=3600, check=True, text=True)
@@ -148,6 +162,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=lambda s: [int(v) for v in s.split(",")], default=[256, 1024])
     parser.add_argument("--max-steps", type=int, default=64, help="steps per episode (every env runs one)")
+    parser.add_argument("--prefetch", type=int, default=0, help="ask for the next chunk this many actions early")
+    parser.add_argument("--simulated-delay", type=int, default=None, help="apply each reply exactly this many steps on")
     parser.add_argument("--repeats", type=int, default=1, help="runs per tree, interleaved")
     parser.add_argument("--baseline", default=None, help="git revision to compare against (e.g. main)")
     parser.add_argument("--cprofile-n", type=int, default=0, help="write this tree's run at this N under cProfile")
@@ -172,7 +188,10 @@ def main() -> int:
             for name, path in trees.items():
                 profile_n = args.cprofile_n if name == "this tree" and repeat == 0 else 0
                 results[name].append(_run_tree(path, args, profile_n, args.cprofile))
-    print(f"{args.max_steps}-step episodes, one per env (all end at the same step), hold server, trajectories "
+    mode = f"prefetch {args.prefetch}" + (
+        "" if args.simulated_delay is None else f", simulated delay {args.simulated_delay}"
+    )
+    print(f"{args.max_steps}-step episodes, one per env (all end at the same step), hold server, {mode}, trajectories "
           f"written, no videos; ms per batch step (median of {args.repeats} run(s) per tree)")  # fmt: skip
     print(f"{'tree':<16} {'N':>5} " + " ".join(f"{s:>11}" for s in STAGES) + f" {'env-steps/s':>11}")
     medians: dict[str, dict[int, dict]] = {}
