@@ -125,3 +125,44 @@ def test_nothing_is_written_after_a_failure_even_once_it_was_raised():
     writer.submit(1, 2, None, {}, {"episode": 2})  # the caller went on: still not written
     writer.close()
     assert fake.events == []
+
+
+def _general_to_json(value):
+    """The conversion by the isinstance chain alone (what rundir._to_json's type shortcuts must equal)."""
+    from collections.abc import Mapping
+    from pathlib import Path
+
+    if isinstance(value, Mapping):
+        return {str(k): _general_to_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_general_to_json(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return _general_to_json(value.tolist())
+    if isinstance(value, np.generic):
+        return _general_to_json(value.item())
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def test_row_json_conversion_equals_the_general_one():
+    import collections
+    import json
+    from pathlib import Path
+
+    from dz_gym.eval.rundir import _to_json
+
+    class Key(str):
+        pass
+
+    nan = float("nan")
+    cases = [1, 1.5, nan, np.float64(nan), np.float32(2.5), np.int64(3), np.bool_(True), True, None, "x", Key("y"),
+             (1, nan, np.int64(2)), [np.arange(3), {"a": nan}], {1: 2, False: 3, None: [1.0, nan], Key("k"): np.zeros(2)},
+             collections.OrderedDict(a=1, b=(nan,)), Path("/a/b"), {"m": {"lift": None, "x": 3}}, {2.5: "f"},
+             [[1.0, 2.0], (np.float32(1),)], np.array([[1, 2]]), {"latencies_ms": [0.5, 1.25], "error": None}]  # fmt: skip
+    for value in cases:
+        got, want = _to_json(value), _general_to_json(value)
+        assert json.dumps(got, allow_nan=False) == json.dumps(want, allow_nan=False)
+        assert type(got) is type(want)

@@ -48,8 +48,30 @@ def episode_name(scene: int, episode: int, arm: str | None = None) -> str:
     return f"scene{int(scene)}_ep{int(episode):04d}" + (f"_{arm}" if arm else "")
 
 
+_PLAIN = frozenset({str, int, bool, type(None)})  # returned as they are
+
+
 def _to_json(value: Any) -> Any:
-    """Plain JSON types for numpy scalars/arrays, tuples and paths (NaN becomes null)."""
+    """Plain JSON types for numpy scalars/arrays, tuples and paths (NaN becomes null).
+
+    The plain types (exactly ``str``, ``int``, ``bool``, ``None``, a float, a dict, a list or a tuple) are told
+    by their type first, before the ``isinstance`` chain (``Mapping`` is an abstract class: each check of it
+    is slow): the episode writer converts every row it appends, about 70 values a row, on a thread that
+    shares the interpreter lock with the stepping loop."""
+    kind = type(value)
+    if kind in _PLAIN:
+        return value
+    if kind is float:
+        return value if value == value else None
+    if kind is dict:
+        return {k if type(k) is str else str(k): v if type(v) in _PLAIN else _to_json(v) for k, v in value.items()}
+    if kind is list or kind is tuple:
+        return [v if type(v) in _PLAIN or (type(v) is float and v == v) else _to_json(v) for v in value]
+    return _to_json_any(value)
+
+
+def _to_json_any(value: Any) -> Any:
+    """:func:`_to_json` of a value of any other type."""
     if isinstance(value, Mapping):
         return {str(k): _to_json(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
