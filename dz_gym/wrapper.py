@@ -487,8 +487,9 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
     def _advance_policy(self, policy_obs) -> StepRecord:
         """Send due requests, take in replies, wait where an env cannot step without its reply."""
         record = StepRecord.empty(self.num_envs)
-        if self._in_flight:
-            self._take_replies(list(self._in_flight), False, record)
+        finished = [env_id for env_id, flight in self._in_flight.items() if flight.future.done()]
+        if finished:  # (with prefetch most of the envs are in flight at most steps, few of them finished)
+            self._take_replies(finished, False, record)
 
         due = np.flatnonzero(self._schedule.requests_due() & ~self._idle).tolist()
         if self._admission.waiting:
@@ -520,20 +521,20 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
 
     def _take_replies(self, env_ids: list[int], block: bool, record: StepRecord) -> None:
         """Settle the finished requests of ``env_ids`` into ``record`` (waiting for them when ``block``)."""
-        futures = [self._in_flight[i].future for i in env_ids if i in self._in_flight]
-        if block and futures:
+        flights = [(i, flight) for i in env_ids if (flight := self._in_flight.get(i)) is not None]
+        if block and flights:
             # The client bounds each request; this bound only guards against a reply that never resolves. The
             # wait runs in slices of at most a second so a stop signal's handler runs promptly whichever thread
             # the signal reached.
             deadline = time.monotonic() + self._reply_bound
-            pending = set(futures)
+            pending = {flight.future for _, flight in flights}
             while pending and (left := deadline - time.monotonic()) > 0:
                 _, pending = concurrent.futures.wait(pending, timeout=min(left, 1.0))
+        if not block:
+            flights = [(i, flight) for i, flight in flights if flight.future.done()]
         # replies before failures, so a refusal is told with the sessions admitted in the same step counted
-        for env_id in sorted(env_ids, key=self._settles_late):
-            flight = self._in_flight.get(env_id)
-            if flight is None or (not block and not flight.future.done()):
-                continue
+        flights.sort(key=lambda item: not item[1].future.done() or item[1].future.result().error is not None)
+        for env_id, flight in flights:
             del self._in_flight[env_id]
             if not flight.future.done():
                 flight.future.cancel()
@@ -541,10 +542,6 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
                 self._settle_failure(env_id, flight.token, error, np.nan, record)
                 continue
             self._settle(env_id, flight.token, flight.future.result(), record)
-
-    def _settles_late(self, env_id: int) -> bool:
-        future = self._in_flight[env_id].future if env_id in self._in_flight else None
-        return future is None or not future.done() or future.result().error is not None
 
     def _settle(self, env_id: int, token: int, outcome: Outcome, record: StepRecord) -> None:
         """Apply one finished request's outcome: deliver its chunk, or record its failure."""
