@@ -38,7 +38,9 @@ N = 1024, prefetch >= 92 % of the bound at N = 256, N/s_N >= 4,261 at N = 256.
 
 ``--modes`` picks the evaluator modes (``--modes ""``: s_N only), ``--renderer KEY=VALUE`` sets a field of the
 three views' ``NewtonWarpRendererCfg`` (tile size, traversal order, block size: each variant compiles its own
-render kernels), ``--transport-processes P`` spreads the evaluator's sessions over P processes.
+render kernels), ``--override env.KEY=VALUE`` any field of the task's config (an Isaac Lab Hydra override,
+checked against the config's fields: e.g. ``env.sim.physics.bvh_constructor_geometry=sah``, the mesh BVH the
+renderer casts against), ``--transport-processes P`` spreads the evaluator's sessions over P processes.
 
 Usage (the GPU host; Isaac Lab 3.0 installed by ``scripts/setup_isaac3.sh``)::
 
@@ -97,11 +99,18 @@ def renderer_overrides(settings: list[str]) -> list[str]:
     return [f"env.scene.{camera}.renderer_cfg.{item}" for item in settings for camera in droid.CAMERA_KEYS]
 
 
-def _isaac_env(num_envs: int, max_steps: int, device: str, scene: int = 1, renderer: list[str] | None = None):
+def _isaac_env(
+    num_envs: int,
+    max_steps: int,
+    device: str,
+    scene: int = 1,
+    renderer: list[str] | None = None,
+    overrides: list[str] | None = None,
+):
     from dz_gym.envs.isaac import make_env
 
     env = make_env(TASKS[scene], num_envs=num_envs, device=device, seed=0, close_app_on_close=False,
-                   cfg_overrides=renderer_overrides(renderer or []))  # fmt: skip
+                   cfg_overrides=renderer_overrides(renderer or []) + list(overrides or []))  # fmt: skip
     env.max_episode_length = max_steps
     return env
 
@@ -117,7 +126,7 @@ def child(args) -> dict:
     before = _gpu_used()
     start = time.perf_counter()
     if backend == "isaac":
-        env = _isaac_env(n, args.max_steps, args.device, args.scene, args.renderer)
+        env = _isaac_env(n, args.max_steps, args.device, args.scene, args.renderer, args.override)
         scene = env.task.key
     else:
         env = bench_eval.make_env(n, args.max_steps, args.scene)
@@ -220,6 +229,8 @@ def run_child(backend: str, n: int, args, scene: int = 1) -> dict | None:
                "--transport-processes", str(args.transport_processes), "--profile" if args.profile else "--no-profile"]  # fmt: skip
     for item in args.renderer:
         command += ["--renderer", item]
+    for item in args.override:
+        command += ["--override", item]
     start = time.perf_counter()
     proc = subprocess.run(command, capture_output=True, text=True, timeout=args.child_timeout, check=False)
     for line in proc.stdout.splitlines():
@@ -246,7 +257,7 @@ def report(results: list[dict], args) -> bool:
     print(f"L={args.latency_ms:.0f} ms, {args.max_steps}-step episodes, policy hold, W=N server workers, prefetch "
           f"K={args.prefetch} (locked: --simulated-delay K too); raw = N/s_N (the simulator alone, views 1 step in "
           f"8), raw all = N/s_N all (every step); transport processes {args.transport_processes}; renderer "
-          f"{' '.join(args.renderer) or 'defaults'}")  # fmt: skip
+          f"{' '.join(args.renderer) or 'defaults'}; overrides {' '.join(args.override) or 'none'}")  # fmt: skip
     cols = ["s_N ms", "s_all ms", "raw", "raw all", "GPU MiB", "bound"]
     for mode in modes:
         cols += [mode, "of bnd", "of raw"]
@@ -332,6 +343,14 @@ def main() -> int:
         default=[],
         metavar="KEY=VALUE",
         help="a setting of the three views' NewtonWarpRendererCfg (repeatable), e.g. tile_rendering_width=16",
+    )
+    parser.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="env.KEY=VALUE",
+        help="an Isaac Lab Hydra override of the task's config (repeatable), e.g. "
+        "env.sim.physics.bvh_constructor_geometry=sah",
     )
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--scene", type=int, default=1, help=argparse.SUPPRESS)
