@@ -6,7 +6,8 @@ One config class per scene (:class:`DroidScene1EnvCfg` ...), all from :class:`Dr
   MJCF (:mod:`dz_gym.envs.isaac_droid3.assets`), the robot's base at each env origin; two fixed external
   cameras and the wrist camera, with the embedded simulator's poses and fields of view
   (:mod:`dz_gym.envs.mujoco.cameras`), rendered by ``NewtonWarpRendererCfg`` (Warp ray casting on CUDA:
-  no Isaac Sim, no RT cores); a distant light and the renderer's ambient term;
+  no Isaac Sim, no RT cores); the renderer lights them with its own directional light and ambient term (the
+  scene's distant light prim is for other renderers: the Newton Warp renderer does not read USD lights);
 - **physics**: ``NewtonCfg`` with the MuJoCo-Warp solver, ``dt`` 1/120 s with 4 substeps and decimation 8
   (15 Hz control, 2.08 ms physics steps; the MuJoCo backend takes 2.02 ms), CUDA graph capture on;
 - **actions**: 7 absolute joint-position targets (implicit PD, kp 400, kd 80, the MJCF's gains and force
