@@ -111,8 +111,9 @@ def scene_batch(
 
                     profiler = ProfileRun(scene, runner_kwargs["run_dir"])
                 wrapper = _wrapper(env, config, slot_servers, client, None if profiler is None else profiler.profiler)
-                for i in range(wrapper.num_envs):
-                    server_metadata.setdefault(wrapper.server_url(i), metadata_dict(wrapper.server_metadata[i]))
+                for i in range(wrapper.num_envs):  # each server's metadata once (N envs share a few servers)
+                    if (url := wrapper.server_url(i)) not in server_metadata:
+                        server_metadata[url] = metadata_dict(wrapper.server_metadata[i])
                 runner = SceneRunner(wrapper, scene=scene, queues=queues, max_steps=config.max_steps,
                                      backend=config.backend, on_episode_start=getattr(client, "begin_episode", None),
                                      episode_retries=config.episode_retries, **runner_kwargs)  # fmt: skip
