@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from dz_gym.profiling import StageProfiler
-from dz_gym.requests import assemble_requests, proprio, resized_views
+from dz_gym.requests import HostMemory, assemble_requests, proprio, resized_views
 
 __all__ = ["device_sync", "encoded_size", "instrument_env", "server_ms", "timed_requests"]
 
@@ -58,10 +58,11 @@ def timed_requests(
     session_ids: Sequence[str],
     image_resolution: tuple[int, int] | None,
     image_keys: Mapping[str, str] | None,
+    host_memory: HostMemory | None = None,
 ) -> dict[int, dict]:
     """:func:`dz_gym.requests.build_requests`, its parts timed (see the module docstring)."""
     with profiler.stage("gpu_to_host" if image_resolution is None else "preprocess"):
-        views = resized_views(policy, env_ids, image_resolution)
+        views = resized_views(policy, env_ids, image_resolution, host_memory=host_memory)
     with profiler.stage("gpu_to_host"):
         joints, gripper = proprio(policy)
     with profiler.stage("build"):

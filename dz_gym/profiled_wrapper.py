@@ -116,7 +116,8 @@ class ProfiledPolicyWrapper(DreamZeroPolicyWrapper):
     def _requests(self, policy_obs, due: list[int]) -> dict[int, dict]:
         requests = timed_requests(self.profiler, policy_obs, due, prompts=self.prompts,
                                   session_ids=self._schedule.session_ids, image_resolution=self.image_resolution,
-                                  image_keys=getattr(self.env.unwrapped, "request_image_keys", None))  # fmt: skip
+                                  image_keys=getattr(self.env.unwrapped, "request_image_keys", None),
+                                  host_memory=self._host_memory)  # fmt: skip
         self._sent_bytes += sum(encoded_size(request) for request in requests.values())
         return requests
 

@@ -9,7 +9,7 @@ joint and gripper positions as float64, zero cartesian position, prompt, session
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -61,14 +61,26 @@ def contiguous_runs(env_ids: Sequence[int]) -> list[tuple[int, int]]:
     return runs
 
 
+HostMemory = Callable[[int], "np.ndarray | None"]
+"""Where GPU views may be copied to: ``nbytes`` -> a writable uint8 array of that size, or None (no room);
+e.g. :meth:`dz_gym.transport.host_views.HostViews.alloc`, memory the transport's workers read directly."""
+
+
 def resized_views(
-    policy: Mapping[str, Any], env_ids: Sequence[int], image_resolution: tuple[int, int] | None
+    policy: Mapping[str, Any],
+    env_ids: Sequence[int],
+    image_resolution: tuple[int, int] | None,
+    *,
+    host_memory: HostMemory | None = None,
 ) -> dict[str, np.ndarray]:
     """The three views of ``env_ids`` (in sorted order), resized with pad to ``image_resolution``.
 
     Full-resolution images are never gathered: each run of consecutive env ids is resized through a slice
     (a view of the batch, on its device). GPU tensors stay there until every camera's part is ready, then go
-    to the host in one transfer into page-locked memory (:func:`_to_host`): a single synchronisation.
+    to the host in one transfer (:func:`_to_host`): a single synchronisation, into ``host_memory`` where it
+    has room, else into page-locked memory of this process. Host views go into ``host_memory`` too where
+    it has room (one copy of the batch, which a transport in another process would otherwise make of each
+    request); without it they are the arrays themselves.
     """
     runs = contiguous_runs(env_ids)
     parts: dict[str, list[Any]] = {}
@@ -82,24 +94,64 @@ def resized_views(
             blocks.append(block)
         parts[camera] = blocks
     if any(getattr(block, "is_cuda", False) for blocks in parts.values() for block in blocks):
-        return _to_host(parts)
+        return _to_host(parts, host_memory)
+    if host_memory is not None and (gathered := _gather(parts, host_memory)) is not None:
+        return gathered
     return {camera: to_numpy(blocks[0]) if len(blocks) == 1 else np.concatenate([to_numpy(b) for b in blocks])
             for camera, blocks in parts.items()}  # fmt: skip
 
 
-def _to_host(parts: Mapping[str, Sequence[Any]]) -> dict[str, np.ndarray]:
+def _layout(parts: Mapping[str, Sequence[Any]]) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:
+    """Each camera's stacked shape and element count."""
+    shapes = {camera: (sum(int(b.shape[0]) for b in blocks), *blocks[0].shape[1:]) for camera, blocks in parts.items()}
+    return shapes, {camera: int(np.prod(shape)) for camera, shape in shapes.items()}
+
+
+def _gather(parts: Mapping[str, Sequence[Any]], host_memory: HostMemory) -> dict[str, np.ndarray] | None:
+    """Host views (numpy arrays or host tensors) copied into one block of ``host_memory``, each camera's
+    rows one C-contiguous view of it; None when it has no room. The copy a transport in another process
+    would otherwise make of each request, made once here for the batch."""
+    shapes, sizes = _layout(parts)
+    first = to_numpy(next(iter(parts.values()))[0])
+    total = sum(sizes.values())
+    block = host_memory(total * first.dtype.itemsize) if total > 0 else None
+    if block is None:
+        return None
+    block = block.view(first.dtype)
+    out, offset = {}, 0
+    for camera, blocks in parts.items():
+        target = block[offset : offset + sizes[camera]].reshape(shapes[camera])
+        row = 0
+        for part in blocks:
+            array = to_numpy(part)
+            np.copyto(target[row : row + array.shape[0]], array)
+            row += array.shape[0]
+        out[camera] = target
+        offset += sizes[camera]
+    return out
+
+
+def _to_host(parts: Mapping[str, Sequence[Any]], host_memory: HostMemory | None = None) -> dict[str, np.ndarray]:
     """Each camera's GPU blocks as one host array, all cameras in one buffer and one transfer.
 
-    The blocks are copied asynchronously into a fresh page-locked host buffer (PyTorch's host allocator reuses
-    such buffers once the arrays that view them are gone), and the copies are waited for once. The arrays
-    returned are views of that buffer (each C-contiguous). Host tensors do not come here: their arrays are
-    the tensors' own memory (a copy through torch would also wake its intra-op threads)."""
+    The buffer is one block of ``host_memory`` when it gives one (memory the transport's workers read, so
+    that this copy is the caller's only one), else a fresh page-locked buffer (PyTorch's host allocator
+    reuses such buffers once the arrays that view them are gone). The blocks are copied asynchronously and
+    waited for once. The arrays returned are views of that buffer (each C-contiguous; each keeps the buffer
+    alive). Host tensors do not come here from :func:`resized_views`: their arrays are the tensors' own
+    memory (a copy through torch would also wake its intra-op threads)."""
     import torch
 
     first = next(iter(parts.values()))[0]
-    shapes = {camera: (sum(int(b.shape[0]) for b in blocks), *blocks[0].shape[1:]) for camera, blocks in parts.items()}
-    sizes = {camera: int(np.prod(shape)) for camera, shape in shapes.items()}
-    host = torch.empty(sum(sizes.values()), dtype=first.dtype, pin_memory=True)
+    shapes, sizes = _layout(parts)
+    total = sum(sizes.values())
+    dtype = np.dtype(str(first.dtype).removeprefix("torch."))
+    shared = host_memory(total * dtype.itemsize) if host_memory is not None and total > 0 else None
+    if shared is not None:
+        shared = shared.view(dtype)
+        host = torch.from_numpy(shared)
+    else:
+        host = torch.empty(total, dtype=first.dtype, pin_memory=bool(getattr(first, "is_cuda", False)))
     out, offset = {}, 0
     for camera, blocks in parts.items():
         target = host[offset : offset + sizes[camera]].view(shapes[camera])
@@ -108,10 +160,14 @@ def _to_host(parts: Mapping[str, Sequence[Any]]) -> dict[str, np.ndarray]:
             rows = int(block.shape[0])
             target[row : row + rows].copy_(block, non_blocking=True)
             row += rows
-        out[camera] = target
+        out[camera] = (offset, target)
         offset += sizes[camera]
-    torch.cuda.current_stream(first.device).synchronize()
-    return {camera: tensor.numpy() for camera, tensor in out.items()}
+    if getattr(first, "is_cuda", False):
+        torch.cuda.current_stream(first.device).synchronize()
+    if shared is not None:  # views of the block itself, which release it when the last of them goes
+        return {camera: shared[start : start + sizes[camera]].reshape(shapes[camera])
+                for camera, (start, _) in out.items()}  # fmt: skip
+    return {camera: tensor.numpy() for camera, (_, tensor) in out.items()}
 
 
 def assemble_requests(
@@ -148,14 +204,16 @@ def build_requests(
     session_ids: Sequence[str],
     image_resolution: tuple[int, int] | None,
     image_keys: Mapping[str, str] | None = None,
+    host_memory: HostMemory | None = None,
 ) -> dict[int, dict]:
     """Infer requests for ``env_ids`` (keyed by env id); ``prompts``/``session_ids`` are indexed by env id.
 
     ``image_keys`` maps each camera to its request key (default ``droid.REQUEST_IMAGE_KEYS``; an env whose
-    task sends another camera as the first exterior view says so with its ``request_image_keys``)."""
+    task sends another camera as the first exterior view says so with its ``request_image_keys``).
+    ``host_memory``: where GPU views are copied to (:func:`resized_views`)."""
     if len(env_ids) == 0:
         return {}
-    views = resized_views(policy, env_ids, image_resolution)
+    views = resized_views(policy, env_ids, image_resolution, host_memory=host_memory)
     joints, gripper = proprio(policy)
     return assemble_requests(views, joints, gripper, env_ids, prompts=prompts, session_ids=session_ids,
                              image_keys=image_keys)  # fmt: skip

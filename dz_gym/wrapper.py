@@ -102,7 +102,7 @@ from dz_gym.requests import (
     to_numpy,
     validate_policy_obs,
 )
-from dz_gym.transport import SessionPool, TransportConfig
+from dz_gym.transport import TransportConfig, open_pool
 from dz_gym.transport.rules import breaks_connection
 
 __all__ = [
@@ -223,7 +223,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
             self.embedded_server = EmbeddedServer(policy).start()
             servers = [self.embedded_server.url]
         try:
-            self._client = client if client is not None else SessionPool(servers, self.num_envs, transport)
+            self._client = client if client is not None else open_pool(servers, self.num_envs, transport)
         except BaseException:
             self._stop_embedded()
             raise
@@ -517,7 +517,15 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         """The requests of the ``due`` envs (keyed by env id)."""
         return build_requests(policy_obs, due, prompts=self.prompts, session_ids=self._schedule.session_ids,
                               image_resolution=self.image_resolution,
-                              image_keys=getattr(self.env.unwrapped, "request_image_keys", None))  # fmt: skip
+                              image_keys=getattr(self.env.unwrapped, "request_image_keys", None),
+                              host_memory=self._host_memory)  # fmt: skip
+
+    @property
+    def _host_memory(self):
+        """Where GPU views go to the host: the client's shared view memory where it has some (a
+        :class:`~dz_gym.transport.ProcessSessionPool`'s, read by its workers directly), else None."""
+        views = getattr(self._client, "host_views", None)
+        return None if views is None else views.alloc
 
     def _take_replies(self, env_ids: list[int], block: bool, record: StepRecord) -> None:
         """Settle the finished requests of ``env_ids`` into ``record`` (waiting for them when ``block``)."""

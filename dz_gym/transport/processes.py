@@ -16,6 +16,10 @@ How the bytes move (no pickle for anything per request):
   done (its outcome: until then it may re-send the request on a fresh connection). A worker's segments grow
   by doubling up to ``arena_bytes`` per worker; a request that finds no room then (or where /dev/shm cannot
   hold a segment) goes through the pipe as bytes instead: nothing waits for room.
+- A request whose large pieces (the views) lie in the pool's view memory (:attr:`ProcessSessionPool.host_views`,
+  where the wrapper copies a GPU batch's views to) is not copied here at all: its descriptor names those
+  ranges and carries the small pieces inline, the worker joins the frame, tells this process it took the
+  bytes (the block is then free once the caller's arrays of it are gone too) and sends it.
 - The worker answers with the raw reply frame and the outcome's stamps, counts and error (type name, message
   and the fields its class needs, rebuilt from :mod:`dz_gym.errors` here); this process parses the frame with
   the parser AsyncSession uses, so the reply is the one SessionPool gives.
@@ -50,6 +54,7 @@ from dz_gym.protocol.contract import releases_sessions
 from dz_gym.protocol.packer import pieces_size
 from dz_gym.transport.base import PoolBase
 from dz_gym.transport.config import TransportConfig, check_pool_args
+from dz_gym.transport.host_views import VIEWS_BYTES, HostViews
 from dz_gym.transport.session import request_pieces
 from dz_gym.transport.worker_handle import (
     ARENA_BYTES,
@@ -58,6 +63,7 @@ from dz_gym.transport.worker_handle import (
     START_TIMEOUT_S,
     STOP_GRACE_S,
     WorkerHandle,
+    create_segment,
     process_cpu_s,
 )
 
@@ -76,7 +82,7 @@ class ProcessSessionPool(PoolBase):
     (see the module docstring). Methods are thread-safe; every call is bounded by the config.
 
     ``processes``: how many workers (at most one per session). ``arena_bytes``: the most shared memory of one
-    worker. ``start_timeout``: bound on a worker's start-up. ``max_restarts``: how often a dead worker is
+    worker. ``views_bytes``: the most shared memory of :attr:`host_views` (0: none). ``start_timeout``: bound on a worker's start-up. ``max_restarts``: how often a dead worker is
     restarted by ``connect``/``reconnect``.
     """
 
@@ -88,6 +94,7 @@ class ProcessSessionPool(PoolBase):
         *,
         processes: int = 2,
         arena_bytes: int = ARENA_BYTES,
+        views_bytes: int = VIEWS_BYTES,
         start_timeout: float = START_TIMEOUT_S,
         max_restarts: int = MAX_RESTARTS,
     ):
@@ -96,13 +103,22 @@ class ProcessSessionPool(PoolBase):
             raise ValueError(f"processes: expected an int >= 1, got {processes!r}")
         if not isinstance(arena_bytes, int) or isinstance(arena_bytes, bool) or arena_bytes < 0:
             raise ValueError(f"arena_bytes: expected an int >= 0, got {arena_bytes!r}")
+        if not isinstance(views_bytes, int) or isinstance(views_bytes, bool) or views_bytes < 0:
+            raise ValueError(f"views_bytes: expected an int >= 0, got {views_bytes!r}")
         if self._config.ssl_context is not None:
             raise ValueError("config.ssl_context: a TLS context cannot be handed to worker processes; expected None")
         self._num = num_sessions
         self._urls = [urls[i % len(urls)] for i in range(num_sessions)]
         count = min(processes, num_sessions)
         concurrency = max(1, math.ceil(self._config.connect_concurrency / count))
-        self._workers = [
+        workers: list[WorkerHandle] = []
+
+        def announce(k: int, name: str) -> None:  # every worker maps a new view segment before it is named
+            for worker in workers:
+                worker.announce_views(k, name)
+
+        self._views = HostViews(create_segment, announce, capacity=views_bytes) if views_bytes > 0 else None
+        workers += [
             WorkerHandle(
                 w,
                 [(i, self._urls[i]) for i in range(w, num_sessions, count)],
@@ -111,15 +127,17 @@ class ProcessSessionPool(PoolBase):
                 arena_bytes=arena_bytes,
                 start_timeout=start_timeout,
                 max_restarts=max_restarts,
+                views=self._views,
             )  # fmt: skip
             for w in range(count)
         ]
+        self._workers = workers
         self._metadata: list[ServerMetadata | None] = [None] * num_sessions
         self._profiler = None
         self._copiers: list[concurrent.futures.ThreadPoolExecutor] = []  # at most one (see _copier)
         self._copier_lock = threading.Lock()
         self._finalizer = weakref.finalize(
-            self, _close_workers, list(self._workers), self._config.close_timeout, self._copiers
+            self, _close_workers, list(self._workers), self._config.close_timeout, self._copiers, self._views
         )
         try:
             for worker in self._workers:
@@ -159,8 +177,17 @@ class ProcessSessionPool(PoolBase):
         return worker.process.pid if worker.alive else None
 
     def shared_memory_names(self) -> list[str]:
-        """The names of the shared-memory segments the workers use now (under /dev/shm on Linux)."""
-        return [s.name for w in self._workers for s in w.segments]
+        """The names of the shared-memory segments the workers use now (under /dev/shm on Linux): their
+        arenas and the view segments."""
+        views = [] if self._views is None else [name for _, name in self._views.names]
+        return [s.name for w in self._workers for s in w.segments] + views
+
+    @property
+    def host_views(self) -> HostViews | None:
+        """Shared memory for GPU views that the workers read directly (see
+        :mod:`dz_gym.transport.host_views`); None with ``views_bytes=0``. A request whose large pieces lie in
+        its blocks is not copied by :meth:`submit_many`: its worker joins the frame from them."""
+        return self._views
 
     def _check(self, i: int) -> None:
         if self.closed:
@@ -329,7 +356,10 @@ class ProcessSessionPool(PoolBase):
 
 
 def _close_workers(
-    workers: list[WorkerHandle], close_timeout: float, copiers: list[concurrent.futures.ThreadPoolExecutor]
+    workers: list[WorkerHandle],
+    close_timeout: float,
+    copiers: list[concurrent.futures.ThreadPoolExecutor],
+    views: HostViews | None,
 ) -> None:
     """The pool's one close path (also run when a forgotten pool is collected or the interpreter exits);
     the workers close side by side."""
@@ -340,3 +370,5 @@ def _close_workers(
         thread.start()
     for thread in threads:
         thread.join(close_timeout + 4 * STOP_GRACE_S)
+    if views is not None:
+        views.close()

@@ -23,6 +23,7 @@ from dz_gym.protocol import parse_metadata
 from dz_gym.protocol.packer import pieces_size, write_pieces
 from dz_gym.transport.arena import Extents
 from dz_gym.transport.config import TransportConfig
+from dz_gym.transport.host_views import HostViews
 from dz_gym.transport.messages import config_fields, pack_message, rebuild_error, reply_outcome, unpack_message
 from dz_gym.transport.worker_process import worker_main
 
@@ -45,6 +46,8 @@ FIRST_SEGMENT_BYTES = 32 * 2**20
 ARENA_BYTES = 2**30
 """Default cap of one worker's shared memory (N = 1024 sessions of 0.5 MB over 2 workers need 256 MiB each)."""
 MAX_RESTARTS = 3
+BY_REFERENCE_BYTES = 4096
+"""A piece of a request at least this large goes to the worker as a reference into the view memory."""
 _MIN_SEGMENT_BYTES = 2**16
 STOP_GRACE_S = 5.0  # a worker that answered "closed" (or died) exits within this
 
@@ -86,6 +89,7 @@ class _Pending:
     index: int
     extent: tuple[int, int] | None = None  # (segment, offset) to free when it is answered
     request_bytes: int = 0
+    holds: list[tuple[int, int]] | None = None  # its blocks of the pool's view memory, until the worker took them
 
 
 class WorkerHandle:
@@ -94,8 +98,10 @@ class WorkerHandle:
     a forgotten pool can be collected and its finalizer close the workers)."""
 
     def __init__(self, number: int, sessions: list[tuple[int, str]], config: TransportConfig, *, concurrency: int,
-                 arena_bytes: int, start_timeout: float, max_restarts: int):  # fmt: skip
+                 arena_bytes: int, start_timeout: float, max_restarts: int,
+                 views: HostViews | None = None):  # fmt: skip
         self.number = number
+        self.views = views  # the pool's view segments, mapped by every worker
         self.sessions = sessions
         self.config = config
         self.concurrency = concurrency
@@ -132,6 +138,7 @@ class WorkerHandle:
             "sessions": [[i, url] for i, url in self.sessions],
             "concurrency": self.concurrency,
             "segments": [[k, s.name] for k, s in enumerate(self.segments)],
+            "views": [] if self.views is None else [[k, name] for k, name in self.views.names],
         }
         parent_conn.send_bytes(pack_message(["init", init]))
         self.process, self.conn = process, parent_conn
@@ -255,15 +262,25 @@ class WorkerHandle:
         if kind == "ready":
             return
         token = message[1]
+        if kind == "took":  # the worker joined the request's view ranges into its frame
+            with self.lock:
+                pending = self.pending.get(token)
+                holds = None if pending is None else pending.holds
+                if pending is not None:
+                    pending.holds = None
+            self._release_views(holds)
+            return
         with self.lock:
             pending = self.pending.pop(token, None)
             if pending is None:
                 return
+            holds, pending.holds = pending.holds, None
             if pending.extent is not None:
                 seg, offset = pending.extent
                 self.extents[seg].free(offset)
             if kind in ("out", "conn", "reset"):
                 self.connected[pending.index] = bool(message[-1])
+        self._release_views(holds)
         future = pending.future
         if kind == "out":
             _, _, index, frame, stamps, error, send_s, _ = message
@@ -308,10 +325,17 @@ class WorkerHandle:
             "the pool was closed" if self.closing else f"transport worker {self.number} exited ({self.death})"
         )
 
+    def _release_views(self, holds: list[tuple[int, int]] | None) -> None:
+        if holds and self.views is not None:
+            for key in holds:
+                self.views.release(key)
+
     def _fail_pending(self, why: str) -> None:
         with self.lock:
             pending, self.pending = list(self.pending.values()), {}
             for item in pending:
+                holds, item.holds = item.holds, None
+                self._release_views(holds)
                 if item.extent is not None:
                     seg, offset = item.extent
                     if seg < len(self.extents):
@@ -383,11 +407,76 @@ class WorkerHandle:
             logger.warning("transport worker %d: %s; requests go through the pipe meanwhile", self.number, why)
 
     def place_many(self, entries: list[tuple[int, list[memoryview], concurrent.futures.Future]]) -> None:
-        """:meth:`place` each ``(index, pieces, future)`` in order, then send their descriptors at once."""
+        """:meth:`place` each ``(index, pieces, future)`` in order, then send their descriptors at once.
+
+        A request whose large pieces all lie in the pool's view memory goes as references to them (the worker
+        joins the frame): nothing of it is copied here. Its descriptor then goes in a ``sendv`` message, so a
+        run of such requests and one of arena requests keep one session's order by going out in turn."""
         batch: list[list] = []
+        by_reference: list[list] = []
         for index, pieces, future in entries:
-            self.place(index, pieces, future, batch)
+            split = self._by_reference(pieces)
+            if split is None:
+                if by_reference:
+                    self._write(["sendv", by_reference])
+                    by_reference = []
+                self.place(index, pieces, future, batch)
+                continue
+            if batch:
+                self.send_descriptors(batch)
+                batch = []
+            self._place_by_reference(index, *split, pieces_size(pieces), future, by_reference)
         self.send_descriptors(batch)
+        if by_reference:
+            self._write(["sendv", by_reference])
+
+    def _by_reference(self, pieces: list[memoryview]) -> tuple[list[Any], list[tuple[int, int]]] | None:
+        """``(parts, holds)``: the request's small pieces joined inline and its large ones as ``[segment,
+        offset, length]`` of the view memory (each block held until the worker took it); None when some
+        large piece lies elsewhere (or there is no view memory in use)."""
+        views = self.views
+        if views is None or not views.blocks:
+            return None
+        parts: list[Any] = []
+        holds: list[tuple[int, int]] = []
+        inline: list[memoryview] = []
+        for piece in pieces:
+            if piece.nbytes < BY_REFERENCE_BYTES:
+                inline.append(piece)
+                continue
+            spot = views.hold(piece)
+            if spot is None:
+                self._release_views(holds)
+                return None
+            if inline:
+                parts.append(b"".join(inline))
+                inline = []
+            k, offset, key = spot
+            parts.append([k, offset, piece.nbytes])
+            holds.append(key)
+        if not holds:
+            return None
+        if inline:
+            parts.append(b"".join(inline))
+        return parts, holds
+
+    def _place_by_reference(self, index: int, parts: list[Any], holds: list[tuple[int, int]], nbytes: int,
+                            future: concurrent.futures.Future, batch: list) -> None:  # fmt: skip
+        with self.lock:
+            if self.alive:
+                token = next(TOKENS)
+                self.pending[token] = _Pending("out", future, index, None, nbytes, holds)
+                batch.append([token, index, parts])
+                return
+        self._release_views(holds)
+        why = f" (its transport worker exited: {self.death})" if self.death else ""
+        future.set_result(Outcome.failed(index, ConnectionLost(f"session {index} is not connected{why}"),
+                                         request_bytes=nbytes))  # fmt: skip
+
+    def announce_views(self, k: int, name: str) -> None:
+        """Tell the worker to map view segment ``k`` (a dead one maps them all when it is started again)."""
+        if self.conn is not None:  # also while a restart starts (mapping twice is harmless)
+            self._write(["vseg", k, name])
 
     def send_descriptors(self, descriptors: list[list]) -> None:
         if descriptors:

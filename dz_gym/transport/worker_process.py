@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from multiprocessing import shared_memory
 from typing import Any
 
@@ -64,6 +65,9 @@ class WorkerLoop:
         self.segments: dict[int, shared_memory.SharedMemory] = {}
         for seg, name in init["segments"]:
             self._attach(seg, name)
+        self.views: dict[int, shared_memory.SharedMemory] = {}  # the pool's view segments (every worker's)
+        for seg, name in init.get("views", []):
+            self._attach_views(seg, name)
         self.outbox: list[Any] = []
         self.tasks: set[asyncio.Task[None]] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -72,6 +76,11 @@ class WorkerLoop:
         # Attaching registers the name with the resource tracker that spawn shares with the parent (a set: the
         # parent's unlink unregisters it once for both).
         self.segments[int(seg)] = shared_memory.SharedMemory(name=name)
+
+    def _attach_views(self, seg: int, name: str) -> None:
+        known = self.views.get(int(seg))
+        if known is None or known.name.lstrip("/") != str(name).lstrip("/"):
+            self.views[int(seg)] = shared_memory.SharedMemory(name=name)
 
     async def run(self) -> None:
         self.loop = asyncio.get_running_loop()
@@ -109,8 +118,13 @@ class WorkerLoop:
         elif kind == "sendb":
             _, token, index, payload = message
             self._spawn(self._send(token, index, payload))
+        elif kind == "sendv":  # large pieces in the view segments, small ones inline: joined by the send
+            for token, index, parts in message[1]:
+                self._spawn(self._send(token, index, parts))
         elif kind == "seg":
             self._attach(message[1], message[2])
+        elif kind == "vseg":
+            self._attach_views(message[1], message[2])
         elif kind == "connect":
             for token, index in message[1]:
                 self._spawn(self._connect(token, index))
@@ -125,8 +139,30 @@ class WorkerLoop:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
+    def _join(self, token: int, parts: list[Any]) -> bytes:
+        """The frame of a ``sendv`` request: its inline pieces and view ranges in order (the one copy of the
+        views' bytes after the GPU's); the parent is told at once that the ranges are free again."""
+        views = [part if isinstance(part, bytes) else self.views[part[0]].buf[part[1] : part[1] + part[2]]
+                 for part in parts]  # fmt: skip
+        try:
+            return b"".join(views)
+        finally:
+            for view in views:
+                if isinstance(view, memoryview):
+                    view.release()
+            self.post(["took", token])
+
     async def _send(self, token: int, index: int, payload: Any) -> None:
         session = self.sessions[index]
+        if isinstance(payload, list):
+            try:
+                payload = self._join(token, payload)
+            except (KeyError, IndexError, TypeError, ValueError) as exc:  # only a bug of the parent's gets here
+                now = time.perf_counter()
+                error = DzGymError(f"session {index}: the request's views could not be read: {exc!r}")
+                self.post(["out", token, index, None, [now, now, 0, 0, 0], error_fields(error), 0.0,
+                           session.connected])  # fmt: skip
+                return
         try:
             outcome = await session.send(payload, index=index)
         except BaseException as exc:  # noqa: BLE001 - cancelled at exit; the parent fails it on its own
@@ -169,7 +205,7 @@ class WorkerLoop:
         others = [t for t in self.tasks if t is not asyncio.current_task()]
         if others:
             await asyncio.wait(others, timeout=self.close_timeout + 2.0)
-        for segment in self.segments.values():
+        for segment in [*self.segments.values(), *self.views.values()]:
             try:
                 segment.close()
             except BufferError:  # a send still holds a view: the exit unmaps it

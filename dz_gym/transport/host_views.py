@@ -1,0 +1,245 @@
+"""Host memory the transport's worker processes can read: :class:`HostViews`, where a GPU batch's views are
+copied to so that the caller never copies their bytes again.
+
+With :class:`~dz_gym.transport.ProcessSessionPool`, a request's bytes must lie in memory its worker can read.
+Views copied from the GPU into this process's own page-locked buffer would then be copied once more, into the
+worker's arena: at N = 1024 that second copy is about half a GiB per request round on the caller's thread
+(benchmarks/README.md). Here the GPU's copy itself lands in shared memory that every worker of the pool has
+mapped; a request whose large pieces lie here goes to its worker as references (segment, offset, length)
+plus its few small pieces inline, and the worker joins them into the frame it sends (on its own core).
+
+- :meth:`HostViews.alloc` hands out a uint8 array of one batch's bytes (None when there is no room: the
+  caller then uses memory of its own and the requests go through the arenas as before). A segment is made
+  when none has room, up to ``capacity`` bytes in all; each is page-locked for CUDA when this process has
+  CUDA (``cudaHostRegister``, so the copy from the GPU is one DMA transfer), and left pageable otherwise.
+- A block is given back once the caller's arrays of it are gone (a ``weakref.finalize`` on the block's
+  array, which every view of it keeps alive) and every worker that was handed a reference to it has said it
+  took its bytes (:meth:`hold`, which also tells where a piece lies, and :meth:`release`): until both, nothing else is written there.
+
+The segments are unlinked at :meth:`close`; a mapping still viewed by an array is unmapped when the array goes.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import sys
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from dz_gym.transport.arena import Extents
+
+__all__ = ["FIRST_VIEWS_SEGMENT_BYTES", "VIEWS_BYTES", "HostViews", "address_of"]
+
+logger = logging.getLogger("dz_gym.transport")
+
+VIEWS_BYTES = 4 * 2**30
+"""Default cap of a pool's view segments (a round of N = 1024 requests of three 180x320 views is 0.5 GiB)."""
+FIRST_VIEWS_SEGMENT_BYTES = 64 * 2**20
+"""The smallest view segment; a batch larger than half of it gets a segment of twice its size."""
+
+
+def address_of(piece: memoryview) -> int:
+    """The address of the first byte of a flat byte view."""
+    return np.frombuffer(piece, np.uint8).__array_interface__["data"][0]
+
+
+class _Segment:
+    """One shared-memory segment of views: its name (for the workers and the unlink), this process's mapping of
+    it, its extents and its page-lock state.
+
+    The blocks view a mapping of this process's own (``mmap`` of the segment's file), never closed explicitly:
+    it is unmapped when the last array of it goes, so a caller's array outlives :meth:`HostViews.close`
+    safely (and no close ever meets an array still exporting it)."""
+
+    def __init__(self, memory: Any, pin: bool):
+        self.name = memory.name
+        self.size = memory.size
+        fd = getattr(memory, "_fd", -1)
+        self.mapping: Any = mmap.mmap(fd, self.size) if fd >= 0 else memory.buf  # (no descriptor: its own)
+        self.memory = memory
+        if fd >= 0:
+            memory.close()  # its own mapping has no views: the segment lives on in ours and in its name
+        self.extents = Extents(self.size)
+        self.array: np.ndarray | None = np.frombuffer(self.mapping, np.uint8)
+        self.address = self.array.__array_interface__["data"][0]
+        self.pinned = _page_lock(self.address, self.size) if pin else False
+
+    def unlink(self) -> None:
+        try:
+            self.memory.unlink()  # (after close, as SharedMemory allows)
+        except FileNotFoundError:
+            pass
+
+
+class HostViews:
+    """Shared-memory blocks for view batches (see the module docstring); thread-safe.
+
+    ``create``: makes a segment of a given size (raises ``OSError`` when it cannot); ``announce(k, name)`` is
+    called with each new segment before :meth:`alloc` returns its first block, so that every worker maps it
+    before any request names it.
+    """
+
+    def __init__(self, create: Callable[[int], Any], announce: Callable[[int, str], None], *,
+                 capacity: int = VIEWS_BYTES):  # fmt: skip
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 0:
+            raise ValueError(f"capacity: expected an int >= 0, got {capacity!r}")
+        self._create, self._announce, self.capacity = create, announce, capacity
+        self._lock = threading.RLock()  # a finalizer may run in any thread, also one that holds the lock
+        self._segments: list[_Segment] = []
+        self._holds: dict[tuple[int, int], int] = {}  # (segment, start) -> caller's hold + workers' holds
+        self._closed = False
+        self._no_room_warned = False
+
+    # -- introspection ------------------------------------------------------------------------------------
+    @property
+    def names(self) -> list[tuple[int, str]]:
+        """``(k, name)`` of every segment (a worker started now maps these)."""
+        with self._lock:
+            return [(k, s.name) for k, s in enumerate(self._segments)]
+
+    @property
+    def pinned(self) -> bool:
+        """Whether every segment is page-locked (False before the first)."""
+        with self._lock:
+            return bool(self._segments) and all(s.pinned for s in self._segments)
+
+    @property
+    def blocks(self) -> int:
+        """How many blocks are handed out and not given back yet."""
+        with self._lock:
+            return len(self._holds)
+
+    # -- blocks -------------------------------------------------------------------------------------------
+    def alloc(self, nbytes: int, *, pin: bool = False) -> np.ndarray | None:
+        """A writable uint8 array of ``nbytes`` in shared memory, or None when there is no room (or after
+        :meth:`close`). ``pin``: page-lock a new segment for CUDA (the caller holds CUDA data)."""
+        if not isinstance(nbytes, int) or nbytes <= 0:
+            raise ValueError(f"nbytes: expected an int > 0, got {nbytes!r}")
+        with self._lock:
+            if self._closed:
+                return None
+            spot = self._find(nbytes) or self._grow(nbytes, pin)
+            if spot is None:
+                return None
+            k, start = spot
+            # its own array of the mapping, so that every view of it keeps it (not the segment's) alive
+            block = np.frombuffer(self._segments[k].mapping, np.uint8, nbytes, start)
+            self._holds[spot] = 1
+            weakref.finalize(block, self._give_back, spot)
+            return block
+
+    def _find(self, nbytes: int) -> tuple[int, int] | None:
+        for k, segment in enumerate(self._segments):
+            start = segment.extents.alloc(nbytes)
+            if start is not None:
+                return k, start
+        return None
+
+    def _grow(self, nbytes: int, pin: bool) -> tuple[int, int] | None:
+        have = sum(s.size for s in self._segments)
+        size = min(max(FIRST_VIEWS_SEGMENT_BYTES, 2 * nbytes), self.capacity - have)
+        if size < nbytes:
+            self._warn_no_room(f"the view segments' {self.capacity} bytes are in use")
+            return None
+        try:
+            segment = _Segment(self._create(size), pin)
+        except OSError as exc:
+            self._warn_no_room(f"a shared-memory segment of {size} bytes could not be made: {exc}")
+            return None
+        self._segments.append(segment)
+        k = len(self._segments) - 1
+        self._announce(k, segment.name)
+        if pin and not segment.pinned:
+            logger.info("view segment %d could not be page-locked; copies from the GPU to it are staged", k)
+        return k, segment.extents.alloc(nbytes)
+
+    def _warn_no_room(self, why: str) -> None:
+        if not self._no_room_warned:
+            self._no_room_warned = True
+            logger.warning("%s; views go through this process's own memory meanwhile", why)
+
+    def hold(self, piece: memoryview) -> tuple[int, int, tuple[int, int]] | None:
+        """Where a flat byte view lies, ``(segment, offset, key)``, with a worker's hold added on its block
+        (dropped by :meth:`release` of ``key``); None when it does not lie wholly in a block handed out here."""
+        address, size = address_of(piece), piece.nbytes
+        with self._lock:
+            for k, segment in enumerate(self._segments):
+                offset = address - segment.address
+                if 0 <= offset and offset + size <= segment.size:
+                    starts = [start for (seg, start) in self._holds if seg == k and start <= offset]
+                    if not starts:
+                        return None
+                    key = (k, max(starts))
+                    self._holds[key] += 1
+                    return k, offset, key
+        return None
+
+    def release(self, key: tuple[int, int]) -> None:
+        """Drop one hold of :meth:`hold` (a worker took the bytes, or died)."""
+        self._give_back(key)
+
+    def _give_back(self, key: tuple[int, int]) -> None:
+        with self._lock:
+            count = self._holds.get(key)
+            if count is None:
+                return
+            if count > 1:
+                self._holds[key] = count - 1
+                return
+            del self._holds[key]
+            if not self._closed:
+                k, start = key
+                self._segments[k].extents.free(start)
+
+    # -- teardown -----------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Unlock and unlink every segment (idempotent). Blocks still viewed keep their mapping until then."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            segments, self._segments = self._segments, []
+            self._holds.clear()
+        for segment in segments:
+            if segment.pinned:
+                _page_unlock(segment.address)
+            segment.array = None  # the mapping goes with the last block that views it
+            segment.unlink()
+
+
+def _cudart() -> Any:
+    """PyTorch's CUDA runtime bindings when this process has torch with CUDA initialised, else None."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        if not torch.cuda.is_initialized():
+            return None
+        return torch.cuda.cudart()
+    except (AttributeError, RuntimeError, AssertionError):
+        return None
+
+
+def _page_lock(address: int, size: int) -> bool:
+    """Register ``size`` bytes at ``address`` with CUDA as page-locked host memory; whether it worked."""
+    cudart = _cudart()
+    if cudart is None:
+        return False
+    try:
+        return int(cudart.cudaHostRegister(address, size, 0)) == 0
+    except (AttributeError, RuntimeError, TypeError):
+        return False
+
+
+def _page_unlock(address: int) -> None:
+    cudart = _cudart()
+    if cudart is not None:
+        try:
+            cudart.cudaHostUnregister(address)
+        except (AttributeError, RuntimeError, TypeError):
+            pass

@@ -1,0 +1,212 @@
+"""HostViews and the requests that go to a ProcessSessionPool's workers by reference (loopback servers only).
+
+A block lives while any view of it does and while a worker has not taken its bytes; the server receives
+packb's bytes for requests whose views lie in the pool's view memory, with nothing copied into an arena;
+requests by reference and by copy keep one session's order; ``_to_host`` lands the views in the block it is
+given (host tensors stand in for CUDA ones: the copy and the layout are the same code), and the wrapper builds
+the pool its transport config asks for.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import gc
+
+import numpy as np
+import pytest
+
+from dz_gym.protocol import packb
+from dz_gym.testing.servers import ServerThread, replying
+from dz_gym.transport import ProcessSessionPool, TransportConfig
+from dz_gym.transport.host_views import FIRST_VIEWS_SEGMENT_BYTES, HostViews
+from dz_gym.transport.worker_handle import create_segment
+
+pytestmark = pytest.mark.timeout(120)
+
+FAST = TransportConfig(open_timeout=5, request_timeout=30, close_timeout=2, connect_retries=0)
+BOUND_S = 60.0
+VIEW = (180, 320, 3)
+
+
+def views_of(block: np.ndarray, count: int) -> np.ndarray:
+    """``count`` images of VIEW shape laid out in ``block`` (the layout ``_to_host`` gives a camera)."""
+    return block[: count * int(np.prod(VIEW))].reshape(count, *VIEW)
+
+
+def request(k: int, image: np.ndarray) -> dict:
+    return {
+        "observation/exterior_image_0_left": image,
+        "observation/joint_position": np.full(7, 0.01 * k),
+        "observation/gripper_position": np.zeros(1),
+        "prompt": "put the cube in the bowl",
+        "session_id": f"episode-{k}",
+    }
+
+
+def recording_server(frames: list[bytes]) -> ServerThread:
+    def reply(frame, n):
+        frames.append(bytes(frame))
+        return {"actions": np.zeros((24, 8), dtype=np.float32)}
+
+    return ServerThread(replying(reply))
+
+
+# ------------------------------------------------------------------------------------------- HostViews
+def test_a_block_lives_while_any_view_of_it_or_a_workers_hold_does():
+    announced: list[tuple[int, str]] = []
+    views = HostViews(create_segment, lambda k, name: announced.append((k, name)), capacity=2**30)
+    try:
+        block = views.alloc(1000)
+        assert block is not None and block.dtype == np.uint8 and block.shape == (1000,) and block.flags.writeable
+        assert [k for k, _ in announced] == [0] and views.names == announced and views.blocks == 1
+        row = block[100:400].reshape(3, 100)[1]  # a view of a view keeps the block, not only the segment
+        del block
+        gc.collect()
+        assert views.blocks == 1
+        k, offset, key = views.hold(memoryview(row).cast("B"))
+        assert (k, offset) == (0, 200)
+        del row
+        gc.collect()
+        assert views.blocks == 1, "the worker's hold keeps it"
+        views.release(key)
+        assert views.blocks == 0
+        again = views.alloc(1000)
+        assert again is not None and views.hold(memoryview(again).cast("B"))[:2] == (0, 0)
+        assert views.hold(memoryview(np.zeros(10, np.uint8))) is None  # memory of its own: not here
+    finally:
+        views.close()
+    assert views.alloc(10) is None
+
+
+def test_no_room_gives_none_and_segments_grow_up_to_the_capacity():
+    views = HostViews(create_segment, lambda k, name: None, capacity=3 * FIRST_VIEWS_SEGMENT_BYTES + 4096)
+    try:
+        small = views.alloc(1000)
+        assert small is not None and len(views.names) == 1  # the first segment: FIRST_VIEWS_SEGMENT_BYTES
+        large = views.alloc(FIRST_VIEWS_SEGMENT_BYTES)  # no room there: a segment of twice its size
+        assert large is not None and len(views.names) == 2
+        assert views.alloc(FIRST_VIEWS_SEGMENT_BYTES) is not None  # the rest of that segment
+        assert views.alloc(2 * FIRST_VIEWS_SEGMENT_BYTES) is None  # beyond the capacity
+        del large
+        gc.collect()
+        assert views.alloc(FIRST_VIEWS_SEGMENT_BYTES) is not None
+        with pytest.raises(ValueError, match="nbytes"):
+            views.alloc(0)
+    finally:
+        views.close()
+    assert small.sum() == 0, "an array outlives the close"
+    with pytest.raises(ValueError, match="capacity"):
+        HostViews(create_segment, lambda k, name: None, capacity=-1)
+
+
+# ------------------------------------------------------------------------------------- the pool's path
+def test_requests_whose_views_lie_in_the_view_memory_are_sent_by_reference():
+    frames: list[bytes] = []
+    with recording_server(frames) as server, ProcessSessionPool(server.url, 6, FAST, processes=2) as pool:
+        pool.connect()
+        views = pool.host_views
+        assert views is not None and views.blocks == 0
+        block = views.alloc(6 * int(np.prod(VIEW)))
+        images = views_of(block, 6)
+        for k in range(6):
+            images[k] = (7 * k) % 256
+        requests = {k: request(k, images[k]) for k in range(6)}
+        expected = sorted(packb(r) for r in requests.values())
+        futures = pool.submit_many(list(requests.items()))
+        concurrent.futures.wait(futures, timeout=BOUND_S)
+        assert all(f.done() and f.result().ok for f in futures)
+        assert all(not w.segments for w in pool._workers), "nothing went through an arena"
+        assert all(f.result().request_bytes == len(packb(requests[k])) for k, f in enumerate(futures))
+        assert views.blocks == 1  # the caller still holds its arrays
+        del block, images, requests
+        gc.collect()
+        assert views.blocks == 0
+        names = pool.shared_memory_names()
+        assert len(names) == 1
+    assert sorted(frames) == expected
+
+
+def test_by_reference_and_copied_requests_keep_one_sessions_order():
+    frames: list[bytes] = []
+    with recording_server(frames) as server, ProcessSessionPool(server.url, 2, FAST, processes=2) as pool:
+        pool.connect()
+        block = pool.host_views.alloc(2 * int(np.prod(VIEW)))
+        shared = views_of(block, 2)
+        shared[0], shared[1] = 11, 33
+        own = np.full(VIEW, 22, dtype=np.uint8)
+        order = [request(0, shared[0]), request(0, own), request(0, shared[1])]
+        futures = pool.submit_many([(0, r) for r in order])
+        concurrent.futures.wait(futures, timeout=BOUND_S)
+        assert all(f.result().ok for f in futures)
+        assert len(pool._workers[0].segments) == 1, "the own-memory request went through the arena"
+    assert frames == [packb(r) for r in order]
+
+
+# ---------------------------------------------------------------------------------- where views land
+def test_to_host_lands_every_camera_in_the_given_block_and_falls_back_without_room():
+    torch = pytest.importorskip("torch")
+    from dz_gym.requests import _to_host
+
+    rng = np.random.default_rng(0)
+    cams = {c: [torch.from_numpy(rng.integers(0, 255, (n, 4, 6, 3), dtype=np.uint8)) for n in (2, 3)]
+            for c in ("a", "b", "c")}  # fmt: skip
+    expected = {c: np.concatenate([b.numpy() for b in blocks]) for c, blocks in cams.items()}
+    given: list[np.ndarray] = []
+
+    def host_memory(nbytes):
+        given.append(np.zeros(nbytes, np.uint8))
+        return given[-1]
+
+    out = _to_host(cams, host_memory)
+    assert len(given) == 1 and given[0].nbytes == sum(e.nbytes for e in expected.values())
+    for camera, array in out.items():
+        np.testing.assert_array_equal(array, expected[camera])
+        assert array.flags.c_contiguous and np.shares_memory(array, given[0])
+    fallback = _to_host(cams, lambda nbytes: None)
+    for camera, array in fallback.items():
+        np.testing.assert_array_equal(array, expected[camera])
+        assert not np.shares_memory(array, given[0])
+
+
+def test_the_wrapper_builds_the_pool_its_transport_asks_for_and_its_views_go_by_reference():
+    pytest.importorskip("torch")
+    from dz_gym.server.launch import start_server_thread
+    from dz_gym.testing.isaac_standin import IsaacDroidStandIn
+    from dz_gym.wrapper import DreamZeroPolicyWrapper
+
+    config = TransportConfig(open_timeout=5, request_timeout=30, close_timeout=2, connect_retries=0, processes=2)
+    with start_server_thread("hold") as server:
+        url = server.url + "/v1/realtime/robot/openpi"  # a per-session server (vLLM-Omni's path)
+        env = DreamZeroPolicyWrapper(IsaacDroidStandIn(scene=1, num_envs=4), server=url, transport=config)
+        try:
+            pool = env.client
+            assert type(pool) is ProcessSessionPool and pool.processes == 2
+            env.reset(seed=0)
+            for _ in range(3):
+                env.step()
+            stats = [env.episode_stats(i) for i in range(4)]
+            assert all(s.chunks >= 1 and not s.flagged for s in stats)
+            assert all(not w.segments for w in pool._workers), "the views went by reference, not through an arena"
+            assert pool.host_views.names
+        finally:
+            env.close()
+
+
+def test_host_views_are_gathered_into_the_given_block():
+    from dz_gym.requests import resized_views
+
+    policy = {c: np.random.default_rng(k).integers(0, 255, (5, *VIEW), dtype=np.uint8)
+              for k, c in enumerate(("external_cam", "external_cam_2", "wrist_cam"))}  # fmt: skip
+    given: list[np.ndarray] = []
+
+    def host_memory(nbytes):
+        given.append(np.zeros(nbytes, np.uint8))
+        return given[-1]
+
+    env_ids = [4, 0, 1, 3]
+    out = resized_views(policy, env_ids, None, host_memory=host_memory)
+    plain = resized_views(policy, env_ids, None)
+    assert len(given) == 1
+    for camera, array in out.items():
+        np.testing.assert_array_equal(array, plain[camera])
+        assert np.shares_memory(array, given[0]) and array.flags.c_contiguous
