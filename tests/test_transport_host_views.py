@@ -63,16 +63,24 @@ def test_a_block_lives_while_any_view_of_it_or_a_workers_hold_does():
         del block
         gc.collect()
         assert views.blocks == 1
-        k, offset, key = views.hold(memoryview(row).cast("B"))
-        assert (k, offset) == (0, 200)
+        head = np.zeros(10, np.uint8)
+        parts, keys = views.refer([memoryview(head), memoryview(row).cast("B"), memoryview(b"tail")], 64)
+        assert parts == [bytes(10), [0, 200, 100], b"tail"] and keys == [(0, 0)]
+        (key,) = keys
         del row
         gc.collect()
         assert views.blocks == 1, "the worker's hold keeps it"
         views.release(key)
         assert views.blocks == 0
         again = views.alloc(1000)
-        assert again is not None and views.hold(memoryview(again).cast("B"))[:2] == (0, 0)
-        assert views.hold(memoryview(np.zeros(10, np.uint8))) is None  # memory of its own: not here
+        parts, keys = views.refer([memoryview(again).cast("B")], 64)
+        assert parts == [[0, 0, 1000]]
+        views.release(keys[0])
+        assert views.refer([memoryview(np.zeros(100, np.uint8))], 64) is None  # memory of its own: not here
+        assert views.refer([memoryview(again[:10])], 64) is None  # nothing large: nothing to refer to
+        readonly = again[:100]
+        readonly.flags.writeable = False
+        assert views.refer([memoryview(readonly)], 64)[0] == [[0, 0, 100]]
     finally:
         views.close()
     assert views.alloc(10) is None

@@ -14,13 +14,15 @@ plus its few small pieces inline, and the worker joins them into the frame it se
   CUDA (``cudaHostRegister``, so the copy from the GPU is one DMA transfer), and left pageable otherwise.
 - A block is given back once the caller's arrays of it are gone (a ``weakref.finalize`` on the block's
   array, which every view of it keeps alive) and every worker that was handed a reference to it has said it
-  took its bytes (:meth:`hold`, which also tells where a piece lies, and :meth:`release`): until both, nothing else is written there.
+  took its bytes (:meth:`refer`, which also tells where a request's pieces lie,
+  and :meth:`release`): until both, nothing else is written there.
 
 The segments are unlinked at :meth:`close`; a mapping still viewed by an array is unmapped when the array goes.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import mmap
 import sys
@@ -44,7 +46,9 @@ FIRST_VIEWS_SEGMENT_BYTES = 64 * 2**20
 
 
 def address_of(piece: memoryview) -> int:
-    """The address of the first byte of a flat byte view."""
+    """The address of the first byte of a flat byte view (a writable one's through ctypes, which is fast)."""
+    if not piece.readonly:
+        return ctypes.addressof(ctypes.c_char.from_buffer(piece))
     return np.frombuffer(piece, np.uint8).__array_interface__["data"][0]
 
 
@@ -92,6 +96,7 @@ class HostViews:
         self._lock = threading.RLock()  # a finalizer may run in any thread, also one that holds the lock
         self._segments: list[_Segment] = []
         self._holds: dict[tuple[int, int], int] = {}  # (segment, start) -> caller's hold + workers' holds
+        self._lengths: dict[tuple[int, int], int] = {}  # (segment, start) -> bytes of each handed-out block
         self._closed = False
         self._no_room_warned = False
 
@@ -115,21 +120,22 @@ class HostViews:
             return len(self._holds)
 
     # -- blocks -------------------------------------------------------------------------------------------
-    def alloc(self, nbytes: int, *, pin: bool = False) -> np.ndarray | None:
+    def alloc(self, nbytes: int) -> np.ndarray | None:
         """A writable uint8 array of ``nbytes`` in shared memory, or None when there is no room (or after
-        :meth:`close`). ``pin``: page-lock a new segment for CUDA (the caller holds CUDA data)."""
+        :meth:`close`). A new segment is page-locked when this process has CUDA initialised."""
         if not isinstance(nbytes, int) or nbytes <= 0:
             raise ValueError(f"nbytes: expected an int > 0, got {nbytes!r}")
         with self._lock:
             if self._closed:
                 return None
-            spot = self._find(nbytes) or self._grow(nbytes, pin)
+            spot = self._find(nbytes) or self._grow(nbytes)
             if spot is None:
                 return None
             k, start = spot
             # its own array of the mapping, so that every view of it keeps it (not the segment's) alive
             block = np.frombuffer(self._segments[k].mapping, np.uint8, nbytes, start)
             self._holds[spot] = 1
+            self._lengths[spot] = nbytes
             weakref.finalize(block, self._give_back, spot)
             return block
 
@@ -140,22 +146,23 @@ class HostViews:
                 return k, start
         return None
 
-    def _grow(self, nbytes: int, pin: bool) -> tuple[int, int] | None:
+    def _grow(self, nbytes: int) -> tuple[int, int] | None:
         have = sum(s.size for s in self._segments)
         size = min(max(FIRST_VIEWS_SEGMENT_BYTES, 2 * nbytes), self.capacity - have)
         if size < nbytes:
             self._warn_no_room(f"the view segments' {self.capacity} bytes are in use")
             return None
         try:
-            segment = _Segment(self._create(size), pin)
+            segment = _Segment(self._create(size), pin=_cudart() is not None)
         except OSError as exc:
             self._warn_no_room(f"a shared-memory segment of {size} bytes could not be made: {exc}")
             return None
         self._segments.append(segment)
         k = len(self._segments) - 1
         self._announce(k, segment.name)
-        if pin and not segment.pinned:
-            logger.info("view segment %d could not be page-locked; copies from the GPU to it are staged", k)
+        if not segment.pinned:
+            logger.info("view segment %d is not page-locked (no CUDA here, or it refused); copies to it from a "
+                        "GPU are staged", k)  # fmt: skip
         return k, segment.extents.alloc(nbytes)
 
     def _warn_no_room(self, why: str) -> None:
@@ -163,20 +170,56 @@ class HostViews:
             self._no_room_warned = True
             logger.warning("%s; views go through this process's own memory meanwhile", why)
 
-    def hold(self, piece: memoryview) -> tuple[int, int, tuple[int, int]] | None:
-        """Where a flat byte view lies, ``(segment, offset, key)``, with a worker's hold added on its block
-        (dropped by :meth:`release` of ``key``); None when it does not lie wholly in a block handed out here."""
-        address, size = address_of(piece), piece.nbytes
+    def refer(self, pieces: list[memoryview], min_bytes: int) -> tuple[list[Any], list[tuple[int, int]]] | None:
+        """A request's pieces as a worker joins them: ``(parts, keys)``, where each piece of at least
+        ``min_bytes`` is ``[segment, offset, length]`` of a block handed out here and the small ones between
+        them are joined inline (bytes); each block is held once (dropped by :meth:`release` of each key).
+        None, holding nothing, when some large piece lies elsewhere (or none is large)."""
+        if not self._holds:
+            return None
+        parts: list[Any] = []
+        inline: list[memoryview] = []
+        keys: list[tuple[int, int]] = []
         with self._lock:
-            for k, segment in enumerate(self._segments):
-                offset = address - segment.address
-                if 0 <= offset and offset + size <= segment.size:
-                    starts = [start for (seg, start) in self._holds if seg == k and start <= offset]
-                    if not starts:
-                        return None
-                    key = (k, max(starts))
-                    self._holds[key] += 1
-                    return k, offset, key
+            block: tuple[int, int, int] | None = None  # (segment, start, end) of the last piece's block
+            for piece in pieces:
+                size = piece.nbytes
+                if size < min_bytes:
+                    inline.append(piece)
+                    continue
+                spot = self._where(address_of(piece), size, block)
+                if spot is None:
+                    return None
+                k, offset, block = spot
+                if (k, block[1]) not in keys:
+                    keys.append((k, block[1]))
+                if inline:
+                    parts.append(b"".join(inline))
+                    inline = []
+                parts.append([k, offset, size])
+            if not keys:
+                return None
+            for key in keys:
+                self._holds[key] += 1
+        if inline:
+            parts.append(b"".join(inline))
+        return parts, keys
+
+    def _where(self, address: int, size: int, last: tuple[int, int, int] | None):
+        """``(segment, offset, (segment, start, end))`` of the handed-out block that holds the range, else
+        None (caller holds the lock); ``last`` is tried first (a request's views share one block)."""
+        if last is not None:
+            k, start, end = last
+            offset = address - self._segments[k].address
+            if start <= offset and offset + size <= end:
+                return k, offset, last
+        for k, segment in enumerate(self._segments):
+            offset = address - segment.address
+            if 0 <= offset and offset + size <= segment.size:
+                for (seg, start), length in self._lengths.items():
+                    if seg == k and start <= offset and offset + size <= start + length:
+                        return k, offset, (k, start, start + length)
+                return None
         return None
 
     def release(self, key: tuple[int, int]) -> None:
@@ -192,6 +235,7 @@ class HostViews:
                 self._holds[key] = count - 1
                 return
             del self._holds[key]
+            self._lengths.pop(key, None)
             if not self._closed:
                 k, start = key
                 self._segments[k].extents.free(start)
@@ -205,6 +249,7 @@ class HostViews:
             self._closed = True
             segments, self._segments = self._segments, []
             self._holds.clear()
+            self._lengths.clear()
         for segment in segments:
             if segment.pinned:
                 _page_unlock(segment.address)

@@ -46,6 +46,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable
+from typing import Any
 
 from dz_gym.errors import DzGymError, PartialConnectError, RequestTimeout
 from dz_gym.policy_client import Outcome
@@ -263,14 +264,16 @@ class ProcessSessionPool(PoolBase):
         """:meth:`submit` for each ``(i, request)``: each encoded here into its worker's arena, then one
         descriptor message per worker.
 
-        A call of at least :data:`PARALLEL_COPY_BYTES` writes each worker's requests on a thread of its own,
-        side by side (the copies let go of the interpreter lock), and returns once all are written: the caller
-        may reuse its arrays as soon as this returns, as with SessionPool."""
+        A call of at least :data:`PARALLEL_COPY_BYTES` to copy writes each worker's requests on a thread of its
+        own, side by side (the copies let go of the interpreter lock), and returns once all are written: the
+        caller may reuse its arrays as soon as this returns, as with SessionPool. Requests whose views lie in
+        :attr:`host_views` are not copied (their blocks stay until the workers took them); with ``--profile``
+        the packing is ``encode`` and the copies and hand-off are ``submit``."""
         profiler = self._profiler
         start = time.perf_counter()
         futures: list[concurrent.futures.Future[Outcome]] = []
-        entries: dict[int, list[tuple[int, list[memoryview], concurrent.futures.Future]]] = {}
-        nbytes = 0
+        entries: dict[int, list[tuple[int, list[memoryview], concurrent.futures.Future, Any]]] = {}
+        copy_bytes = 0
         for i, request in items:
             worker = self._worker(i)
             future: concurrent.futures.Future[Outcome] = concurrent.futures.Future()
@@ -280,21 +283,25 @@ class ProcessSessionPool(PoolBase):
             except DzGymError as exc:
                 future.set_result(Outcome.failed(i, exc))
                 continue
-            nbytes += pieces_size(pieces)
-            entries.setdefault(worker.number, []).append((i, pieces, future))
-        if len(entries) > 1 and nbytes >= PARALLEL_COPY_BYTES:
+            split = worker.by_reference(pieces)
+            if split is None:
+                copy_bytes += pieces_size(pieces)
+            entries.setdefault(worker.number, []).append((i, pieces, future, split))
+        placed = time.perf_counter()
+        if len(entries) > 1 and copy_bytes >= PARALLEL_COPY_BYTES:
             copier = self._copier()
             tasks = [copier.submit(self._workers[n].place_many, batch) for n, batch in entries.items()]
             done, _ = concurrent.futures.wait(tasks, timeout=COPY_TIMEOUT_S)
             if len(done) < len(tasks):  # memory copies: only a machine that has stopped gets here
-                raise RuntimeError(f"writing {nbytes} bytes of requests took over {COPY_TIMEOUT_S:g} s")
+                raise RuntimeError(f"writing {copy_bytes} bytes of requests took over {COPY_TIMEOUT_S:g} s")
             for task in tasks:
                 task.result()
         else:
             for n, batch in entries.items():
                 self._workers[n].place_many(batch)
-        if profiler is not None:
-            profiler.add("encode", time.perf_counter() - start)
+        if profiler is not None:  # packing (and finding the views), then the copies and the hand-off
+            profiler.add("encode", placed - start)
+            profiler.add("submit", time.perf_counter() - placed)
         return futures
 
     def _copier(self) -> concurrent.futures.ThreadPoolExecutor:

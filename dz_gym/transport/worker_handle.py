@@ -406,16 +406,16 @@ class WorkerHandle:
             self.no_room_warned = True
             logger.warning("transport worker %d: %s; requests go through the pipe meanwhile", self.number, why)
 
-    def place_many(self, entries: list[tuple[int, list[memoryview], concurrent.futures.Future]]) -> None:
-        """:meth:`place` each ``(index, pieces, future)`` in order, then send their descriptors at once.
+    def place_many(self, entries: list[tuple[int, list[memoryview], concurrent.futures.Future, Any]]) -> None:
+        """:meth:`place` each ``(index, pieces, future, split)`` in order, then send their descriptors at once.
 
-        A request whose large pieces all lie in the pool's view memory goes as references to them (the worker
-        joins the frame): nothing of it is copied here. Its descriptor then goes in a ``sendv`` message, so a
-        run of such requests and one of arena requests keep one session's order by going out in turn."""
+        A request with a ``split`` of :meth:`by_reference` (its large pieces all lie in the pool's view memory)
+        goes as references to them (the worker joins the frame): nothing of it is copied here. Its descriptor
+        then goes in a ``sendv`` message, so a run of such requests and one of arena requests keep one
+        session's order by going out in turn."""
         batch: list[list] = []
         by_reference: list[list] = []
-        for index, pieces, future in entries:
-            split = self._by_reference(pieces)
+        for index, pieces, future, split in entries:
             if split is None:
                 if by_reference:
                     self._write(["sendv", by_reference])
@@ -430,35 +430,12 @@ class WorkerHandle:
         if by_reference:
             self._write(["sendv", by_reference])
 
-    def _by_reference(self, pieces: list[memoryview]) -> tuple[list[Any], list[tuple[int, int]]] | None:
+    def by_reference(self, pieces: list[memoryview]) -> tuple[list[Any], list[tuple[int, int]]] | None:
         """``(parts, holds)``: the request's small pieces joined inline and its large ones as ``[segment,
         offset, length]`` of the view memory (each block held until the worker took it); None when some
         large piece lies elsewhere (or there is no view memory in use)."""
         views = self.views
-        if views is None or not views.blocks:
-            return None
-        parts: list[Any] = []
-        holds: list[tuple[int, int]] = []
-        inline: list[memoryview] = []
-        for piece in pieces:
-            if piece.nbytes < BY_REFERENCE_BYTES:
-                inline.append(piece)
-                continue
-            spot = views.hold(piece)
-            if spot is None:
-                self._release_views(holds)
-                return None
-            if inline:
-                parts.append(b"".join(inline))
-                inline = []
-            k, offset, key = spot
-            parts.append([k, offset, piece.nbytes])
-            holds.append(key)
-        if not holds:
-            return None
-        if inline:
-            parts.append(b"".join(inline))
-        return parts, holds
+        return None if views is None else views.refer(pieces, BY_REFERENCE_BYTES)
 
     def _place_by_reference(self, index: int, parts: list[Any], holds: list[tuple[int, int]], nbytes: int,
                             future: concurrent.futures.Future, batch: list) -> None:  # fmt: skip
