@@ -7,7 +7,10 @@ For each client -- :class:`~dz_gym.transport.SessionPool` (the baseline) and
 ``--rounds`` measured ones, and prints per request the calling thread's CPU (encoding and hand-off; waiting
 costs none), this process's CPU (all its threads: the in-process pool's loop thread too, not the workers)
 and the round's wall time, with each one's ratio to the baseline of the same N. The wall time includes the
-server's own decoding, which on a small machine shares the cores with the client and its workers.
+server's own decoding, which on a small machine shares the cores with the client and its workers. The rows
+"views shared" first copy each round's views into the pool's view memory (as the wrapper copies a GPU batch's
+views from the GPU; that copy, ``views_copy_ms``, is outside the measured round): the requests then go to the
+workers by reference, with nothing copied by ``submit_many``.
 
 Usage: python benchmarks/bench_processes.py [--num-envs 256 1024] [--rounds 4] [--processes 2 4]
 """
@@ -25,6 +28,7 @@ from dz_gym.transport import ProcessSessionPool, SessionPool, TransportConfig
 
 PATH = "/v1/realtime/robot/openpi"
 VIEWS = ("observation/exterior_image_0_left", "observation/exterior_image_1_left", "observation/wrist_image_left")
+VIEW_SHAPE = (180, 320, 3)
 SOURCES = 64  # distinct image sets (33 MB: more than the caches hold), cycled over the sessions
 WARMUP_ROUNDS = 2
 
@@ -59,26 +63,47 @@ def one_round(pool, items) -> tuple[float, float, float]:
     return thread, cpu, wall
 
 
-def measure(url: str, num: int, processes: int, rounds: int) -> dict:
+def into_view_memory(pool: ProcessSessionPool, items: list[tuple[int, dict]]) -> float:
+    """Move the round's views into one block of the pool's view memory (where the wrapper copies a GPU batch's
+    views to); the seconds the copy took (on a GPU host that copy is the GPU's, which it is anyway)."""
+    start = time.perf_counter()
+    size = int(np.prod(VIEW_SHAPE))
+    block = pool.host_views.alloc(len(items) * len(VIEWS) * size)
+    if block is None:
+        raise SystemExit("no room in the view memory")
+    slots = block.reshape(len(items), len(VIEWS), *VIEW_SHAPE)
+    for row, (_, request) in enumerate(items):
+        for j, key in enumerate(VIEWS):
+            slots[row, j] = request[key]
+            request[key] = slots[row, j]
+    return time.perf_counter() - start
+
+
+def measure(url: str, num: int, processes: int, rounds: int, shared: bool = False) -> dict:
     config = TransportConfig(request_timeout=120)
     pool = (
         SessionPool(url, num, config) if processes == 0 else ProcessSessionPool(url, num, config, processes=processes)
     )
     with pool:
         pool.connect()
-        totals = np.zeros(3)
+        totals, gather = np.zeros(3), 0.0
         for k in range(WARMUP_ROUNDS + rounds):
             items = requests_for(num, k)
+            copy_s = into_view_memory(pool, items) if shared else 0.0
             result = one_round(pool, items)
+            del items  # the views' block is free once the workers took it and these are gone
             if k >= WARMUP_ROUNDS:
                 totals += result
+                gather += copy_s
     thread, cpu, wall = totals / rounds
+    client = "in-process" if processes == 0 else f"processes={processes}"
     return {
         "num_envs": num,
-        "client": "in-process" if processes == 0 else f"processes={processes}",
+        "client": client + (", views shared" if shared else ""),
         "caller_cpu_ms_per_request": thread / num * 1e3,
         "process_cpu_ms_per_request": cpu / num * 1e3,
         "round_ms": wall * 1e3,
+        "views_copy_ms": gather / rounds * 1e3,
     }
 
 
@@ -92,8 +117,9 @@ def main() -> None:
     try:
         for num in args.num_envs:
             base = None
-            for processes in (0, *args.processes):
-                row = measure(server.url + PATH, num, processes, args.rounds)
+            arms = [(0, False)] + [(p, False) for p in args.processes] + [(p, True) for p in args.processes]
+            for processes, shared in arms:
+                row = measure(server.url + PATH, num, processes, args.rounds, shared)
                 base = base or row
                 for key in ("caller_cpu_ms_per_request", "process_cpu_ms_per_request", "round_ms"):
                     row[key.replace("_ms", "") + "_ratio"] = row[key] / base[key]

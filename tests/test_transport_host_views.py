@@ -64,8 +64,8 @@ def test_a_block_lives_while_any_view_of_it_or_a_workers_hold_does():
         gc.collect()
         assert views.blocks == 1
         head = np.zeros(10, np.uint8)
-        parts, keys = views.refer([memoryview(head), memoryview(row).cast("B"), memoryview(b"tail")], 64)
-        assert parts == [bytes(10), [0, 200, 100], b"tail"] and keys == [(0, 0)]
+        parts, keys, nbytes = views.refer([head, row, b"tail"], 64)  # as packer.fast_parts gives them
+        assert parts == [bytes(10), [0, 200, 100], b"tail"] and keys == [(0, 0)] and nbytes == 114
         (key,) = keys
         del row
         gc.collect()
@@ -73,14 +73,16 @@ def test_a_block_lives_while_any_view_of_it_or_a_workers_hold_does():
         views.release(key)
         assert views.blocks == 0
         again = views.alloc(1000)
-        parts, keys = views.refer([memoryview(again).cast("B")], 64)
+        parts, keys, _ = views.refer([again], 64)
         assert parts == [[0, 0, 1000]]
         views.release(keys[0])
-        assert views.refer([memoryview(np.zeros(100, np.uint8))], 64) is None  # memory of its own: not here
-        assert views.refer([memoryview(again[:10])], 64) is None  # nothing large: nothing to refer to
+        assert views.refer([np.zeros(100, np.uint8)], 64) is None  # memory of its own: not here
+        assert views.refer([again[:10]], 64) is None  # nothing large: nothing to refer to
         readonly = again[:100]
         readonly.flags.writeable = False
-        assert views.refer([memoryview(readonly)], 64)[0] == [[0, 0, 100]]
+        parts, keys, _ = views.refer([readonly], 64)
+        assert parts == [[0, 0, 100]]
+        views.release(keys[0])
     finally:
         views.close()
     assert views.alloc(10) is None
@@ -218,3 +220,34 @@ def test_host_views_are_gathered_into_the_given_block():
     for camera, array in out.items():
         np.testing.assert_array_equal(array, plain[camera])
         assert np.shares_memory(array, given[0]) and array.flags.c_contiguous
+
+
+def test_a_killed_workers_requests_fail_and_their_blocks_come_back():
+    import os
+    import signal
+
+    from dz_gym.errors import ConnectionLost
+    from dz_gym.server.launch import start_server_thread
+    from dz_gym.server.policies import load_policy
+    from dz_gym.testing.gated import GatedPolicy
+
+    gated = GatedPolicy(load_policy("hold"), free=0)
+    with start_server_thread(gated) as server, ProcessSessionPool(server.url, 4, FAST, processes=2) as pool:
+        pool.connect()
+        block = pool.host_views.alloc(4 * int(np.prod(VIEW)))
+        images = views_of(block, 4)
+        futures = pool.submit_many([(k, request(k, images[k])) for k in range(4)])
+        gated.held.wait(BOUND_S)
+        os.kill(pool.worker_pid(1), signal.SIGKILL)
+        for k in (1, 3):
+            assert isinstance(futures[k].result(BOUND_S).error, ConnectionLost)
+        gated.open()
+        assert futures[0].result(BOUND_S).ok and futures[2].result(BOUND_S).ok
+        del block, images
+        gc.collect()
+        assert pool.host_views.blocks == 0
+        pool.reconnect(1)  # a fresh worker maps the view segments it is started with
+        again = pool.host_views.alloc(int(np.prod(VIEW)))
+        again[:] = 5
+        outcome = pool.submit(1, request(1, views_of(again, 1)[0])).result(BOUND_S)
+        assert outcome.ok and not pool._workers[1].segments

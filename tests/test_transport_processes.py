@@ -20,7 +20,7 @@ import pytest
 
 from dz_gym.errors import ConnectionLost, ProtocolError, ServerError
 from dz_gym.protocol import packb
-from dz_gym.protocol.packer import RELEASING_COPY_BYTES, pieces_size, write_pieces
+from dz_gym.protocol.packer import RELEASING_COPY_BYTES, fast_parts, pieces_size, write_pieces
 from dz_gym.server.launch import start_server_thread
 from dz_gym.server.policies import load_policy
 from dz_gym.testing.gated import GatedPolicy
@@ -78,6 +78,8 @@ def same_reply(a, b) -> None:
     ],
 )
 def test_pieces_written_into_a_buffer_are_packb_bytes(value):
+    parts = fast_parts(value)
+    assert parts is None or b"".join(parts) == packb(value)  # the parts a worker joins by reference
     pieces = request_pieces(value)
     buffer = bytearray(pieces_size(pieces) + 100)
     end = write_pieces(pieces, buffer, 37)

@@ -32,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MAX_FAST_DEPTH", "RELEASING_COPY_BYTES", "fast_pieces", "pack_fast", "pieces_size", "write_pieces"]
+__all__ = ["MAX_FAST_DEPTH", "RELEASING_COPY_BYTES", "fast_parts", "fast_pieces", "pack_fast", "pieces_of", "pieces_size",
+           "write_pieces"]  # fmt: skip
 
 MAX_FAST_DEPTH = 64
 """Maps and lists nested deeper than this go to the general path (which refuses past 512)."""
@@ -241,16 +242,33 @@ def pack_fast(obj: Any) -> bytes | None:
         return None
 
 
+def fast_parts(obj: Any) -> list | None:
+    """``obj``'s msgpack bytes as the parts the fast path collects, in order: ``bytes`` (headers and short
+    values), other bytes-like values, and each C-contiguous numpy array itself (its bytes where it lies);
+    ``None`` where the general path must encode it. Joined, they are :func:`pack_fast`'s bytes."""
+    parts: list = []
+    try:
+        _pack(obj, parts, 0)
+    except (_Fallback, BufferError, TypeError, ValueError):
+        return None
+    return parts
+
+
 def fast_pieces(obj: Any) -> list[memoryview] | None:
     """``obj``'s msgpack bytes as pieces to be written one after the other (what :func:`pack_fast` joins),
     each a flat byte view; ``None`` where the general path must encode it. With :func:`pieces_size` and
     :func:`write_pieces` a caller packs into memory of its own (a shared-memory arena) with one copy of each
     array: the bytes written are those of :func:`pack_fast`."""
-    parts: list = []
+    parts = fast_parts(obj)
+    return None if parts is None else pieces_of(parts)
+
+
+def pieces_of(parts: list) -> list[memoryview] | None:
+    """:func:`fast_parts`' parts as flat byte views, neighbouring short ``bytes`` joined into one (fewer,
+    larger copies); ``None`` where a part exports no flat view."""
     try:
-        _pack(obj, parts, 0)
         pieces: list[memoryview] = []
-        run: list[bytes] = []  # neighbouring headers and short values: one piece (fewer, larger copies)
+        run: list[bytes] = []
         for part in parts:
             if type(part) is bytes and len(part) < _SHORT:
                 run.append(part)
@@ -262,7 +280,7 @@ def fast_pieces(obj: Any) -> list[memoryview] | None:
         if run:
             pieces.append(memoryview(b"".join(run)))
         return pieces
-    except (_Fallback, BufferError, TypeError, ValueError):
+    except (BufferError, TypeError, ValueError):
         return None
 
 

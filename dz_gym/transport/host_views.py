@@ -14,7 +14,7 @@ plus its few small pieces inline, and the worker joins them into the frame it se
   CUDA (``cudaHostRegister``, so the copy from the GPU is one DMA transfer), and left pageable otherwise.
 - A block is given back once the caller's arrays of it are gone (a ``weakref.finalize`` on the block's
   array, which every view of it keeps alive) and every worker that was handed a reference to it has said it
-  took its bytes (:meth:`refer`, which also tells where a request's pieces lie,
+  took its bytes (:meth:`refer`, which also tells where a request's views lie,
   and :meth:`release`): until both, nothing else is written there.
 
 The segments are unlinked at :meth:`close`; a mapping still viewed by an array is unmapped when the array goes.
@@ -45,11 +45,11 @@ FIRST_VIEWS_SEGMENT_BYTES = 64 * 2**20
 """The smallest view segment; a batch larger than half of it gets a segment of twice its size."""
 
 
-def address_of(piece: memoryview) -> int:
-    """The address of the first byte of a flat byte view (a writable one's through ctypes, which is fast)."""
-    if not piece.readonly:
-        return ctypes.addressof(ctypes.c_char.from_buffer(piece))
-    return np.frombuffer(piece, np.uint8).__array_interface__["data"][0]
+def address_of(array: np.ndarray) -> int:
+    """The address of a C-contiguous array's first byte (a writable one's through ctypes, which is fast)."""
+    if array.flags.writeable:
+        return ctypes.addressof(ctypes.c_char.from_buffer(array))
+    return array.__array_interface__["data"][0]
 
 
 class _Segment:
@@ -170,40 +170,47 @@ class HostViews:
             self._no_room_warned = True
             logger.warning("%s; views go through this process's own memory meanwhile", why)
 
-    def refer(self, pieces: list[memoryview], min_bytes: int) -> tuple[list[Any], list[tuple[int, int]]] | None:
-        """A request's pieces as a worker joins them: ``(parts, keys)``, where each piece of at least
-        ``min_bytes`` is ``[segment, offset, length]`` of a block handed out here and the small ones between
-        them are joined inline (bytes); each block is held once (dropped by :meth:`release` of each key).
-        None, holding nothing, when some large piece lies elsewhere (or none is large)."""
+    def refer(self, parts: list, min_bytes: int) -> tuple[list[Any], list[tuple[int, int]], int] | None:
+        """A request as a worker joins it, from its packed parts (:func:`dz_gym.protocol.packer.fast_parts`):
+        ``(parts, keys, nbytes)``, where each numpy array of at least ``min_bytes`` is ``[segment, offset,
+        length]`` of a block handed out here and everything between is joined inline (bytes); each block is
+        held once (dropped by :meth:`release` of each key). None, holding nothing, when some large array lies
+        elsewhere (or there is none)."""
         if not self._holds:
             return None
-        parts: list[Any] = []
-        inline: list[memoryview] = []
+        out: list[Any] = []
+        inline: list[Any] = []
         keys: list[tuple[int, int]] = []
+        nbytes = 0
         with self._lock:
-            block: tuple[int, int, int] | None = None  # (segment, start, end) of the last piece's block
-            for piece in pieces:
-                size = piece.nbytes
-                if size < min_bytes:
-                    inline.append(piece)
+            block: tuple[int, int, int] | None = None  # (segment, start, end) of the last array's block
+            for part in parts:
+                if type(part) is not np.ndarray or part.nbytes < min_bytes:
+                    inline.append(part)
                     continue
-                spot = self._where(address_of(piece), size, block)
+                size = part.nbytes
+                spot = self._where(address_of(part), size, block)
                 if spot is None:
                     return None
                 k, offset, block = spot
                 if (k, block[1]) not in keys:
                     keys.append((k, block[1]))
                 if inline:
-                    parts.append(b"".join(inline))
+                    joined = b"".join(inline)
+                    out.append(joined)
+                    nbytes += len(joined)
                     inline = []
-                parts.append([k, offset, size])
+                out.append([k, offset, size])
+                nbytes += size
             if not keys:
                 return None
             for key in keys:
                 self._holds[key] += 1
         if inline:
-            parts.append(b"".join(inline))
-        return parts, keys
+            joined = b"".join(inline)
+            out.append(joined)
+            nbytes += len(joined)
+        return out, keys, nbytes
 
     def _where(self, address: int, size: int, last: tuple[int, int, int] | None):
         """``(segment, offset, (segment, start, end))`` of the handed-out block that holds the range, else

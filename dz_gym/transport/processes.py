@@ -52,7 +52,7 @@ from dz_gym.errors import DzGymError, PartialConnectError, RequestTimeout
 from dz_gym.policy_client import Outcome
 from dz_gym.protocol import ServerMetadata
 from dz_gym.protocol.contract import releases_sessions
-from dz_gym.protocol.packer import pieces_size
+from dz_gym.protocol.packer import fast_parts, pieces_of, pieces_size
 from dz_gym.transport.base import PoolBase
 from dz_gym.transport.config import TransportConfig, check_pool_args
 from dz_gym.transport.host_views import VIEWS_BYTES, HostViews
@@ -272,18 +272,26 @@ class ProcessSessionPool(PoolBase):
         profiler = self._profiler
         start = time.perf_counter()
         futures: list[concurrent.futures.Future[Outcome]] = []
-        entries: dict[int, list[tuple[int, list[memoryview], concurrent.futures.Future, Any]]] = {}
+        entries: dict[int, list[tuple[int, Any, concurrent.futures.Future, Any]]] = {}
         copy_bytes = 0
+        views_in_use = self._views is not None and self._views.blocks > 0
         for i, request in items:
             worker = self._worker(i)
             future: concurrent.futures.Future[Outcome] = concurrent.futures.Future()
             futures.append(future)
-            try:
-                pieces = request_pieces(request)
-            except DzGymError as exc:
-                future.set_result(Outcome.failed(i, exc))
-                continue
-            split = worker.by_reference(pieces)
+            pieces, split = None, None
+            if views_in_use and type(request) is dict:  # packed once: its views referred to, or its pieces
+                parts = fast_parts(request)
+                if parts is not None:
+                    split = worker.by_reference(parts)
+                    if split is None:
+                        pieces = pieces_of(parts)
+            if split is None and pieces is None:
+                try:
+                    pieces = request_pieces(request)
+                except DzGymError as exc:
+                    future.set_result(Outcome.failed(i, exc))
+                    continue
             if split is None:
                 copy_bytes += pieces_size(pieces)
             entries.setdefault(worker.number, []).append((i, pieces, future, split))

@@ -406,8 +406,9 @@ class WorkerHandle:
             self.no_room_warned = True
             logger.warning("transport worker %d: %s; requests go through the pipe meanwhile", self.number, why)
 
-    def place_many(self, entries: list[tuple[int, list[memoryview], concurrent.futures.Future, Any]]) -> None:
-        """:meth:`place` each ``(index, pieces, future, split)`` in order, then send their descriptors at once.
+    def place_many(self, entries: list[tuple[int, Any, concurrent.futures.Future, Any]]) -> None:
+        """:meth:`place` each ``(index, pieces, future, split)`` in order, then send their descriptors at once
+        (``pieces`` is None where ``split`` is given).
 
         A request with a ``split`` of :meth:`by_reference` (its large pieces all lie in the pool's view memory)
         goes as references to them (the worker joins the frame): nothing of it is copied here. Its descriptor
@@ -425,20 +426,22 @@ class WorkerHandle:
             if batch:
                 self.send_descriptors(batch)
                 batch = []
-            self._place_by_reference(index, *split, pieces_size(pieces), future, by_reference)
+            self._place_by_reference(index, *split, future, by_reference)
         self.send_descriptors(batch)
         if by_reference:
             self._write(["sendv", by_reference])
 
-    def by_reference(self, pieces: list[memoryview]) -> tuple[list[Any], list[tuple[int, int]]] | None:
-        """``(parts, holds)``: the request's small pieces joined inline and its large ones as ``[segment,
-        offset, length]`` of the view memory (each block held until the worker took it); None when some
-        large piece lies elsewhere (or there is no view memory in use)."""
+    def by_reference(self, parts: list) -> tuple[list[Any], list[tuple[int, int]], int] | None:
+        """``(parts, holds, nbytes)`` of a request's packed parts (:func:`dz_gym.protocol.packer.fast_parts`):
+        the small ones joined inline and its large arrays as ``[segment, offset, length]`` of the view memory
+        (each block held until the worker took it); None when some large array lies elsewhere (or there is no
+        view memory in use)."""
         views = self.views
-        return None if views is None else views.refer(pieces, BY_REFERENCE_BYTES)
+        return None if views is None else views.refer(parts, BY_REFERENCE_BYTES)
 
     def _place_by_reference(self, index: int, parts: list[Any], holds: list[tuple[int, int]], nbytes: int,
                             future: concurrent.futures.Future, batch: list) -> None:  # fmt: skip
+        """Register ``future`` and append its ``sendv`` descriptor to ``batch``; a dead worker's fails at once."""
         with self.lock:
             if self.alive:
                 token = next(TOKENS)
