@@ -24,8 +24,11 @@ import abc
 import concurrent.futures
 import dataclasses
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
 
 from dz_gym.errors import DzGymError
 from dz_gym.protocol import InferReply, ServerMetadata
@@ -130,6 +133,13 @@ class PolicyClient(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Close every connection; idempotent."""
+
+    @property
+    def host_memory(self) -> Callable[[int], np.ndarray | None] | None:
+        """Where the wrapper may copy a batch's views to (``nbytes`` -> a writable uint8 array, or None when
+        there is no room): memory this client sends from without copying it again. None (the default): the
+        wrapper's own memory. :class:`~dz_gym.transport.ProcessSessionPool` gives its workers' view memory."""
+        return None
 
     def end_session(self, env_id: int, session_id: str) -> None:  # noqa: B027 (an optional hook)
         """Slot ``env_id``'s episode with ``session_id`` ended (a fresh session id follows).

@@ -518,14 +518,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         return build_requests(policy_obs, due, prompts=self.prompts, session_ids=self._schedule.session_ids,
                               image_resolution=self.image_resolution,
                               image_keys=getattr(self.env.unwrapped, "request_image_keys", None),
-                              host_memory=self._host_memory)  # fmt: skip
-
-    @property
-    def _host_memory(self):
-        """Where GPU views go to the host: the client's shared view memory where it has some (a
-        :class:`~dz_gym.transport.ProcessSessionPool`'s, read by its workers directly), else None."""
-        views = getattr(self._client, "host_views", None)
-        return None if views is None else views.alloc
+                              host_memory=self._client.host_memory)  # fmt: skip
 
     def _take_replies(self, env_ids: list[int], block: bool, record: StepRecord) -> None:
         """Settle the finished requests of ``env_ids`` into ``record`` (waiting for them when ``block``)."""

@@ -133,6 +133,9 @@ def test_requests_whose_views_lie_in_the_view_memory_are_sent_by_reference():
         assert views.blocks == 0
         names = pool.shared_memory_names()
         assert len(names) == 1
+        from dz_gym.eval.clients import RequestFields
+
+        assert RequestFields(pool, num_inference_steps=4).host_memory == pool.host_memory  # fields added, views kept
     assert sorted(frames) == expected
 
 
@@ -190,7 +193,7 @@ def test_the_wrapper_builds_the_pool_its_transport_asks_for_and_its_views_go_by_
         env = DreamZeroPolicyWrapper(IsaacDroidStandIn(scene=1, num_envs=4), server=url, transport=config)
         try:
             pool = env.client
-            assert type(pool) is ProcessSessionPool and pool.processes == 2
+            assert type(pool) is ProcessSessionPool and pool.processes == 2 and pool.host_memory is not None
             env.reset(seed=0)
             for _ in range(3):
                 env.step()

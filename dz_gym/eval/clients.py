@@ -199,6 +199,10 @@ class RequestFields(_Delegate):
         return self._inner.config
 
     @property
+    def host_memory(self):
+        return self._inner.host_memory  # the added fields are small: the views still go as they lie
+
+    @property
     def reply_bound(self) -> float | None:
         return self._inner.reply_bound
 

@@ -190,6 +190,12 @@ class ProcessSessionPool(PoolBase):
         its blocks is not copied by :meth:`submit_many`: its worker joins the frame from them."""
         return self._views
 
+    @property
+    def host_memory(self):
+        """:meth:`HostViews.alloc <dz_gym.transport.host_views.HostViews.alloc>` of :attr:`host_views` (the
+        wrapper copies GPU views there), or None without view memory."""
+        return None if self._views is None else self._views.alloc
+
     def _check(self, i: int) -> None:
         if self.closed:
             raise RuntimeError("ProcessSessionPool is closed")
