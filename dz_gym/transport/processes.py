@@ -83,8 +83,8 @@ class ProcessSessionPool(PoolBase):
     (see the module docstring). Methods are thread-safe; every call is bounded by the config.
 
     ``processes``: how many workers (at most one per session). ``arena_bytes``: the most shared memory of one
-    worker. ``views_bytes``: the most shared memory of :attr:`host_views` (0: none). ``start_timeout``: bound on a worker's start-up. ``max_restarts``: how often a dead worker is
-    restarted by ``connect``/``reconnect``.
+    worker. ``views_bytes``: the most shared memory of :attr:`host_views` (0: none). ``start_timeout``: bound
+    on a worker's start-up. ``max_restarts``: how often a dead worker is restarted by ``connect``/``reconnect``.
     """
 
     def __init__(
@@ -267,8 +267,8 @@ class ProcessSessionPool(PoolBase):
         return self.submit_many([(i, request)])[0]
 
     def submit_many(self, items) -> list[concurrent.futures.Future[Outcome]]:
-        """:meth:`submit` for each ``(i, request)``: each encoded here into its worker's arena, then one
-        descriptor message per worker.
+        """:meth:`submit` for each ``(i, request)``: each encoded here (into its worker's arena, or as references
+        to its views), then one descriptor message per worker.
 
         A call of at least :data:`PARALLEL_COPY_BYTES` to copy writes each worker's requests on a thread of its
         own, side by side (the copies let go of the interpreter lock), and returns once all are written: the
