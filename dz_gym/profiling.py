@@ -11,8 +11,9 @@ Stages (:data:`STAGES`), in the order of one batch step:
 - on the caller's thread: ``env_step`` (the simulator's whole step; ``physics`` and ``render`` are the parts
   of it a backend's hooks can tell apart, ``env_other`` the rest), ``gpu_to_host`` (the due envs' views and the
   proprio to host arrays), ``preprocess`` (resize with pad, where the server asks for another resolution),
-  ``build`` (the request dicts), ``encode`` (msgpack), ``submit`` (the hand-off to the loop), ``wait`` (blocked
-  until the replies an env cannot step without are in), ``scatter`` (replies into the chunk caches, the
+  ``build`` (the request dicts), ``encode`` (msgpack), ``submit`` (the hand-off to the loop; with worker
+  processes the copies into their memory and the pipe writes), ``wait`` (blocked until the replies an env
+  cannot step without are in), ``scatter`` (replies into the chunk caches, the
   step's actions to the env's array type), ``wrapper_info`` (the wrapper's per-step info and episode ends),
   ``reset`` (the wrapper's resets: the first, and the caller's resets of single envs), ``bookkeeping`` (the caller's own work between steps: the wall time not spent in the wrapper);
 - off that thread: ``send`` (the loop thread writing a request's frame), ``receive_decode`` (parsing a

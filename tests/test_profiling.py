@@ -110,9 +110,9 @@ def test_profile_flag_end_to_end(tmp_path, capsys, processes):
     for name, row in stages.items():
         for key in ("total_s", "per_step_ms", "per_round_ms", "per_request_ms"):
             assert row[key] >= 0.0, (name, key)
-    for name in ("env_step", "encode", "wait", "send", "network", "bookkeeping", "reset"):
+    # in-process, submit is the hand-off to the loop thread; with processes, the copies and the pipe writes
+    for name in ("env_step", "encode", "submit", "wait", "send", "network", "bookkeeping", "reset"):
         assert stages[name]["total_s"] > 0.0, name
-    assert (stages["submit"]["total_s"] > 0.0) == (processes == 0)
     caller = sum(stages[s]["total_s"] for s in CALLER_STAGES if s not in ("physics", "render", "env_other"))
     assert caller == pytest.approx(report["caller_s"])
     assert caller <= report["wall_s"] * (1 + 1e-6) + 1e-6  # the caller's stages never exceed the wall time
