@@ -69,8 +69,7 @@ class _Segment:
         if fd >= 0:
             memory.close()  # its own mapping has no views: the segment lives on in ours and in its name
         self.extents = Extents(self.size)
-        self.array: np.ndarray | None = np.frombuffer(self.mapping, np.uint8)
-        self.address = self.array.__array_interface__["data"][0]
+        self.address = address_of(np.frombuffer(self.mapping, np.uint8))
         self.pinned = _page_lock(self.address, self.size) if pin else False
 
     def unlink(self) -> None:
@@ -230,7 +229,7 @@ class HostViews:
         return None
 
     def release(self, key: tuple[int, int]) -> None:
-        """Drop one hold of :meth:`hold` (a worker took the bytes, or died)."""
+        """Drop one hold of :meth:`refer` (a worker took the bytes, or died)."""
         self._give_back(key)
 
     def _give_back(self, key: tuple[int, int]) -> None:
@@ -260,7 +259,7 @@ class HostViews:
         for segment in segments:
             if segment.pinned:
                 _page_unlock(segment.address)
-            segment.array = None  # the mapping goes with the last block that views it
+            segment.mapping = None  # the mapping goes with the last block that views it
             segment.unlink()
 
 
