@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from dz_gym.profiling import StageProfiler
+from dz_gym.protocol.request_batch import RequestBatch
 from dz_gym.requests import HostMemory, assemble_requests, proprio, resized_views
 
 __all__ = ["device_sync", "encoded_size", "instrument_env", "server_ms", "timed_requests"]
@@ -37,9 +38,12 @@ def device_sync(env: Any) -> Callable[[], None] | None:
     return functools.partial(torch.cuda.synchronize, device)
 
 
-def encoded_size(request: Mapping[str, Any]) -> int:
-    """A request's array bytes (its encoded size less the msgpack framing's few hundred bytes)."""
-    return sum(int(v.nbytes) for v in request.values() if isinstance(v, np.ndarray))
+def encoded_size(requests: Mapping[int, Mapping[str, Any]]) -> int:
+    """The requests' array bytes (their encoded size less the msgpack framing's few hundred bytes each); a
+    :class:`~dz_gym.protocol.request_batch.RequestBatch` counts its columns without building its requests."""
+    if isinstance(requests, RequestBatch):
+        return requests.array_bytes()
+    return sum(int(v.nbytes) for request in requests.values() for v in request.values() if isinstance(v, np.ndarray))
 
 
 def server_ms(reply: Any) -> float | None:
@@ -59,7 +63,7 @@ def timed_requests(
     image_resolution: tuple[int, int] | None,
     image_keys: Mapping[str, str] | None,
     host_memory: HostMemory | None = None,
-) -> dict[int, dict]:
+) -> Mapping[int, dict]:
     """:func:`dz_gym.requests.build_requests`, its parts timed (see the module docstring)."""
     with profiler.stage("gpu_to_host" if image_resolution is None else "preprocess"):
         views = resized_views(policy, env_ids, image_resolution, host_memory=host_memory)

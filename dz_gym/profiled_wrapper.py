@@ -113,12 +113,12 @@ class ProfiledPolicyWrapper(DreamZeroPolicyWrapper):
         finally:
             self.profiler.add("scatter", time.perf_counter() - start - (self._inner_total() - inner))
 
-    def _requests(self, policy_obs, due: list[int]) -> dict[int, dict]:
+    def _requests(self, policy_obs, due: list[int]):
         requests = timed_requests(self.profiler, policy_obs, due, prompts=self.prompts,
                                   session_ids=self._schedule.session_ids, image_resolution=self.image_resolution,
                                   image_keys=getattr(self.env.unwrapped, "request_image_keys", None),
                                   host_memory=self._client.host_memory)  # fmt: skip
-        self._sent_bytes += sum(encoded_size(request) for request in requests.values())
+        self._sent_bytes += encoded_size(requests)
         return requests
 
     def _take_replies(self, env_ids: list[int], block: bool, record) -> None:

@@ -16,10 +16,10 @@ import numpy as np
 
 from dz_gym.envs import droid
 from dz_gym.preprocess import is_torch_tensor, resize_with_pad, to_numpy
-from dz_gym.protocol import build_infer_request
+from dz_gym.protocol.request_batch import RequestBatch
 
 __all__ = ["assemble_requests", "build_requests", "contiguous_runs", "hold_actions", "is_torch_tensor", "proprio", "resized_views",
-           "resolve_prompts", "to_numpy", "validate_policy_obs", "checked_actions", "env_actions"]  # fmt: skip
+           "request_items", "resolve_prompts", "to_numpy", "validate_policy_obs", "checked_actions", "env_actions"]  # fmt: skip
 
 
 def validate_policy_obs(policy: Mapping[str, Any], num_envs: int) -> None:
@@ -179,21 +179,21 @@ def assemble_requests(
     prompts: Sequence[str],
     session_ids: Sequence[str],
     image_keys: Mapping[str, str] | None = None,
-) -> dict[int, dict]:
+) -> RequestBatch:
     """The requests of ``env_ids`` from their host views (rows in sorted id order, as :func:`resized_views`
-    returns them) and every env's ``joints``/``gripper`` (indexed by env id); see :func:`build_requests`."""
+    returns them) and every env's ``joints``/``gripper`` (indexed by env id), as a :class:`RequestBatch`
+    (env id -> request dict, made when asked for; checked now); see :func:`build_requests`."""
     image_keys = droid.REQUEST_IMAGE_KEYS if image_keys is None else image_keys
-    requests = {}
-    for row, env_id in enumerate(sorted(int(i) for i in env_ids)):
-        images = {image_keys[camera]: views[camera][row] for camera in droid.CAMERA_KEYS}
-        requests[int(env_id)] = build_infer_request(
-            images=images,
-            joint_position=joints[env_id],
-            gripper_position=gripper[env_id],
-            prompt=prompts[env_id],
-            session_id=session_ids[env_id],
-        )
-    return requests
+    return RequestBatch(views, joints, gripper, env_ids, prompts=prompts, session_ids=session_ids,
+                        image_keys={camera: image_keys[camera] for camera in droid.CAMERA_KEYS})  # fmt: skip
+
+
+def request_items(requests: Mapping[int, dict], env_ids: Sequence[int]) -> Sequence[tuple[int, dict]]:
+    """``(env_id, request)`` of ``env_ids`` for a client's ``submit_many``: a :class:`RequestBatch`'s own
+    items (a client may frame them from the batch's template), else pairs of the mapping's dicts."""
+    if isinstance(requests, RequestBatch):
+        return requests.items_of(env_ids)
+    return [(env_id, requests[env_id]) for env_id in env_ids]
 
 
 def build_requests(
@@ -205,7 +205,7 @@ def build_requests(
     image_resolution: tuple[int, int] | None,
     image_keys: Mapping[str, str] | None = None,
     host_memory: HostMemory | None = None,
-) -> dict[int, dict]:
+) -> Mapping[int, dict]:
     """Infer requests for ``env_ids`` (keyed by env id); ``prompts``/``session_ids`` are indexed by env id.
 
     ``image_keys`` maps each camera to its request key (default ``droid.REQUEST_IMAGE_KEYS``; an env whose

@@ -75,7 +75,7 @@ import dataclasses
 import logging
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -98,6 +98,7 @@ from dz_gym.requests import (
     checked_actions,
     env_actions,
     hold_actions,
+    request_items,
     resolve_prompts,
     to_numpy,
     validate_policy_obs,
@@ -499,7 +500,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
             requests = self._requests(policy_obs, due)
             self._used[due] = True
             tokens = [self._schedule.mark_sent(env_id) for env_id in due]
-            futures = self._client.submit_many([(env_id, requests[env_id]) for env_id in due])
+            futures = self._client.submit_many(request_items(requests, due))
             for env_id, token, future in zip(due, tokens, futures):
                 self._in_flight[env_id] = _InFlight(token, future)
             record.called[due] = True
@@ -513,7 +514,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         self._schedule.apply_arrivals()
         return record
 
-    def _requests(self, policy_obs, due: list[int]) -> dict[int, dict]:
+    def _requests(self, policy_obs, due: list[int]) -> Mapping[int, dict]:
         """The requests of the ``due`` envs (keyed by env id)."""
         return build_requests(policy_obs, due, prompts=self.prompts, session_ids=self._schedule.session_ids,
                               image_resolution=self.image_resolution,

@@ -2,7 +2,8 @@
 
 A block lives while any view of it does and while a worker has not taken its bytes; the server receives
 packb's bytes for requests whose views lie in the pool's view memory, with nothing copied into an arena;
-requests by reference and by copy keep one session's order; ``_to_host`` lands the views in the block it is
+requests by reference and by copy keep one session's order; a RequestBatch's requests are framed from its
+template (by the workers where its views lie in the view memory, in-process otherwise) into the same bytes; ``_to_host`` lands the views in the block it is
 given (host tensors stand in for CUDA ones: the copy and the layout are the same code), and the wrapper builds
 the pool its transport config asks for.
 """
@@ -155,6 +156,55 @@ def test_by_reference_and_copied_requests_keep_one_sessions_order():
     assert frames == [packb(r) for r in order]
 
 
+def batch_in(block: np.ndarray | None, env_ids: list[int], num_envs: int):
+    """A RequestBatch of ``env_ids`` whose three views lie in ``block`` (own memory where it is None)."""
+    from dz_gym.envs import droid
+    from dz_gym.requests import assemble_requests
+
+    count = len(env_ids)
+    block = np.empty(3 * count * int(np.prod(VIEW)), np.uint8) if block is None else block
+    cams = block.reshape(3, count, *VIEW)
+    for j in range(3):
+        for row in range(count):
+            cams[j, row] = (31 * j + 7 * row) % 256
+    views = dict(zip(droid.CAMERA_KEYS, cams))
+    joints = np.arange(num_envs * 7, dtype=np.float64).reshape(num_envs, 7) / 100
+    gripper = np.linspace(0, 1, num_envs).reshape(num_envs, 1)
+    prompts = [f"put the cube in bowl {k}" for k in range(num_envs)]
+    sessions = [f"episode-{k}-" + "x" * (k * 20) for k in range(num_envs)]
+    return assemble_requests(views, joints, gripper, env_ids, prompts=prompts, session_ids=sessions)
+
+
+@pytest.mark.parametrize(("processes", "in_view_memory"), [(0, False), (2, False), (2, True)])
+def test_a_batchs_requests_are_framed_from_its_template(processes, in_view_memory):
+    from dz_gym.transport import SessionPool
+
+    frames: list[bytes] = []
+    env_ids = [5, 0, 3, 2, 1]
+    with recording_server(frames) as server:
+        pool = ProcessSessionPool(server.url, 6, FAST, processes=2) if processes else SessionPool(server.url, 6, FAST)
+        with pool:
+            pool.connect()
+            block = pool.host_views.alloc(3 * 5 * int(np.prod(VIEW))) if in_view_memory else None
+            batch = batch_in(block, env_ids, 6)
+            want = {k: packb(batch[k]) for k in env_ids}
+            futures = pool.submit_many(batch.items_of(env_ids))
+            concurrent.futures.wait(futures, timeout=BOUND_S)
+            outcomes = [f.result() for f in futures]
+            assert all(o.ok for o in outcomes) and [o.index for o in outcomes] == env_ids
+            assert [o.request_bytes for o in outcomes] == [len(want[k]) for k in env_ids]
+            if processes:
+                arenas = [w.segments for w in pool._workers]
+                assert all(not a for a in arenas) if in_view_memory else any(arenas)
+                assert not any(p.kind == "hold" for w in pool._workers for p in w.pending.values()), "both took"
+            if in_view_memory:
+                assert pool.host_views.blocks == 1  # the caller still holds its arrays
+                del block, batch
+                gc.collect()
+                assert pool.host_views.blocks == 0
+    assert sorted(frames) == sorted(want.values())
+
+
 # ---------------------------------------------------------------------------------- where views land
 def test_to_host_lands_every_camera_in_the_given_block_and_falls_back_without_room():
     torch = pytest.importorskip("torch")
@@ -225,7 +275,8 @@ def test_host_views_are_gathered_into_the_given_block():
         assert np.shares_memory(array, given[0]) and array.flags.c_contiguous
 
 
-def test_a_killed_workers_requests_fail_and_their_blocks_come_back():
+@pytest.mark.parametrize("as_batch", [False, True])
+def test_a_killed_workers_requests_fail_and_their_blocks_come_back(as_batch):
     import os
     import signal
 
@@ -237,9 +288,14 @@ def test_a_killed_workers_requests_fail_and_their_blocks_come_back():
     gated = GatedPolicy(load_policy("hold"), free=0)
     with start_server_thread(gated) as server, ProcessSessionPool(server.url, 4, FAST, processes=2) as pool:
         pool.connect()
-        block = pool.host_views.alloc(4 * int(np.prod(VIEW)))
-        images = views_of(block, 4)
-        futures = pool.submit_many([(k, request(k, images[k])) for k in range(4)])
+        if as_batch:  # framed by the workers from the batch's template
+            block = pool.host_views.alloc(3 * 4 * int(np.prod(VIEW)))
+            images = batch_in(block, [0, 1, 2, 3], 4)
+            futures = pool.submit_many(images.items_of([0, 1, 2, 3]))
+        else:
+            block = pool.host_views.alloc(4 * int(np.prod(VIEW)))
+            images = views_of(block, 4)
+            futures = pool.submit_many([(k, request(k, images[k])) for k in range(4)])
         gated.held.wait(BOUND_S)
         os.kill(pool.worker_pid(1), signal.SIGKILL)
         for k in (1, 3):

@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MAX_FAST_DEPTH", "RELEASING_COPY_BYTES", "fast_parts", "fast_pieces", "pack_fast", "pieces_of", "pieces_size",
-           "write_pieces"]  # fmt: skip
+__all__ = ["MAX_FAST_DEPTH", "RELEASING_COPY_BYTES", "fast_parts", "fast_pieces", "fast_template", "join_template",
+           "pack_fast", "pieces_of", "pieces_size", "str_bytes", "write_pieces"]  # fmt: skip
 
 MAX_FAST_DEPTH = 64
 """Maps and lists nested deeper than this go to the general path (which refuses past 512)."""
@@ -305,3 +305,57 @@ def write_pieces(pieces: list[memoryview], buffer: Any, offset: int = 0) -> int:
             view[position : position + size] = piece
         position += size
     return position
+
+
+def str_bytes(value: str) -> bytes | None:
+    """``value`` packed as a msgpack str (header and UTF-8 bytes); None for text that is not UTF-8."""
+    try:
+        return _str(value)
+    except _Fallback:
+        return None
+
+
+def fast_template(obj: dict, slots: dict[str, int]) -> list[bytes | int] | None:
+    """``obj``'s msgpack bytes (a dict, as :func:`pack_fast` writes it) as a template: ``bytes``, and in
+    place of the value of each top-level key named in ``slots`` its slot number (an ``int``) -- for a numpy
+    array its data only (the array's marker stays in the template), for anything else its whole packed bytes.
+    :func:`join_template` fills the slots: requests of one shape differ only in the slots' bytes, so a
+    batch of them is packed once. Neighbouring bytes are joined; None where the fast path leaves ``obj``."""
+    if type(obj) is not dict:
+        return None
+    parts: list = []
+    try:
+        parts.append(_map_head(len(obj)))
+        for key, value in obj.items():
+            if type(key) is not str:
+                return None
+            parts.append(_key(key))
+            slot = slots.get(key)
+            if slot is None:
+                _pack(value, parts, 1)
+            elif type(value) is np.ndarray:
+                before, after = _array_marker(value)
+                parts += [before, int(slot), after]
+            else:
+                parts.append(int(slot))
+    except (_Fallback, BufferError, TypeError, ValueError):
+        return None
+    template: list[bytes | int] = []
+    run: list = []
+    for part in parts:
+        if type(part) is int:
+            if run:
+                template.append(b"".join(run))
+                run = []
+            template.append(part)
+        else:
+            run.append(part)
+    if run:
+        template.append(b"".join(run))
+    return template
+
+
+def join_template(template: list, fields: list) -> bytes:
+    """The bytes of a :func:`fast_template` with slot ``s`` filled by ``fields[s]`` (bytes-like: an array's
+    data, or a value's packed bytes such as :func:`str_bytes`)."""
+    return b"".join([fields[part] if type(part) is int else part for part in template])

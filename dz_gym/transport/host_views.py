@@ -211,6 +211,32 @@ class HostViews:
             nbytes += len(joined)
         return out, keys, nbytes
 
+    def refer_arrays(self, arrays: list[np.ndarray]) -> tuple[list[tuple[int, int] | None], list[tuple[int, int]]]:
+        """Where each C-contiguous array lies: ``(segment, offset)`` within a block handed out here, or None
+        (it lies elsewhere); and the keys of those blocks, each held once (dropped by :meth:`release` of each
+        key). The columns of a :class:`~dz_gym.protocol.request_batch.RequestBatch`, found once for all its
+        requests."""
+        spots: list[tuple[int, int] | None] = []
+        keys: list[tuple[int, int]] = []
+        if not self._holds:
+            return [None] * len(arrays), keys
+        with self._lock:
+            block: tuple[int, int, int] | None = None
+            for array in arrays:
+                spot = None
+                if type(array) is np.ndarray and array.flags.c_contiguous and array.nbytes > 0:
+                    spot = self._where(address_of(array), array.nbytes, block)
+                if spot is None:
+                    spots.append(None)
+                    continue
+                k, offset, block = spot
+                spots.append((k, offset))
+                if (k, block[1]) not in keys:
+                    keys.append((k, block[1]))
+            for key in keys:
+                self._holds[key] += 1
+        return spots, keys
+
     def _where(self, address: int, size: int, last: tuple[int, int, int] | None):
         """``(segment, offset, (segment, start, end))`` of the handed-out block that holds the range, else
         None (caller holds the lock); ``last`` is tried first (a request's views share one block)."""

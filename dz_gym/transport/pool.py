@@ -32,6 +32,7 @@ from dz_gym.errors import DzGymError, PartialConnectError, RequestTimeout
 from dz_gym.policy_client import Outcome
 from dz_gym.protocol import ServerMetadata
 from dz_gym.protocol.contract import releases_sessions
+from dz_gym.protocol.request_batch import BatchItems
 from dz_gym.transport.base import PoolBase
 from dz_gym.transport.config import TransportConfig, check_pool_args
 from dz_gym.transport.heap import TRIM_THRESHOLD, keep_freed_buffers
@@ -164,11 +165,15 @@ class SessionPool(PoolBase):
         futures: list[concurrent.futures.Future[Outcome] | None] = []
         coros, slots = [], []
         encoded = 0
-        for i, request in items:
+        batch = items.batch if isinstance(items, BatchItems) else None  # framed from its template where it has one
+        pairs = [(i, None) for i in items.env_ids] if batch is not None else items
+        for i, request in pairs:
             session = self._session(i)
             start = time.perf_counter()
             try:
-                payload = encode_request(request)
+                payload = None if batch is None else batch.frame(i)
+                if payload is None:
+                    payload = encode_request(batch[i] if request is None else request)
             except DzGymError as exc:
                 done: concurrent.futures.Future[Outcome] = concurrent.futures.Future()
                 done.set_result(Outcome.failed(i, exc))

@@ -20,6 +20,12 @@ How the bytes move (no pickle for anything per request):
   where the wrapper copies a GPU batch's views to) is not copied here at all: its descriptor names those
   ranges and carries the small pieces inline, the worker joins the frame, tells this process it took the
   bytes (the block is then free once the caller's arrays of it are gone too) and sends it.
+- A batch step's requests given as a :class:`~dz_gym.protocol.request_batch.RequestBatch` (what the wrapper
+  builds) are not packed here at all where its views lie in the view memory: each worker gets one ``sendt``
+  message -- the batch's frame template, where its columns lie (the views as their place in the view memory,
+  the proprio inline) and per request its row and its packed prompt and session id -- and frames each request
+  itself, into the bytes ``packb`` gives its dict. The caller's work per request is then a few microseconds
+  of bookkeeping instead of packing it.
 - The worker answers with the raw reply frame and the outcome's stamps, counts and error (type name, message
   and the fields its class needs, rebuilt from :mod:`dz_gym.errors` here); this process parses the frame with
   the parser AsyncSession uses, so the reply is the one SessionPool gives.
@@ -53,12 +59,14 @@ from dz_gym.policy_client import Outcome
 from dz_gym.protocol import ServerMetadata
 from dz_gym.protocol.contract import releases_sessions
 from dz_gym.protocol.packer import fast_parts, pieces_of, pieces_size
+from dz_gym.protocol.request_batch import BatchItems
 from dz_gym.transport.base import PoolBase
 from dz_gym.transport.config import TransportConfig, check_pool_args
 from dz_gym.transport.host_views import VIEWS_BYTES, HostViews
 from dz_gym.transport.session import request_pieces
 from dz_gym.transport.worker_handle import (
     ARENA_BYTES,
+    BY_REFERENCE_BYTES,
     FIRST_SEGMENT_BYTES,
     MAX_RESTARTS,
     START_TIMEOUT_S,
@@ -277,6 +285,17 @@ class ProcessSessionPool(PoolBase):
         the packing is ``encode`` and the copies and hand-off are ``submit``."""
         profiler = self._profiler
         start = time.perf_counter()
+        if isinstance(items, BatchItems) and self._views is not None:
+            messages = self._template_messages(items)
+            if messages is not None:
+                futures, messages = messages
+                placed = time.perf_counter()
+                for worker, message in messages:
+                    worker.send_message(message)
+                if profiler is not None:
+                    profiler.add("encode", placed - start)
+                    profiler.add("submit", time.perf_counter() - placed)
+                return futures
         futures: list[concurrent.futures.Future[Outcome]] = []
         entries: dict[int, list[tuple[int, Any, concurrent.futures.Future, Any]]] = {}
         copy_bytes = 0
@@ -317,6 +336,49 @@ class ProcessSessionPool(PoolBase):
             profiler.add("encode", placed - start)
             profiler.add("submit", time.perf_counter() - placed)
         return futures
+
+    def _template_messages(self, items: BatchItems) -> tuple[list[concurrent.futures.Future[Outcome]],
+                                                              list[tuple[WorkerHandle, list]]] | None:  # fmt: skip
+        """The futures and each worker's ``sendt`` message of a batch's requests, to be framed by the workers
+        from the batch's template (:meth:`RequestBatch.frame_template
+        <dz_gym.protocol.request_batch.RequestBatch.frame_template>`): a large column (the views) goes as its
+        place in :attr:`host_views`, a small one (the proprio) inline, each request as its row and its two
+        packed strings. None where the batch has no template, some string is no UTF-8 or a large column lies
+        outside the view memory: the requests then go as dicts."""
+        batch = items.batch
+        template = batch.frame_template()
+        if template is None:
+            return None
+        strings = [batch.strings(env_id) for env_id in items.env_ids]
+        if any(s is None for s in strings):
+            return None
+        sizes = [template.row_bytes(j) for j in range(len(template.columns))]
+        large = [j for j, size in enumerate(sizes) if size >= BY_REFERENCE_BYTES]
+        inline = {j: template.columns[j].tobytes() for j in range(len(sizes)) if j not in large}
+        per_worker: dict[int, list] = {}
+        futures: list[concurrent.futures.Future[Outcome]] = []
+        row_bytes = template.fixed_bytes + sum(sizes)
+        for env_id, packed in zip(items.env_ids, strings):
+            worker = self._worker(env_id)
+            future: concurrent.futures.Future[Outcome] = concurrent.futures.Future()
+            futures.append(future)
+            nbytes = row_bytes + len(packed[0]) + len(packed[1])
+            per_worker.setdefault(worker.number, []).append((env_id, batch.row(env_id), packed, future, nbytes))
+        found = [self._views.refer_arrays([template.columns[j] for j in large]) for _ in per_worker]
+        if any(spot is None for spots, _ in found for spot in spots):
+            for _, keys in found:
+                for key in keys:
+                    self._views.release(key)
+            return None
+        messages = []
+        for (number, rows), (spots, keys) in zip(per_worker.items(), found):
+            where = dict(zip(large, spots))
+            columns = [[*where[j], sizes[j]] if j in where else [inline[j], 0, sizes[j]] for j in range(len(sizes))]
+            worker = self._workers[number]
+            message = worker.template_message(template.parts, columns, rows, keys)
+            if message is not None:
+                messages.append((worker, message))
+        return futures, messages
 
     def _copier(self) -> concurrent.futures.ThreadPoolExecutor:
         """The threads that write requests into the arenas, one per worker (made at first use)."""

@@ -84,7 +84,7 @@ def create_segment(size: int) -> shared_memory.SharedMemory:
 class _Pending:
     """A request of this process's that a worker has not answered yet."""
 
-    kind: str  # "out" (infer), "conn", "reset", "closed"
+    kind: str  # "out" (infer), "conn", "reset", "closed", "hold" (a batch's view blocks, until the worker took them)
     future: concurrent.futures.Future
     index: int
     extent: tuple[int, int] | None = None  # (segment, offset) to free when it is answered
@@ -262,12 +262,14 @@ class WorkerHandle:
         if kind == "ready":
             return
         token = message[1]
-        if kind == "took":  # the worker joined the request's view ranges into its frame
+        if kind == "took":  # the worker joined the request's (or the batch's) view ranges into its frames
             with self.lock:
                 pending = self.pending.get(token)
                 holds = None if pending is None else pending.holds
                 if pending is not None:
                     pending.holds = None
+                    if pending.kind == "hold":
+                        del self.pending[token]
             self._release_views(holds)
             return
         with self.lock:
@@ -452,6 +454,34 @@ class WorkerHandle:
         why = f" (its transport worker exited: {self.death})" if self.death else ""
         future.set_result(Outcome.failed(index, ConnectionLost(f"session {index} is not connected{why}"),
                                          request_bytes=nbytes))  # fmt: skip
+
+    def template_message(self, parts: list, columns: list[list[Any]], rows: list[tuple[int, int, list[bytes],
+                         concurrent.futures.Future, int]], holds: list[tuple[int, int]]) -> list[Any] | None:  # fmt: skip
+        """The ``sendt`` message of a batch's requests framed by the worker from one template
+        (:class:`~dz_gym.protocol.request_batch.FrameTemplate`): ``parts``, ``columns`` (each ``[segment,
+        offset, row bytes]`` of the view memory, or ``[bytes, 0, row bytes]`` inline) and per request ``(index,
+        row, strings, future, nbytes)``; each future registered, the blocks of ``holds`` kept until the worker
+        took them. None, with every future failed and the holds dropped, when the worker is dead."""
+        message_rows = []
+        with self.lock:
+            if self.alive:
+                token = next(TOKENS)
+                self.pending[token] = _Pending("hold", concurrent.futures.Future(), -1, holds=holds)
+                for index, row, strings, future, nbytes in rows:
+                    request_token = next(TOKENS)
+                    self.pending[request_token] = _Pending("out", future, index, None, nbytes)
+                    message_rows.append([request_token, index, row, *strings])
+                return ["sendt", token, parts, columns, message_rows]
+        self._release_views(holds)
+        why = f" (its transport worker exited: {self.death})" if self.death else ""
+        for index, _, _, future, nbytes in rows:
+            future.set_result(Outcome.failed(index, ConnectionLost(f"session {index} is not connected{why}"),
+                                             request_bytes=nbytes))  # fmt: skip
+        return None
+
+    def send_message(self, message: list[Any]) -> None:
+        """Send one message (a dead worker's reader fails what it had pending)."""
+        self._write(message)
 
     def announce_views(self, k: int, name: str) -> None:
         """Tell the worker to map view segment ``k`` (a dead one maps them all when it is started again)."""

@@ -16,6 +16,7 @@ from typing import Any
 
 from dz_gym.errors import DzGymError
 from dz_gym.protocol import packb
+from dz_gym.protocol.request_batch import frame_of
 from dz_gym.transport.config import TransportConfig
 from dz_gym.transport.heap import keep_freed_buffers
 from dz_gym.transport.messages import error_fields, pack_message, unpack_message
@@ -48,6 +49,31 @@ class SendClock:
     def take(self) -> float:
         seconds, self.send_s = self.send_s, 0.0
         return seconds
+
+
+class _Took:
+    """The countdown of one ``sendt`` batch: when the last of its requests has been framed, the parent is
+    told (``took``) that the batch's view blocks are free as far as this worker is concerned."""
+
+    def __init__(self, loop: WorkerLoop, token: int, count: int):
+        self.loop, self.token, self.left = loop, token, count
+        if count == 0:
+            loop.post(["took", token])
+
+    def one_done(self) -> None:
+        self.left -= 1
+        if self.left == 0:
+            self.loop.post(["took", self.token])
+
+
+class _Templated:
+    """One request of a ``sendt`` batch before it is framed: the template's parts, the batch's columns, its
+    row and its packed strings."""
+
+    __slots__ = ("columns", "parts", "row", "strings", "took")
+
+    def __init__(self, parts: list, columns: list, row: int, strings: list[bytes], took: _Took):
+        self.parts, self.columns, self.row, self.strings, self.took = parts, columns, row, strings, took
 
 
 class WorkerLoop:
@@ -121,6 +147,11 @@ class WorkerLoop:
         elif kind == "sendv":  # large pieces in the view segments, small ones inline: joined by the send
             for token, index, parts in message[1]:
                 self._spawn(self._send(token, index, parts))
+        elif kind == "sendt":  # one batch's requests, each framed here from its template (RequestBatch)
+            _, token, parts, columns, rows = message
+            took = _Took(self, token, len(rows))
+            for request_token, index, row, *strings in rows:
+                self._spawn(self._send(request_token, index, _Templated(parts, columns, row, strings, took)))
         elif kind == "seg":
             self._attach(message[1], message[2])
         elif kind == "vseg":
@@ -152,11 +183,31 @@ class WorkerLoop:
                     view.release()
             self.post(["took", token])
 
+    def _frame(self, templated: _Templated) -> bytes:
+        """The frame of a ``sendt`` request: the template's parts, its row of each column (view ranges or
+        inline bytes) and its strings; the parent is told the batch's ranges are free once every request of
+        it has been framed."""
+        rows: list[Any] = []
+        row = templated.row
+        try:
+            for source, offset, size in templated.columns:
+                start = offset + row * size
+                if isinstance(source, int):
+                    rows.append(self.views[source].buf[start : start + size])
+                else:
+                    rows.append(source[start : start + size])
+            return frame_of(templated.parts, rows, templated.strings)
+        finally:
+            for view in rows:
+                if isinstance(view, memoryview):
+                    view.release()
+            templated.took.one_done()
+
     async def _send(self, token: int, index: int, payload: Any) -> None:
         session = self.sessions[index]
-        if isinstance(payload, list):
+        if isinstance(payload, (list, _Templated)):
             try:
-                payload = self._join(token, payload)
+                payload = self._join(token, payload) if isinstance(payload, list) else self._frame(payload)
             except (KeyError, IndexError, TypeError, ValueError) as exc:  # only a bug of the parent's gets here
                 now = time.perf_counter()
                 error = DzGymError(f"session {index}: the request's views could not be read: {exc!r}")
