@@ -10,7 +10,10 @@ and the round's wall time, with each one's ratio to the baseline of the same N. 
 server's own decoding, which on a small machine shares the cores with the client and its workers. The rows
 "views shared" first copy each round's views into the pool's view memory (as the wrapper copies a GPU batch's
 views from the GPU; that copy, ``views_copy_ms``, is outside the measured round): the requests then go to the
-workers by reference, with nothing copied by ``submit_many``.
+workers by reference, with nothing copied by ``submit_many``. The rows "batch" give the round as the wrapper
+builds it, a :class:`~dz_gym.protocol.request_batch.RequestBatch` (its views in the view memory where the pool
+has one; building it is ``views_copy_ms``, outside the round): the in-process pool joins each frame from the
+batch's template, the worker processes frame the requests themselves.
 
 Usage: python benchmarks/bench_processes.py [--num-envs 256 1024] [--rounds 4] [--processes 2 4]
 """
@@ -79,7 +82,28 @@ def into_view_memory(pool: ProcessSessionPool, items: list[tuple[int, dict]]) ->
     return time.perf_counter() - start
 
 
-def measure(url: str, num: int, processes: int, rounds: int, shared: bool = False) -> dict:
+def as_batch(pool, items: list[tuple[int, dict]]):
+    """The round as the wrapper builds it: a RequestBatch whose views lie in one block of the pool's view memory
+    (where the pool has one), framed from its template (by the workers); its items for ``submit_many``."""
+    from dz_gym.envs import droid
+    from dz_gym.requests import assemble_requests
+
+    num, size = len(items), int(np.prod(VIEW_SHAPE))
+    memory = getattr(pool, "host_memory", None)
+    block = memory(num * len(VIEWS) * size) if memory is not None else None
+    block = np.empty(num * len(VIEWS) * size, np.uint8) if block is None else block
+    cams = block.reshape(len(VIEWS), num, *VIEW_SHAPE)
+    for row, (_, request) in enumerate(items):
+        for j, key in enumerate(VIEWS):
+            cams[j, row] = request[key]
+    joints = np.stack([request["observation/joint_position"] for _, request in items])
+    gripper = np.stack([request["observation/gripper_position"] for _, request in items])
+    batch = assemble_requests(dict(zip(droid.CAMERA_KEYS, cams)), joints, gripper, range(num),
+                              prompts=[r["prompt"] for _, r in items], session_ids=[r["session_id"] for _, r in items])  # fmt: skip
+    return batch.items_of(range(num))
+
+
+def measure(url: str, num: int, processes: int, rounds: int, shared: bool = False, batch: bool = False) -> dict:
     config = TransportConfig(request_timeout=120)
     pool = (
         SessionPool(url, num, config) if processes == 0 else ProcessSessionPool(url, num, config, processes=processes)
@@ -89,7 +113,10 @@ def measure(url: str, num: int, processes: int, rounds: int, shared: bool = Fals
         totals, gather = np.zeros(3), 0.0
         for k in range(WARMUP_ROUNDS + rounds):
             items = requests_for(num, k)
-            copy_s = into_view_memory(pool, items) if shared else 0.0
+            start = time.perf_counter()
+            if batch:
+                items = as_batch(pool, items)
+            copy_s = into_view_memory(pool, items) if shared else time.perf_counter() - start
             result = one_round(pool, items)
             del items  # the views' block is free once the workers took it and these are gone
             if k >= WARMUP_ROUNDS:
@@ -99,7 +126,7 @@ def measure(url: str, num: int, processes: int, rounds: int, shared: bool = Fals
     client = "in-process" if processes == 0 else f"processes={processes}"
     return {
         "num_envs": num,
-        "client": client + (", views shared" if shared else ""),
+        "client": client + (", views shared" if shared else "") + (", batch" if batch else ""),
         "caller_cpu_ms_per_request": thread / num * 1e3,
         "process_cpu_ms_per_request": cpu / num * 1e3,
         "round_ms": wall * 1e3,
@@ -117,9 +144,11 @@ def main() -> None:
     try:
         for num in args.num_envs:
             base = None
-            arms = [(0, False)] + [(p, False) for p in args.processes] + [(p, True) for p in args.processes]
-            for processes, shared in arms:
-                row = measure(server.url + PATH, num, processes, args.rounds, shared)
+            arms = [(0, False, False)] + [(p, False, False) for p in args.processes]
+            arms += [(p, True, False) for p in args.processes] + [(0, False, True)]
+            arms += [(p, False, True) for p in args.processes]
+            for processes, shared, batch in arms:
+                row = measure(server.url + PATH, num, processes, args.rounds, shared, batch)
                 base = base or row
                 for key in ("caller_cpu_ms_per_request", "process_cpu_ms_per_request", "round_ms"):
                     row[key.replace("_ms", "") + "_ratio"] = row[key] / base[key]
