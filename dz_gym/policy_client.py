@@ -141,6 +141,12 @@ class PolicyClient(abc.ABC):
         wrapper's own memory. :class:`~dz_gym.transport.ProcessSessionPool` gives its workers' view memory."""
         return None
 
+    def reserve_host_memory(self, nbytes: int) -> bool:
+        """Make :attr:`host_memory` ready for a batch of ``nbytes`` now (the wrapper calls it at reset with a
+        full round's views, so that the first step does not pay for making that memory); whether it has
+        room. The default, without host memory: False, nothing to do."""
+        return False
+
     def end_session(self, env_id: int, session_id: str) -> None:  # noqa: B027 (an optional hook)
         """Slot ``env_id``'s episode with ``session_id`` ended (a fresh session id follows).
 

@@ -18,7 +18,7 @@ from dz_gym.envs import droid
 from dz_gym.preprocess import is_torch_tensor, resize_with_pad, to_numpy
 from dz_gym.protocol.request_batch import RequestBatch
 
-__all__ = ["assemble_requests", "build_requests", "contiguous_runs", "hold_actions", "is_torch_tensor", "proprio", "resized_views",
+__all__ = ["assemble_requests", "build_requests", "contiguous_runs", "hold_actions", "is_torch_tensor", "proprio", "resized_views", "views_bytes",
            "request_items", "resolve_prompts", "to_numpy", "validate_policy_obs", "checked_actions", "env_actions"]  # fmt: skip
 
 
@@ -99,6 +99,20 @@ def resized_views(
         return gathered
     return {camera: to_numpy(blocks[0]) if len(blocks) == 1 else np.concatenate([to_numpy(b) for b in blocks])
             for camera, blocks in parts.items()}  # fmt: skip
+
+
+def views_bytes(policy: Mapping[str, Any], image_resolution: tuple[int, int] | None) -> int:
+    """Bytes of every env's three views as :func:`resized_views` returns them (a full request round's), from
+    the batch's shapes alone (nothing is read or copied)."""
+    total = 0
+    for camera in droid.CAMERA_KEYS:
+        batch = policy[camera]
+        num, height, width, channels = (int(d) for d in batch.shape[-4:])
+        if image_resolution is not None:
+            height, width = int(image_resolution[0]), int(image_resolution[1])
+        itemsize = batch.element_size() if is_torch_tensor(batch) else batch.dtype.itemsize
+        total += num * height * width * channels * itemsize
+    return total
 
 
 def _layout(parts: Mapping[str, Sequence[Any]]) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:

@@ -102,6 +102,7 @@ from dz_gym.requests import (
     resolve_prompts,
     to_numpy,
     validate_policy_obs,
+    views_bytes,
 )
 from dz_gym.transport import TransportConfig, open_pool
 from dz_gym.transport.rules import breaks_connection
@@ -246,10 +247,8 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
             self._stop_embedded()
             raise
         config, bound = self._client.config or TransportConfig(), self._client.reply_bound
-        self._reply_bound, self._admission = (
-            float(config.request_bound() if bound is None else bound),
-            Admission(config),
-        )
+        self._reply_bound = float(config.request_bound() if bound is None else bound)
+        self._admission = Admission(config)
 
     def _resolve_horizon(self, requested: int | None, urls: list[str]) -> int:
         """The open-loop horizon, checked against each server's announced contract (see the module doc)."""
@@ -285,6 +284,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         ids = range(self.num_envs) if env_ids is None else [int(i) for i in np.atleast_1d(to_numpy(env_ids))]
         self._end_episodes(ids)
         validate_policy_obs(obs[droid.POLICY_GROUP], self.num_envs)
+        self._client.reserve_host_memory(views_bytes(obs[droid.POLICY_GROUP], self.image_resolution))
         self._obs = obs
         info = dict(info)
         info["session_id"] = np.array(self._schedule.session_ids, dtype=object)

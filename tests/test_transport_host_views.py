@@ -3,9 +3,11 @@
 A block lives while any view of it does and while a worker has not taken its bytes; the server receives
 packb's bytes for requests whose views lie in the pool's view memory, with nothing copied into an arena;
 requests by reference and by copy keep one session's order; a RequestBatch's requests are framed from its
-template (by the workers where its views lie in the view memory, in-process otherwise) into the same bytes; ``_to_host`` lands the views in the block it is
-given (host tensors stand in for CUDA ones: the copy and the layout are the same code), and the wrapper builds
-the pool its transport config asks for.
+template (by the workers where its views lie in the view memory, in-process otherwise) into the same bytes;
+:meth:`HostViews.reserve` makes a populated segment ahead of time (the wrapper calls it at reset), and a segment
+that cannot be set up is unlinked; ``_to_host`` lands the views in the block it is given (host tensors stand
+in for CUDA ones: the copy and the layout are the same code), and the wrapper builds the pool its transport
+config asks for.
 """
 
 from __future__ import annotations
@@ -110,6 +112,73 @@ def test_no_room_gives_none_and_segments_grow_up_to_the_capacity():
         HostViews(create_segment, lambda k, name: None, capacity=-1)
 
 
+def mapped_kib(name: str) -> int | None:
+    """This process's resident KiB of the shared-memory segment ``name`` (/proc/self/smaps), None off Linux."""
+    try:
+        with open("/proc/self/smaps") as smaps:
+            lines = smaps.read().splitlines()
+    except OSError:
+        return None
+    total, inside = 0, False
+    for line in lines:
+        if "-" in line.split(" ", 1)[0] and ":" not in line.split(" ", 1)[0]:  # a mapping's header line
+            inside = line.rstrip().endswith("/" + name.lstrip("/"))
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+def test_reserve_makes_a_populated_segment_ahead_of_the_first_alloc():
+    views = HostViews(create_segment, lambda k, name: None, capacity=2**30)
+    try:
+        nbytes = FIRST_VIEWS_SEGMENT_BYTES  # a segment of twice its size
+        assert views.reserve(nbytes) and views.blocks == 0 and len(views.names) == 1
+        (_, name), size = views.names[0], 2 * nbytes
+        resident = mapped_kib(name)
+        if resident is not None:
+            assert resident * 1024 >= size, "its pages are mapped now, not by the first copy"
+        assert views.reserve(nbytes) and len(views.names) == 1, "room already there: nothing new"
+        block = views.alloc(nbytes)
+        assert block is not None and len(views.names) == 1, "the alloc takes the reserved room"
+        assert views.reserve(nbytes) and len(views.names) == 1  # the other half of the segment
+        for bad in (0, -1, 1.5, True):
+            with pytest.raises(ValueError, match="nbytes"):
+                views.reserve(bad)
+    finally:
+        views.close()
+    assert not views.reserve(1000)
+
+
+def test_a_segment_that_cannot_be_set_up_is_unlinked_and_gives_no_room(monkeypatch, caplog):
+    import errno
+    import os
+
+    import dz_gym.transport.host_views as host_views
+
+    made: list[str] = []
+
+    def create(size):
+        memory = create_segment(size)
+        made.append(memory.name)
+        return memory
+
+    def refuse(mapping):
+        raise OSError(errno.ENOMEM, "no memory to populate")
+
+    monkeypatch.setattr(host_views, "_populate", refuse)
+    views = HostViews(create, lambda k, name: None, capacity=2**30)
+    try:
+        with caplog.at_level("WARNING", logger="dz_gym.transport"):
+            assert not views.reserve(1000)
+        assert made and not views.names
+        assert "could not be made" in caplog.text and "no memory to populate" in caplog.text
+        assert not os.path.exists("/dev/shm/" + made[0].lstrip("/")), "the segment was unlinked"
+        monkeypatch.undo()
+        assert views.alloc(1000) is not None, "a later segment still can be made"
+    finally:
+        views.close()
+
+
 # ------------------------------------------------------------------------------------- the pool's path
 def test_requests_whose_views_lie_in_the_view_memory_are_sent_by_reference():
     frames: list[bytes] = []
@@ -136,7 +205,9 @@ def test_requests_whose_views_lie_in_the_view_memory_are_sent_by_reference():
         assert len(names) == 1
         from dz_gym.eval.clients import RequestFields
 
-        assert RequestFields(pool, num_inference_steps=4).host_memory == pool.host_memory  # fields added, views kept
+        fields = RequestFields(pool, num_inference_steps=4)
+        assert fields.host_memory == pool.host_memory  # fields added, views kept
+        assert fields.reserve_host_memory(1000) and pool.shared_memory_names() == names  # room there already
     assert sorted(frames) == expected
 
 
@@ -245,8 +316,11 @@ def test_the_wrapper_builds_the_pool_its_transport_asks_for_and_its_views_go_by_
             pool = env.client
             assert type(pool) is ProcessSessionPool and pool.processes == 2 and pool.host_memory is not None
             env.reset(seed=0)
+            reserved = pool.host_views.names
+            assert reserved and pool.host_views.blocks == 0, "reset made the view memory ready"
             for _ in range(3):
                 env.step()
+            assert pool.host_views.names == reserved, "the steps found it ready"
             stats = [env.episode_stats(i) for i in range(4)]
             assert all(s.chunks >= 1 and not s.flagged for s in stats)
             assert all(not w.segments for w in pool._workers), "the views went by reference, not through an arena"
@@ -273,6 +347,26 @@ def test_host_views_are_gathered_into_the_given_block():
     for camera, array in out.items():
         np.testing.assert_array_equal(array, plain[camera])
         assert np.shares_memory(array, given[0]) and array.flags.c_contiguous
+
+
+def test_views_bytes_is_a_full_rounds_views_as_resized_views_returns_them():
+    from dz_gym.requests import resized_views, views_bytes
+
+    policy = {c: np.zeros((5, 36, 64, 3), np.uint8) for c in ("external_cam", "external_cam_2", "wrist_cam")}
+    for resolution in (None, (18, 32), (20, 20)):
+        out = resized_views(policy, range(5), resolution)
+        assert views_bytes(policy, resolution) == sum(a.nbytes for a in out.values())
+    torch = pytest.importorskip("torch")
+    tensors = {c: torch.from_numpy(a) for c, a in policy.items()}
+    assert views_bytes(tensors, (18, 32)) == 3 * 5 * 18 * 32 * 3
+
+
+def test_a_client_without_host_memory_reserves_nothing():
+    from dz_gym.server.policies import HoldPolicy
+    from dz_gym.testing.memory_client import MemoryPolicyClient
+
+    client = MemoryPolicyClient(HoldPolicy(), num_envs=2)
+    assert client.host_memory is None and client.reserve_host_memory(10**6) is False
 
 
 @pytest.mark.parametrize("as_batch", [False, True])

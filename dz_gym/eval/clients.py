@@ -202,6 +202,9 @@ class RequestFields(_Delegate):
     def host_memory(self):
         return self._inner.host_memory  # the added fields are small: the views still go as they lie
 
+    def reserve_host_memory(self, nbytes: int) -> bool:
+        return self._inner.reserve_host_memory(nbytes)
+
     @property
     def reply_bound(self) -> float | None:
         return self._inner.reply_bound

@@ -204,6 +204,11 @@ class ProcessSessionPool(PoolBase):
         wrapper copies GPU views there), or None without view memory."""
         return None if self._views is None else self._views.alloc
 
+    def reserve_host_memory(self, nbytes: int) -> bool:
+        """:meth:`HostViews.reserve <dz_gym.transport.host_views.HostViews.reserve>` of :attr:`host_views`
+        (False without view memory)."""
+        return False if self._views is None else self._views.reserve(nbytes)
+
     def _check(self, i: int) -> None:
         if self.closed:
             raise RuntimeError("ProcessSessionPool is closed")
