@@ -75,7 +75,7 @@ class _Segment:
             memory.close()  # its own mapping has no views: the segment lives on in ours and in its name
         self.extents = Extents(self.size)
         self.address = address_of(np.frombuffer(self.mapping, np.uint8))
-        if populate and fd >= 0:
+        if populate:
             _populate(self.mapping)
         self.pinned = _page_lock(self.address, self.size) if pin else False
 
