@@ -126,6 +126,25 @@ def test_idle_slots_send_no_requests(tmp_path):
     assert sum(r["server_calls"] for r in rows) == 10 == requests
 
 
+def test_the_env_hears_which_slots_run_their_last_episode(tmp_path, hold_server):
+    """Before each step the runner tells the env which slots have nothing more queued (their autoreset's
+    frames are read by nobody), and clears it at the end."""
+    seen = []
+
+    class Recording(ToyDroidEnv):
+        def set_last_episodes(self, mask):
+            seen.append(None if mask is None else np.asarray(mask).tolist())
+            super().set_last_episodes(mask)
+
+    def factory(scene, cfg):
+        return Recording(cfg.num_envs, scene=scene, max_episode_length=cfg.max_steps)
+
+    config = EvalConfig(scenes=[1], episodes=3, num_envs=2, max_steps=4, video=False)
+    evaluate(config, RunDir.create(tmp_path, config), [hold_server], env_factory=factory, progress=False)
+    # slot 0 runs episodes 0 and 2, slot 1 episode 1: four steps with episode 2 queued, four with nothing
+    assert seen == [[False, True]] * 4 + [[True, True]] * 4 + [None]
+
+
 def test_max_steps_shorter_than_the_env_uses_partial_resets(tmp_path, hold_server):
     summary, run_dir, made = run(tmp_path, [hold_server], num_envs=2, episodes=4, max_steps=5, env_length=50)
     rows = run_dir.read_rows()

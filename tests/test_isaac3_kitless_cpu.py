@@ -218,6 +218,33 @@ def test_a_step_that_resets_envs_renders_their_new_episodes_views(env):
     assert fresh == [(False, False, False)] * (STEPS - 1) + [(True, True, True), (False, False, False)]
 
 
+def test_a_reset_renders_once_and_a_time_out_of_last_episodes_renders_nothing(env):
+    """A reset of every env renders each view once, at its hold step (the reset's own frames would be
+    replaced at once); with every env on its last episode, the time-out step renders no view though the mask
+    asks for all, and takes no hold step (Isaac Lab's step counter moves by one)."""
+    from dz_gym.envs.isaac import views
+    from dz_gym.requests import hold_actions
+
+    base = env.unwrapped
+    demand = views.demand_of(base.isaac_env)
+    rendered = demand.rendered
+    obs, info = env.reset(seed=SEED)
+    assert info["images_fresh"].all() and demand.rendered == rendered + len(droid.CAMERA_KEYS)
+    action = hold_actions(obs[droid.POLICY_GROUP])
+    base.set_render_mask(np.ones(NUM_ENVS, dtype=bool))
+    base.set_last_episodes(np.ones(NUM_ENVS, dtype=bool))
+    try:
+        for _ in range(STEPS - 1):
+            env.step(action)
+        rendered, counter = demand.rendered, base.isaac_env.common_step_counter
+        _, _, _, truncated, info = env.step(action)
+        assert np.asarray(truncated).all() and not info["images_fresh"].any()
+        assert demand.rendered == rendered and base.isaac_env.common_step_counter == counter + 1
+    finally:
+        base.set_last_episodes(None)
+        base.set_render_mask(None)
+
+
 def test_make_vec_gives_a_same_step_autoreset_vector_env(env):
     import gymnasium as gym
 

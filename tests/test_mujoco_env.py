@@ -105,6 +105,47 @@ def test_step_before_reset_is_an_error():
         env.reset()
 
 
+def test_a_time_out_that_ends_an_envs_last_episode_renders_nothing_for_it():
+    """Under a render mask that asks for every env, the time-out step renders the env whose episode was its
+    last neither for the mask nor for its autoreset (its frames stay those of the step before); the other
+    env, which goes on to its next episode, renders."""
+    env = make_env(scene=1, num_envs=2, seed=10, num_workers=0, max_episode_length=2)
+    try:
+        env.reset()
+        action = hold_action(env)
+        env.set_render_mask(np.ones(2, dtype=bool))
+        env.set_last_episodes(np.array([True, False]))
+        obs, _, _, truncated, info = env.step(action)
+        assert not truncated.any() and info["images_fresh"].all()  # episodes go on: the mask holds
+        before = {key: obs["policy"][key].copy() for key in droid.CAMERA_KEYS}
+        obs, _, _, truncated, info = env.step(action)
+        assert truncated.all() and info["images_fresh"].tolist() == [False, True]
+        for key in droid.CAMERA_KEYS:
+            np.testing.assert_array_equal(obs["policy"][key][0], before[key][0])
+        env.set_last_episodes(None)
+        env.step(action)
+        _, _, _, truncated, info = env.step(action)
+        assert truncated.all() and info["images_fresh"].all()  # without the hint every reset env renders
+        with pytest.raises(ValueError, match=r"last episodes mask: expected shape \(2,\)"):
+            env.set_last_episodes(np.ones(3, dtype=bool))
+    finally:
+        env.close()
+
+
+def test_views_to_render_follows_the_mask_the_endings_and_the_last_episodes():
+    env = make_env(scene=1, num_envs=4, seed=0, num_workers=0)
+    try:
+        ending = np.array([True, True, False, False])
+        assert env.views_to_render(ending).all()  # no mask: every env
+        env.set_render_mask(np.array([True, False, True, False]))
+        assert env.views_to_render(ending).tolist() == [True, True, True, False]  # reset envs render
+        env.set_last_episodes(np.array([True, True, True, False]))
+        # env 0: asked for but ends its last episode; env 1: ends its last; env 2: asked for, goes on
+        assert env.views_to_render(ending).tolist() == [False, False, True, False]
+    finally:
+        env.close()
+
+
 def test_time_out_and_same_step_autoreset():
     env = make_env(scene=1, num_envs=2, seed=10, num_workers=0, max_episode_length=3)
     try:

@@ -22,11 +22,14 @@ A backend is a ``gymnasium.Env`` that is internally batched, like Isaac Lab's ``
   -1 while not reached) and ``images_fresh`` (which envs' images were rendered for the returned
   observation).
 
-Two hooks beyond Isaac Lab's API, both optional for callers:
+Three hooks beyond Isaac Lab's API, all optional for callers:
 
 - :meth:`set_render_mask` tells the backend which envs' images will be read from the next observation.
   Envs outside the mask may return their previous frame (the embedded simulator skips rendering them,
-  the costliest part of a step); envs reset during the step are always rendered.
+  the costliest part of a step); envs reset during the step are always rendered, unless
+- :meth:`set_last_episodes` says their episode was their last: the caller starts no other in them, so the
+  observation an autoreset returns for them (the next episode's first) is read by nobody and is neither
+  rendered nor settled (:meth:`~BatchedDroidEnv.views_to_render`).
 - :meth:`set_episode_seeds` queues the seeds of the next episode of some envs, applied when they reset
   (explicitly or by autoreset). The evaluator uses it for per-episode seeds that do not depend on
   ``num_envs``.
@@ -138,6 +141,7 @@ class BatchedDroidEnv(gym.Env, VectorEnv):
         self.observation_space, self.action_space = droid_spaces(image_shape, self.num_envs)
         self.episodes = Episodes(self.num_envs, self.scene, check_seed(seed), object_box, milestone_names)
         self._render_mask: np.ndarray | None = None
+        self._last_episodes: np.ndarray | None = None
         self._closed = False
 
     # -- hooks ------------------------------------------------------------------------------------------
@@ -151,6 +155,28 @@ class BatchedDroidEnv(gym.Env, VectorEnv):
         if mask.shape != (self.num_envs,):
             raise ValueError(f"render mask: expected shape ({self.num_envs},), got {mask.shape}")
         self._render_mask = mask.copy()
+
+    def set_last_episodes(self, mask) -> None:
+        """``(N,)`` bool: envs whose current episode is their last, so that nobody reads the observation an
+        autoreset returns for them (``None``, the default: any env may run another episode). The evaluator
+        sets it from its queues: with N episodes on N envs every episode is its env's last."""
+        if mask is None:
+            self._last_episodes = None
+            return
+        mask = np.asarray(mask, dtype=bool).reshape(-1)
+        if mask.shape != (self.num_envs,):
+            raise ValueError(f"last episodes mask: expected shape ({self.num_envs},), got {mask.shape}")
+        self._last_episodes = mask.copy()
+
+    def views_to_render(self, ending: np.ndarray) -> np.ndarray:
+        """``(N,)`` bool: envs whose views the observation of a step must render, given the envs ``ending``
+        in that step: those of the render mask (every env without one) whose episode goes on or is followed by
+        another, and every env that resets into a next episode (its first request reads that observation)."""
+        ending = np.asarray(ending, dtype=bool).reshape(-1)
+        if self._render_mask is None:
+            return np.ones(self.num_envs, dtype=bool)
+        last = self._last_episodes if self._last_episodes is not None else np.zeros(self.num_envs, dtype=bool)
+        return (self._render_mask & ~(ending & last)) | (ending & ~last)
 
     def set_episode_seeds(self, env_ids, seeds) -> None:
         """Queue the seed of the next episode of each env in ``env_ids``."""

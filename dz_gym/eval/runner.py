@@ -7,7 +7,10 @@ others finish. Nothing depends on which episodes finish first,
 so for a deterministic policy the rows do not depend on ``num_envs`` (only the ``env`` and timing fields do).
 The seed of a slot's next episode is queued with the env's ``set_episode_seeds`` as soon as its current
 episode starts, so it applies whether that episode ends by the env's own time-out (same-step autoreset) or
-by an explicit partial reset.
+by an explicit partial reset. Before each step the env hears which slots have nothing more queued
+(``set_last_episodes``, where it has the hook): an autoreset that ends such a slot's last episode renders
+nothing and takes no hold step, as nobody reads the next episode's frames (an episode queued again after an
+error restarts from an explicit reset, which always renders).
 
 An episode ends when the env reports ``terminated``/``truncated``, after ``max_steps`` steps (partial reset
 of that env), or at the first failed server call of that env (server error, lost connection, timeout,
@@ -194,6 +197,8 @@ class SceneRunner:
         self.recorder = recorder
         self.progress = progress
         self._queues: list[deque[PlanEntry]] = [deque(q) for q in queues]
+        # slots with nothing queued run their last episode: their autoreset's frames are read by nobody
+        self._set_last_episodes = getattr(self.base, "set_last_episodes", None)
         self._current: list[_Episode | None] = [None] * self.num_envs
         self._live = np.zeros(self.num_envs, dtype=bool)  # which slots run an episode (_current is not None)
         self._log = StepLog(self.num_envs)  # the per-step values of every running episode
@@ -279,6 +284,8 @@ class SceneRunner:
                     self.recorder.abort(ep.video_key)
                 self._clear(i)
         self.wrapper.set_idle(np.zeros(self.num_envs, dtype=bool))
+        if self._set_last_episodes is not None:
+            self._set_last_episodes(None)
         self._close_writer()
         return result
 
@@ -313,6 +320,8 @@ class SceneRunner:
             for i, frame in strip_frames(policy_obs, active.tolist()).items():
                 self.recorder.add(self._current[i].video_key, frame)
 
+        if self._set_last_episodes is not None:
+            self._set_last_episodes(np.fromiter((not q for q in self._queues), dtype=bool, count=self.num_envs))
         _, reward, terminated, truncated, info = wrapper.step()
 
         n = self.num_envs

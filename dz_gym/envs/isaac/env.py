@@ -151,7 +151,8 @@ class IsaacDroidEnv(BatchedDroidEnv):
         self._last_obs = None
         # A kit-less task's camera terms render only when due (dz_gym.envs.isaac.views); sim-evals' render always.
         self._views = views.demand_of(self.isaac_env) if task.kitless else None
-        self._views_forced = False  # this step's in-step reset made its views due
+        self._views_restore: bool | None = None  # the views' demand before this step's in-step reset changed it
+        self._settling = False
         if self._initial_conditions is not None or self._views is not None:
             self._probe.before_reset = self._before_in_step_reset
 
@@ -249,11 +250,12 @@ class IsaacDroidEnv(BatchedDroidEnv):
     # -- Gymnasium API --------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         """Reset every env, or ``options["env_ids"]`` (or ``options["reset_mask"]``); see the module
-        docstring for the hold step. The observation of a reset is always rendered."""
+        docstring for the hold step. The observation of a reset is always rendered (after a reset of every
+        env, by the hold step's last step only: the reset's own frames would be replaced at once)."""
         self._check_open()
         if self._views is None:
             return self._reset(seed, options)
-        due, self._views.due = self._views.due, True
+        due = self._views.due
         try:
             return self._reset(seed, options)
         finally:
@@ -266,6 +268,8 @@ class IsaacDroidEnv(BatchedDroidEnv):
         full = env_ids.size == self.num_envs
         env = self.isaac_env
         obs = None
+        if self._views is not None:
+            self._views.due = not (full and self.settle_steps)  # else the hold step renders
         try:
             if not self._started:
                 # sim-evals resets twice: the first render cycle runs before the materials have loaded.
@@ -302,7 +306,7 @@ class IsaacDroidEnv(BatchedDroidEnv):
         """Step every env once with ``(N,8)`` actions; done envs are reset inside (same-step autoreset)."""
         self._check_started()
         self._pending = None
-        self._views_forced = False
+        self._views_restore = None
         try:
             obs, _, terminated, truncated, _ = self.isaac_env.step(self._torch_action(action))
         finally:
@@ -318,8 +322,10 @@ class IsaacDroidEnv(BatchedDroidEnv):
         time_outs = to_numpy(truncated).astype(bool).reshape(-1)
         done_ids = np.flatnonzero(to_numpy(terminated).astype(bool).reshape(-1) | time_outs)
         fresh = np.full(self.num_envs, self._views is None or self._views.due)
-        settle = done_ids.size == self.num_envs and self.settle_steps > 0
-        if done_ids.size and not settle:
+        settle = self._settles(done_ids.size)
+        if settle:
+            fresh[:] = True  # the hold step's last step renders every env
+        elif done_ids.size:
             fresh[done_ids] = False
         book = self.episodes
         flags = None
@@ -336,8 +342,8 @@ class IsaacDroidEnv(BatchedDroidEnv):
                 obs = self._settle(obs)
         reward = self._torch.as_tensor(info["success"], dtype=self._torch.float32, device=self.device)
         self._last_obs = obs
-        if self._views_forced:  # back to what the render mask asked for
-            self._views.due, self._views_forced = False, False
+        if self._views_restore is not None:  # back to what the render mask asked for
+            self._views.due, self._views_restore = self._views_restore, None
         return obs, reward, terminated, truncated, info
 
     def close(self):
@@ -360,16 +366,20 @@ class IsaacDroidEnv(BatchedDroidEnv):
     def _before_in_step_reset(self, env) -> None:
         """From the state probe, after every other termination term: the envs the step will reset get
         their next episodes' seeds now, and sim-evals' initial conditions are dealt by those seeds; on a
-        kit-less task the step's views become due (a new episode's first request needs its own frames)."""
+        kit-less task the step's views are due where :meth:`views_to_render` says (a new episode's first
+        request needs its own frames; one nobody starts needs none), and not at all where the hold step
+        follows (it renders them)."""
         manager = getattr(env, "termination_manager", None)
-        if manager is None:
+        if manager is None or self._settling:
             return
         done = (to_numpy(manager.terminated) | to_numpy(manager.time_outs)).astype(bool).reshape(-1)
         ids = np.flatnonzero(done)
         if not ids.size:
             return
-        if self._views is not None and not self._views.due:
-            self._views.due, self._views_forced = True, True
+        if self._views is not None:
+            due = not self._settles(ids.size) and bool(self.views_to_render(done).any())
+            if due != self._views.due:
+                self._views_restore, self._views.due = self._views.due, due
         if self._initial_conditions is not None:
             seeds = self.episodes.next_seeds(ids)
             self._pending = (ids, seeds)
@@ -381,10 +391,26 @@ class IsaacDroidEnv(BatchedDroidEnv):
             return flags
         return self._fallback.flags(state.object_pos, state.container_pos, state.tcp_pos, state.gripper)
 
+    def _settles(self, done: int) -> bool:
+        """Whether a step in which ``done`` envs ended takes the hold step: when every env reset, unless every
+        one of them ended its last episode (nobody reads the next ones' frames)."""
+        last = self._last_episodes
+        return done == self.num_envs and self.settle_steps > 0 and not (last is not None and last.all())
+
     def _settle(self, obs):
-        """Hold steps after a reset of every env, then zero Isaac Lab's episode counters."""
-        for _ in range(self.settle_steps):
-            obs, *_ = self.isaac_env.step(self._hold_action(obs))
+        """Hold steps after a reset of every env (the views render at the last one only), then zero Isaac
+        Lab's episode counters."""
+        due = None if self._views is None else self._views.due
+        self._settling = True
+        try:
+            for k in range(self.settle_steps):
+                if due is not None:
+                    self._views.due = k == self.settle_steps - 1
+                obs, *_ = self.isaac_env.step(self._hold_action(obs))
+        finally:
+            self._settling = False
+            if due is not None:
+                self._views.due = due
         self.isaac_env.episode_length_buf[:] = 0
         self._probe.latest = None
         if self._milestones is not None:

@@ -9,7 +9,8 @@ Speed knobs:
   calling process), each with its own renderer; images and states travel through shared memory.
 - Lazy rendering: :meth:`set_render_mask` names the envs whose images will be read next (it stays in force
   until changed); the others skip rendering and keep their last frame, ``info["images_fresh"]`` says which
-  were rendered. Envs reset during a step are always rendered.
+  were rendered. Envs reset during a step are rendered, unless their episode was their last
+  (:meth:`~dz_gym.envs.base.BatchedDroidEnv.set_last_episodes`).
 - Shadows and reflections are off, anti-aliasing too (``multisamples=0``; 4 is MuJoCo's usual, about
   twice the rendering cost); the robot's visual meshes are decimated.
 
@@ -245,8 +246,7 @@ class MujocoDroidEnv(BatchedDroidEnv):
         a["action"][:] = actions
         a["op"][:] = np.where(truncated, STEP_THEN_RESET, STEP)
         a["seed"][done] = seeds
-        mask = np.ones(self.num_envs, dtype=bool) if self._render_mask is None else self._render_mask
-        a["render"][:] = mask | truncated
+        a["render"][:] = self.views_to_render(truncated)
         self._run()
         info = book.record_step(self._task_state(info=True), truncated, a["fresh"])
         if done.size:

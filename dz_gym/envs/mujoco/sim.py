@@ -9,6 +9,7 @@ own slice ``[start, stop)``, so the env's main process never copies per-env data
 
 Per env and per command the op is one of ``STEP``, ``STEP_THEN_RESET`` (a time-out: the "info" arrays get
 the state the step reached, everything else the next episode's first state), ``RESET`` or ``SKIP``.
+An env renders where its ``render`` flag is set, and at every ``RESET``.
 """
 
 from __future__ import annotations
@@ -137,7 +138,7 @@ class EnvGroup:
                 if op == RESET:
                     self._write_info(env, data)
             self._write_state(env, data)
-            if op != STEP or a["render"][env]:
+            if op == RESET or a["render"][env]:  # a time-out renders as its render flag says (views_to_render)
                 to_render.append(local)
         fresh = a["fresh"]
         fresh[self.config.start : self.config.stop] = 0
