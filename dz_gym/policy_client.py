@@ -141,10 +141,12 @@ class PolicyClient(abc.ABC):
         wrapper's own memory. :class:`~dz_gym.transport.ProcessSessionPool` gives its workers' view memory."""
         return None
 
-    def reserve_host_memory(self, nbytes: int) -> bool:
+    def reserve_host_memory(self, nbytes: int, *, wait: bool = True) -> bool:
         """Make :attr:`host_memory` ready for a batch of ``nbytes`` now (the wrapper calls it at reset with a
         full round's views, so that the first step does not pay for making that memory); whether it has
-        room. The default, without host memory: False, nothing to do."""
+        room. ``wait=False``: start making it and return (the wrapper does so before the env's reset, from
+        the observation space, so that the two overlap). The default, without host memory: False, nothing
+        to do."""
         return False
 
     def end_session(self, env_id: int, session_id: str) -> None:  # noqa: B027 (an optional hook)

@@ -115,6 +115,15 @@ def views_bytes(policy: Mapping[str, Any], image_resolution: tuple[int, int] | N
     return total
 
 
+def space_views_bytes(observation_space: Any, image_resolution: tuple[int, int] | None) -> int:
+    """:func:`views_bytes` of a batched observation space (its ``policy`` group's camera boxes), 0 where the
+    space has no such views (an env whose space does not say them)."""
+    try:
+        return views_bytes(observation_space[droid.POLICY_GROUP], image_resolution)
+    except (KeyError, TypeError, AttributeError, ValueError, IndexError):
+        return 0
+
+
 def _layout(parts: Mapping[str, Sequence[Any]]) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:
     """Each camera's stacked shape and element count."""
     shapes = {camera: (sum(int(b.shape[0]) for b in blocks), *blocks[0].shape[1:]) for camera, blocks in parts.items()}

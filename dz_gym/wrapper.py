@@ -48,13 +48,13 @@ belongs to the next episode, with a new chunk cache and session id. No ``reset``
 per env: ``policy_called`` (this step sent a request), ``chunk_received`` and ``chunk_latency_s`` (a reply was
 taken in this step, and its round trip; NaN otherwise), ``chunk_sent_at``/``chunk_received_at`` (its
 ``time.perf_counter()`` stamps), ``session_id`` (of the episode the step belonged to), ``policy_action``,
-``policy_held`` (the env held its pose), ``episode_flagged``,
-``policy_error`` (None or the error's one-line text) and ``integrity_event`` (None or the failure's cause, one
-of :data:`INTEGRITY_EVENTS`: ``"server_error"``, ``"connection_lost"``, ``"timeout"``, ``"protocol_error"``;
-the same cause gives the same name whatever happened next). An env whose server call failed holds its pose for
-that step and asks again at its next step (after a bounded reconnect when the connection broke); its episode
-is flagged, the other envs carry on. For the envs whose episode ended in the step, ``info["chunk_stats"]`` holds
-their :class:`EpisodeStats` as arrays, masked by ``info["_chunk_stats"]`` (which envs).
+``policy_held`` (the env held its pose), ``episode_flagged``, ``policy_error`` (None or the error's one-line
+text) and ``integrity_event`` (None or the failure's cause, one of :data:`INTEGRITY_EVENTS`: ``"server_error"``,
+``"connection_lost"``, ``"timeout"``, ``"protocol_error"``; the same cause gives the same name whatever happened
+next). An env whose server call failed holds its pose for that step and asks again at its next step (after a
+bounded reconnect when the connection broke); its episode is flagged, the other envs carry on. For the envs
+whose episode ended in the step, ``info["chunk_stats"]`` holds their :class:`EpisodeStats` as arrays, masked
+by ``info["_chunk_stats"]`` (which envs).
 
 A chunk shorter than ``open_loop_horizon`` stops the run at its first reply (:class:`~dz_gym.errors.HorizonError`,
 one line; the evaluator exits 2). A policy contract announced in the handshake (:mod:`dz_gym.protocol.contract`)
@@ -101,6 +101,7 @@ from dz_gym.requests import (
     request_items,
     resolve_prompts,
     to_numpy,
+    space_views_bytes,
     validate_policy_obs,
     views_bytes,
 )
@@ -278,6 +279,8 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         base = self.env.unwrapped
         if hasattr(base, "set_render_mask"):
             base.set_render_mask(None)
+        if ahead := space_views_bytes(self.env.observation_space, self.image_resolution):
+            self._client.reserve_host_memory(ahead, wait=False)  # made while the env resets
         obs, info = self.env.reset(seed=seed, options=options)
         self._proposal = None
         env_ids = None if not options else options.get("env_ids")
@@ -419,9 +422,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
 
     def reconnect(self, env_id: int) -> bool:
         """Reopen env ``env_id``'s connection now (bounded by the transport); False when that failed (logged).
-
-        Counted in the episode's ``reconnects`` (or ``reconnect_failures``).
-        """
+        Counted in the episode's ``reconnects`` (or ``reconnect_failures``)."""
         i = int(env_id)
         try:
             self.server_metadata[i] = self._client.reconnect(i)

@@ -149,6 +149,66 @@ def test_reserve_makes_a_populated_segment_ahead_of_the_first_alloc():
     assert not views.reserve(1000)
 
 
+def test_a_reserve_that_does_not_wait_maps_the_pages_on_a_thread_and_the_next_alloc_takes_them(monkeypatch):
+    """``reserve(wait=False)`` returns while a thread maps the new segment's pages (outside the interpreter
+    lock); the segment is announced only once taken, by the next alloc, which waits for those pages."""
+    import threading
+
+    import dz_gym.transport.host_views as host_views
+
+    started, release, announced = threading.Event(), threading.Event(), []
+    populate = host_views._populate
+
+    def slow_populate(address, size):
+        started.set()
+        assert release.wait(BOUND_S)
+        populate(address, size)
+
+    monkeypatch.setattr(host_views, "_populate", slow_populate)
+    views = HostViews(create_segment, lambda k, name: announced.append(name), capacity=2**30)
+    try:
+        nbytes = FIRST_VIEWS_SEGMENT_BYTES
+        assert views.reserve(nbytes, wait=False) and started.wait(BOUND_S)
+        assert not announced and views.reserve(nbytes, wait=False), "being made: no second segment"
+        release.set()
+        block = views.alloc(nbytes)
+        assert block is not None and len(announced) == 1 and len(views.names) == 1
+        resident = mapped_kib(announced[0])
+        if resident is not None:
+            assert resident * 1024 >= 2 * nbytes, "its pages were mapped by the thread"
+    finally:
+        release.set()
+        views.close()
+
+
+def test_a_segment_whose_pages_cannot_be_mapped_in_the_background_is_unlinked(monkeypatch, caplog):
+    import errno
+    import os
+
+    import dz_gym.transport.host_views as host_views
+
+    made: list[str] = []
+
+    def create(size):
+        memory = create_segment(size)
+        made.append(memory.name)
+        return memory
+
+    def refuse(address, size):
+        raise OSError(errno.ENOMEM, "no memory to populate")
+
+    monkeypatch.setattr(host_views, "_populate", refuse)
+    views = HostViews(create, lambda k, name: None, capacity=2**30)
+    try:
+        with caplog.at_level("WARNING", logger="dz_gym.transport"):
+            assert views.reserve(1000, wait=False)  # started; the failure shows when the segment is taken
+            assert views.alloc(1000) is not None, "the alloc makes a segment of its own"
+        assert "no memory to populate" in caplog.text and len(views.names) == 1
+        assert not os.path.exists("/dev/shm/" + made[0].lstrip("/")), "the failed segment was unlinked"
+    finally:
+        views.close()
+
+
 def test_a_segment_that_cannot_be_set_up_is_unlinked_and_gives_no_room(monkeypatch, caplog):
     import errno
     import os
@@ -162,7 +222,7 @@ def test_a_segment_that_cannot_be_set_up_is_unlinked_and_gives_no_room(monkeypat
         made.append(memory.name)
         return memory
 
-    def refuse(mapping):
+    def refuse(address, size):
         raise OSError(errno.ENOMEM, "no memory to populate")
 
     monkeypatch.setattr(host_views, "_populate", refuse)

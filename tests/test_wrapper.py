@@ -604,3 +604,32 @@ def test_pypi_openpi_server_on_a_bare_url_gives_no_single_session_warning():
             assert env.server_notes == []
         finally:
             env.close()
+
+
+def test_reset_starts_making_the_view_memory_from_the_space_before_the_env_resets():
+    """The wrapper asks its client for a full round's view memory without waiting, from the observation
+    space, before the env's reset (the two overlap), and once more, waiting, from the reset's observation."""
+    from dz_gym.server.policies import HoldPolicy
+    from dz_gym.testing.memory_client import MemoryPolicyClient
+    from dz_gym.testing.toy_env import ToyDroidEnv
+
+    calls = []
+
+    class Client(MemoryPolicyClient):
+        def reserve_host_memory(self, nbytes, *, wait=True):
+            calls.append(("reserve", nbytes, wait))
+            return False
+
+    class Env(ToyDroidEnv):
+        def reset(self, **kwargs):
+            calls.append("reset")
+            return super().reset(**kwargs)
+
+    env = Env(2, max_episode_length=10, image_shape=(36, 64))
+    wrapper = DreamZeroPolicyWrapper(env, client=Client(HoldPolicy(), 2), image_resolution=(18, 32))
+    try:
+        wrapper.reset(seed=0)
+    finally:
+        wrapper.close()
+    round_bytes = 2 * len(droid.CAMERA_KEYS) * 18 * 32 * 3  # at the request resolution, uint8
+    assert calls == [("reserve", round_bytes, False), "reset", ("reserve", round_bytes, True)]

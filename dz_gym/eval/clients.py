@@ -202,8 +202,8 @@ class RequestFields(_Delegate):
     def host_memory(self):
         return self._inner.host_memory  # the added fields are small: the views still go as they lie
 
-    def reserve_host_memory(self, nbytes: int) -> bool:
-        return self._inner.reserve_host_memory(nbytes)
+    def reserve_host_memory(self, nbytes: int, *, wait: bool = True) -> bool:
+        return self._inner.reserve_host_memory(nbytes, wait=wait)
 
     @property
     def reply_bound(self) -> float | None:

@@ -15,7 +15,11 @@ plus its few small pieces inline, and the worker joins them into the frame it se
 - :meth:`HostViews.reserve` makes room for a batch ahead of time (the wrapper calls it at reset with a full
   round's views): a segment made then is also populated (its pages mapped in one call) before it is
   page-locked, so the first request round pays neither (at N = 1024, 1 GiB: about half a second on the
-  2-core development machine, which the first round's copy paid before).
+  2-core development machine, which the first round's copy paid before). With ``wait=False`` the pages
+  are mapped on a thread of their own (the kernel's work, outside the interpreter lock) while the caller
+  goes on; the wrapper starts it from the observation space before the env's reset, which then overlaps
+  it, and the next :meth:`alloc` or :meth:`reserve` takes the segment (page-locking it on the caller's
+  thread, where the caller's CUDA device is current).
 - A block is given back once the caller's arrays of it are gone (a ``weakref.finalize`` on the block's
   array, which every view of it keeps alive) and every worker that was handed a reference to it has said it
   took its bytes (:meth:`refer`, which also tells where a request's views lie,
@@ -30,6 +34,7 @@ import ctypes
 import errno
 import logging
 import mmap
+import os
 import sys
 import threading
 import weakref
@@ -76,7 +81,7 @@ class _Segment:
         self.extents = Extents(self.size)
         self.address = address_of(np.frombuffer(self.mapping, np.uint8))
         if populate:
-            _populate(self.mapping)
+            _populate(self.address, self.size)
         self.pinned = _page_lock(self.address, self.size) if pin else False
 
     def unlink(self) -> None:
@@ -105,6 +110,7 @@ class HostViews:
         self._lengths: dict[tuple[int, int], int] = {}  # (segment, start) -> bytes of each handed-out block
         self._closed = False
         self._no_room_warned = False
+        self._preparing: _Preparing | None = None  # a segment whose pages a thread is mapping (reserve)
 
     # -- introspection ------------------------------------------------------------------------------------
     @property
@@ -134,6 +140,7 @@ class HostViews:
         with self._lock:
             if self._closed:
                 return None
+            self._adopt()
             spot = self._find(nbytes) or self._grow(nbytes)
             if spot is None:
                 return None
@@ -153,6 +160,12 @@ class HostViews:
         return None
 
     def _grow(self, nbytes: int, populate: bool = False) -> tuple[int, int] | None:
+        segment = self._new_segment(nbytes, pin=_cudart() is not None, populate=populate)
+        return None if segment is None else self._add(segment, nbytes)
+
+    def _new_segment(self, nbytes: int, *, pin: bool, populate: bool) -> _Segment | None:
+        """A segment for a block of ``nbytes`` (twice that, at least the first segment's size, within the
+        capacity), not yet added; None (warned once) when it cannot be made."""
         have = sum(s.size for s in self._segments)
         size = min(max(FIRST_VIEWS_SEGMENT_BYTES, 2 * nbytes), self.capacity - have)
         if size < nbytes:
@@ -161,12 +174,15 @@ class HostViews:
         memory = None
         try:
             memory = self._create(size)
-            segment = _Segment(memory, pin=_cudart() is not None, populate=populate)
+            return _Segment(memory, pin=pin, populate=populate)
         except OSError as exc:
             if memory is not None:
                 _discard(memory)
             self._warn_no_room(f"a shared-memory segment of {size} bytes could not be made: {exc}")
             return None
+
+    def _add(self, segment: _Segment, nbytes: int) -> tuple[int, int] | None:
+        """Add ``segment`` (announced to the workers) and take a block of ``nbytes`` from it."""
         self._segments.append(segment)
         k = len(self._segments) - 1
         self._announce(k, segment.name)
@@ -175,22 +191,51 @@ class HostViews:
                         "GPU are staged", k)  # fmt: skip
         return k, segment.extents.alloc(nbytes)
 
-    def reserve(self, nbytes: int) -> bool:
+    def reserve(self, nbytes: int, *, wait: bool = True) -> bool:
         """Make room for a block of ``nbytes`` now, not at the first :meth:`alloc` that needs it: a segment
         made here has its pages populated (and page-locked, as every segment with CUDA), so that the first
         copy into it is as fast as the later ones. Whether there is room (False after :meth:`close`, or
-        when none can be made); nothing stays handed out."""
+        when none can be made); nothing stays handed out. ``wait=False``: a segment that must be made has
+        its pages mapped by a thread (see the module docstring); True once that has started."""
         if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
             raise ValueError(f"nbytes: expected an int > 0, got {nbytes!r}")
         with self._lock:
             if self._closed:
                 return False
-            spot = self._find(nbytes) or self._grow(nbytes, populate=True)
+            if wait or self._preparing is None:
+                self._adopt()
+            spot = self._find(nbytes)
+            if spot is None and not wait:
+                if self._preparing is None:
+                    segment = self._new_segment(nbytes, pin=False, populate=False)
+                    if segment is None:
+                        return False
+                    self._preparing = _Preparing(segment, nbytes)
+                return True
+            spot = spot or self._grow(nbytes, populate=True)
             if spot is None:
                 return False
             k, start = spot
             self._segments[k].extents.free(start)
             return True
+
+    def _adopt(self) -> None:
+        """Take the segment a :meth:`reserve` thread prepared, once its pages are mapped: page-locked where
+        this process has CUDA, and added (or discarded when mapping its pages failed)."""
+        preparing, self._preparing = self._preparing, None
+        if preparing is None:
+            return
+        segment, error = preparing.result()
+        if error is not None:
+            segment.mapping = None
+            segment.unlink()
+            self._warn_no_room(f"a shared-memory segment of {segment.size} bytes could not be made: {error}")
+            return
+        if _cudart() is not None:
+            segment.pinned = _page_lock(segment.address, segment.size)
+        spot = self._add(segment, preparing.nbytes)
+        if spot is not None:
+            segment.extents.free(spot[1])
 
     def _warn_no_room(self, why: str) -> None:
         if not self._no_room_warned:
@@ -307,6 +352,7 @@ class HostViews:
             if self._closed:
                 return
             self._closed = True
+            self._adopt()
             segments, self._segments = self._segments, []
             self._holds.clear()
             self._lengths.clear()
@@ -322,15 +368,49 @@ _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23 if sys.platform =
 mmap module lacks the name)."""
 
 
-def _populate(mapping: mmap.mmap) -> None:
-    """Map every page of ``mapping`` now (a kernel without the advice leaves them to the first writes)."""
-    if _MADV_POPULATE_WRITE is None or not hasattr(mapping, "madvise"):
-        return
+class _Preparing:
+    """A segment whose pages a thread maps (:meth:`HostViews.reserve` with ``wait=False``)."""
+
+    def __init__(self, segment: _Segment, nbytes: int):
+        self.segment, self.nbytes = segment, nbytes
+        self._error: OSError | None = None
+        self._thread = threading.Thread(target=self._run, name="dz-gym-view-pages", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            _populate(self.segment.address, self.segment.size)
+        except OSError as exc:
+            self._error = exc
+
+    def result(self) -> tuple[_Segment, OSError | None]:
+        """The segment and the error of mapping its pages (None when they are mapped), once done."""
+        self._thread.join()  # (the kernel maps the pages and returns: no wait on anything outside)
+        return self.segment, self._error
+
+
+def _madvise() -> Any:
+    """libc's ``madvise`` through ctypes (called without the interpreter lock), or None where there is none."""
     try:
-        mapping.madvise(_MADV_POPULATE_WRITE)
-    except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.ENOSYS):  # (an older kernel: nothing to do)
-            raise
+        function = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError, TypeError):
+        return None
+    function.argtypes, function.restype = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int), ctypes.c_int
+    return function
+
+
+_MADVISE = _madvise() if _MADV_POPULATE_WRITE is not None else None
+
+
+def _populate(address: int, size: int) -> None:
+    """Map every page of ``size`` bytes at ``address`` now (a kernel without the advice leaves them to the
+    first writes). The call leaves the interpreter lock to other threads while the kernel works."""
+    if _MADVISE is None:
+        return
+    if _MADVISE(address, size, _MADV_POPULATE_WRITE) != 0:
+        code = ctypes.get_errno()
+        if code not in (errno.EINVAL, errno.ENOSYS):  # (an older kernel: nothing to do)
+            raise OSError(code, os.strerror(code))
 
 
 def _discard(memory: Any) -> None:

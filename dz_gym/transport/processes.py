@@ -204,10 +204,10 @@ class ProcessSessionPool(PoolBase):
         wrapper copies GPU views there), or None without view memory."""
         return None if self._views is None else self._views.alloc
 
-    def reserve_host_memory(self, nbytes: int) -> bool:
+    def reserve_host_memory(self, nbytes: int, *, wait: bool = True) -> bool:
         """:meth:`HostViews.reserve <dz_gym.transport.host_views.HostViews.reserve>` of :attr:`host_views`
         (False without view memory)."""
-        return False if self._views is None else self._views.reserve(nbytes)
+        return False if self._views is None else self._views.reserve(nbytes, wait=wait)
 
     def _check(self, i: int) -> None:
         if self.closed:
