@@ -100,8 +100,8 @@ from dz_gym.requests import (
     hold_actions,
     request_items,
     resolve_prompts,
-    to_numpy,
     space_views_bytes,
+    to_numpy,
     validate_policy_obs,
     views_bytes,
 )
