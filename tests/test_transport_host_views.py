@@ -181,7 +181,11 @@ def test_a_reserve_that_does_not_wait_maps_the_pages_on_a_thread_and_the_next_al
         views.close()
 
 
-def test_a_segment_whose_pages_cannot_be_mapped_in_the_background_is_unlinked(monkeypatch, caplog):
+@pytest.mark.parametrize("wait", [True, False])
+def test_a_segment_that_cannot_be_set_up_is_unlinked_and_gives_no_room(monkeypatch, caplog, wait):
+    """Pages that cannot be mapped (here: no memory) unlink the segment; waiting, the reserve says there is no
+    room; not waiting, it has started, the failure shows when the segment is taken and the alloc makes one
+    of its own."""
     import errno
     import os
 
@@ -201,36 +205,10 @@ def test_a_segment_whose_pages_cannot_be_mapped_in_the_background_is_unlinked(mo
     views = HostViews(create, lambda k, name: None, capacity=2**30)
     try:
         with caplog.at_level("WARNING", logger="dz_gym.transport"):
-            assert views.reserve(1000, wait=False)  # started; the failure shows when the segment is taken
-            assert views.alloc(1000) is not None, "the alloc makes a segment of its own"
-        assert "no memory to populate" in caplog.text and len(views.names) == 1
-        assert not os.path.exists("/dev/shm/" + made[0].lstrip("/")), "the failed segment was unlinked"
-    finally:
-        views.close()
-
-
-def test_a_segment_that_cannot_be_set_up_is_unlinked_and_gives_no_room(monkeypatch, caplog):
-    import errno
-    import os
-
-    import dz_gym.transport.host_views as host_views
-
-    made: list[str] = []
-
-    def create(size):
-        memory = create_segment(size)
-        made.append(memory.name)
-        return memory
-
-    def refuse(address, size):
-        raise OSError(errno.ENOMEM, "no memory to populate")
-
-    monkeypatch.setattr(host_views, "_populate", refuse)
-    views = HostViews(create, lambda k, name: None, capacity=2**30)
-    try:
-        with caplog.at_level("WARNING", logger="dz_gym.transport"):
-            assert not views.reserve(1000)
-        assert made and not views.names
+            assert views.reserve(1000, wait=wait) is not wait
+            if not wait:
+                assert views.alloc(1000) is not None and len(views.names) == 1
+        assert made and len(views.names) == (0 if wait else 1)
         assert "could not be made" in caplog.text and "no memory to populate" in caplog.text
         assert not os.path.exists("/dev/shm/" + made[0].lstrip("/")), "the segment was unlinked"
         monkeypatch.undo()

@@ -148,25 +148,22 @@ class BatchedDroidEnv(gym.Env, VectorEnv):
     def set_render_mask(self, mask: np.ndarray | None) -> None:
         """Envs whose images the caller will read from the next observation (``None``: all of them; always
         all under a ``render_mode``, whose frames a recorder reads every step)."""
-        if mask is None or self.render_mode is not None:
-            self._render_mask = None
-            return
-        mask = np.asarray(mask, dtype=bool).reshape(-1)
-        if mask.shape != (self.num_envs,):
-            raise ValueError(f"render mask: expected shape ({self.num_envs},), got {mask.shape}")
-        self._render_mask = mask.copy()
+        self._render_mask = None if self.render_mode is not None else self._env_mask(mask, "render mask")
 
     def set_last_episodes(self, mask) -> None:
         """``(N,)`` bool: envs whose current episode is their last, so that nobody reads the observation an
         autoreset returns for them (``None``, the default: any env may run another episode). The evaluator
         sets it from its queues: with N episodes on N envs every episode is its env's last."""
+        self._last_episodes = self._env_mask(mask, "last episodes mask")
+
+    def _env_mask(self, mask, what: str) -> np.ndarray | None:
+        """A copy of ``mask`` as an ``(N,)`` bool array (None stays None); a one-line error naming ``what``."""
         if mask is None:
-            self._last_episodes = None
-            return
+            return None
         mask = np.asarray(mask, dtype=bool).reshape(-1)
         if mask.shape != (self.num_envs,):
-            raise ValueError(f"last episodes mask: expected shape ({self.num_envs},), got {mask.shape}")
-        self._last_episodes = mask.copy()
+            raise ValueError(f"{what}: expected shape ({self.num_envs},), got {mask.shape}")
+        return mask.copy()
 
     def views_to_render(self, ending: np.ndarray) -> np.ndarray:
         """``(N,)`` bool: envs whose views the observation of a step must render, given the envs ``ending``
