@@ -310,6 +310,9 @@ def report(results: list[dict], args) -> bool | None:
                   f"{cells} {st['send']['per_request_ms']:>8.3f} {st['network']['per_request_ms']:>8.1f} "
                   f"{rep['cpu_ms_per_request'] or 0:>7.2f} {rep['loop_cpu_ms_per_request'] or 0:>7.2f} "
                   f"{per_round_unaccounted:>7.1f} {rep['rounds']:>6}")  # fmt: skip
+        for r, mode, rep in profiled:  # rounds whose requests the caller packed itself, and why
+            for why, count in (rep.get("batches_as_dicts") or {}).items():
+                print(f"{r['backend']} N={r['n']} {mode}: {count} batch(es) sent as dicts ({why})")
     return ok if checked else None
 
 

@@ -23,7 +23,9 @@ Stages (:data:`STAGES`), in the order of one batch step:
 The caller's-thread stages add up to at most the wall time (the rest is ``unaccounted``); the others overlap
 with them and are shown per request. ``cpu_s`` is the client process's CPU time over the same span (all its
 threads), ``loop_cpu_s`` the transport's own (the loop thread's, or the worker processes' with
-``--transport-processes``), where the caller measured them.
+``--transport-processes``), where the caller measured them. ``batches_as_dicts`` counts, by reason, the
+batches whose requests the worker processes could have framed from one template but that the caller packed
+one dict at a time (their views outside the view memory, say): that shows as a larger ``encode``.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class StageProfiler:
         self.requests = 0
         self.request_bytes = 0
         self.env_split = False  # a backend hook timed physics/render
+        self._as_dicts: dict[str, int] = {}  # why -> batches sent as one dict per request (not by template)
 
     def add(self, stage: str, seconds: float) -> None:
         """Add ``seconds`` (>= 0) to ``stage``; one-line ``ValueError`` for an unknown stage."""
@@ -98,6 +101,11 @@ class StageProfiler:
             self.requests += int(requests)
             self.request_bytes += int(request_bytes)
 
+    def batch_as_dicts(self, why: str) -> None:
+        """A batch that the transport's workers could have framed went as one dict per request (``why``)."""
+        with self._lock:
+            self._as_dicts[why] = self._as_dicts.get(why, 0) + 1
+
     def reply(self, latency_s: float, server_ms: float | None) -> None:
         """One reply's client-side round trip and the server's own time (None when it sent none)."""
         with self._lock:
@@ -113,7 +121,7 @@ class StageProfiler:
             seconds = dict(self._seconds)
             latency, timed, replies = self._latency_s, self._timed_replies, self._replies
             wrapper_s, steps, rounds, requests = self._wrapper_s, self.steps, self.rounds, self.requests
-            request_bytes, split = self.request_bytes, self.env_split
+            request_bytes, split, as_dicts = self.request_bytes, self.env_split, dict(self._as_dicts)
         wall_s = max(0.0, float(wall_s))
         seconds["env_other"] = max(0.0, seconds["env_step"] - seconds["physics"] - seconds["render"])
         seconds["bookkeeping"] = max(0.0, wall_s - wrapper_s)
@@ -146,6 +154,7 @@ class StageProfiler:
             "cpu_ms_per_request": 1e3 * cpu_s / requests if cpu_s is not None and requests else None,
             "loop_cpu_s": loop_cpu_s,
             "loop_cpu_ms_per_request": 1e3 * loop_cpu_s / requests if loop_cpu_s is not None and requests else None,
+            "batches_as_dicts": as_dicts,
         }
         return out
 
@@ -169,4 +178,6 @@ def format_table(report: Mapping[str, Any], title: str = "profile") -> str:
     for key, label in (("cpu_ms_per_request", "client CPU"), ("loop_cpu_ms_per_request", "transport CPU")):
         if report.get(key) is not None:
             lines.append(f"{label}: {report[key]:.3f} ms per request")
+    for why, count in (report.get("batches_as_dicts") or {}).items():
+        lines.append(f"batches sent as dicts ({why}): {count}")
     return "\n".join(lines)

@@ -202,3 +202,13 @@ def test_env_hooks_count_inside_the_step_only_and_rebind():
     env.sim.step()
     assert first.total("physics") == before and second.total("physics") > 0 and env.sim.calls == 3
     assert instrument_env(object(), second) == []
+
+
+def test_batches_sent_as_dicts_are_counted_by_why_and_shown():
+    profiler = StageProfiler()
+    assert profiler.report(1.0)["batches_as_dicts"] == {}
+    for why in ("views outside the view memory", "no frame template", "views outside the view memory"):
+        profiler.batch_as_dicts(why)
+    report = profiler.report(1.0)
+    assert report["batches_as_dicts"] == {"views outside the view memory": 2, "no frame template": 1}
+    assert "batches sent as dicts (views outside the view memory): 2" in format_table(report)

@@ -18,6 +18,7 @@ import gc
 import numpy as np
 import pytest
 
+from dz_gym.profiling import StageProfiler
 from dz_gym.protocol import packb
 from dz_gym.testing.servers import ServerThread, replying
 from dz_gym.transport import ProcessSessionPool, TransportConfig
@@ -292,6 +293,8 @@ def test_a_batchs_requests_are_framed_from_its_template(processes, in_view_memor
     env_ids = [5, 0, 3, 2, 1]
     with recording_server(frames) as server:
         pool = ProcessSessionPool(server.url, 6, FAST, processes=2) if processes else SessionPool(server.url, 6, FAST)
+        profiler = StageProfiler()
+        pool.set_profiler(profiler)
         with pool:
             pool.connect()
             block = pool.host_views.alloc(3 * 5 * int(np.prod(VIEW))) if in_view_memory else None
@@ -305,6 +308,8 @@ def test_a_batchs_requests_are_framed_from_its_template(processes, in_view_memor
             if processes:
                 arenas = [w.segments for w in pool._workers]
                 assert all(not a for a in arenas) if in_view_memory else any(arenas)
+                as_dicts = profiler.report(1.0)["batches_as_dicts"]  # the profile says why a batch went as dicts
+                assert as_dicts == ({} if in_view_memory else {"views outside the view memory": 1})
                 assert not any(p.kind == "hold" for w in pool._workers for p in w.pending.values()), "both took"
             if in_view_memory:
                 assert pool.host_views.blocks == 1  # the caller still holds its arrays

@@ -292,7 +292,10 @@ class ProcessSessionPool(PoolBase):
         start = time.perf_counter()
         if isinstance(items, BatchItems) and self._views is not None:
             messages = self._template_messages(items)
-            if messages is not None:
+            if isinstance(messages, str):
+                if profiler is not None:
+                    profiler.batch_as_dicts(messages)
+            else:
                 futures, messages = messages
                 placed = time.perf_counter()
                 for worker, message in messages:
@@ -343,20 +346,20 @@ class ProcessSessionPool(PoolBase):
         return futures
 
     def _template_messages(self, items: BatchItems) -> tuple[list[concurrent.futures.Future[Outcome]],
-                                                              list[tuple[WorkerHandle, list]]] | None:  # fmt: skip
+                                                              list[tuple[WorkerHandle, list]]] | str:  # fmt: skip
         """The futures and each worker's ``sendt`` message of a batch's requests, to be framed by the workers
         from the batch's template (:meth:`RequestBatch.frame_template
         <dz_gym.protocol.request_batch.RequestBatch.frame_template>`): a large column (the views) goes as its
         place in :attr:`host_views`, a small one (the proprio) inline, each request as its row and its two
-        packed strings. None where the batch has no template, some string is no UTF-8 or a large column lies
-        outside the view memory: the requests then go as dicts."""
+        packed strings. Where the batch has no template, some string is no UTF-8 or a large column lies
+        outside the view memory, the requests go as dicts: then why, in words."""
         batch = items.batch
         template = batch.frame_template()
         if template is None:
-            return None
+            return "no frame template"
         strings = [batch.strings(env_id) for env_id in items.env_ids]
         if any(s is None for s in strings):
-            return None
+            return "a prompt or session id that is not UTF-8"
         sizes = [template.row_bytes(j) for j in range(len(template.columns))]
         large = [j for j, size in enumerate(sizes) if size >= BY_REFERENCE_BYTES]
         inline = {j: template.columns[j].tobytes() for j in range(len(sizes)) if j not in large}
@@ -374,7 +377,7 @@ class ProcessSessionPool(PoolBase):
             for _, keys in found:
                 for key in keys:
                     self._views.release(key)
-            return None
+            return "views outside the view memory"
         messages = []
         for (number, rows), (spots, keys) in zip(per_worker.items(), found):
             where = dict(zip(large, spots))
