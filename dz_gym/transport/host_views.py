@@ -161,7 +161,7 @@ class HostViews:
 
     def _grow(self, nbytes: int, populate: bool = False) -> tuple[int, int] | None:
         segment = self._new_segment(nbytes, pin=_cudart() is not None, populate=populate)
-        return None if segment is None else self._add(segment, nbytes)
+        return None if segment is None else (self._add(segment), segment.extents.alloc(nbytes))
 
     def _new_segment(self, nbytes: int, *, pin: bool, populate: bool) -> _Segment | None:
         """A segment for a block of ``nbytes`` (twice that, at least the first segment's size, within the
@@ -181,15 +181,15 @@ class HostViews:
             self._warn_no_room(f"a shared-memory segment of {size} bytes could not be made: {exc}")
             return None
 
-    def _add(self, segment: _Segment, nbytes: int) -> tuple[int, int] | None:
-        """Add ``segment`` (announced to the workers) and take a block of ``nbytes`` from it."""
+    def _add(self, segment: _Segment) -> int:
+        """Add ``segment`` (announced to the workers); its index."""
         self._segments.append(segment)
         k = len(self._segments) - 1
         self._announce(k, segment.name)
         if not segment.pinned:
             logger.info("view segment %d is not page-locked (no CUDA here, or it refused); copies to it from a "
                         "GPU are staged", k)  # fmt: skip
-        return k, segment.extents.alloc(nbytes)
+        return k
 
     def reserve(self, nbytes: int, *, wait: bool = True) -> bool:
         """Make room for a block of ``nbytes`` now, not at the first :meth:`alloc` that needs it: a segment
@@ -202,7 +202,7 @@ class HostViews:
         with self._lock:
             if self._closed:
                 return False
-            if wait or self._preparing is None:
+            if wait:
                 self._adopt()
             spot = self._find(nbytes)
             if spot is None and not wait:
@@ -210,7 +210,7 @@ class HostViews:
                     segment = self._new_segment(nbytes, pin=False, populate=False)
                     if segment is None:
                         return False
-                    self._preparing = _Preparing(segment, nbytes)
+                    self._preparing = _Preparing(segment)
                 return True
             spot = spot or self._grow(nbytes, populate=True)
             if spot is None:
@@ -233,9 +233,7 @@ class HostViews:
             return
         if _cudart() is not None:
             segment.pinned = _page_lock(segment.address, segment.size)
-        spot = self._add(segment, preparing.nbytes)
-        if spot is not None:
-            segment.extents.free(spot[1])
+        self._add(segment)
 
     def _warn_no_room(self, why: str) -> None:
         if not self._no_room_warned:
@@ -371,8 +369,8 @@ mmap module lacks the name)."""
 class _Preparing:
     """A segment whose pages a thread maps (:meth:`HostViews.reserve` with ``wait=False``)."""
 
-    def __init__(self, segment: _Segment, nbytes: int):
-        self.segment, self.nbytes = segment, nbytes
+    def __init__(self, segment: _Segment):
+        self.segment = segment
         self._error: OSError | None = None
         self._thread = threading.Thread(target=self._run, name="dz-gym-view-pages", daemon=True)
         self._thread.start()
