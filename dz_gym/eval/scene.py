@@ -7,7 +7,9 @@ one :class:`~dz_gym.eval.clients.ArmRouter`; a run that sends sampling fields th
 :class:`~dz_gym.eval.clients.RequestFields`), runs the slots' plan entries with
 :class:`~dz_gym.eval.runner.SceneRunner` and closes everything, also on failure. :func:`scene_batch` is the
 same batch held open, for an executor that steps several scenes' batches side by side
-(:mod:`dz_gym.eval.sidebyside`).
+(:mod:`dz_gym.eval.sidebyside`). While the batch is open, what the process held once it was built is kept out of
+the garbage collector's full passes (:func:`~dz_gym.eval.collector.freeze_heap`); the thaw comes after the
+batch is closed, so that its objects can be collected.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from dz_gym.eval.collector import freeze_heap
 from dz_gym.eval.config import EvalConfig
 from dz_gym.eval.plan import PlanEntry
 from dz_gym.eval.runner import SceneRunner
@@ -99,6 +102,7 @@ def scene_batch(
     factory = env_factory or default_env_factory
     env = factory(scene, config, **dict(env_kwargs or {}))
     wrapper = runner = None
+    thaw: Callable[[], None] | None = None
     try:
         with interruptible():  # not while the batch is held: another scene's simulator may be starting then
             if before_connect is not None:
@@ -117,16 +121,21 @@ def scene_batch(
                 runner = SceneRunner(wrapper, scene=scene, queues=queues, max_steps=config.max_steps,
                                      backend=config.backend, on_episode_start=getattr(client, "begin_episode", None),
                                      episode_retries=config.episode_retries, **runner_kwargs)  # fmt: skip
+        thaw = freeze_heap()  # the simulator's objects, out of the collector's full passes while the batch steps
         # --profile: the span is this batch's whole stepping (with scenes side by side the process's CPU time
         # in it is every scene's)
         with contextlib.nullcontext() if profiler is None else profiler.span(wrapper):
             yield runner
     finally:
         with shielded():
-            if wrapper is not None:
-                wrapper.close()
-            else:
-                env.close()
+            try:
+                if wrapper is not None:
+                    wrapper.close()
+                else:
+                    env.close()
+            finally:
+                if thaw is not None:
+                    thaw()
 
 
 def run_scene(
