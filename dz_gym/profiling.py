@@ -180,4 +180,8 @@ def format_table(report: Mapping[str, Any], title: str = "profile") -> str:
             lines.append(f"{label}: {report[key]:.3f} ms per request")
     for why, count in (report.get("batches_as_dicts") or {}).items():
         lines.append(f"batches sent as dicts ({why}): {count}")
+    if report.get("collector"):
+        passes, seconds = report["collector"]["passes"], report["collector"]["seconds"]
+        lines.append(f"collector pauses: {passes[2]} full ({1e3 * seconds[2]:.1f} ms), "
+                     f"{passes[0] + passes[1]} young ({1e3 * (seconds[0] + seconds[1]):.1f} ms)")  # fmt: skip
     return "\n".join(lines)

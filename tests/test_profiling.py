@@ -122,7 +122,8 @@ def test_profile_flag_end_to_end(tmp_path, capsys, processes):
     # the loop thread's clock is exact; the workers' (/proc, in clock ticks) may read 0 over so short a run
     assert report["loop_cpu_s"] > 0 if processes == 0 else report["loop_cpu_s"] >= 0
     assert report["request_bytes"] >= report["requests"] * 3 * 180 * 320 * 3
-    assert "profile of scene 1 (N=2)" in printed and "client CPU" in printed
+    assert "profile of scene 1 (N=2)" in printed and "client CPU" in printed and "collector pauses:" in printed
+    assert len(report["collector"]["passes"]) == len(report["collector"]["seconds"]) == 3
     for name in ("env_step", "gpu_to_host", "encode", "wait", "send", "bookkeeping"):
         assert name in printed
 

@@ -4,7 +4,8 @@
 :class:`~dz_gym.profiled_wrapper.ProfiledPolicyWrapper` fills it); :meth:`ProfileRun.span` covers the
 runner's loop and measures its wall time, the client process's CPU time (all threads; an embedded server runs
 in a process of its own and is not counted) and the transport's own CPU time (the loop thread's, or with
-``--transport-processes`` the worker processes'), then writes the report
+``--transport-processes`` the worker processes') and the garbage collector's pauses
+(:class:`~dz_gym.eval.collector.CollectorPauses`), then writes the report
 into ``profile.json`` of the run directory (one entry per scene, ``{"scenes": {"1": {...}}}``) and prints
 the table.
 """
@@ -17,6 +18,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from dz_gym.eval.collector import CollectorPauses
 from dz_gym.profiling import StageProfiler, format_table
 
 __all__ = ["PROFILE_FILE", "ProfileRun"]
@@ -47,8 +49,10 @@ class ProfileRun:
         loop_cpu = _transport_cpu(wrapper.client)
         wall0, cpu0 = time.perf_counter(), time.process_time()
         loop0 = loop_cpu() if loop_cpu is not None else None
+        pauses = CollectorPauses()
         try:
-            yield
+            with pauses:
+                yield
         finally:
             wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
             loop_now = loop_cpu() if loop_cpu is not None else None
@@ -58,6 +62,7 @@ class ProfileRun:
             report = self.profiler.report(wall, cpu_s=cpu, loop_cpu_s=loop)
             report["env_hooks"] = list(getattr(wrapper, "env_hooks", []))
             report["num_envs"] = int(wrapper.num_envs)
+            report["collector"] = pauses.report()
             self.report = report
             self._write(report)
             print(format_table(report, f"profile of scene {self.scene} (N={wrapper.num_envs})"), flush=True)
