@@ -16,22 +16,27 @@ It prints, per N, the profile's ``bookkeeping`` (and ``scatter``, ``encode``) in
 ``--baseline REF`` it runs the same measurement on the tree of git revision ``REF`` too (checked out into a
 temporary worktree, its own child process), interleaved with this tree's runs, and prints the ratio; with
 ``--cprofile N`` it writes this tree's run at N under :mod:`cProfile` and prints its top functions.
+``--heap-objects M`` makes the child hold M objects the garbage collector tracks before the runs, as a
+simulator's process does (Isaac Lab's holds about 1.3 million); ``full gc ms`` and ``full gcs`` are the
+collector's full (generation 2) passes from the env's first reset to its close.
 
 Usage::
 
     python benchmarks/bench_bookkeeping.py [--sizes 256,1024] [--max-steps 64] [--repeats 2] [--baseline main]
-        [--prefetch 4 --simulated-delay 4]
+        [--prefetch 4 --simulated-delay 4] [--heap-objects 1300000]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -58,6 +63,8 @@ class FastDroidEnv(BatchedDroidEnv):
         self.joints = np.tile(np.asarray(droid.HOME_JOINT_POSITIONS, dtype=np.float32), (n, 1))
         self.gripper = np.zeros((n, 1), dtype=np.float32)
         self._state = TaskState.resting(np.tile([0.55, 0.12, 0.03], (n, 1)), np.tile([0.55, -0.15, 0.0], (n, 1)))
+        self.first_reset_at: float | None = None  # the stepping's span, from the first reset to the close
+        self.closed_at: float | None = None
 
     def _obs(self) -> dict:
         policy = dict(self._views)
@@ -67,6 +74,8 @@ class FastDroidEnv(BatchedDroidEnv):
 
     def reset(self, *, seed=None, options=None):
         self._check_open()
+        if self.first_reset_at is None:
+            self.first_reset_at = time.perf_counter()
         book = self.episodes
         ids = book.resolve_reset_ids(options)
         seeds = book.reset_seeds(ids, seed)
@@ -88,6 +97,7 @@ class FastDroidEnv(BatchedDroidEnv):
 
     def close(self):
         self._closed = True
+        self.closed_at = time.perf_counter()
 
 
 def measure(
@@ -105,12 +115,27 @@ def measure(
     from dz_gym.eval.evaluate import evaluate
     from dz_gym.eval.rundir import RunDir
 
+    made: list[FastDroidEnv] = []
+
     def factory(scene_id, config, **_):
-        return FastDroidEnv(config.num_envs, scene_id, max_episode_length=config.max_steps)
+        made.append(FastDroidEnv(config.num_envs, scene_id, max_episode_length=config.max_steps))
+        return made[-1]
 
     config = EvalConfig(scenes=[1], episodes=num_envs, num_envs=num_envs, max_steps=max_steps, video=False,
                         report=False, profile=True, prefetch=prefetch, simulated_delay=simulated_delay)  # fmt: skip
-    with tempfile.TemporaryDirectory() as root:
+    full_passes: list[tuple[float, float]] = []  # the collector's generation-2 passes: (end, seconds)
+    started = [0.0]
+
+    def on_collection(phase: str, info: dict) -> None:
+        if info.get("generation") == 2:
+            if phase == "start":
+                started[0] = time.perf_counter()
+            else:
+                full_passes.append((time.perf_counter(), time.perf_counter() - started[0]))
+
+    gc.callbacks.append(on_collection)
+    with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory() as root:
+        stack.callback(gc.callbacks.remove, on_collection)
         run_dir = RunDir.create(root, config)
         profiler = None
         if cprofile:
@@ -129,7 +154,10 @@ def measure(
     if len(rows) != num_envs:
         raise RuntimeError(f"expected {num_envs} rows, got {len(rows)}")
     out = {stage: report["stages"][stage]["per_step_ms"] for stage in STAGES}
-    out.update(steps=report["steps"], wall_s=report["wall_s"], env_steps_per_s=summary["env_steps_per_s"])
+    env = made[0]  # the full passes from the env's first reset to its close: the scene's stepping and its end
+    stepping = [seconds for end, seconds in full_passes if env.first_reset_at <= end <= env.closed_at]
+    out.update(steps=report["steps"], wall_s=report["wall_s"], env_steps_per_s=summary["env_steps_per_s"],
+               full_gc_ms=1000 * sum(stepping), full_gcs=len(stepping))  # fmt: skip
     return out
 
 
@@ -137,6 +165,8 @@ def _child(args) -> int:
     from dz_gym.server.launch import start_server_process
 
     serve = ["--policy", "hold", "--workers", "8", "--quiet"]
+    # a simulator's process holds many objects the collector tracks (Isaac Lab's: about 1.3 million)
+    held = [[i] for i in range(args.heap_objects)]  # noqa: F841 - held for the collector to walk
     with start_server_process(serve) as server:
         url = server.url + "/v1/realtime/robot/openpi"
         results = {n: measure(url, n, args.max_steps, args.cprofile if n == args.cprofile_n else None,
@@ -149,7 +179,8 @@ def _run_tree(tree: Path, args, cprofile_n: int = 0, cprofile: str = "") -> dict
     """This benchmark's child run on the package of ``tree`` (its own process), the results per N."""
     env = dict(os.environ, PYTHONPATH=str(tree))
     cmd = [sys.executable, str(HERE / "bench_bookkeeping.py"), "--child", "--sizes", ",".join(map(str, args.sizes)),
-           "--max-steps", str(args.max_steps), "--prefetch", str(args.prefetch)]  # fmt: skip
+           "--max-steps", str(args.max_steps), "--prefetch", str(args.prefetch),
+           "--heap-objects", str(args.heap_objects)]  # fmt: skip
     if args.simulated_delay is not None:
         cmd += ["--simulated-delay", str(args.simulated_delay)]
     if cprofile_n:
@@ -168,6 +199,12 @@ def main() -> int:
     parser.add_argument("--baseline", default=None, help="git revision to compare against (e.g. main)")
     parser.add_argument("--cprofile-n", type=int, default=0, help="write this tree's run at this N under cProfile")
     parser.add_argument("--cprofile", default="/tmp/bench_bookkeeping.prof", help="where --cprofile-n writes")
+    parser.add_argument(
+        "--heap-objects",
+        type=int,
+        default=0,
+        help="objects the collector tracks, held in the child as a simulator's process holds them",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -193,15 +230,17 @@ def main() -> int:
     )
     print(f"{args.max_steps}-step episodes, one per env (all end at the same step), hold server, {mode}, trajectories "
           f"written, no videos; ms per batch step (median of {args.repeats} run(s) per tree)")  # fmt: skip
-    print(f"{'tree':<16} {'N':>5} " + " ".join(f"{s:>11}" for s in STAGES) + f" {'env-steps/s':>11}")
+    print(f"{'tree':<16} {'N':>5} " + " ".join(f"{s:>11}" for s in STAGES)
+          + f" {'env-steps/s':>11} {'full gc ms':>10} {'full gcs':>8}")  # fmt: skip
     medians: dict[str, dict[int, dict]] = {}
     for name, runs in results.items():
         medians[name] = {}
         for n in args.sizes:
-            med = {key: float(np.median([r[n][key] for r in runs])) for key in (*STAGES, "env_steps_per_s")}
+            keys = (*STAGES, "env_steps_per_s", "full_gc_ms", "full_gcs")
+            med = {key: float(np.median([r[n][key] for r in runs])) for key in keys}
             medians[name][n] = med
             print(f"{name:<16} {n:>5} " + " ".join(f"{med[s]:>11.2f}" for s in STAGES)
-                  + f" {med['env_steps_per_s']:>11.0f}")  # fmt: skip
+                  + f" {med['env_steps_per_s']:>11.0f} {med['full_gc_ms']:>10.1f} {med['full_gcs']:>8.0f}")  # fmt: skip
     if args.baseline:
         base_name = f"baseline {args.baseline}"
         for n in args.sizes:
