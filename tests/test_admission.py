@@ -209,6 +209,7 @@ def rows_of(root: Path) -> list[dict]:
 STABLE = ("episode", "seed", "steps", "server_calls", "error", "error_event", "success_at_end", "success_any_step")
 
 
+@pytest.mark.slow  # about 13 s on 2 cores; runs in the first environment's pass
 def test_eval_with_more_envs_than_admitted_sessions_loses_no_episode(tmp_path, caplog):
     """8 envs, a server that admits 2 sessions: every episode completes, none errored, and the rows equal
     those of a run on a server without a cap (the refused episodes ran later, with their own seeds)."""

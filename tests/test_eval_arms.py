@@ -105,6 +105,7 @@ def test_three_arms_on_server_urls_write_rows_for_every_arm_and_a_ranking(tmp_pa
     assert "ranking of 3 arms on the same seeds" in out and all(f" {n} " in out for n in "xyz")
 
 
+@pytest.mark.slow  # about 7 s on 2 cores; runs in the first environment's pass
 def test_three_arm_cli_run_on_the_embedded_simulator(tmp_path):
     """``--arm`` with embedded policies: one embedded server per arm, MuJoCo, tiny episodes."""
     argv = ["--num-envs", "3", "--episodes", "2", "--scene", "1", "--arm", "a=reference", "--arm", "b=hold",
@@ -185,6 +186,7 @@ def test_select_best_eliminates_the_worse_arms_and_stops_with_the_best(tmp_path)
         assert max(r["episode"] for r in rows if r["arm"] == arm) <= after[arm]
 
 
+@pytest.mark.slow  # about 6 s on 2 cores; runs in the first environment's pass
 def test_select_best_with_hold_arms_never_names_a_winner(tmp_path):
     """Three identical arms on the embedded simulator (tiny episodes): no arm is ever eliminated."""
     argv = ["--num-envs", "3", "--episodes", "4", "--scene", "1", "--arm", "a=hold", "--arm", "b=hold", "--arm",

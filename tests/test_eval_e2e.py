@@ -146,6 +146,7 @@ def gated_hold():
             policy.open()
 
 
+@pytest.mark.slow  # about 9 s on 2 cores; runs in the first environment's pass
 def test_sigint_then_resume_equals_an_uninterrupted_run(reference_run, gated_reference, tmp_path):
     policy, url = gated_reference
     run = Evaluator([*BASE, "--no-video", "--server", url, "--output-root", str(tmp_path)])
@@ -268,6 +269,7 @@ def test_open_loop_horizon_longer_than_the_chunk(capsys, tmp_path):
     assert not any(root.iterdir())
 
 
+@pytest.mark.slow  # about 15 s on 2 cores; runs in the first environment's pass
 def test_killed_and_restarted_server(tmp_path, monkeypatch):
     """The server is killed (SIGKILL) after the first finished episode and comes back on the same port once
     the client has found it gone: the first connection attempt refused after the kill starts the new server
@@ -330,6 +332,7 @@ def test_killed_and_restarted_server(tmp_path, monkeypatch):
     assert summary["overall"]["errored"] == len(errored)
 
 
+@pytest.mark.slow  # about 6 s on 2 cores; runs in the first environment's pass
 def test_process_per_scene(tmp_path):
     """Scenes in fresh processes (the Isaac Lab default), all at once, append to one run directory and one
     summary."""

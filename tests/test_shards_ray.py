@@ -158,6 +158,7 @@ def shard1_gated(server):
         gate.open()
 
 
+@pytest.mark.slow  # about 7 s on 2 cores; runs in the first environment's pass
 def test_a_killed_shard_loses_nothing(cluster, shard1_gated, one_process, tmp_path):
     servers, gate = shard1_gated
     control = RunControl(config().error_budget)
@@ -225,6 +226,7 @@ def test_stop_then_resume_equals_an_uninterrupted_run(cluster, one_process, tmp_
     assert len(resumed["segments"]) == 2
 
 
+@pytest.mark.slow  # about 15 s on 2 cores; runs in the first environment's pass
 def test_cli_ctrl_c_then_resume_on_the_cluster(cluster, one_process, tmp_path):
     """dz-gym-eval --ray ADDRESS in a process of its own: Ctrl-C stops every shard (exit 130, summary written,
     finished rows kept), then --resume on the same cluster completes the run with the one-process rows.
@@ -324,6 +326,7 @@ def test_isaac_shards_one_gpu_each_and_a_fresh_actor_per_scene(cluster, tmp_path
     assert all((run.path / r["video"]).stat().st_size > 0 for r in rows)
 
 
+@pytest.mark.slow  # about 6 s on 2 cores; runs in the first environment's pass
 def test_user_named_resources_place_the_shards(cluster, server, tmp_path):
     """--ray-resource: shards land only on the nodes that have the resource (here the second node)."""
     (node_b,) = [n["NodeID"] for n in ray.nodes() if n.get("Alive") and "node_b" in n.get("Resources", {})]
@@ -333,6 +336,7 @@ def test_user_named_resources_place_the_shards(cluster, server, tmp_path):
     assert len(rows) == 2 and {r["node"] for r in rows} == {node_b} and summary["shards"]["nodes"] == [node_b]
 
 
+@pytest.mark.slow  # about 7 s on 2 cores; runs in the first environment's pass
 def test_uneven_shards_keep_the_one_process_slots(cluster, server, one_process, tmp_path):
     """3 envs on 2 shards (2 + 1 slots): every episode still runs on slot k % 3, and the rows equal one process."""
     run, summary = sharded(cluster, server, tmp_path, cfg=config(num_envs=3))
