@@ -313,6 +313,10 @@ def report(results: list[dict], args) -> bool | None:
         for r, mode, rep in profiled:  # rounds whose requests the caller packed itself, and why
             for why, count in (rep.get("batches_as_dicts") or {}).items():
                 print(f"{r['backend']} N={r['n']} {mode}: {count} batch(es) sent as dicts ({why})")
+            if rep.get("collector"):  # the garbage collector's full passes during the stepping
+                passes, seconds = rep["collector"]["passes"], rep["collector"]["seconds"]
+                print(f"{r['backend']} N={r['n']} {mode}: collector {passes[2]} full pass(es), "
+                      f"{1e3 * seconds[2]:.1f} ms; {passes[0] + passes[1]} young, {1e3 * (seconds[0] + seconds[1]):.1f} ms")  # fmt: skip
     return ok if checked else None
 
 
