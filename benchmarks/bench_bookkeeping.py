@@ -18,12 +18,13 @@ temporary worktree, its own child process), interleaved with this tree's runs, a
 ``--cprofile N`` it writes this tree's run at N under :mod:`cProfile` and prints its top functions.
 ``--heap-objects M`` makes the child hold M objects the garbage collector tracks before the runs, as a
 simulator's process does (Isaac Lab's holds about 1.3 million); ``full gc ms`` and ``full gcs`` are the
-collector's full (generation 2) passes from the env's first reset to its close.
+collector's full (generation 2) passes from the env's first reset to its close. ``--freeze-ab`` compares this
+tree with itself, the collector's freeze (:mod:`dz_gym.eval.collector`) turned off in the baseline's child.
 
 Usage::
 
     python benchmarks/bench_bookkeeping.py [--sizes 256,1024] [--max-steps 64] [--repeats 2] [--baseline main]
-        [--prefetch 4 --simulated-delay 4] [--heap-objects 1300000]
+        [--prefetch 4 --simulated-delay 4] [--heap-objects 1300000] [--freeze-ab]
 """
 
 from __future__ import annotations
@@ -164,6 +165,11 @@ def measure(
 def _child(args) -> int:
     from dz_gym.server.launch import start_server_process
 
+    if args.no_freeze:  # the same tree without the collector's freeze (--freeze-ab's baseline)
+        import dz_gym.eval.scene
+
+        dz_gym.eval.scene.freeze_heap = lambda: lambda: None
+
     serve = ["--policy", "hold", "--workers", "8", "--quiet"]
     # a simulator's process holds many objects the collector tracks (Isaac Lab's: about 1.3 million)
     held = [[i] for i in range(args.heap_objects)]  # noqa: F841 - held for the collector to walk
@@ -175,12 +181,13 @@ def _child(args) -> int:
     return 0
 
 
-def _run_tree(tree: Path, args, cprofile_n: int = 0, cprofile: str = "") -> dict[int, dict]:
-    """This benchmark's child run on the package of ``tree`` (its own process), the results per N."""
+def _run_tree(tree: Path, args, cprofile_n: int = 0, cprofile: str = "", extra=()) -> dict[int, dict]:
+    """This benchmark's child run on the package of ``tree`` (its own process; ``extra``: more child flags),
+    the results per N."""
     env = dict(os.environ, PYTHONPATH=str(tree))
     cmd = [sys.executable, str(HERE / "bench_bookkeeping.py"), "--child", "--sizes", ",".join(map(str, args.sizes)),
            "--max-steps", str(args.max_steps), "--prefetch", str(args.prefetch),
-           "--heap-objects", str(args.heap_objects)]  # fmt: skip
+           "--heap-objects", str(args.heap_objects), *extra]  # fmt: skip
     if args.simulated_delay is not None:
         cmd += ["--simulated-delay", str(args.simulated_delay)]
     if cprofile_n:
@@ -205,26 +212,37 @@ def main() -> int:
         default=0,
         help="objects the collector tracks, held in the child as a simulator's process holds them",
     )
+    parser.add_argument(
+        "--freeze-ab",
+        action="store_true",
+        help="baseline: this tree with the collector's freeze turned off (instead of --baseline)",
+    )
+    parser.add_argument("--no-freeze", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         return _child(args)
 
     tree = HERE.parent
-    trees = {"this tree": tree}
+    trees: dict[str, tuple[Path, tuple[str, ...]]] = {"this tree": (tree, ())}
+    base_name = None
     with contextlib.ExitStack() as stack:
-        if args.baseline:
+        if args.freeze_ab:
+            base_name = "no freeze"
+            trees = {base_name: (tree, ("--no-freeze",)), "this tree": (tree, ())}
+        elif args.baseline:
             base = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "baseline"
             subprocess.run(["git", "-C", str(tree), "worktree", "add", "--detach", str(base), args.baseline],
                            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
             stack.callback(subprocess.run, ["git", "-C", str(tree), "worktree", "remove", "--force", str(base)],
                            check=False)  # fmt: skip
-            trees = {f"baseline {args.baseline}": base, "this tree": tree}
+            base_name = f"baseline {args.baseline}"
+            trees = {base_name: (base, ()), "this tree": (tree, ())}
         results: dict[str, list[dict[int, dict]]] = {name: [] for name in trees}
         for repeat in range(args.repeats):
-            for name, path in trees.items():
+            for name, (path, extra) in trees.items():
                 profile_n = args.cprofile_n if name == "this tree" and repeat == 0 else 0
-                results[name].append(_run_tree(path, args, profile_n, args.cprofile))
+                results[name].append(_run_tree(path, args, profile_n, args.cprofile, extra))
     mode = f"prefetch {args.prefetch}" + (
         "" if args.simulated_delay is None else f", simulated delay {args.simulated_delay}"
     )
@@ -241,11 +259,14 @@ def main() -> int:
             medians[name][n] = med
             print(f"{name:<16} {n:>5} " + " ".join(f"{med[s]:>11.2f}" for s in STAGES)
                   + f" {med['env_steps_per_s']:>11.0f} {med['full_gc_ms']:>10.1f} {med['full_gcs']:>8.0f}")  # fmt: skip
-    if args.baseline:
-        base_name = f"baseline {args.baseline}"
+    if base_name is not None:
         for n in args.sizes:
-            old, new = medians[base_name][n]["bookkeeping"], medians["this tree"][n]["bookkeeping"]
-            print(f"N={n}: bookkeeping {old:.2f} -> {new:.2f} ms per step ({old / max(new, 1e-9):.2f}x less)")
+            before, after = medians[base_name][n], medians["this tree"][n]
+            old, new = before["bookkeeping"], after["bookkeeping"]
+            print(f"N={n}: bookkeeping {old:.2f} -> {new:.2f} ms per step ({old / max(new, 1e-9):.2f}x less); "
+                  f"full gc {before['full_gc_ms']:.1f} -> {after['full_gc_ms']:.1f} ms a run "
+                  f"({before['full_gc_ms'] / max(after['full_gc_ms'], 1e-9):.2f}x less); env-steps/s "
+                  f"{after['env_steps_per_s'] / max(before['env_steps_per_s'], 1e-9):.2f}x")  # fmt: skip
     if args.cprofile_n:
         import pstats
 
