@@ -123,7 +123,8 @@ def measure(
         return made[-1]
 
     config = EvalConfig(scenes=[1], episodes=num_envs, num_envs=num_envs, max_steps=max_steps, video=False,
-                        report=False, profile=True, prefetch=prefetch, simulated_delay=simulated_delay)  # fmt: skip
+                        report=False, profile=True, prefetch=prefetch, simulated_delay=simulated_delay,
+                        transport_processes=0)  # fmt: skip  # in-process, as every figure of this benchmark
     full_passes: list[tuple[float, float]] = []  # the collector's generation-2 passes: (end, seconds)
     started = [0.0]
 

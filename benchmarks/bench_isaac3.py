@@ -210,7 +210,7 @@ def _evaluate(scene, n, args, mode, profile, backend, urls, factory):
     config = EvalConfig(
         scenes=[scene], episodes=n, num_envs=n, max_steps=args.max_steps, video=False, report=False,
         prefetch=prefetch, simulated_delay=delay, backend=backend, profile=profile,
-        **({"transport_processes": args.transport_processes} if args.transport_processes else {}),
+        transport_processes=args.transport_processes,
     )  # fmt: skip
     with tempfile.TemporaryDirectory() as root:
         run_dir = RunDir.create(root, config)
@@ -331,7 +331,10 @@ def main() -> int:
         "--modes", default=",".join(MODES), help=f"evaluator modes to run, comma-separated, of {', '.join(MODES)}"
     )
     parser.add_argument(
-        "--transport-processes", type=int, default=0, help="the evaluator's transport processes (0: in-process)"
+        "--transport-processes",
+        type=int,
+        default=0,
+        help="the evaluator's transport processes (0, the default here: in-process; the evaluator's own default chooses)",
     )
     parser.add_argument("--cycles", type=int, default=3, help="8-step cycles timed for s_N")
     parser.add_argument("--device", default="cuda:0")

@@ -131,7 +131,8 @@ def sharded(
     from dz_gym.eval.config import EvalConfig
     from dz_gym.eval.rundir import RunDir
 
-    config = EvalConfig(scenes=[scene], episodes=episodes, num_envs=n, max_steps=max_steps, video=False, report=False)
+    config = EvalConfig(scenes=[scene], episodes=episodes, num_envs=n, max_steps=max_steps, video=False, report=False,
+                        transport_processes=0)  # fmt: skip  # in-process, as every figure of this benchmark
     with tempfile.TemporaryDirectory() as root:
         run_dir = RunDir.create(root, config)
         summary = evaluate_sharded(

@@ -340,3 +340,39 @@ def test_the_evaluator_builds_a_process_pool_for_transport_processes():
         client.close()
     with pytest.raises(ValueError, match="transport_processes"):
         EvalConfig(num_envs=4, backend="mujoco", transport_processes=-1)
+
+
+def test_auto_processes_grows_with_the_sessions_within_the_cores():
+    """One worker per 64 sessions, at most one per two cores and 8, none below two."""
+    from dz_gym.transport.config import auto_processes, usable_cores
+
+    table = {(8, 2): 0, (1024, 2): 0, (1024, 3): 0, (127, 16): 0, (128, 16): 2, (192, 4): 2, (256, 16): 4,
+             (512, 16): 8, (1024, 16): 8, (4096, 128): 8, (1024, 10): 5}  # fmt: skip
+    assert {key: auto_processes(key[0], cores=key[1]) for key in table} == table
+    assert usable_cores() >= 1 and auto_processes(10**6) <= 8
+
+
+def test_the_evaluator_chooses_its_worker_processes_when_none_are_given(monkeypatch):
+    """``transport_processes`` None (the default): ``auto_processes`` of each pool's envs on this machine's
+    cores, shared by an A/B run's two pools; an explicit count, 0 included, is kept; config.json keeps None."""
+    from dz_gym.eval import config as config_module
+    from dz_gym.eval.config import EvalConfig
+    from dz_gym.eval.scene import policy_client
+
+    monkeypatch.setattr(config_module, "usable_cores", lambda: 16)
+    assert EvalConfig.default("transport_processes") is None
+    big = EvalConfig(num_envs=1024, backend="mujoco")
+    assert big.transport_process_count() == big.transport_config().processes == 8
+    assert EvalConfig.from_dict(big.to_dict()).transport_processes is None
+    ab = EvalConfig(num_envs=1024, backend="mujoco", policy_b="hold")
+    assert ab.transport_process_count() == 4  # 512 envs a pool, 8 cores a pool
+    assert EvalConfig(num_envs=64, backend="mujoco").transport_process_count() == 0
+    assert EvalConfig(num_envs=1024, backend="mujoco", transport_processes=0).transport_process_count() == 0
+    monkeypatch.setattr(config_module, "usable_cores", lambda: 2)
+    assert policy_client(EvalConfig(num_envs=1024, backend="mujoco"), ["ws://127.0.0.1:1"] * 1024) is None
+    monkeypatch.setattr(config_module, "usable_cores", lambda: 4)
+    client = policy_client(EvalConfig(num_envs=128, backend="mujoco"), ["ws://127.0.0.1:1"] * 128)
+    try:
+        assert type(client) is ProcessSessionPool and client.processes == 2
+    finally:
+        client.close()

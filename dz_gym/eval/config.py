@@ -26,6 +26,7 @@ from dz_gym.envs import backends, droid
 from dz_gym.eval.plan import is_url
 from dz_gym.stats.comparison import ARMS
 from dz_gym.transport import TransportConfig, validate_url
+from dz_gym.transport.config import auto_processes, usable_cores
 
 CONFIG_VERSION = 1
 BACKENDS = backends.NAMES  # "auto" and every backend of dz_gym.envs.backends
@@ -105,7 +106,7 @@ class EvalConfig:
     server_max_sessions: int = 64  # vLLM-Omni's resident session capacity (MAX_DREAMZERO_SESSIONS)
     server_idle_timeout: float = 30.0  # vLLM-Omni closes a connection idle this long; 0: the servers have none
     auth_env: str | None = None  # NAME of the environment variable holding the servers' API token
-    transport_processes: int = 0  # sessions spread over this many worker processes (0: all in this process)
+    transport_processes: int | None = None  # worker processes per pool (0: all in this process; None: auto_processes)
     servers_b: list[str] = dataclasses.field(default_factory=list)  # A/B: arm B's servers (arm A: servers)
     policy_b: str | None = _result(None)  # A/B on the embedded servers: arm B's policy (arm A: policy)
     arm_specs: list[str] = _result(default_factory=list)  # K >= 2 named arms: "NAME=POLICY_OR_URL" (--arm)
@@ -204,10 +205,12 @@ class EvalConfig:
         if not isinstance(self.log_project, str) or not self.log_project:
             raise ValueError(f"log_project: expected a non-empty W&B project name, got {self.log_project!r}")
         self._check_schedule()
-        if not _is_int(self.transport_processes) or self.transport_processes < 0:
+        if self.transport_processes is not None and (
+            not _is_int(self.transport_processes) or self.transport_processes < 0
+        ):
             raise ValueError(
-                f"transport_processes: expected an integer >= 0 (0: every session in this process), "
-                f"got {self.transport_processes!r}"
+                f"transport_processes: expected an integer >= 0 (0: every session in this process) or None "
+                f"(chosen from the envs and the cores), got {self.transport_processes!r}"
             )
         self.transport_config()
 
@@ -390,13 +393,29 @@ class EvalConfig:
             simulated_delay=self.simulated_delay,
         )
 
+    def transport_process_count(self) -> int:
+        """The worker processes each connection pool spreads its sessions over: ``transport_processes``,
+        or when that is None :func:`~dz_gym.transport.config.auto_processes` of one pool's sessions on this
+        machine's cores, shared by the pools (an A/B or ``--arm`` run has one pool per arm). On a Ray shard
+        ``num_envs`` is the shard's, so each shard sizes its own.
+
+        >>> EvalConfig(num_envs=8, backend="mujoco").transport_process_count()
+        0
+        >>> EvalConfig(num_envs=1024, backend="mujoco", transport_processes=3).transport_process_count()
+        3
+        """
+        if self.transport_processes is not None:
+            return self.transport_processes
+        pools = max(1, len(self.arms))
+        return auto_processes(self.num_envs // pools, cores=usable_cores() // pools)
+
     def transport_config(self) -> TransportConfig:
         """The :class:`TransportConfig` of every connection of the run (its own rules validate the values)."""
         fields = {
             "request_timeout": self.request_timeout,
             "retry_server_errors": self.retry_server_errors,
             "auth_env": self.auth_env,
-            "processes": self.transport_processes,
+            "processes": self.transport_process_count(),
         }
         try:
             return TransportConfig(**fields)

@@ -74,6 +74,11 @@ class InProcess:
             segment.say(f"scene {scene}: {sum(len(q) for q in queues)} episode(s) on {config.num_envs} env(s)")
         if len(scenes) > 1:
             segment.say(f"scenes {', '.join(str(s) for s, _ in scenes)} side by side, a batch each")
+        processes = config.transport_process_count()
+        if processes:
+            chosen = " (chosen for the envs and cores; --transport-processes 0: none)"
+            segment.say(f"transport: {processes} worker processes a connection pool"
+                        + (chosen if config.transport_processes is None else ""))  # fmt: skip
         result = run_side_by_side(
             config,
             scenes,

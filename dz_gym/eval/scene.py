@@ -48,7 +48,9 @@ def policy_client(config: EvalConfig, slot_servers: Sequence[str]):
 
     ``slot_servers``: the server of each env slot (the plan's); in an A/B run slot ``2j`` is arm A's slot ``j``
     and ``2j + 1`` arm B's; with ``K`` named arms slot ``K j + i`` is arm ``i``'s slot ``j``."""
-    if not (config.armed or config.policy_seed or config.num_inference_steps is not None or config.transport_processes):
+    if not (
+        config.armed or config.policy_seed or config.num_inference_steps is not None or config.transport_process_count()
+    ):
         return None
     from dz_gym.eval.clients import build_client
 
