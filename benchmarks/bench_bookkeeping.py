@@ -169,7 +169,7 @@ def _child(args) -> int:
     if args.no_freeze:  # the same tree without the collector's freeze (--freeze-ab's baseline)
         import dz_gym.eval.scene
 
-        dz_gym.eval.scene.freeze_heap = lambda: lambda: None
+        dz_gym.eval.scene.freeze_heap = lambda **_: lambda: None
 
     serve = ["--policy", "hold", "--workers", "8", "--quiet"]
     # a simulator's process holds many objects the collector tracks (Isaac Lab's: about 1.3 million)

@@ -118,3 +118,77 @@ def test_a_failing_scene_thaws(tmp_path):
     with start_server_thread("hold") as server, pytest.raises(RuntimeError, match="the simulator broke"):
         evaluate(config, RunDir.create(tmp_path, config), [server.url + PATH], env_factory=factory, progress=False)
     assert gc.get_freeze_count() == 0
+
+
+def test_a_growing_hold_freezes_what_survives_each_full_pass():
+    from dz_gym.eval import collector
+
+    release = freeze_heap(as_it_grows=True)
+    start = gc.get_freeze_count()
+    built = [[i] for i in range(5000)]  # a heap being built
+    Cycle()  # garbage made before the pass is still collected by it
+    assert gc.collect() >= 1
+    after_pass = gc.get_freeze_count()
+    assert after_pass >= start + len(built)
+    assert not any(obj is built[0] for obj in gc.get_objects())  # the next full pass does not walk it
+    later = [[i] for i in range(100)]
+    gc.collect(0)  # a young pass freezes nothing
+    assert gc.get_freeze_count() == after_pass
+    assert any(obj is later[0] for obj in gc.get_objects())
+    release()
+    assert gc.get_freeze_count() == 0 and collector._freeze_after_full_pass not in gc.callbacks
+    gc.collect()
+    assert gc.get_freeze_count() == 0  # no longer following
+
+
+def test_the_plain_hold_taken_before_the_growing_one_ends_keeps_the_freeze():
+    growing = freeze_heap(as_it_grows=True)
+    gc.collect()
+    plain = freeze_heap()
+    growing()
+    frozen = gc.get_freeze_count()
+    assert frozen > 0
+    gc.collect()
+    assert gc.get_freeze_count() == frozen  # not following any more, still frozen
+    plain()
+    assert gc.get_freeze_count() == 0
+
+
+def test_a_scene_is_built_under_a_growing_hold_and_steps_under_the_plain_one(tmp_path):
+    from dz_gym.eval import collector
+
+    seen = {}
+
+    class Built(ToyDroidEnv):
+        def step(self, action):
+            seen.setdefault("following while stepping", collector._freeze_after_full_pass in gc.callbacks)
+            return super().step(action)
+
+    def factory(scene, cfg):
+        seen["following while built"] = collector._freeze_after_full_pass in gc.callbacks
+        heap = [[i] for i in range(5000)]
+        gc.collect()
+        seen["frozen by the build's pass"] = not any(obj is heap[0] for obj in gc.get_objects())
+        env = Built(cfg.num_envs, scene=scene, max_episode_length=cfg.max_steps)
+        env.heap = heap
+        return env
+
+    config = EvalConfig(scenes=[1], episodes=2, num_envs=2, max_steps=4, video=False)
+    with start_server_thread("hold") as server:
+        assert evaluate(config, RunDir.create(tmp_path, config), [server.url + PATH], env_factory=factory,
+                        progress=False)["complete"]  # fmt: skip
+    assert seen == {"following while built": True, "frozen by the build's pass": True,
+                    "following while stepping": False}  # fmt: skip
+    assert gc.get_freeze_count() == 0
+
+
+def test_a_failing_build_releases_its_hold(tmp_path):
+    from dz_gym.eval import collector
+
+    def factory(scene, cfg):
+        raise RuntimeError("no simulator here")
+
+    config = EvalConfig(scenes=[1], episodes=2, num_envs=2, max_steps=4, video=False)
+    with start_server_thread("hold") as server, pytest.raises(RuntimeError, match="no simulator here"):
+        evaluate(config, RunDir.create(tmp_path, config), [server.url + PATH], env_factory=factory, progress=False)
+    assert gc.get_freeze_count() == 0 and collector._freeze_after_full_pass not in gc.callbacks

@@ -8,8 +8,9 @@ one :class:`~dz_gym.eval.clients.ArmRouter`; a run that sends sampling fields th
 :class:`~dz_gym.eval.runner.SceneRunner` and closes everything, also on failure. :func:`scene_batch` is the
 same batch held open, for an executor that steps several scenes' batches side by side
 (:mod:`dz_gym.eval.sidebyside`). While the batch is open, what the process held once it was built is kept out of
-the garbage collector's full passes (:func:`~dz_gym.eval.collector.freeze_heap`); the thaw comes after the
-batch is closed, so that its objects can be collected.
+the garbage collector's full passes (:func:`~dz_gym.eval.collector.freeze_heap`), and while it is built each
+full pass walks only what came since the one before; the thaw comes after the batch is closed, so that its
+objects can be collected.
 """
 
 from __future__ import annotations
@@ -102,7 +103,12 @@ def scene_batch(
     if any(e.arm not in (None, *arms) for q in queues for e in q):
         raise ValueError(f"queues: expected arms in {arms}")
     factory = env_factory or default_env_factory
-    env = factory(scene, config, **dict(env_kwargs or {}))
+    building = freeze_heap(as_it_grows=True)  # while the simulator imports and builds, a full pass walks the new
+    try:
+        env = factory(scene, config, **dict(env_kwargs or {}))
+    except BaseException:
+        building()
+        raise
     wrapper = runner = None
     thaw: Callable[[], None] | None = None
     try:
@@ -124,6 +130,7 @@ def scene_batch(
                                      backend=config.backend, on_episode_start=getattr(client, "begin_episode", None),
                                      episode_retries=config.episode_retries, **runner_kwargs)  # fmt: skip
         thaw = freeze_heap()  # the simulator's objects, out of the collector's full passes while the batch steps
+        building()
         # --profile: the span is this batch's whole stepping (with scenes side by side the process's CPU time
         # in it is every scene's)
         with contextlib.nullcontext() if profiler is None else profiler.span(wrapper):
@@ -136,6 +143,7 @@ def scene_batch(
                 else:
                     env.close()
             finally:
+                building()  # a no-op once the batch stepped
                 if thaw is not None:
                     thaw()
 
