@@ -305,7 +305,7 @@ def test_config_and_factory():
 
 # ---------------------------------------------------------------------------------------- the evaluator
 @pytest.mark.slow
-def test_evaluator_rows_with_transport_processes_equal_the_in_process_run(tmp_path):
+def test_evaluator_rows_with_transport_processes_equal_the_in_process_run(tmp_path, capsys):
     pytest.importorskip("mujoco")
     from dz_gym.eval import cli
     from dz_gym.eval.row import PLACEMENT, comparable
@@ -316,6 +316,8 @@ def test_evaluator_rows_with_transport_processes_equal_the_in_process_run(tmp_pa
     for name, extra in (("in", []), ("procs", ["--transport-processes", "2"])):
         root = tmp_path / name
         assert cli.main([*base, *extra, "--output-root", str(root)]) == 0
+        said = capsys.readouterr()
+        assert ("transport: 2 worker processes a connection pool" in said.out + said.err) == bool(extra)
         (path,) = [p for p in root.iterdir() if p.is_dir()]
         run = RunDir(path)
         rows[name] = comparable(run.read_rows(), ignore=PLACEMENT)
