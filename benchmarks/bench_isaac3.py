@@ -40,7 +40,9 @@ N = 1024, prefetch >= 92 % of the bound at N = 256, N/s_N >= 4,261 at N = 256.
 three views' ``NewtonWarpRendererCfg`` (tile size, traversal order, block size: each variant compiles its own
 render kernels), ``--override env.KEY=VALUE`` any field of the task's config (an Isaac Lab Hydra override,
 checked against the config's fields: e.g. ``env.sim.physics.bvh_constructor_geometry=sah``, the mesh BVH the
-renderer casts against), ``--transport-processes P`` spreads the evaluator's sessions over P processes.
+renderer casts against), ``--transport-processes P`` spreads the evaluator's sessions over P processes (``auto``:
+the evaluator's default), ``--no-collector-freeze`` turns the evaluator's freeze of the collector's heap off (an
+A/B of :mod:`dz_gym.eval.collector`).
 
 Usage (the GPU host; Isaac Lab 3.0 installed by ``scripts/setup_isaac3.sh``)::
 
@@ -210,7 +212,7 @@ def _evaluate(scene, n, args, mode, profile, backend, urls, factory):
     config = EvalConfig(
         scenes=[scene], episodes=n, num_envs=n, max_steps=args.max_steps, video=False, report=False,
         prefetch=prefetch, simulated_delay=delay, backend=backend, profile=profile,
-        transport_processes=args.transport_processes,
+        transport_processes=None if args.transport_processes == "auto" else args.transport_processes,
     )  # fmt: skip
     with tempfile.TemporaryDirectory() as root:
         run_dir = RunDir.create(root, config)
@@ -226,7 +228,8 @@ def run_child(backend: str, n: int, args, scene: int = 1) -> dict | None:
     command = [sys.executable, __file__, "--child", backend, "--num-envs", str(n), "--latency-ms", str(args.latency_ms),
                "--max-steps", str(args.max_steps), "--prefetch", str(args.prefetch), "--cycles", str(args.cycles),
                "--device", args.device, "--scene", str(scene), "--servers", str(args.servers), "--modes", args.modes,
-               "--transport-processes", str(args.transport_processes), "--profile" if args.profile else "--no-profile"]  # fmt: skip
+               "--transport-processes", str(args.transport_processes), "--profile" if args.profile else "--no-profile",
+               "--collector-freeze" if args.collector_freeze else "--no-collector-freeze"]  # fmt: skip
     for item in args.renderer:
         command += ["--renderer", item]
     for item in args.override:
@@ -257,7 +260,8 @@ def report(results: list[dict], args) -> bool | None:
     print()
     print(f"L={args.latency_ms:.0f} ms, {args.max_steps}-step episodes, policy hold, W=N server workers, prefetch "
           f"K={args.prefetch} (locked: --simulated-delay K too); raw = N/s_N (the simulator alone, views 1 step in "
-          f"8), raw all = N/s_N all (every step); transport processes {args.transport_processes}; renderer "
+          f"8), raw all = N/s_N all (every step); transport processes {args.transport_processes}; collector freeze "
+          f"{'on' if args.collector_freeze else 'off'}; renderer "
           f"{' '.join(args.renderer) or 'defaults'}; overrides {' '.join(args.override) or 'none'}")  # fmt: skip
     cols = ["s_N ms", "s_all ms", "raw", "raw all", "GPU MiB", "bound"]
     for mode in modes:
@@ -332,9 +336,17 @@ def main() -> int:
     )
     parser.add_argument(
         "--transport-processes",
-        type=int,
+        type=lambda text: text if text == "auto" else int(text),
         default=0,
-        help="the evaluator's transport processes (0, the default here: in-process; the evaluator's own default chooses)",
+        help="the evaluator's transport processes (0, the default here: in-process; auto: the evaluator's own "
+        "default, chosen from N and the cores)",
+    )
+    parser.add_argument(
+        "--collector-freeze",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the evaluator's freeze of the collector's heap while a scene is built and steps "
+        "(dz_gym.eval.collector); --no-collector-freeze for an A/B",
     )
     parser.add_argument("--cycles", type=int, default=3, help="8-step cycles timed for s_N")
     parser.add_argument("--device", default="cuda:0")
@@ -370,6 +382,10 @@ def main() -> int:
     parser.add_argument("--num-envs", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
+        if not args.collector_freeze:  # the A/B's baseline: the evaluator as it was before it froze the heap
+            import dz_gym.eval.scene
+
+            dz_gym.eval.scene.freeze_heap = lambda **_: lambda: None
         result = child(args)
         print(RESULT + json.dumps(result), flush=True)
         os._exit(0)  # skip Isaac Lab's and Warp's teardown
