@@ -197,6 +197,11 @@ def _run_tree(tree: Path, args, cprofile_n: int = 0, cprofile: str = "", extra=(
     return {int(k): v for k, v in json.loads(proc.stdout.strip().splitlines()[-1]).items()}
 
 
+def _times_less(before: float, after: float) -> str:
+    """``before / after`` as "N.NNx less", or "none left" when nothing is left to divide by."""
+    return "none left" if after <= 0 else f"{before / after:.2f}x less"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=lambda s: [int(v) for v in s.split(",")], default=[256, 1024])
@@ -266,7 +271,7 @@ def main() -> int:
             old, new = before["bookkeeping"], after["bookkeeping"]
             print(f"N={n}: bookkeeping {old:.2f} -> {new:.2f} ms per step ({old / max(new, 1e-9):.2f}x less); "
                   f"full gc {before['full_gc_ms']:.1f} -> {after['full_gc_ms']:.1f} ms a run "
-                  f"({before['full_gc_ms'] / max(after['full_gc_ms'], 1e-9):.2f}x less); env-steps/s "
+                  f"({_times_less(before['full_gc_ms'], after['full_gc_ms'])}); env-steps/s "
                   f"{after['env_steps_per_s'] / max(before['env_steps_per_s'], 1e-9):.2f}x")  # fmt: skip
     if args.cprofile_n:
         import pstats
