@@ -345,11 +345,11 @@ def test_the_evaluator_builds_a_process_pool_for_transport_processes():
 
 
 def test_auto_processes_grows_with_the_sessions_within_the_cores():
-    """One worker per 64 sessions, at most one per two cores and 8, none below two."""
+    """One worker per 64 sessions, at most one per core and 8, none below two or on fewer than 4 cores."""
     from dz_gym.transport.config import auto_processes, usable_cores
 
-    table = {(8, 2): 0, (1024, 2): 0, (1024, 3): 0, (127, 16): 0, (128, 16): 2, (192, 4): 2, (256, 16): 4,
-             (512, 16): 8, (1024, 16): 8, (4096, 128): 8, (1024, 10): 5}  # fmt: skip
+    table = {(8, 2): 0, (1024, 2): 0, (1024, 3): 0, (127, 16): 0, (128, 16): 2, (192, 4): 3, (256, 16): 4,
+             (512, 16): 8, (1024, 16): 8, (1024, 8): 8, (1024, 4): 4, (4096, 128): 8, (1024, 5): 5}  # fmt: skip
     assert {key: auto_processes(key[0], cores=key[1]) for key in table} == table
     assert usable_cores() >= 1 and auto_processes(10**6) <= 8
 
@@ -367,7 +367,9 @@ def test_the_evaluator_chooses_its_worker_processes_when_none_are_given(monkeypa
     assert big.transport_process_count() == big.transport_config().processes == 8
     assert EvalConfig.from_dict(big.to_dict()).transport_processes is None
     ab = EvalConfig(num_envs=1024, backend="mujoco", policy_b="hold")
-    assert ab.transport_process_count() == 4  # 512 envs a pool, 8 cores a pool
+    assert ab.transport_process_count() == 8  # 512 envs a pool, 8 cores a pool
+    monkeypatch.setattr(config_module, "usable_cores", lambda: 8)
+    assert ab.transport_process_count() == 4 and big.transport_process_count() == 8
     assert EvalConfig(num_envs=64, backend="mujoco").transport_process_count() == 0
     assert EvalConfig(num_envs=1024, backend="mujoco", transport_processes=0).transport_process_count() == 0
     monkeypatch.setattr(config_module, "usable_cores", lambda: 2)

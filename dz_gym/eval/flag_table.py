@@ -122,7 +122,7 @@ SCALE = (
          "(handed over in shared memory): for many sessions of large requests, e.g. --num-envs 256 or more on a "
          "GPU host, where one process's interpreter lock otherwise moves every request; 0: all in this process",
          field="transport_processes", type=integer, metavar="P",
-         shown="auto: one per 64 envs, at most one per 2 cores and 8; 0 below 128 envs or 4 cores"),
+         shown="auto: one per 64 envs, at most one per core and 8; 0 below 128 envs or 4 cores"),
     *RAY_FLAGS,
 )  # fmt: skip
 AB = (

@@ -193,11 +193,12 @@ class TransportConfig:
         return {"Authorization": f"{self.auth_scheme} {token.strip()}"}
 
 
-# The sizing rule of auto_processes: one worker process per this many sessions, at most one per two usable
-# cores (the stepping process, the simulator's own threads and a same-host server need the rest), at most
-# AUTO_PROCESSES_MAX, and none below two (one worker only moves the interpreter lock's contention elsewhere).
+# The sizing rule of auto_processes: one worker process per this many sessions, at most one per usable core
+# and AUTO_PROCESSES_MAX, none on fewer than AUTO_PROCESSES_MIN_CORES cores (there the workers would take the
+# simulator's), and none below two (one worker only moves the interpreter lock's contention elsewhere).
 SESSIONS_PER_PROCESS = 64
 AUTO_PROCESSES_MAX = 8
+AUTO_PROCESSES_MIN_CORES = 4
 
 
 def usable_cores() -> int:
@@ -211,14 +212,17 @@ def usable_cores() -> int:
 def auto_processes(num_sessions: int, *, cores: int | None = None) -> int:
     """The worker processes a pool of ``num_sessions`` sessions is spread over when nobody chose
     (``TransportConfig.processes``; the evaluator's ``--transport-processes`` left out): 0 (every session in
-    this process) below 128 sessions or 4 cores, else one per 64 sessions, at most one per two cores and 8.
+    this process) below 128 sessions or 4 cores, else one per 64 sessions, at most one per core and 8.
 
-    What the rule rests on (benchmarks/README.md, Isaac Lab on one H200 host with 16 cores, 0.5 MB requests):
-    at N = 1024 the synchronous rate was 48.5-54.8 % of its bound with every session in one process,
-    55-70 % with 4 worker processes and 62-73 % with 8; at N = 256, 78.2 % in one process, 81.8 % with 4.
-    On a laptop's few cores the workers would take the simulator's: there the rule gives 0."""
+    What the rule rests on (benchmarks/README.md, Isaac Lab on one H200 host, the evaluator on 8 of its
+    cores and the servers on the other 8, 0.5 MB requests): at N = 1024 the synchronous rate was
+    48.5-54.8 % of its bound with every session in one process, 55-70 % with 4 worker processes and 62-73 %
+    with 8 (8 beside the stepping process on 8 cores: a worker waits on its sockets most of a round); at
+    N = 256, 78.2 % in one process and 81.8 % with 4."""
     cores = usable_cores() if cores is None else int(cores)
-    count = min(int(num_sessions) // SESSIONS_PER_PROCESS, cores // 2, AUTO_PROCESSES_MAX)
+    if cores < AUTO_PROCESSES_MIN_CORES:
+        return 0
+    count = min(int(num_sessions) // SESSIONS_PER_PROCESS, cores, AUTO_PROCESSES_MAX)
     return count if count >= 2 else 0
 
 
