@@ -21,6 +21,7 @@ from dz_gym.errors import ConnectionLost, DzGymError, WorkerError
 from dz_gym.policy_client import Outcome
 from dz_gym.protocol import parse_metadata
 from dz_gym.protocol.packer import pieces_size, write_pieces
+from dz_gym.spawning import start_worker
 from dz_gym.transport.arena import Extents
 from dz_gym.transport.config import TransportConfig
 from dz_gym.transport.host_views import HostViews
@@ -131,7 +132,7 @@ class WorkerHandle:
         parent_conn, child_conn = ctx.Pipe(duplex=True)
         process = ctx.Process(target=worker_main, args=(child_conn,), name=f"dz-gym-transport-{self.number}",
                               daemon=True)  # fmt: skip
-        process.start()
+        start_worker(process)  # the caller's script is not run again in the worker
         child_conn.close()  # only the child holds its end now: its death is our EOF
         init = {
             "config": config_fields(self.config),

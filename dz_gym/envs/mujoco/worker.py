@@ -28,6 +28,7 @@ import numpy as np
 
 from dz_gym.envs.mujoco import gl
 from dz_gym.errors import WorkerError
+from dz_gym.spawning import start_worker
 
 _ALIGN = 64
 
@@ -151,7 +152,7 @@ class WorkerPool:
                     name=f"dz-gym-mujoco-{k}",
                     daemon=True,
                 )
-                proc.start()
+                start_worker(proc)  # the caller's script is not run again in the worker
                 child.close()
                 self.conns.append(parent)
                 self.procs.append(proc)
@@ -166,10 +167,7 @@ class WorkerPool:
             replies = self._gather(timeout=300.0)
         except WorkerError as exc:
             self.close()
-            raise WorkerError(
-                f"{exc} during start-up; a script that creates the env with worker processes needs an "
-                "'if __name__ == \"__main__\":' guard (workers start with spawn), or pass num_workers=0"
-            ) from None
+            raise WorkerError(f"{exc} during start-up; pass num_workers=0 to step the envs in this process") from None
         gl_errors = [r for r in replies if r.startswith(b"glerror ")]
         errors = [r for r in replies if r.startswith(b"error ")]
         if gl_errors or errors:

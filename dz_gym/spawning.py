@@ -1,0 +1,42 @@
+"""Start ``spawn``-context worker processes without running the caller's script again in them.
+
+A ``spawn`` child of :mod:`multiprocessing` first imports the parent's ``__main__`` module (as
+``__mp_main__``), so that objects defined there can be unpickled. For dz-gym's workers (the transport's,
+:mod:`dz_gym.transport.worker_handle`, and the embedded simulator's, :mod:`dz_gym.envs.mujoco.worker`) that
+import is all cost and some danger: their targets and arguments live in dz-gym, but the caller's script runs
+again in every worker, down to its ``if __name__ == "__main__":`` guard. An Isaac Lab script launches its app
+at the top of the file, a training script imports torch and builds its models there, and a script without
+the guard starts the evaluation again and dies in the child ("An attempt has been made to start a new
+process before the current process has finished its bootstrapping phase").
+
+:func:`start_worker` starts a process with a stand-in ``__main__`` (no file, no module name) in place for the
+moment of ``start()``: the child then imports nothing of the caller's. Everything the child needs must be
+importable from dz-gym or the arguments (that is already so for both pools). The swap is process-wide for
+the few milliseconds of the start; starts are serialized by a lock.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import types
+from typing import Any
+
+__all__ = ["start_worker"]
+
+_lock = threading.Lock()
+
+
+def start_worker(process: Any) -> None:
+    """``process.start()`` (a ``spawn``-context :class:`multiprocessing.Process`), the caller's ``__main__``
+    hidden from it, so the child does not import the caller's script."""
+    with _lock:
+        main = sys.modules.get("__main__")
+        sys.modules["__main__"] = types.ModuleType("__main__", "a stand-in while a dz-gym worker starts")
+        try:
+            process.start()
+        finally:
+            if main is None:
+                sys.modules.pop("__main__", None)
+            else:
+                sys.modules["__main__"] = main
