@@ -44,6 +44,7 @@ OFF_THREAD_STAGES = ("send", "receive_decode", "server", "network")
 STAGES = CALLER_STAGES + OFF_THREAD_STAGES
 _ENV_PARTS = ("physics", "render")  # inside env_step
 _DERIVED = ("env_other", "bookkeeping", "network")  # computed by report(), never added
+_OVERLAPPING = ("server", "network")  # per request, while other requests are in flight: their sums overlap
 
 
 class StageProfiler:
@@ -172,8 +173,11 @@ def format_table(report: Mapping[str, Any], title: str = "profile") -> str:
             continue  # the backend did not tell physics and rendering apart: env_step holds them
         share = "" if row["share"] is None else f"{100 * row['share']:.1f}%"
         indent = "  " if name in _ENV_PARTS + ("env_other",) else ""
-        lines.append(f"{indent + name:<15} {row['total_s']:>9.3f} {row['per_step_ms']:>9.2f} {row['per_round_ms']:>9.2f} "
-                     f"{row['per_request_ms']:>10.3f} {share:>8}")  # fmt: skip
+        if name in _OVERLAPPING:  # summed over requests in flight at once: only the mean per request says much
+            sums = f"{'-':>9} {'-':>9} {'-':>9}"
+        else:
+            sums = f"{row['total_s']:>9.3f} {row['per_step_ms']:>9.2f} {row['per_round_ms']:>9.2f}"
+        lines.append(f"{indent + name:<15} {sums} {row['per_request_ms']:>10.3f} {share:>8}")
     lines.append(f"{'unaccounted':<15} {report['unaccounted_s']:>9.3f}")
     for key, label in (("cpu_ms_per_request", "client CPU"), ("loop_cpu_ms_per_request", "transport CPU")):
         if report.get(key) is not None:

@@ -52,6 +52,10 @@ def test_report_arithmetic():
     table = format_table(r)
     for stage in STAGES:
         assert stage in table
+    # the server's and the network's times overlap across requests in flight: the table gives them per request
+    rows = {line.split()[0]: line.split()[1:] for line in table.splitlines()[2:] if line.split()}
+    assert rows["network"][:3] == ["-", "-", "-"] and float(rows["network"][3]) == pytest.approx(62.5)
+    assert rows["server"][:3] == ["-", "-", "-"] and float(rows["send"][0]) == pytest.approx(0.0)
     with pytest.raises(ValueError, match="stage: expected one of"):
         p.add("bookkeeping", 1.0)  # derived, never added
     with pytest.raises(ValueError, match="stage: expected one of"):
