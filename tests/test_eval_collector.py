@@ -20,8 +20,15 @@ PATH = "/v1/realtime/robot/openpi"
 
 @pytest.fixture(autouse=True)
 def thawed():
+    """Each test starts thawed, and one that fails with a hold still taken leaves none to the next."""
+    from dz_gym.eval import collector
+
     gc.unfreeze()
     yield
+    with collector._lock:
+        collector._holders = collector._growing = 0
+        if collector._freeze_after_full_pass in gc.callbacks:
+            gc.callbacks.remove(collector._freeze_after_full_pass)
     gc.unfreeze()
 
 
@@ -124,16 +131,16 @@ def test_a_growing_hold_freezes_what_survives_each_full_pass():
     from dz_gym.eval import collector
 
     release = freeze_heap(as_it_grows=True)
-    start = gc.get_freeze_count()
     built = [[i] for i in range(5000)]  # a heap being built
     Cycle()  # garbage made before the pass is still collected by it
     assert gc.collect() >= 1
     after_pass = gc.get_freeze_count()
-    assert after_pass >= start + len(built)
-    assert not any(obj is built[0] for obj in gc.get_objects())  # the next full pass does not walk it
+    # every survivor is frozen: the next full pass does not walk it (the count alone could also fall, as
+    # frozen objects that other threads let go of are freed)
+    walked = {id(obj) for obj in gc.get_objects()}
+    assert after_pass >= len(built) and not any(id(obj) in walked for obj in built)
     later = [[i] for i in range(100)]
     gc.collect(0)  # a young pass freezes nothing
-    assert gc.get_freeze_count() == after_pass
     assert any(obj is later[0] for obj in gc.get_objects())
     release()
     assert gc.get_freeze_count() == 0 and collector._freeze_after_full_pass not in gc.callbacks
@@ -142,14 +149,17 @@ def test_a_growing_hold_freezes_what_survives_each_full_pass():
 
 
 def test_the_plain_hold_taken_before_the_growing_one_ends_keeps_the_freeze():
+    from dz_gym.eval import collector
+
     growing = freeze_heap(as_it_grows=True)
     gc.collect()
     plain = freeze_heap()
     growing()
-    frozen = gc.get_freeze_count()
-    assert frozen > 0
+    assert collector._freeze_after_full_pass not in gc.callbacks
+    made_after = [[i] for i in range(100)]
     gc.collect()
-    assert gc.get_freeze_count() == frozen  # not following any more, still frozen
+    assert gc.get_freeze_count() > 0  # still frozen
+    assert any(obj is made_after[0] for obj in gc.get_objects())  # not following any more
     plain()
     assert gc.get_freeze_count() == 0
 
