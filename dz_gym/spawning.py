@@ -1,4 +1,5 @@
-"""Start ``spawn``-context worker processes without running the caller's script again in them.
+"""Worker processes: the cores there are for them (:func:`usable_cores`), and starting ``spawn``-context workers
+without running the caller's script again in them (:func:`start_worker`).
 
 A ``spawn`` child of :mod:`multiprocessing` first imports the parent's ``__main__`` module (as
 ``__mp_main__``), so that objects defined there can be unpickled. For dz-gym's workers (the transport's,
@@ -17,14 +18,23 @@ the few milliseconds of the start; starts are serialized by a lock.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import types
 from typing import Any
 
-__all__ = ["start_worker"]
+__all__ = ["start_worker", "usable_cores"]
 
 _lock = threading.Lock()
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask where the platform has one), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def start_worker(process: Any) -> None:

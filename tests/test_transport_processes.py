@@ -346,7 +346,8 @@ def test_the_evaluator_builds_a_process_pool_for_transport_processes():
 
 def test_auto_processes_grows_with_the_sessions_within_the_cores():
     """One worker per 64 sessions, at most one per core and 8, none below two or on fewer than 4 cores."""
-    from dz_gym.transport.config import auto_processes, usable_cores
+    from dz_gym.spawning import usable_cores
+    from dz_gym.transport.config import auto_processes
 
     table = {(8, 2): 0, (1024, 2): 0, (1024, 3): 0, (127, 16): 0, (128, 16): 2, (192, 4): 3, (256, 16): 4,
              (512, 16): 8, (1024, 16): 8, (1024, 8): 8, (1024, 4): 4, (4096, 128): 8, (1024, 5): 5}  # fmt: skip

@@ -24,9 +24,10 @@ from typing import Any
 from dz_gym.cli_types import field_default
 from dz_gym.envs import backends, droid
 from dz_gym.eval.plan import is_url
+from dz_gym.spawning import usable_cores
 from dz_gym.stats.comparison import ARMS
 from dz_gym.transport import TransportConfig, validate_url
-from dz_gym.transport.config import auto_processes, usable_cores
+from dz_gym.transport.config import auto_processes
 
 CONFIG_VERSION = 1
 BACKENDS = backends.NAMES  # "auto" and every backend of dz_gym.envs.backends

@@ -22,9 +22,10 @@ import ssl
 from typing import Any
 from urllib.parse import urlsplit
 
+from dz_gym.spawning import usable_cores
 from dz_gym.transport.rules import admission_retry_delay, backoff_delay, backoff_schedule
 
-__all__ = ["TransportConfig", "auto_processes", "check_pool_args", "usable_cores", "validate_url"]
+__all__ = ["TransportConfig", "auto_processes", "check_pool_args", "validate_url"]
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SCHEME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
@@ -199,14 +200,6 @@ class TransportConfig:
 SESSIONS_PER_PROCESS = 64
 AUTO_PROCESSES_MAX = 8
 AUTO_PROCESSES_MIN_CORES = 4
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity mask where the platform has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def auto_processes(num_sessions: int, *, cores: int | None = None) -> int:

@@ -56,6 +56,7 @@ from dz_gym.envs.mujoco.sim import (
     buffer_fields,
 )
 from dz_gym.envs.mujoco.worker import Buffers, WorkerPool
+from dz_gym.spawning import usable_cores
 
 MAX_IMAGE_SHAPE = (2160, 3840)
 PERTURB_KINDS = ("nudge", "drop")
@@ -72,13 +73,6 @@ def _close_open_envs() -> None:
             env.close()
         except Exception:  # noqa: BLE001 - best effort at exit
             pass
-
-
-def _available_cores() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
 
 
 def _check_image_shape(image_shape) -> tuple[int, int]:
@@ -140,7 +134,7 @@ class MujocoDroidEnv(BatchedDroidEnv):
         elif not isinstance(randomization, scene_module.Randomization):
             raise ValueError(f"randomization: expected a Randomization, got {type(randomization).__name__}")
         if num_workers is None:
-            num_workers = min(_available_cores(), self.num_envs)
+            num_workers = min(usable_cores(), self.num_envs)
         if not isinstance(num_workers, (int, np.integer)) or num_workers < 0:
             raise ValueError(f"num_workers: expected an integer >= 0 or None, got {num_workers!r}")
         self.num_workers = min(int(num_workers), self.num_envs)
