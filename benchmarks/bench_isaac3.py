@@ -97,9 +97,9 @@ def episode_sim_s(steps: int, step_s: float, step_all_s: float) -> float:
 def bound(n: int, workers: int, latency_s: float, step_s: float, step_all_s: float, steps: int) -> float:
     """The synchronous bound in env-steps/s: ``N T / (ceil(T/8) ceil(N/W) L + T s_phys + (ceil(T/8) - 1)
     s_render)`` for N envs of T-step episodes (the server's latency and the simulator only; the batch's reset
-    is left out, so it is an upper bound). For long episodes it is ``8N / (ceil(N/W) L + 8 s_N)``, the bound
+    is left out, so it is an upper bound). For long episodes it approaches ``8N / (ceil(N/W) L + 8 s_N)``, the bound
     of the tables before issue 31's tenth round, which counted a render per request, also the one after the
-    episode's end that the evaluator does not take (a 16-step run read 110.9 % of it)."""
+    episode's end that the evaluator does not take (a 16-step run of the embedded backend read 110.9 % of it)."""
     rounds = math.ceil(steps / HORIZON)
     return n * steps / (rounds * math.ceil(n / workers) * latency_s + episode_sim_s(steps, step_s, step_all_s))
 
