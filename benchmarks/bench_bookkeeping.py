@@ -269,7 +269,7 @@ def main() -> int:
         for n in args.sizes:
             before, after = medians[base_name][n], medians["this tree"][n]
             old, new = before["bookkeeping"], after["bookkeeping"]
-            print(f"N={n}: bookkeeping {old:.2f} -> {new:.2f} ms per step ({old / max(new, 1e-9):.2f}x less); "
+            print(f"N={n}: bookkeeping {old:.2f} -> {new:.2f} ms per step ({_times_less(old, new)}); "
                   f"full gc {before['full_gc_ms']:.1f} -> {after['full_gc_ms']:.1f} ms a run "
                   f"({_times_less(before['full_gc_ms'], after['full_gc_ms'])}); env-steps/s "
                   f"{after['env_steps_per_s'] / max(before['env_steps_per_s'], 1e-9):.2f}x")  # fmt: skip
