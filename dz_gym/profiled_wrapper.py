@@ -35,7 +35,7 @@ from dz_gym.wrapper import DreamZeroPolicyWrapper
 __all__ = ["ProfiledPolicyWrapper"]
 
 _INNER = tuple(s for s in CALLER_STAGES if s not in ("env_step", "physics", "render", "env_other", "wrapper_info",
-                                                     "reset", "bookkeeping"))  # fmt: skip
+                                                     "reset", "bookkeeping", "write_tail"))  # fmt: skip
 
 
 class _TimedEnv(gym.Wrapper):

@@ -15,7 +15,10 @@ Stages (:data:`STAGES`), in the order of one batch step:
   processes the copies into their memory and the pipe writes), ``wait`` (blocked until the replies an env
   cannot step without are in), ``scatter`` (replies into the chunk caches, the
   step's actions to the env's array type), ``wrapper_info`` (the wrapper's per-step info and episode ends),
-  ``reset`` (the wrapper's resets: the first, and the caller's resets of single envs), ``bookkeeping`` (the caller's own work between steps: the wall time not spent in the wrapper);
+  ``reset`` (the wrapper's resets: the first, and the caller's resets of single envs), ``bookkeeping`` (the
+  caller's own work between steps: the wall time not spent in the wrapper nor in ``write_tail``),
+  ``write_tail`` (the evaluator's wait, once the stepping is over, for the episode writer to put the files
+  still queued on disk: at N = 1024 envs ending on the last step, 1024 trajectories; not in the run's rate);
 - off that thread: ``send`` (the loop thread writing a request's frame), ``receive_decode`` (parsing a
   reply), ``server`` (the server's own ``server_timing.infer_ms``), ``network`` (each request's round trip
   less its server time: the loop's queueing, the frames on the wire, the server's decoding).
@@ -39,7 +42,7 @@ from typing import Any
 __all__ = ["CALLER_STAGES", "OFF_THREAD_STAGES", "STAGES", "StageProfiler", "format_table"]
 
 CALLER_STAGES = ("env_step", "physics", "render", "env_other", "gpu_to_host", "preprocess", "build", "encode",
-                 "submit", "wait", "scatter", "wrapper_info", "reset", "bookkeeping")  # fmt: skip
+                 "submit", "wait", "scatter", "wrapper_info", "reset", "bookkeeping", "write_tail")  # fmt: skip
 OFF_THREAD_STAGES = ("send", "receive_decode", "server", "network")
 STAGES = CALLER_STAGES + OFF_THREAD_STAGES
 _ENV_PARTS = ("physics", "render")  # inside env_step
@@ -125,7 +128,7 @@ class StageProfiler:
             request_bytes, split, as_dicts = self.request_bytes, self.env_split, dict(self._as_dicts)
         wall_s = max(0.0, float(wall_s))
         seconds["env_other"] = max(0.0, seconds["env_step"] - seconds["physics"] - seconds["render"])
-        seconds["bookkeeping"] = max(0.0, wall_s - wrapper_s)
+        seconds["bookkeeping"] = max(0.0, wall_s - wrapper_s - seconds["write_tail"])
         # the round trips of the timed replies, less their server time; untimed replies count wholly
         seconds["network"] = max(0.0, latency - seconds["server"]) if timed else latency
         caller = sum(seconds[s] for s in CALLER_STAGES if s not in ("physics", "render", "env_other"))

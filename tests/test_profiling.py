@@ -56,6 +56,11 @@ def test_report_arithmetic():
     rows = {line.split()[0]: line.split()[1:] for line in table.splitlines()[2:] if line.split()}
     assert rows["network"][:3] == ["-", "-", "-"] and float(rows["network"][3]) == pytest.approx(62.5)
     assert rows["server"][:3] == ["-", "-", "-"] and float(rows["send"][0]) == pytest.approx(0.0)
+    p.add("write_tail", 0.15)  # measured outside the wrapper: out of bookkeeping, which is what is left
+    tail = p.report(1.0)
+    assert tail["stages"]["bookkeeping"]["total_s"] == pytest.approx(0.25)
+    assert tail["stages"]["write_tail"]["total_s"] == pytest.approx(0.15)
+    assert tail["caller_s"] == pytest.approx(0.85) and tail["stages"]["write_tail"]["share"] == pytest.approx(0.15)
     with pytest.raises(ValueError, match="stage: expected one of"):
         p.add("bookkeeping", 1.0)  # derived, never added
     with pytest.raises(ValueError, match="stage: expected one of"):
@@ -115,8 +120,8 @@ def test_profile_flag_end_to_end(tmp_path, capsys, processes):
         for key in ("total_s", "per_step_ms", "per_round_ms", "per_request_ms"):
             assert row[key] >= 0.0, (name, key)
     # in-process, submit is the hand-off to the loop thread; with processes, the copies and the pipe writes
-    for name in ("env_step", "encode", "submit", "wait", "send", "network", "bookkeeping", "reset"):
-        assert stages[name]["total_s"] > 0.0, name
+    for name in ("env_step", "encode", "submit", "wait", "send", "network", "bookkeeping", "reset", "write_tail"):
+        assert stages[name]["total_s"] > 0.0, name  # write_tail: the runner's end waited for the episode writer
     caller = sum(stages[s]["total_s"] for s in CALLER_STAGES if s not in ("physics", "render", "env_other"))
     assert caller == pytest.approx(report["caller_s"])
     assert caller <= report["wall_s"] * (1 + 1e-6) + 1e-6  # the caller's stages never exceed the wall time
