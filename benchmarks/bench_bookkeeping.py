@@ -1,8 +1,9 @@
 """The evaluator's own work per batch step (``--profile``'s ``bookkeeping``) at large N, on an env that costs nothing.
 
 ``bookkeeping`` is the wall time of a scene's stepping that is not spent inside the policy wrapper: the
-runner's per-step record of the batch, the finished episodes' rows and trajectories, the episode writer's
-thread (which shares the interpreter lock) and the wait for it at the end. On a GPU simulator at N = 1024 it
+runner's per-step record of the batch, the finished episodes' rows and trajectories and the episode writer's
+thread (which shares the interpreter lock); ``write_tail`` is the wait for that thread at the end (before it
+had its own stage, bookkeeping held it). On a GPU simulator at N = 1024 it
 was about 35 ms per batch step. To see it without a simulator's cost, :class:`FastDroidEnv` produces DROID
 observations of the real shapes (three 180x320x3 uint8 views, joints, gripper) from preallocated arrays, and
 the evaluator runs through its public path (:func:`dz_gym.eval.evaluate.evaluate` with ``profile=True``,
@@ -47,7 +48,7 @@ from dz_gym.envs.base import BatchedDroidEnv
 from dz_gym.envs.episodes import TaskState
 
 HERE = Path(__file__).resolve().parent
-STAGES = ("bookkeeping", "scatter", "encode", "env_step", "wait")
+STAGES = ("bookkeeping", "write_tail", "scatter", "encode", "env_step", "wait")
 
 
 class FastDroidEnv(BatchedDroidEnv):
@@ -155,7 +156,8 @@ def measure(
         rows = run_dir.read_rows()
     if len(rows) != num_envs:
         raise RuntimeError(f"expected {num_envs} rows, got {len(rows)}")
-    out = {stage: report["stages"][stage]["per_step_ms"] for stage in STAGES}
+    # a tree before write_tail (its bookkeeping holds the tail) reads 0 there
+    out = {stage: report["stages"].get(stage, {"per_step_ms": 0.0})["per_step_ms"] for stage in STAGES}
     env = made[0]  # the full passes from the env's first reset to its close: the scene's stepping and its end
     stepping = [seconds for end, seconds in full_passes if env.first_reset_at <= end <= env.closed_at]
     out.update(steps=report["steps"], wall_s=report["wall_s"], env_steps_per_s=summary["env_steps_per_s"],

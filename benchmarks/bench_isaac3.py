@@ -5,6 +5,8 @@ DROID task ``DZ-DROID-CubeInBowl-Newton-v0`` (Newton physics with the MuJoCo-War
 capture, Newton Warp cameras, three 180x320 views per env) through the isaac backend, against a reference
 server in a subprocess (``dz-gym-serve --policy hold --workers N --latency-ms L``), and measures:
 
+- ``R`` (``reset ms``): the simulator's own reset of the batch (:func:`measure_reset`), which the evaluator's
+  run of one episode per env holds once besides its steps;
 - ``s_N``: seconds per batch step with the evaluator's render pattern (every env's three views rendered at
   the step before a request, one step in 8; none at the others: the kit-less task's lazy camera terms),
   physics and the state probe, after warm-up; ``s_N all``: the same with the views rendered at every step
@@ -12,8 +14,8 @@ server in a subprocess (``dz-gym-serve --policy hold --workers N --latency-ms L`
 - GPU memory: device memory in use after the env is built and stepped, less what was in use before
   (``torch.cuda.mem_get_info``: it counts Warp's allocations too), in total and per env;
 - env-steps/s of :func:`dz_gym.eval.evaluate.evaluate` with N envs and N episodes in three modes, against
-  the synchronous bound (:func:`bound`: per T-step episode, ``ceil(T/8)`` rounds of the server's latency, T
-  steps' physics and ``ceil(T/8) - 1`` renders, the first request's views being the reset's; for long
+  the synchronous bound (:func:`bound`: per T-step episode, the reset, ``ceil(T/8)`` rounds of the server's
+  latency, T steps' physics and ``ceil(T/8) - 1`` renders, the first request's views being the reset's; for long
   episodes about bench_eval's ``8N / (ceil(N/W) * L + 8 * s_N)``) and raw (:func:`raw_rate`, the same
   simulator work without the server): *sync* (the reference client's
   semantics), *prefetch* (``--prefetch K``: each reply applied when it arrives) and *locked*
@@ -94,19 +96,53 @@ def episode_sim_s(steps: int, step_s: float, step_all_s: float) -> float:
     return steps * phys + (math.ceil(steps / HORIZON) - 1) * render
 
 
-def bound(n: int, workers: int, latency_s: float, step_s: float, step_all_s: float, steps: int) -> float:
-    """The synchronous bound in env-steps/s: ``N T / (ceil(T/8) ceil(N/W) L + T s_phys + (ceil(T/8) - 1)
-    s_render)`` for N envs of T-step episodes (the server's latency and the simulator only; the batch's reset
-    is left out, so it is an upper bound). For long episodes it approaches ``8N / (ceil(N/W) L + 8 s_N)``, the bound
-    of the tables before issue 31's tenth round, which counted a render per request, also the one after the
-    episode's end that the evaluator does not take (a 16-step run of the embedded backend read 110.9 % of it)."""
+def bound(
+    n: int, workers: int, latency_s: float, step_s: float, step_all_s: float, steps: int, reset_s: float = 0.0
+) -> float:
+    """The synchronous bound in env-steps/s: ``N T / (R + ceil(T/8) ceil(N/W) L + T s_phys + (ceil(T/8) - 1)
+    s_render)`` for N envs of T-step episodes: the server's latency and the simulator only, R being the
+    simulator's own reset of the batch (:func:`measure_reset`), which the evaluator's span of a one-episode
+    run holds too (issue 31's eleventh round; before it R was left out: 0, the default). For long episodes it
+    approaches ``8N / (ceil(N/W) L + 8 s_N)``, the bound of the tables before the tenth round, which counted a
+    render per request, also the one after the episode's end that the evaluator does not take (a 16-step run
+    of the embedded backend read 110.9 % of it)."""
     rounds = math.ceil(steps / HORIZON)
-    return n * steps / (rounds * math.ceil(n / workers) * latency_s + episode_sim_s(steps, step_s, step_all_s))
+    sim_s = reset_s + episode_sim_s(steps, step_s, step_all_s)
+    return n * steps / (rounds * math.ceil(n / workers) * latency_s + sim_s)
 
 
-def raw_rate(n: int, step_s: float, step_all_s: float, steps: int) -> float:
-    """raw: the simulator alone, env-steps/s, stepping T-step episodes with the evaluator's renders."""
-    return n * steps / episode_sim_s(steps, step_s, step_all_s)
+def raw_rate(n: int, step_s: float, step_all_s: float, steps: int, reset_s: float = 0.0) -> float:
+    """raw: the simulator alone, env-steps/s, resetting the batch (``reset_s``) and stepping T-step episodes
+    with the evaluator's renders."""
+    return n * steps / (reset_s + episode_sim_s(steps, step_s, step_all_s))
+
+
+def measure_reset(env, repeats: int = 3) -> float:
+    """R: the simulator's own reset of every env of ``env`` (every view rendered, as the evaluator's first
+    reset renders them; on Isaac Lab the hold step after it included), the median of ``repeats`` resets after
+    the env has stepped: what the evaluator's span of a run holds besides its steps. The next reset's seeds
+    are queued as the evaluator queues them."""
+    base = env.unwrapped
+    times = []
+    for k in range(repeats):
+        base.set_episode_seeds(list(range(base.num_envs)), [k] * base.num_envs)
+        base.set_render_mask(None)
+        start = time.perf_counter()
+        obs, _ = env.reset()
+        _host_sync(obs)
+        times.append(time.perf_counter() - start)
+    return float(sorted(times)[len(times) // 2])
+
+
+def _host_sync(obs) -> None:
+    """Wait until the reset's views exist (a GPU backend's work is queued until something reads it)."""
+    from dz_gym.envs import droid
+
+    view = obs[droid.POLICY_GROUP][droid.CAMERA_KEYS[0]]
+    if hasattr(view, "device") and str(getattr(view, "device", "cpu")).startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize(view.device)
 
 
 def _gpu_used() -> int:
@@ -164,9 +200,10 @@ def child(args) -> dict:
     built_s = time.perf_counter() - start
     step_s = bench_eval.measure_batch_step(env, cycles=args.cycles)
     step_all_s = bench_eval.measure_batch_step(env, cycles=args.cycles, every_step=True)
+    reset_s = measure_reset(env)
     memory = _gpu_used() - before
     out = {"backend": backend, "n": n, "scene": args.scene, "build_s": built_s, "step_s": step_s,
-           "step_all_s": step_all_s, "gpu_bytes": memory, "runs": {}, "profiles": {},
+           "step_all_s": step_all_s, "reset_s": reset_s, "gpu_bytes": memory, "runs": {}, "profiles": {},
            "cores": [len(client_cores), len(server_cores)]}  # fmt: skip
 
     def factory(scene_id, config, **_):
@@ -287,12 +324,12 @@ def report(results: list[dict], args) -> bool | None:
     modes = _modes(args)
     print()
     print(f"L={args.latency_ms:.0f} ms, {args.max_steps}-step episodes, policy hold, W=N server workers, prefetch "
-          f"K={args.prefetch} (locked: --simulated-delay K too); raw = the simulator alone on the evaluator's "
-          f"renders (ceil(T/8) - 1 an episode), raw all = N/s_N all (every view every step); transport processes "
+          f"K={args.prefetch} (locked: --simulated-delay K too); raw = the simulator alone: the batch's reset and "
+          f"the episode's steps with the evaluator's renders (ceil(T/8) - 1 an episode), raw all = N/s_N all (every view every step); transport processes "
           f"{args.transport_processes}; collector freeze "
           f"{'on' if args.collector_freeze else 'off'}; renderer "
           f"{' '.join(args.renderer) or 'defaults'}; overrides {' '.join(args.override) or 'none'}")  # fmt: skip
-    cols = ["s_N ms", "s_all ms", "raw", "raw all", "GPU MiB", "bound"]
+    cols = ["s_N ms", "s_all ms", "reset ms", "raw", "raw all", "GPU MiB", "bound"]
     for mode in modes:
         cols += [mode, "of bnd", "of raw"]
     cols += ["errors", "build s"]
@@ -300,16 +337,17 @@ def report(results: list[dict], args) -> bool | None:
     ok, checked = True, False
     for r in results:
         n, s = r["n"], r["step_s"]
-        s_all = r.get("step_all_s", s)
+        s_all, reset_s = r.get("step_all_s", s), r.get("reset_s", 0.0)
         b, raw, raw_all = (
-            bound(n, n, latency, s, s_all, args.max_steps),
-            raw_rate(n, s, s_all, args.max_steps),
+            bound(n, n, latency, s, s_all, args.max_steps, reset_s),
+            raw_rate(n, s, s_all, args.max_steps, reset_s),
             n / s_all,
         )
         rates = {mode: r["runs"][mode]["rate"] for mode in modes if mode in r["runs"]}
         errors = sum(run.get("errored", 0) for run in r["runs"].values())
         mib = r["gpu_bytes_after_runs"] / 2**20
-        cells = [f"{1e3 * s:.1f}", f"{1e3 * s_all:.1f}", f"{raw:.0f}", f"{raw_all:.0f}", f"{mib:.0f}", f"{b:.0f}"]
+        cells = [f"{1e3 * s:.1f}", f"{1e3 * s_all:.1f}", f"{1e3 * reset_s:.0f}", f"{raw:.0f}", f"{raw_all:.0f}",
+                 f"{mib:.0f}", f"{b:.0f}"]  # fmt: skip
         for mode in modes:
             rate = rates.get(mode)
             cells += (
@@ -326,8 +364,8 @@ def report(results: list[dict], args) -> bool | None:
             if n == 256:
                 ok &= pre >= 0.92 * b and raw_all >= 4261
             checked |= n in (256, 1024)
-    print("(env-steps/s; bound = N T / (ceil(T/8) ceil(N/W) L + T s_phys + (ceil(T/8) - 1) s_render), from s_N and "
-          "s_N all; targets at scene 1: N=1024 prefetch >= 85% of raw "
+    print("(env-steps/s; bound = N T / (R + ceil(T/8) ceil(N/W) L + T s_phys + (ceil(T/8) - 1) s_render), from "
+          "the reset R, s_N and s_N all; raw the same without L; targets at scene 1: N=1024 prefetch >= 85% of raw "
           "and sync >= 80% of bound; N=256 prefetch >= 92% of bound and raw all >= 4261; prefetch = the better of "
           "prefetch and locked)")  # fmt: skip
     profiled = [(r, mode, rep) for r in results for mode, rep in r.get("profiles", {}).items() if rep]

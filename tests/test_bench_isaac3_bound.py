@@ -45,3 +45,32 @@ def test_the_bound_approaches_the_per_round_formula_for_long_episodes(bench):
     old = 8 * n / (latency + 8 * s_n)
     gaps = [bench.bound(n, n, latency, s_n, s_all, steps) / old - 1 for steps in (64, 640, 6400)]
     assert gaps[0] > gaps[1] > gaps[2] > 0 and gaps[2] < 1e-3
+
+
+def test_the_simulators_reset_counts_once_per_episode_in_both_bound_and_raw(bench):
+    n, latency, s_n, s_all, steps, reset_s = 1024, 0.2, 0.0636, 0.1787, 64, 0.35
+    phys, render = bench.split_step(s_n, s_all)
+    sim = steps * phys + 7 * render
+    assert bench.bound(n, n, latency, s_n, s_all, steps, reset_s) == pytest.approx(
+        n * steps / (reset_s + 8 * latency + sim)
+    )
+    assert bench.raw_rate(n, s_n, s_all, steps, reset_s) == pytest.approx(n * steps / (reset_s + sim))
+    assert bench.bound(n, n, latency, s_n, s_all, steps) == pytest.approx(n * steps / (8 * latency + sim))
+
+
+def test_the_reset_is_timed_on_the_embedded_simulator_with_every_view_rendered(bench):
+    env = bench.bench_eval.make_env(2, 16, 1)
+    try:
+        resets = []
+        real = env.reset
+
+        def counted(*args, **kwargs):
+            resets.append(env.unwrapped._render_mask)
+            return real(*args, **kwargs)
+
+        env.reset = counted
+        reset_s = bench.measure_reset(env, repeats=3)
+        assert reset_s > 0 and len(resets) == 3
+        assert all(mask is None for mask in resets)  # every view rendered, as at the evaluator's first reset
+    finally:
+        env.close()
