@@ -182,6 +182,70 @@ def test_a_reserve_that_does_not_wait_maps_the_pages_on_a_thread_and_the_next_al
         views.close()
 
 
+def test_a_reserve_that_does_not_wait_page_locks_on_its_thread_on_the_callers_device(monkeypatch):
+    """Where the caller has CUDA, the thread that maps the pages also registers them (on the caller's current
+    device, made current on that thread first), so the caller's next alloc only takes the segment; close
+    unregisters it. CUDA cannot run here: the runtime's two calls are recorded instead (torch's
+    ``cudaHostRegister`` binding leaves the interpreter lock while the driver pins the pages)."""
+    import threading
+
+    import dz_gym.transport.host_views as host_views
+
+    calls: list[tuple[str, str, object]] = []
+
+    class Runtime:
+        def cudaHostRegister(self, address, size, flags):  # noqa: N802 - the CUDA runtime's name
+            calls.append(("register", threading.current_thread().name, (size, flags)))
+            return 0
+
+        def cudaHostUnregister(self, address):  # noqa: N802
+            calls.append(("unregister", threading.current_thread().name, None))
+            return 0
+
+    monkeypatch.setattr(host_views, "_cudart", lambda: Runtime())
+    monkeypatch.setattr(host_views, "_cuda_device", lambda: 3)
+    monkeypatch.setattr(host_views, "_set_device",
+                        lambda device: calls.append(("device", threading.current_thread().name, device)))  # fmt: skip
+    views = HostViews(create_segment, lambda k, name: None, capacity=2**30)
+    try:
+        nbytes = FIRST_VIEWS_SEGMENT_BYTES
+        assert views.reserve(nbytes, wait=False)
+        block = views.alloc(nbytes)
+        assert block is not None and views.pinned
+        size = views._segments[0].size
+        assert calls == [("device", "dz-gym-view-pages", 3), ("register", "dz-gym-view-pages", (size, 0))]
+    finally:
+        views.close()
+    assert calls[-1][0] == "unregister" and len(calls) == 3
+
+
+def test_a_reserve_whose_thread_had_no_cuda_page_locks_when_taken_once_cuda_is_up(monkeypatch):
+    """CUDA initialised after the thread started (no device then): the caller page-locks the segment as it
+    takes it, on its own thread."""
+    import threading
+
+    import dz_gym.transport.host_views as host_views
+
+    calls: list[str] = []
+
+    class Runtime:
+        def cudaHostRegister(self, address, size, flags):  # noqa: N802
+            calls.append(threading.current_thread().name)
+            return 0
+
+        def cudaHostUnregister(self, address):  # noqa: N802
+            return 0
+
+    views = HostViews(create_segment, lambda k, name: None, capacity=2**30)
+    try:
+        assert views.reserve(FIRST_VIEWS_SEGMENT_BYTES, wait=False)  # no CUDA here yet
+        monkeypatch.setattr(host_views, "_cudart", lambda: Runtime())
+        assert views.alloc(1000) is not None and views.pinned
+        assert calls == [threading.current_thread().name]
+    finally:
+        views.close()
+
+
 @pytest.mark.parametrize("wait", [True, False])
 def test_a_segment_that_cannot_be_set_up_is_unlinked_and_gives_no_room(monkeypatch, caplog, wait):
     """Pages that cannot be mapped (here: no memory) unlink the segment; waiting, the reserve says there is no
