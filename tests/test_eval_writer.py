@@ -115,6 +115,30 @@ def test_a_failed_write_reaches_the_caller_and_later_rows_are_not_written():
         writer.submit(1, 3, None, {}, {"episode": 3})
 
 
+def test_arrays_given_as_a_function_are_packed_on_the_writer_thread_and_its_error_is_a_write_error(tmp_path):
+    run_dir = RunDir.create(tmp_path / "run", EvalConfig(scenes=[1], episodes=3, num_envs=1))
+    writer = EpisodeWriter(run_dir)
+    packed_on: list[str] = []
+
+    def pack(k):
+        def arrays():
+            packed_on.append(threading.current_thread().name)
+            if k == 2:
+                raise ValueError("trajectory: 'actions' expected shape (T, 8), got (4, 7)")
+            return {"actions": np.full((4, 8), k, np.float32)}
+
+        return arrays
+
+    for k in range(3):
+        writer.submit(1, k, None, pack(k), {"episode": k, "trajectory": run_dir.trajectory_relpath(1, k)})
+    with pytest.raises(ValueError, match="expected shape"):
+        writer.close()
+    assert packed_on == ["dz-gym-episode-writer"] * 3
+    assert [r["episode"] for r in run_dir.read_rows()] == [0, 1]  # none from the one that failed on
+    with np.load(run_dir.path / run_dir.trajectory_relpath(1, 1)) as data:
+        assert data["actions"].tolist() == np.full((4, 8), 1, np.float32).tolist()
+
+
 def test_nothing_is_written_after_a_failure_even_once_it_was_raised():
     fake = _LoggingRunDir(fail_at=0)
     writer = EpisodeWriter(fake)

@@ -54,6 +54,7 @@ on ``--resume``.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import logging
 import sys
 import threading
@@ -535,7 +536,7 @@ class SceneRunner:
         row = self._row(
             ep, steps, measures(columns, error is not None), error, event, ended_by, trajectory, video, stats
         )
-        self._writer.submit(self.scene, ep.episode, ep.arm, ep.arrays(columns), row)
+        self._writer.submit(self.scene, ep.episode, ep.arm, functools.partial(ep.arrays, columns), row)
         self.control.record(row)
         if self.pairs is not None and self.pairs.add(row):
             self._drain = True
