@@ -17,13 +17,13 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
 _CLOSE = object()
 MAX_BATCH = 512  # episodes whose rows go to disk in one append and one fsync
-Arrays = Union[Mapping[str, np.ndarray], Callable[[], Mapping[str, np.ndarray]]]
+Arrays = Mapping[str, np.ndarray] | Callable[[], Mapping[str, np.ndarray]]
 """A trajectory's arrays, or the function that packs them (called on the writer's thread)."""
 
 
