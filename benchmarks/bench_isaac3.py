@@ -122,27 +122,19 @@ def measure_reset(env, repeats: int = 3) -> float:
     reset renders them; on Isaac Lab the hold step after it included), the median of ``repeats`` resets after
     the env has stepped: what the evaluator's span of a run holds besides its steps. The next reset's seeds
     are queued as the evaluator queues them."""
-    base = env.unwrapped
+    from dz_gym.profile_hooks import device_sync
+
+    base, sync = env.unwrapped, device_sync(env)  # a GPU backend's work is queued until something waits
     times = []
     for k in range(repeats):
         base.set_episode_seeds(list(range(base.num_envs)), [k] * base.num_envs)
         base.set_render_mask(None)
         start = time.perf_counter()
-        obs, _ = env.reset()
-        _host_sync(obs)
+        env.reset()
+        if sync is not None:
+            sync()
         times.append(time.perf_counter() - start)
     return float(sorted(times)[len(times) // 2])
-
-
-def _host_sync(obs) -> None:
-    """Wait until the reset's views exist (a GPU backend's work is queued until something reads it)."""
-    from dz_gym.envs import droid
-
-    view = obs[droid.POLICY_GROUP][droid.CAMERA_KEYS[0]]
-    if hasattr(view, "device") and str(getattr(view, "device", "cpu")).startswith("cuda"):
-        import torch
-
-        torch.cuda.synchronize(view.device)
 
 
 def _gpu_used() -> int:
