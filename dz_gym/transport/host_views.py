@@ -449,8 +449,8 @@ def _cuda_device() -> int | None:
     if _cudart() is None:
         return None
     try:
-        return int(sys.modules["torch"].cuda.current_device())
-    except (AttributeError, RuntimeError, KeyError):
+        return int(sys.modules["torch"].cuda.current_device())  # (_cudart: torch is imported)
+    except (AttributeError, RuntimeError):
         return None
 
 
@@ -469,7 +469,7 @@ def _page_lock(address: int, size: int, device: int | None = None) -> bool:
         if device is not None:
             _set_device(device)
         return int(cudart.cudaHostRegister(address, size, 0)) == 0
-    except (AttributeError, RuntimeError, TypeError, KeyError):
+    except (AttributeError, RuntimeError, TypeError):
         return False
 
 
