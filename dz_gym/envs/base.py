@@ -63,7 +63,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from dz_gym.envs import droid
 from dz_gym.envs.episodes import MILESTONES, Episodes, ObjectBox, check_seed
 from dz_gym.envs.limits import JOINT_OVERSHOOT, action_limits, joint_limits
-from dz_gym.envs.vector_info import with_final
+from dz_gym.envs.vector_info import final_observations, with_final
 from dz_gym.preprocess import to_numpy
 
 
@@ -292,10 +292,13 @@ class BatchedDroidEnv(gym.Env, VectorEnv):
 
     def _step_info(self, info: Mapping[str, Any], ending, final_obs: Mapping[str, Any] | None = None) -> dict:
         """A step's ``info`` with Gymnasium's ``final_info`` / ``final_obs`` for the envs that reset inside it
-        (``final_obs``: the batched observation before their reset, numpy; None where the backend has none)."""
+        (``final_obs``: the batched observation before their reset, numpy, read now; None where the backend
+        has none). For the backends' ``step``, before the ended envs reset."""
+        ending = np.asarray(ending, dtype=bool).reshape(-1)
         if not self.autoreset:
             return dict(info)
-        return with_final(info, ending, final_obs)
+        observations = None if final_obs is None or not ending.any() else final_observations(final_obs, ending)
+        return with_final(info, ending, observations)
 
     def _numpy_action(self, action) -> np.ndarray:
         """``action`` (numpy, list or torch, ``(N, 8)``) as a finite float64 numpy array; one-line

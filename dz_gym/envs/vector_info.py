@@ -20,7 +20,7 @@ elsewhere) and ``info["final_info"]`` (that step's info, its masks True only for
 >>> info["_success"].tolist(), sorted(entries(info["milestones"]))
 ([True, True], ['reached'])
 >>> obs = {"policy": {"arm_joint_pos": np.arange(4.0).reshape(2, 2)}}
->>> final = with_final(info, np.array([False, True]), obs)
+>>> final = with_final(info, np.array([False, True]), final_observations(obs, [False, True]))
 >>> final["_final_obs"].tolist(), final["final_obs"][0], final["final_obs"][1]
 ([False, True], None, {'policy': {'arm_joint_pos': array([2., 3.])}})
 >>> final["final_info"]["_success"].tolist(), final["final_info"]["milestones"]["_reached"].tolist()
@@ -67,13 +67,22 @@ def _with_mask(info: Mapping[str, Any], mask: np.ndarray, replace: bool = False)
     return out
 
 
-def with_final(info: Mapping[str, Any], ended, final_obs: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """A copy of ``info`` (in the vector form) with Gymnasium's same-step ``final_info`` and, given the batched
-    observation the step reached before any reset, ``final_obs`` (see the module docstring); ``info`` as it
-    is when no env ended.
+def final_observations(obs: Mapping[str, Any], ended) -> np.ndarray:
+    """Gymnasium's ``final_obs``: an ``(N,)`` object array holding a copy of each ended env's part of the
+    batched observation ``obs`` (numpy arrays, nested dicts), None for the others. Made before the ended
+    envs reset: the backend's frame buffers may be overwritten then."""
+    ended = np.asarray(ended, dtype=bool).reshape(-1)
+    observations = np.full(ended.size, None, dtype=object)
+    for i in np.flatnonzero(ended):
+        observations[i] = _part(obs, int(i))
+    return observations
 
-    ``final_info`` holds ``info``'s arrays (not copies) under masks that are True for the ended envs only;
-    ``final_obs[i]`` is a copy of env ``i``'s part of ``final_obs`` (numpy arrays, nested dicts). Where
+
+def with_final(info: Mapping[str, Any], ended, final_obs: np.ndarray | None = None) -> dict[str, Any]:
+    """A copy of ``info`` (in the vector form) with Gymnasium's same-step ``final_info`` and, given
+    :func:`final_observations`, ``final_obs`` (see the module docstring); ``info`` as it is when no env ended.
+
+    ``final_info`` holds ``info``'s arrays (not copies) under masks that are True for the ended envs only. Where
     ``info`` has a ``final_info`` already (from the env underneath), its entries stay and the step's keys it
     lacks are added; its ``final_obs`` stays.
     """
@@ -90,10 +99,7 @@ def with_final(info: Mapping[str, Any], ended, final_obs: Mapping[str, Any] | No
     out["final_info"] = {**(given or {}), **_with_mask(step, mask, True)}
     out["_final_info"] = mask
     if final_obs is not None and "final_obs" not in info:
-        observations = np.full(ended.size, None, dtype=object)
-        for i in np.flatnonzero(ended):
-            observations[i] = _part(final_obs, int(i))
-        out["final_obs"], out["_final_obs"] = observations, mask
+        out["final_obs"], out["_final_obs"] = final_obs, mask
     return out
 
 

@@ -252,20 +252,23 @@ class MujocoDroidEnv(BatchedDroidEnv):
         a["seed"][done] = seeds
         a["render"][:] = self.views_to_render(resetting & ~two_pass)
         self._run()
-        state, final_obs = self._task_state(info=True), None
+        state = self._task_state(info=True)
         if two_pass:
-            final_obs = self._observation()
+            info = book.record_step(state, truncated, a["fresh"])
+            info = self._step_info(info, resetting, self._observation())  # the final frames, before the reset
             fresh = a["fresh"].copy()
             a["op"][:] = SKIP
             a["op"][done] = RESET
             self._run()
             a["fresh"][:] |= fresh
-        info = book.record_step(state, truncated, a["fresh"])
+            info["images_fresh"] = a["fresh"].astype(bool)  # of the returned observation
+        else:
+            info = self._step_info(book.record_step(state, truncated, a["fresh"]), resetting)
         if done.size:
             book.start(done, seeds, self._task_state(info=False))
         reward = np.zeros(self.num_envs, dtype=np.float32)
         terminated = np.zeros(self.num_envs, dtype=bool)
-        return self._observation(), reward, terminated, truncated, self._step_info(info, resetting, final_obs)
+        return self._observation(), reward, terminated, truncated, info
 
     def close(self) -> None:
         """Stop the workers, close the renderers and free the shared memory (idempotent)."""
