@@ -53,15 +53,18 @@ class VectorEnvAdapter(gym.Env):
         self.vector_env.close()
 
     def __getattr__(self, name: str):
-        # Only reached for names this view lacks: the DROID hooks and facts of the env at the bottom (of the
-        # one env of a batch of one, where the vector env itself lacks them).
+        # Only reached for names this view lacks: the DROID hooks and facts of the env at the bottom, or where
+        # that is Gymnasium's SyncVectorEnv, the facts its envs agree on (``scene``, ``max_episode_length``).
         if name.startswith("_") or name == "vector_env":
             raise AttributeError(name)
         bottom = self.vector_env.unwrapped
         envs = getattr(bottom, "envs", None)
-        if not hasattr(bottom, name) and envs is not None and len(envs) == 1:
-            return getattr(envs[0].unwrapped, name)
-        return getattr(bottom, name)
+        if hasattr(bottom, name) or not envs:
+            return getattr(bottom, name)
+        values = [getattr(env.unwrapped, name) for env in envs]
+        if all(_same(value, values[0]) for value in values[1:]):
+            return values[0]
+        raise AttributeError(f"{name}: the envs of {type(bottom).__name__} differ")
 
 
 def as_wrappable(env: Any) -> gym.Env:
@@ -87,6 +90,14 @@ def as_wrappable(env: Any) -> gym.Env:
             f"(finished envs reset inside step), got {getattr(mode, 'name', mode)}"
         )
     return VectorEnvAdapter(env)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two plain values are equal (False for values without a plain ``==``, e.g. bound methods)."""
+    try:
+        return a is b or bool(a == b) and not callable(a)
+    except (TypeError, ValueError):
+        return False
 
 
 def _batched(env: gym.Env) -> bool:
