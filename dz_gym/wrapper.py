@@ -93,6 +93,7 @@ from dz_gym.capabilities import check_handshake, single_session_note
 from dz_gym.chunks import ChunkSchedule, HorizonError, new_session_id
 from dz_gym.envs import droid
 from dz_gym.envs.adapter import as_wrappable
+from dz_gym.envs.episodes import resolve_env_ids
 from dz_gym.envs.vector_info import with_final, with_masks
 from dz_gym.errors import DzGymError, HandshakeError, ProtocolError, RequestTimeout, SessionRefused
 from dz_gym.policy_client import Outcome, PolicyClient
@@ -283,7 +284,8 @@ class DreamZeroPolicyWrapper(gym.Wrapper, VectorEnv):
 
     # -- Gymnasium API --------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        """Reset the env (all envs, or ``options["env_ids"]``) and start new sessions for the reset envs."""
+        """Reset the env (all envs, or ``options["env_ids"]``, or Gymnasium's ``options["reset_mask"]``) and start
+        new sessions for the reset envs."""
         base = self.env.unwrapped
         if hasattr(base, "set_render_mask"):
             base.set_render_mask(None)
@@ -291,9 +293,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper, VectorEnv):
             self._client.reserve_host_memory(ahead, wait=False)  # made while the env resets
         obs, info = self.env.reset(seed=seed, options=options)
         self._proposal = None
-        env_ids = None if not options else options.get("env_ids")
-        ids = range(self.num_envs) if env_ids is None else [int(i) for i in np.atleast_1d(to_numpy(env_ids))]
-        self._end_episodes(ids)
+        self._end_episodes(resolve_env_ids(self.num_envs, None, options).tolist())  # env_ids or reset_mask
         validate_policy_obs(obs[droid.POLICY_GROUP], self.num_envs)
         self._client.reserve_host_memory(views_bytes(obs[droid.POLICY_GROUP], self.image_resolution))
         self._obs = obs

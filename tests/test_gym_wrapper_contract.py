@@ -45,6 +45,19 @@ def test_wrapper_is_a_vector_env_under_record_episode_statistics(server):
     assert wrapper.closed
 
 
+def test_a_reset_mask_restarts_only_its_envs_sessions(server):
+    wrapper = DreamZeroPolicyWrapper(ToyDroidEnv(3, image_shape=(18, 32)), server=server)
+    stats = RecordEpisodeStatistics(wrapper)
+    stats.reset(seed=0)
+    stats.step(None)
+    before = wrapper.session_ids
+    _, info = stats.reset(options={"reset_mask": np.array([False, True, False])})
+    after = wrapper.session_ids
+    assert [a == b for a, b in zip(before, after)] == [True, False, True]
+    assert info["episode_seed"].tolist()[1] == 4  # env 1's next seed (0 + 1 + 3)
+    stats.close()
+
+
 def test_wrapper_around_a_gym_make_env(server):
     env = gym.make(ID, max_episode_length=5, **SMALL)
     wrapper = DreamZeroPolicyWrapper(env, server=server)
