@@ -15,6 +15,9 @@ next seed (the previous one + 1). The batched env underneath runs with ``autores
 Lab, which resets inside its own step, the observation returned with ``truncated`` shows the next episode
 already, and ``reset()`` without a seed starts that episode's seed again.
 
+``gym.make(id, max_episode_steps=K)`` sets Gymnasium's ``TimeLimit`` (its default, the spec's 450, also ends
+an episode given a longer ``max_episode_length``: pass both, or ``max_episode_steps=-1``).
+
 ``reset(seed=s)`` seeds :attr:`np_random` (``np_random_seed == s``) and runs episode seed ``s``. For many envs
 use ``gym.make_vec(id, num_envs=N)``: one batched env (a ``gymnasium.vector.VectorEnv``) instead of N of these
 (``gym.make(id, num_envs=N)`` is a one-line error saying so); ``gym.make_vec(id, num_envs=N,
