@@ -48,7 +48,9 @@ wrappers go around it (``gymnasium.wrappers.vector.RecordEpisodeStatistics(wrapp
 runs the policy's actions), and as Gymnasium's same-step vector envs do, ``info["final_info"]`` (masked by
 ``info["_final_info"]``) holds the step's info of the envs that ended, with the env's ``final_obs`` where it
 gives one (:mod:`dz_gym.envs.vector_info`). ``env`` may also be one env of ``gym.make(id)``: it runs as a batch
-of one in Gymnasium's ``SyncVectorEnv`` (:mod:`dz_gym.envs.adapter`).
+of one in Gymnasium's ``SyncVectorEnv`` (:mod:`dz_gym.envs.adapter`). Gymnasium's ``SyncVectorEnv`` goes under
+the wrapper (``SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)`` of ``gym.make`` envs), not around
+it: the wrapper is a batch already, and its policy chooses the actions a ``SyncVectorEnv`` would hand in.
 
 ``info`` is in Gymnasium's vector form (a ``_key`` mask beside each key, :mod:`dz_gym.envs.vector_info`) and adds,
 per env: ``policy_called`` (this step sent a request), ``chunk_received`` and ``chunk_latency_s`` (a reply was
