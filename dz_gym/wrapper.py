@@ -47,7 +47,8 @@ The wrapper is a ``gymnasium.vector.VectorEnv`` declaring ``AutoresetMode.SAME_S
 wrappers go around it (``gymnasium.wrappers.vector.RecordEpisodeStatistics(wrapper)``; their ``step(None)``
 runs the policy's actions), and as Gymnasium's same-step vector envs do, ``info["final_info"]`` (masked by
 ``info["_final_info"]``) holds the step's info of the envs that ended, with the env's ``final_obs`` where it
-gives one (:mod:`dz_gym.envs.vector_info`). ``env`` may also be one env of ``gym.make(id)``: it runs as a batch
+gives one (:mod:`dz_gym.envs.vector_info`; the embedded simulator renders the last frames for it under
+``render_policy = "all"``, not under the default ``"due"``, which renders only the frames the policy reads). ``env`` may also be one env of ``gym.make(id)``: it runs as a batch
 of one in Gymnasium's ``SyncVectorEnv`` (:mod:`dz_gym.envs.adapter`). Gymnasium's ``SyncVectorEnv`` goes under
 the wrapper (``SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)`` of ``gym.make`` envs), not around
 it: the wrapper is a batch already, and its policy chooses the actions a ``SyncVectorEnv`` would hand in.

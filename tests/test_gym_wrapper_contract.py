@@ -91,6 +91,18 @@ def test_wrapper_over_gymnasiums_same_step_sync_vector_env_under_record_episode_
     assert vec.closed
 
 
+@pytest.mark.parametrize("render_policy", ["due", "all"])
+def test_wrapper_over_make_vec_has_final_obs_where_every_frame_renders(server, render_policy):
+    wrapper = DreamZeroPolicyWrapper(gym.make_vec(ID, num_envs=2, max_episode_steps=3, **SMALL), server=server)
+    wrapper.render_policy = render_policy
+    wrapper.reset(seed=0)
+    for _ in range(3):
+        *_, info = wrapper.step()
+    assert info["_final_info"].all() and info["final_info"]["chunk_stats"]["chunks"].tolist() == [1, 1]
+    assert ("final_obs" in info) == (render_policy == "all")
+    wrapper.close()
+
+
 def test_wrapper_refuses_a_single_env_without_droid_observations():
     with pytest.raises(TypeError, match=r"^env: expected a batched DROID env .* got CartPoleEnv") as info:
         DreamZeroPolicyWrapper(gym.make("CartPole-v1"), server="ws://127.0.0.1:9")
