@@ -8,6 +8,8 @@ Public API:
                                                                            to (``client=``); websocket default
     embedded_server(policy="reference")                                 -> a context manager: a reference
                                                                            policy server on loopback
+    EvalConfig(scenes=[1], episodes=16, ...), run_eval(config, ...)     -> what ``dz-gym-eval`` runs, from
+                                                                           Python (``env_factory=``: your env)
 
 Importing dz_gym registers the Gymnasium ids of every backend's scenes (``gym.make_vec(
 "dz_gym/DROID-CubeInBowl-v0", num_envs=8)``, ``gym.make(...)``: :mod:`dz_gym.envs.registration`).
@@ -17,7 +19,15 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["DreamZeroPolicyWrapper", "PolicyClient", "__version__", "embedded_server", "make_droid_env"]
+__all__ = [
+    "DreamZeroPolicyWrapper",
+    "EvalConfig",
+    "PolicyClient",
+    "__version__",
+    "embedded_server",
+    "make_droid_env",
+    "run_eval",
+]
 
 from dz_gym.envs.registration import register_envs as _register_envs
 
@@ -38,6 +48,14 @@ def __getattr__(name: str):
         from dz_gym.server.embedded import embedded_server
 
         return embedded_server
+    if name == "EvalConfig":
+        from dz_gym.eval.config import EvalConfig
+
+        return EvalConfig
+    if name == "run_eval":
+        from dz_gym.eval.run import run_eval
+
+        return run_eval
     if name == "PolicyClient":
         from dz_gym.policy_client import PolicyClient
 

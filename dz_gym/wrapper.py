@@ -43,6 +43,15 @@ its schedule; its proposal: ``info["policy_action"]``, or ``propose()`` before t
 
 Like Isaac Lab, the env resets finished envs inside ``step`` (same-step autoreset): their returned observation
 belongs to the next episode, with a new chunk cache and session id. No ``reset`` is ever sent over the wire.
+The wrapper is a ``gymnasium.vector.VectorEnv`` declaring ``AutoresetMode.SAME_STEP``, so Gymnasium's vector
+wrappers go around it (``gymnasium.wrappers.vector.RecordEpisodeStatistics(wrapper)``; their ``step(None)``
+runs the policy's actions), and as Gymnasium's same-step vector envs do, ``info["final_info"]`` (masked by
+``info["_final_info"]``) holds the step's info of the envs that ended, with the env's ``final_obs`` where it
+gives one (:mod:`dz_gym.envs.vector_info`; the embedded simulator renders the last frames for it under
+``render_policy = "all"``, not under the default ``"due"``, which renders only the frames the policy reads). ``env`` may also be one env of ``gym.make(id)``: it runs as a batch
+of one in Gymnasium's ``SyncVectorEnv`` (:mod:`dz_gym.envs.adapter`). Gymnasium's ``SyncVectorEnv`` goes under
+the wrapper (``SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)`` of ``gym.make`` envs), not around
+it: the wrapper is a batch already, and its policy chooses the actions a ``SyncVectorEnv`` would hand in.
 
 ``info`` is in Gymnasium's vector form (a ``_key`` mask beside each key, :mod:`dz_gym.envs.vector_info`) and adds,
 per env: ``policy_called`` (this step sent a request), ``chunk_received`` and ``chunk_latency_s`` (a reply was
@@ -80,14 +89,15 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.vector import AutoresetMode
+from gymnasium.vector import AutoresetMode, VectorEnv
 
 from dz_gym.admission import Admission
 from dz_gym.capabilities import check_handshake, single_session_note
 from dz_gym.chunks import ChunkSchedule, HorizonError, new_session_id
 from dz_gym.envs import droid
 from dz_gym.envs.adapter import as_wrappable
-from dz_gym.envs.vector_info import with_masks
+from dz_gym.envs.episodes import resolve_env_ids
+from dz_gym.envs.vector_info import with_final, with_masks
 from dz_gym.errors import DzGymError, HandshakeError, ProtocolError, RequestTimeout, SessionRefused
 from dz_gym.policy_client import Outcome, PolicyClient
 from dz_gym.protocol import ServerMetadata
@@ -142,14 +152,16 @@ class _Proposal:
     record: StepRecord
 
 
-class DreamZeroPolicyWrapper(gym.Wrapper):
+class DreamZeroPolicyWrapper(gym.Wrapper, VectorEnv):
     """Query a remote DreamZero/OpenPI policy for a batched DROID env (see the module docstring).
 
-    ``env``: a batched DROID env, Isaac Lab's ``ManagerBasedRLEnv`` or a same-step ``gymnasium.vector.VectorEnv``
-    (:mod:`dz_gym.envs.adapter`). ``server``: a ``ws://``/``wss://`` URL or a list (envs spread round-robin;
-    default :data:`DEFAULT_SERVER`) with ``transport`` its bounds; or ``client``: any
+    ``env``: a batched DROID env, Isaac Lab's ``ManagerBasedRLEnv``, a same-step ``gymnasium.vector.VectorEnv``
+    or one ``gym.make`` env (:mod:`dz_gym.envs.adapter`). ``server``: a ``ws://``/``wss://`` URL or a list (envs
+    spread round-robin; default :data:`DEFAULT_SERVER`) with ``transport`` its bounds; or ``client``: any
     :class:`~dz_gym.policy_client.PolicyClient` with one slot per env; or ``policy``: ``"reference"``, ``"hold"``
-    or ``module:factory`` served by an embedded server (:mod:`dz_gym.server.embedded`) that ``close()`` stops.
+    or ``module:factory`` served by an embedded server in its own process, or a policy object (one with
+    ``infer(obs) -> {"actions": ...}``, an openpi ``BasePolicy`` too) served on a thread of this one
+    (:mod:`dz_gym.server.embedded`); ``close()`` stops it.
 
     What a runner uses besides the Gymnasium API: :meth:`set_idle` / :attr:`idle_envs`, :attr:`render_policy`,
     :meth:`episode_stats`, :meth:`server_url`, :meth:`is_connected`, :meth:`ensure_connected`, :meth:`reconnect`,
@@ -223,7 +235,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         if policy is not None:
             from dz_gym.server.embedded import EmbeddedServer  # the server's machinery only when asked for
 
-            self.embedded_server = EmbeddedServer(policy).start()
+            self.embedded_server = EmbeddedServer(policy, in_process=not isinstance(policy, str)).start()
             servers = [self.embedded_server.url]
         try:
             self._client = client if client is not None else open_pool(servers, self.num_envs, transport)
@@ -275,7 +287,8 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
 
     # -- Gymnasium API --------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        """Reset the env (all envs, or ``options["env_ids"]``) and start new sessions for the reset envs."""
+        """Reset the env (all envs, or ``options["env_ids"]``, or Gymnasium's ``options["reset_mask"]``) and start
+        new sessions for the reset envs."""
         base = self.env.unwrapped
         if hasattr(base, "set_render_mask"):
             base.set_render_mask(None)
@@ -283,9 +296,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
             self._client.reserve_host_memory(ahead, wait=False)  # made while the env resets
         obs, info = self.env.reset(seed=seed, options=options)
         self._proposal = None
-        env_ids = None if not options else options.get("env_ids")
-        ids = range(self.num_envs) if env_ids is None else [int(i) for i in np.atleast_1d(to_numpy(env_ids))]
-        self._end_episodes(ids)
+        self._end_episodes(resolve_env_ids(self.num_envs, None, options).tolist())  # env_ids or reset_mask
         validate_policy_obs(obs[droid.POLICY_GROUP], self.num_envs)
         self._client.reserve_host_memory(views_bytes(obs[droid.POLICY_GROUP], self.image_resolution))
         self._obs = obs
@@ -334,7 +345,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
             self._end_episodes(done_ids)
         validate_policy_obs(obs[droid.POLICY_GROUP], self.num_envs)
         self._obs = obs
-        return obs, reward, terminated, truncated, with_masks(info, self.num_envs)
+        return obs, reward, terminated, truncated, with_masks(with_final(info, done), self.num_envs)
 
     def propose(self) -> np.ndarray:
         """The policy's ``(N, 8)`` actions for the next step, before taking it.
@@ -353,10 +364,16 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
 
     def close(self):
         """Close every connection (the policy client), then the env, then the embedded server (if any)."""
+        self.closed = True  # VectorEnv's flag, which Gymnasium's vector wrappers read
         with contextlib.ExitStack() as stack:  # each runs even when the one before raised
             stack.callback(self._stop_embedded)
             stack.callback(super().close)
             self._client.close()
+
+    def __del__(self) -> None:
+        # VectorEnv closes itself from its finalizer; the wrapper closes on close(), never from garbage
+        # collection, which may run in any thread (the policy client's connections live on their own).
+        return None
 
     # -- what runners use -----------------------------------------------------------------------------
     @property

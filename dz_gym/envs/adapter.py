@@ -10,6 +10,11 @@ through :class:`VectorEnvAdapter`: its ``reset``/``step``/spaces, and the DROID 
 The wrapper resets finished envs' sessions in the step that ended them, so a VectorEnv must reset in that
 step too: :func:`as_wrappable` refuses, in one line, one whose ``metadata["autoreset_mode"]`` is not
 ``SAME_STEP`` (Gymnasium's default is ``NEXT_STEP``; ``SyncVectorEnv(..., autoreset_mode=SAME_STEP)`` fits).
+
+A single env (``gym.make(id)``: not batched, its observation ``{"policy": {...}}``) becomes a batch of one,
+Gymnasium's own ``SyncVectorEnv([env], autoreset_mode=SAME_STEP)``, seen through :class:`VectorEnvAdapter`
+(the DROID facts, ``scene`` and ``max_episode_length``, then come from that one env). Anything else is a
+one-line ``TypeError`` saying what the wrapper needs.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ from __future__ import annotations
 from typing import Any
 
 import gymnasium as gym
-from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv
+
+from dz_gym.envs import droid
 
 __all__ = ["VectorEnvAdapter", "as_wrappable"]
 
@@ -46,15 +53,32 @@ class VectorEnvAdapter(gym.Env):
         self.vector_env.close()
 
     def __getattr__(self, name: str):
-        # Only reached for names this view lacks: the DROID hooks and facts of the env at the bottom.
+        # Only reached for names this view lacks: the DROID hooks and facts of the env at the bottom, or where
+        # that is Gymnasium's SyncVectorEnv, the facts its envs agree on (``scene``, ``max_episode_length``).
         if name.startswith("_") or name == "vector_env":
             raise AttributeError(name)
-        return getattr(self.vector_env.unwrapped, name)
+        bottom = self.vector_env.unwrapped
+        envs = getattr(bottom, "envs", None)
+        if hasattr(bottom, name) or not envs:
+            return getattr(bottom, name)
+        values = [getattr(env.unwrapped, name) for env in envs]
+        if all(_same(value, values[0]) for value in values[1:]):
+            return values[0]
+        raise AttributeError(f"{name}: the envs of {type(bottom).__name__} differ")
 
 
 def as_wrappable(env: Any) -> gym.Env:
-    """``env`` itself when it is a ``gymnasium.Env``, a :class:`VectorEnvAdapter` over a same-step
-    ``VectorEnv``; a one-line error otherwise."""
+    """``env`` itself when it is a batched ``gymnasium.Env``, a :class:`VectorEnvAdapter` over a same-step
+    ``VectorEnv`` or over a batch of one single env; a one-line error otherwise."""
+    if isinstance(env, gym.Env) and not _batched(env):
+        space = env.observation_space
+        if not (isinstance(space, gym.spaces.Dict) and droid.POLICY_GROUP in space.spaces):
+            raise TypeError(
+                f"env: expected a batched DROID env (gym.make_vec), a same-step VectorEnv or one env whose "
+                f"observations are {{'{droid.POLICY_GROUP}': ...}} (gym.make), got {type(env.unwrapped).__name__} "
+                f"with observation space {type(space).__name__}"
+            )
+        env = SyncVectorEnv([lambda: env], autoreset_mode=AutoresetMode.SAME_STEP)
     if isinstance(env, gym.Env):
         return env
     if not isinstance(env, VectorEnv):
@@ -66,3 +90,16 @@ def as_wrappable(env: Any) -> gym.Env:
             f"(finished envs reset inside step), got {getattr(mode, 'name', mode)}"
         )
     return VectorEnvAdapter(env)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two plain values are equal (False for values without a plain ``==``, e.g. bound methods)."""
+    try:
+        return a is b or bool(a == b) and not callable(a)
+    except (TypeError, ValueError):
+        return False
+
+
+def _batched(env: gym.Env) -> bool:
+    """Whether a ``gymnasium.Env`` steps a batch (a BatchedDroidEnv, Isaac Lab's env: ``is_vector_env``)."""
+    return bool(getattr(env.unwrapped, "is_vector_env", False)) or isinstance(env.unwrapped, VectorEnv)

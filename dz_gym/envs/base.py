@@ -9,7 +9,15 @@ A backend is a ``gymnasium.Env`` that is internally batched, like Isaac Lab's ``
   seed ``+ num_envs`` (see :mod:`dz_gym.envs.episodes`).
 - ``step(action) -> (obs, reward, terminated, truncated, info)`` with ``action`` ``(N, 8)`` (numpy or
   torch), ``reward``/``terminated``/``truncated`` of shape ``(N,)``. Envs that finish are reset inside the
-  step (same-step autoreset), so their returned observation already belongs to the next episode.
+  step (same-step autoreset, ``metadata["autoreset_mode"] = AutoresetMode.SAME_STEP``), so their returned
+  observation already belongs to the next episode; as Gymnasium 1.x's same-step vector envs do, ``info``
+  then carries ``final_info`` (and ``final_obs``, the episode's last observation, where the backend has it:
+  the embedded simulator does, Isaac Lab resets inside its own step and does not) with their ``_final_info``
+  / ``_final_obs`` masks (:func:`dz_gym.envs.vector_info.with_final`). A backend that lists
+  ``AutoresetMode.DISABLED`` in :attr:`~BatchedDroidEnv.autoreset_modes` (the embedded simulator) also runs
+  without autoreset (``autoreset_mode=AutoresetMode.DISABLED``): finished envs keep their last
+  observation and wait for ``reset(options={"reset_mask": ...})``; stepping before that is a one-line
+  ``RuntimeError``.
 - ``obs["policy"]`` holds ``external_cam``, ``external_cam_2``, ``wrist_cam`` ``(N,H,W,3)`` uint8 and
   ``arm_joint_pos`` ``(N,7)``, ``gripper_pos`` ``(N,1)`` float32 (numpy for the embedded simulator, torch
   tensors on the sim device for Isaac Lab). Image arrays may be views of the backend's frame buffers:
@@ -44,16 +52,18 @@ rendering and simulator calls; ``dz_gym.envs.episodes`` shows the reset and step
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 from dz_gym.envs import droid
 from dz_gym.envs.episodes import MILESTONES, Episodes, ObjectBox, check_seed
-from dz_gym.envs.limits import action_limits
+from dz_gym.envs.limits import JOINT_OVERSHOOT, action_limits, joint_limits
+from dz_gym.envs.vector_info import final_observations, with_final
 from dz_gym.preprocess import to_numpy
 
 
@@ -62,7 +72,10 @@ def droid_spaces(image_shape: tuple[int, int], num_envs: int | None = None) -> t
 
     The action space is bounded by the robot's joint ranges and the gripper command's ``[0, 1]``
     (:mod:`dz_gym.envs.limits`): actions are absolute joint targets, so all zeros lies outside it (the
-    home pose, :data:`~dz_gym.envs.droid.HOME_JOINT_POSITIONS` with the gripper open, lies inside). With ``num_envs`` the spaces are batched (a leading ``num_envs`` dimension), equal to
+    home pose, :data:`~dz_gym.envs.droid.HOME_JOINT_POSITIONS` with the gripper open, lies inside). The
+    observed ``arm_joint_pos`` lies within the same ranges widened by
+    :data:`~dz_gym.envs.limits.JOINT_OVERSHOOT` (a simulated joint's limit is a stiff spring, not a wall).
+    With ``num_envs`` the spaces are batched (a leading ``num_envs`` dimension), equal to
     ``gymnasium.vector.utils.batch_space`` of the single spaces but built directly: ``batch_space`` takes
     about a second for 8 envs of 720x1280 views.
 
@@ -76,12 +89,18 @@ def droid_spaces(image_shape: tuple[int, int], num_envs: int | None = None) -> t
     height, width = image_shape
     lead = () if num_envs is None else (int(num_envs),)
     image = gym.spaces.Box(0, 255, shape=lead + (height, width, 3), dtype=np.uint8)
+    joint_low, joint_high = (np.asarray(q, dtype=np.float32) for q in joint_limits())
+    joint_low, joint_high = joint_low - np.float32(JOINT_OVERSHOOT), joint_high + np.float32(JOINT_OVERSHOOT)
     policy = gym.spaces.Dict(
         {
             "external_cam": image,
             "external_cam_2": image,
             "wrist_cam": image,
-            droid.OBS_JOINT_KEY: gym.spaces.Box(-np.inf, np.inf, shape=lead + (droid.ARM_DOF,), dtype=np.float32),
+            droid.OBS_JOINT_KEY: gym.spaces.Box(
+                np.broadcast_to(joint_low, lead + (droid.ARM_DOF,)),
+                np.broadcast_to(joint_high, lead + (droid.ARM_DOF,)),
+                dtype=np.float32,
+            ),
             droid.OBS_GRIPPER_KEY: gym.spaces.Box(0.0, 1.0, shape=lead + (1,), dtype=np.float32),
         }
     )
@@ -103,8 +122,11 @@ class BatchedDroidEnv(gym.Env, VectorEnv):
 
     ``seed`` is the seed of the first ``reset()`` that passes none (random when None); ``object_box``
     refines the milestones' reach check and ``milestone_names`` names a backend's own milestones (see
-    :class:`~dz_gym.envs.episodes.Episodes`).
+    :class:`~dz_gym.envs.episodes.Episodes`); ``autoreset_mode`` one of :attr:`autoreset_modes`.
+    ``reset(seed=s)`` also seeds :attr:`np_random` (``np_random_seed == s``), as Gymnasium's ``reset`` does.
     """
+
+    autoreset_modes: tuple[AutoresetMode, ...] = (AutoresetMode.SAME_STEP,)  # what the backend can run
 
     metadata: dict[str, Any] = {
         "render_modes": [],
@@ -124,14 +146,23 @@ class BatchedDroidEnv(gym.Env, VectorEnv):
         object_box: ObjectBox | None = None,
         milestone_names: Sequence[str] = MILESTONES,
         render_mode: str | None = None,
+        autoreset_mode: AutoresetMode | str = AutoresetMode.SAME_STEP,
     ):
+        try:
+            autoreset_mode = AutoresetMode(autoreset_mode)
+        except ValueError:
+            autoreset_mode = None
+        if autoreset_mode not in self.autoreset_modes:
+            modes = ", ".join(mode.name for mode in self.autoreset_modes)
+            raise ValueError(f"autoreset_mode: {type(self).__name__} runs {modes}; got {autoreset_mode!r}")
         if render_mode is not None and render_mode not in type(self).metadata["render_modes"]:
             modes = ", ".join(type(self).metadata["render_modes"]) or "none"
             raise ValueError(f"render_mode: expected None or one of: {modes}; got {render_mode!r}")
         self.render_mode = render_mode
         if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
             raise ValueError(f"num_envs: expected an integer >= 1, got {num_envs!r}")
-        self.metadata = dict(type(self).metadata)
+        self.metadata = dict(type(self).metadata, autoreset_mode=autoreset_mode)
+        self.autoreset = autoreset_mode == AutoresetMode.SAME_STEP  # finished envs reset inside step
         self.num_envs = int(num_envs)
         self.scene = droid.scene_spec(scene)
         self.device = device
@@ -142,6 +173,7 @@ class BatchedDroidEnv(gym.Env, VectorEnv):
         self.episodes = Episodes(self.num_envs, self.scene, check_seed(seed), object_box, milestone_names)
         self._render_mask: np.ndarray | None = None
         self._last_episodes: np.ndarray | None = None
+        self._awaiting_reset = np.zeros(self.num_envs, dtype=bool)  # ended without autoreset, not reset yet
         self._closed = False
 
     # -- hooks ------------------------------------------------------------------------------------------
@@ -226,10 +258,47 @@ class BatchedDroidEnv(gym.Env, VectorEnv):
             raise RuntimeError(f"{type(self).__name__}: the env is closed")
 
     def _check_started(self, call: str = "step") -> None:
-        """``RuntimeError`` before the first ``reset``."""
+        """``RuntimeError`` before the first ``reset``, and (without autoreset) while an ended env waits for
+        its reset."""
         self._check_open()
         if not self.episodes.started:
             raise RuntimeError(f"{call}: call reset() before the first {call}()")
+        if self._awaiting_reset.any():
+            ids = np.flatnonzero(self._awaiting_reset).tolist()
+            raise RuntimeError(
+                f"{call}: envs {ids} ended (autoreset_mode DISABLED); reset them first: "
+                "reset(options={'reset_mask': mask})"
+            )
+
+    def _begin_reset(self, seed: int | None, options: Mapping[str, Any] | None, env_ids: Any = None):
+        """``(ids, seeds)`` of a reset (see :mod:`dz_gym.envs.episodes`; queued seeds consumed); a ``seed``
+        also seeds :attr:`np_random`, as Gymnasium's ``reset(seed=)`` does. For the backends' ``reset``."""
+        self._check_open()
+        ids = self.episodes.resolve_reset_ids(options, env_ids)
+        seeds = self.episodes.reset_seeds(ids, seed)
+        if seed is not None:
+            self._np_random, self._np_random_seed = seeding.np_random(int(seed))
+        self._awaiting_reset[ids] = False
+        return ids, seeds
+
+    def _resetting(self, ending: np.ndarray) -> np.ndarray:
+        """``(N,)`` bool: of the envs ``ending`` in a step, those that reset inside it (none without autoreset,
+        where they wait for ``reset`` instead). For the backends' ``step``."""
+        ending = np.asarray(ending, dtype=bool).reshape(-1)
+        if self.autoreset:
+            return ending
+        self._awaiting_reset |= ending
+        return np.zeros_like(ending)
+
+    def _step_info(self, info: Mapping[str, Any], ending, final_obs: Mapping[str, Any] | None = None) -> dict:
+        """A step's ``info`` with Gymnasium's ``final_info`` / ``final_obs`` for the envs that reset inside it
+        (``final_obs``: the batched observation before their reset, numpy, read now; None where the backend
+        has none). For the backends' ``step``, before the ended envs reset."""
+        ending = np.asarray(ending, dtype=bool).reshape(-1)
+        if not self.autoreset:
+            return dict(info)
+        observations = None if final_obs is None or not ending.any() else final_observations(final_obs, ending)
+        return with_final(info, ending, observations)
 
     def _numpy_action(self, action) -> np.ndarray:
         """``action`` (numpy, list or torch, ``(N, 8)``) as a finite float64 numpy array; one-line

@@ -26,6 +26,10 @@ from dz_gym.envs import droid
 
 MODEL_XML = Path(__file__).resolve().parent / "mujoco" / "assets" / "droid" / "model.xml"
 ARM_JOINTS = tuple(f"joint{k}" for k in range(1, droid.ARM_DOF + 1))
+# How far past its range a joint's observed position may go: the simulator's joint limit is a stiff spring, and
+# a target at the range's end reached at full speed overshoots it (0.084 rad at most in a probe of actions
+# switching between the action space's bounds; tests/test_gym_contract.py runs such a probe).
+JOINT_OVERSHOOT = 0.2
 GRIPPER_RANGE = (0.0, 1.0)  # the command: 0 open, 1 closed (binarized at droid.GRIPPER_CLOSE_THRESHOLD)
 
 

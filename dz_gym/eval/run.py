@@ -208,8 +208,13 @@ def run_eval(
     backend's ``one_scene_per_process``; never with ``env_factory``, which cannot cross a process); ``ray_options``
     (a :class:`~dz_gym.eval.shards.options.RayOptions`): shards on Ray; ``control``: the stop request and error
     budget (default: a fresh one with ``config.error_budget``); ``progress``: bars (None: on a TTY);
-    ``command``: what the summary records (default: this process's command line); ``env_factory``/``env_kwargs``:
-    as :func:`~dz_gym.eval.evaluate.evaluate`'s; ``only_scenes``: this call runs these scenes only (a scene's child
+    ``command``: what the summary records (default: this process's command line); ``env_factory``: builds
+    each scene's env in this process, called as ``env_factory(scene, config, **env_kwargs)`` with the scene's
+    id and the run's :class:`~dz_gym.eval.config.EvalConfig`; it returns a batched env of ``config.num_envs``
+    envs that follows :mod:`dz_gym.envs.base` (same-step autoreset, ``set_episode_seeds``; e.g.
+    ``gym.make_vec(id, num_envs=config.num_envs, max_episode_steps=config.max_steps, seed=config.seed)`` or
+    :func:`~dz_gym.eval.scene.default_env_factory`, the default); ``env_kwargs``: more keyword arguments for it
+    (Isaac Lab's ``app_args``); ``only_scenes``: this call runs these scenes only (a scene's child
     process); ``scene_processes``: how many scene processes run at once (default: all); ``argv``: the command line the scene processes repeat (the command line's own; from Python the
     flags the children need are made from ``serve_args`` and ``progress``); ``say``: where the lines for the user
     go (default: stderr)."""

@@ -58,7 +58,7 @@ from dz_gym.protocol import (
 )
 from dz_gym.server.admission import ADMISSION_CODE, ResidentSessions, refusal_message
 from dz_gym.server.engine import EngineStats, InferenceEngine, JobResult
-from dz_gym.server.policies import policy_metadata
+from dz_gym.server.policies import as_server_policy, policy_metadata
 
 __all__ = ["FLAVORS", "PolicyServer", "ServerConfig"]
 
@@ -131,7 +131,7 @@ class PolicyServer:
     """One reference server: ``await start()``, then ``url``; ``await stop()`` closes everything."""
 
     def __init__(self, policy: Any, config: ServerConfig | None = None, *, policy_name: str | None = None):
-        self.policy = policy
+        self.policy = as_server_policy(policy)  # an openpi BasePolicy is served through OpenPIPolicy
         self.config = config or ServerConfig()
         self.policy_name = policy_name or type(policy).__name__
         self.metadata = policy_metadata(policy)

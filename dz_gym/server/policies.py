@@ -12,6 +12,11 @@ A policy is any object with
 
 With ``--workers K > 1`` these methods are called from K threads at once.
 
+An openpi policy (openpi-client's ``BasePolicy``: ``infer(obs) -> {"actions": ...}`` and ``reset()``, with
+neither session keyword) is served through :class:`OpenPIPolicy`, which :func:`as_server_policy` puts around
+any policy whose ``infer`` takes no ``session_id``/``new_session`` keywords: the reference server serves it as
+it is, with its one state shared by every session, reset (``reset()``) at each new session.
+
 ``--policy`` takes a built-in name (see :data:`BUILTIN_POLICIES`; adding one is one line there) or
 ``package.module:factory``; ``--policy-arg key=value`` arguments are passed to the factory as keyword
 arguments, values parsed as JSON when they parse (numbers, ``true``, lists) and kept as strings otherwise.
@@ -23,6 +28,7 @@ so that one string names the policy everywhere a policy name is stored or passed
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import threading
 from collections.abc import Iterable, Mapping
@@ -36,8 +42,10 @@ from dz_gym.protocol import DREAMZERO_METADATA, JOINT_KEY
 __all__ = [
     "BUILTIN_POLICIES",
     "HoldPolicy",
+    "OpenPIPolicy",
     "Policy",
     "ProbePolicy",
+    "as_server_policy",
     "load_policy",
     "parse_policy_args",
     "parse_policy_spec",
@@ -67,6 +75,45 @@ def policy_metadata(policy: Any) -> dict:
     if not isinstance(metadata, Mapping):
         raise TypeError(f"policy metadata: expected a dict, got {type(metadata).__name__}")
     return dict(metadata)
+
+
+class OpenPIPolicy:
+    """An openpi-style policy (``infer(obs)``, ``reset()``) as the server calls a policy (see the module
+    docstring): each new session first resets it, then every request goes to ``infer(request)``."""
+
+    def __init__(self, policy: Any):
+        self.policy = policy
+        self.metadata = getattr(policy, "metadata", None)
+
+    def infer(self, request: dict, *, session_id: str, new_session: bool) -> Any:
+        if new_session:
+            self._reset()
+        return self.policy.infer(request)
+
+    def reset(self, session_id: str | None) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        reset = getattr(self.policy, "reset", None)
+        if callable(reset):
+            reset()
+
+
+def as_server_policy(policy: Any) -> Any:
+    """``policy`` when its ``infer`` takes the server's session keywords (or ``**kwargs``), an
+    :class:`OpenPIPolicy` around it when it takes the observation alone; a one-line ``TypeError`` without
+    an ``infer`` method."""
+    infer = getattr(policy, "infer", None)
+    if not callable(infer):
+        raise TypeError(f"policy: expected an object with an infer method, got {type(policy).__name__}")
+    try:
+        parameters = inspect.signature(infer).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a builtin): call it as the server does
+        return policy
+    names = {p.name for p in parameters if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    if any(p.kind == p.VAR_KEYWORD for p in parameters) or {"session_id", "new_session"} <= names:
+        return policy
+    return OpenPIPolicy(policy)
 
 
 def _joints(request: Mapping[str, Any]) -> np.ndarray:

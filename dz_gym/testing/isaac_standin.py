@@ -295,10 +295,8 @@ class IsaacDroidStandIn(BatchedDroidEnv):
         :meth:`set_episode_seeds`. The observation is the whole batch; ``info`` describes the state after
         the reset.
         """
-        self._check_open()
         book = self.episodes
-        ids = book.resolve_reset_ids(options, env_ids)
-        seeds = book.reset_seeds(ids, seed)
+        ids, seeds = self._begin_reset(seed, options, env_ids)
         self._reset_envs(ids)
         self._update_scene()
         info = book.record_reset(ids, seeds, self._task_state())
@@ -328,6 +326,7 @@ class IsaacDroidStandIn(BatchedDroidEnv):
         reward = torch.as_tensor(info["success"], dtype=torch.float32, device=self.device)
 
         done = np.flatnonzero(time_outs)
+        info = self._step_info(info, time_outs)  # Isaac Lab's reset is inside its step: no final_obs
         if done.size:
             book.start(done, book.next_seeds(done))
             self._reset_envs(done)

@@ -112,12 +112,10 @@ class ToyDroidEnv(BatchedDroidEnv):
         return {droid.POLICY_GROUP: policy}
 
     def reset(self, *, seed=None, options=None):
-        self._check_open()
         book = self.episodes
-        ids = book.resolve_reset_ids(options)
+        ids, seeds = self._begin_reset(seed, options)
         if options and options.get("env_ids") is not None:
             self.partial_resets.append([int(i) for i in ids])
-        seeds = book.reset_seeds(ids, seed)
         for i, episode_seed in zip(ids, seeds):
             self.reset_one(int(i), int(episode_seed))
         now_seeds, now_steps = book.episode_seed.copy(), book.episode_step.copy()
@@ -135,7 +133,9 @@ class ToyDroidEnv(BatchedDroidEnv):
         time_outs = book.ending_next_step(self.max_episode_length)
         terminated = self._terminated(state) & ~time_outs
         info = book.record_step(state, time_outs | terminated)
-        done = np.flatnonzero(time_outs | terminated)
+        ending = time_outs | terminated
+        done = np.flatnonzero(ending)
+        info = self._step_info(info, ending, self._obs() if done.size else None)
         if done.size:
             seeds = book.next_seeds(done)
             book.start(done, seeds)

@@ -263,8 +263,7 @@ class IsaacDroidEnv(BatchedDroidEnv):
 
     def _reset(self, seed, options):
         book = self.episodes
-        env_ids = book.resolve_reset_ids(options)
-        seeds = book.reset_seeds(env_ids, seed)
+        env_ids, seeds = self._begin_reset(seed, options)
         full = env_ids.size == self.num_envs
         env = self.isaac_env
         obs = None
@@ -332,6 +331,9 @@ class IsaacDroidEnv(BatchedDroidEnv):
         if self._milestones is not None:
             flags, self._milestones.latest = self._flags(self._milestones.latest, state), None
         info = book.record_step(state.for_episodes(flags), time_outs, fresh)
+        ended = np.zeros(self.num_envs, dtype=bool)
+        ended[done_ids] = True
+        info = self._step_info(info, ended)  # Isaac Lab resets inside its own step: final_info, no final_obs
         if done_ids.size:
             pending, self._pending = self._pending, None
             dealt = pending is not None and np.array_equal(pending[0], done_ids)

@@ -24,6 +24,8 @@ GYM_IDS = {
     3: "DZ-DROID-BananaInBin-Newton-v0",
 }
 ENTRY_POINT = "isaaclab.envs:ManagerBasedRLEnv"
+# Isaac Lab's config lookup (``parse_env_cfg``) of each scene, the ``env_cfg_entry_point`` of its spec
+ENV_CFG_ENTRY_POINTS = {scene_id: f"{__name__}.env_cfg:DroidScene{scene_id}EnvCfg" for scene_id in GYM_IDS}
 
 
 def register() -> None:
@@ -34,7 +36,7 @@ def register() -> None:
                 id=gym_id,
                 entry_point=ENTRY_POINT,
                 disable_env_checker=True,
-                kwargs={"env_cfg_entry_point": f"{__name__}.env_cfg:DroidScene{scene_id}EnvCfg"},
+                kwargs={"env_cfg_entry_point": ENV_CFG_ENTRY_POINTS[scene_id]},
             )
 
 

@@ -35,6 +35,7 @@ import weakref
 from typing import Any
 
 import numpy as np
+from gymnasium.vector import AutoresetMode
 
 from dz_gym.envs import droid
 from dz_gym.envs.base import BatchedDroidEnv
@@ -95,6 +96,7 @@ class MujocoDroidEnv(BatchedDroidEnv):
     ``render_mode="rgb_array"``: :meth:`render` gives each env's video strip (Gymnasium's ``RecordVideo``)."""
 
     metadata: dict[str, Any] = {**BatchedDroidEnv.metadata, "render_modes": ["rgb_array"]}
+    autoreset_modes = (AutoresetMode.SAME_STEP, AutoresetMode.DISABLED)
 
     def __init__(
         self,
@@ -111,6 +113,7 @@ class MujocoDroidEnv(BatchedDroidEnv):
         device: str = "cpu",
         frame_views: bool = True,
         render_mode: str | None = None,
+        autoreset_mode: AutoresetMode | str = AutoresetMode.SAME_STEP,
     ):
         image_shape = _check_image_shape(image_shape)
         if device != "cpu":
@@ -124,6 +127,7 @@ class MujocoDroidEnv(BatchedDroidEnv):
             seed=seed,
             object_box=scene_module.object_box(scene),
             render_mode=render_mode,
+            autoreset_mode=autoreset_mode,
         )
         if max_episode_length is not None:
             if not isinstance(max_episode_length, (int, np.integer)) or max_episode_length < 1:
@@ -216,10 +220,8 @@ class MujocoDroidEnv(BatchedDroidEnv):
     # ----------------------------------------------------------------------------------- contract
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         """Reset all envs (or ``options["env_ids"]`` / ``options["reset_mask"]``); returns ``(obs, info)``."""
-        self._check_open()
         book = self.episodes
-        ids = book.resolve_reset_ids(options)
-        seeds = book.reset_seeds(ids, seed)
+        ids, seeds = self._begin_reset(seed, options)
         a = self._buffers.arrays
         a["op"][:] = SKIP
         a["seed"][ids] = seeds
@@ -229,20 +231,39 @@ class MujocoDroidEnv(BatchedDroidEnv):
         return self._observation(), info
 
     def step(self, action):
-        """Step every env by one control period; done envs reset in the same step (see base.py)."""
+        """Step every env by one control period; done envs reset in the same step (see base.py), or wait for
+        ``reset`` under ``autoreset_mode=DISABLED``.
+
+        Without a render mask (Gymnasium's use: every view is read) an autoreset runs in two passes, the step
+        and then the reset of the envs that ended, so that ``info["final_obs"]`` shows their last state; under
+        a render mask (the wrapper's: it reads only the next episode's first frames) the step and the reset
+        run in one pass and ``info`` carries ``final_info`` only."""
         self._check_started()
         actions = self._numpy_action(action)
         book = self.episodes
         a = self._buffers.arrays
         truncated = book.ending_next_step(self.max_episode_length)
-        done = np.flatnonzero(truncated)
+        resetting = self._resetting(truncated)
+        done = np.flatnonzero(resetting)
         seeds = book.next_seeds(done)
+        two_pass = bool(done.size) and self._render_mask is None
         a["action"][:] = actions
-        a["op"][:] = np.where(truncated, STEP_THEN_RESET, STEP)
+        a["op"][:] = np.where(resetting & ~two_pass, STEP_THEN_RESET, STEP)
         a["seed"][done] = seeds
-        a["render"][:] = self.views_to_render(truncated)
+        a["render"][:] = self.views_to_render(resetting & ~two_pass)
         self._run()
-        info = book.record_step(self._task_state(info=True), truncated, a["fresh"])
+        state = self._task_state(info=True)
+        if two_pass:
+            info = book.record_step(state, truncated, a["fresh"])
+            info = self._step_info(info, resetting, self._observation())  # the final frames, before the reset
+            fresh = a["fresh"].copy()
+            a["op"][:] = SKIP
+            a["op"][done] = RESET
+            self._run()
+            a["fresh"][:] |= fresh
+            info["images_fresh"] = a["fresh"].astype(bool)  # of the returned observation
+        else:
+            info = self._step_info(book.record_step(state, truncated, a["fresh"]), resetting)
         if done.size:
             book.start(done, seeds, self._task_state(info=False))
         reward = np.zeros(self.num_envs, dtype=np.float32)
