@@ -92,6 +92,7 @@ from dz_gym.errors import DzGymError, HandshakeError, ProtocolError, RequestTime
 from dz_gym.policy_client import Outcome, PolicyClient
 from dz_gym.protocol import ServerMetadata
 from dz_gym.protocol.contract import PolicyContract, expected_horizon, resolve_horizon
+from dz_gym.protocol.profiles import ServerProfile, chunk_rows, detect_profile, resolve_server_kind
 from dz_gym.records import INTEGRITY_EVENTS, EpisodeCounters, EpisodeStats, StepRecord, event_of
 from dz_gym.requests import (
     build_requests,
@@ -172,6 +173,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         *,
         client: PolicyClient | None = None,
         policy: str | None = None,
+        server_kind: str | None = None,
     ):
         env = as_wrappable(env)
         super().__init__(env)
@@ -192,6 +194,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         elif client.num_sessions != self.num_envs:
             raise ValueError(f"client: expected {self.num_envs} sessions (one per env), got {client.num_sessions}")
         self.prompts = resolve_prompts(prompt, env, self.num_envs)
+        self.server_kind = resolve_server_kind(server_kind)
 
         def schedule(horizon: int) -> ChunkSchedule:
             return ChunkSchedule(
@@ -238,6 +241,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
             self._unjudged = set(self.servers)  # servers whose first reply has not been seen
             for env_id, meta in enumerate(self.server_metadata):
                 check_handshake(meta, urls[env_id])
+            self.profile = self._resolve_profile(urls)
             horizon = self._resolve_horizon(open_loop_horizon, urls)
             if horizon != self.open_loop_horizon:
                 self._schedule = schedule(horizon)
@@ -251,15 +255,34 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         self._reply_bound = float(config.request_bound() if bound is None else bound)
         self._admission = Admission(config)
 
+    def _resolve_profile(self, urls: list[str]) -> ServerProfile:
+        """The servers' profile (:mod:`dz_gym.protocol.profiles`), from each handshake or ``server_kind``;
+        one line naming what a server sent when its handshake matches none, or when servers differ."""
+        found = {url: detect_profile(meta.raw, url=url, server_kind=self.server_kind)
+                 for url, meta in zip(urls, self.server_metadata)}  # fmt: skip
+        names = sorted({profile.name for profile in found.values()})
+        if len(names) != 1:
+            raise HandshakeError(f"servers are of different kinds ({', '.join(names)}); run one kind at a time")
+        return next(iter(found.values()))
+
     def _resolve_horizon(self, requested: int | None, urls: list[str]) -> int:
-        """The open-loop horizon, checked against each server's announced contract (see the module doc)."""
+        """The open-loop horizon, checked against each server's announced contract and fixed chunk geometry
+        (see the module doc); by default the actions the profile executes of each chunk."""
         contracts: dict[str, PolicyContract] = {}
         for url, meta in zip(urls, self.server_metadata):
             contracts.setdefault(url, meta.contract)
-        self._reply_rows = {url: expected_horizon(contract) for url, contract in contracts.items()}
+        rows = chunk_rows(self.profile, self.server_metadata[0].raw)
+        self._reply_rows = {url: expected_horizon(contract) or rows for url, contract in contracts.items()}
         shape = getattr(self.single_action_space, "shape", None)
         action_dim = int(shape[-1]) if shape else droid.ACTION_DIM
-        return resolve_horizon(contracts, requested, droid.DEFAULT_OPEN_LOOP_HORIZON, action_dim)
+        default = self.profile.executed_actions or droid.DEFAULT_OPEN_LOOP_HORIZON
+        horizon = resolve_horizon(contracts, requested, default, action_dim)
+        if rows is not None and horizon > rows:
+            raise HandshakeError(
+                f"server {urls[0]} ({self.profile.name}) sends chunks of {rows} rows, but the open-loop horizon is "
+                f"{horizon} (it must be <= {rows})"
+            )
+        return horizon
 
     def _resolve_resolution(self, image_resolution) -> tuple[int, int] | None:
         if image_resolution != "server":
@@ -267,6 +290,8 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
                 return None
             height, width = (int(v) for v in image_resolution)
             return height, width
+        if self.profile.image_resolution is not None:
+            return self.profile.image_resolution
         resolutions = {meta.image_resolution for meta in self.server_metadata}
         if len(resolutions) != 1:
             raise HandshakeError(f"servers disagree on image_resolution: {sorted(map(str, resolutions))}")
@@ -470,7 +495,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
     def _end_episodes(self, env_ids) -> None:
         ids = [int(i) for i in env_ids]
         for i, session_id in zip(ids, self._schedule.end_episodes(ids)):
-            if self._used[i]:
+            if self._used[i] and self.profile.supports_reset:
                 self._client.end_session(i, session_id)
             self._admission.ended(i)
             self._counters[i] = EpisodeCounters()
@@ -520,7 +545,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         return build_requests(policy_obs, due, prompts=self.prompts, session_ids=self._schedule.session_ids,
                               image_resolution=self.image_resolution,
                               image_keys=getattr(self.env.unwrapped, "request_image_keys", None),
-                              host_memory=self._client.host_memory)  # fmt: skip
+                              host_memory=self._client.host_memory, profile=self.profile)  # fmt: skip
 
     def _take_replies(self, env_ids: list[int], block: bool, record: StepRecord) -> None:
         """Settle the finished requests of ``env_ids`` into ``record`` (waiting for them when ``block``)."""
