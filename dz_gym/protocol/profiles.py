@@ -206,7 +206,7 @@ PROFILES: dict[str, ServerProfile] = {
         ServerProfile(
             name="vllm-omni",
             server="vLLM-Omni",
-            handshake=f"`policy_server_config` keys, served on `{VLLM_OMNI_PATH}`",
+            handshake="`policy_server_config` keys (DreamZero's)",
             error_frames="binary-type-error",
             **{**_DREAMZERO_FAMILY, "url_path": VLLM_OMNI_PATH, "seed_key": "seed"},
         ),
@@ -234,7 +234,7 @@ PROFILES: dict[str, ServerProfile] = {
         ),
         ServerProfile(
             name="sglang",
-            server="SGLang's `/openpi/policy`",
+            server="SGLang (`sglang serve ... --model-type diffusion`)",
             url_path="/openpi/policy",
             handshake="`action.metadata` (`policy_family: flux3_action`, `output.action_horizon`)",
             layout="views",
