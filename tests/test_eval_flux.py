@@ -34,7 +34,7 @@ def test_eight_envs_of_scene_1_against_each_flux_flavor(flavor, tmp_path):
     assert sorted(r["episode"] for r in rows) == list(range(8))  # every episode has a row
     assert [r["error"] for r in rows] == [None] * 8 and summary["overall"]["errored"] == 0
     assert all(r["server_calls"] == 15 for r in rows)  # ceil(450 / 32): all 32 actions of each chunk run
-    assert summary["server"]["profile"] == flavor
+    assert summary["server"]["profile"] == flavor and summary["server"]["open_loop_horizon"] == 32
     assert summary["overall"]["success_any_step"]["rate"] >= 0.75
 
 

@@ -127,7 +127,8 @@ def scene_batch(
                 for i in range(wrapper.num_envs):  # each server's metadata once (N envs share a few servers)
                     if (url := wrapper.server_url(i)) not in server_metadata:
                         server_metadata[url] = {**metadata_dict(wrapper.server_metadata[i]),
-                                                "profile": wrapper.profile.name}  # fmt: skip
+                                                "profile": wrapper.profile.name,
+                                                "open_loop_horizon": wrapper.open_loop_horizon}  # fmt: skip
                 runner = SceneRunner(wrapper, scene=scene, queues=queues, max_steps=config.max_steps,
                                      backend=config.backend, on_episode_start=getattr(client, "begin_episode", None),
                                      episode_retries=config.episode_retries, **runner_kwargs)  # fmt: skip

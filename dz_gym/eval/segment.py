@@ -53,14 +53,19 @@ REPORT_TIMEOUT_S = 300.0  # the longest the end of a run waits for its report pa
 
 
 def server_profile(server_metadata: dict[str, Any]) -> dict[str, Any]:
-    """``{"profile": NAME}``: the server profile (:mod:`dz_gym.protocol.profiles`) the run spoke, from the
-    servers' metadata entries (a list where arms' servers differ; empty before any server answered).
+    """``{"profile": NAME, "open_loop_horizon": H}``: the server profile (:mod:`dz_gym.protocol.profiles`) the
+    run spoke and the actions it executed per chunk, from the servers' metadata entries (a list where arms'
+    servers differ; each key absent before any server answered).
 
-    >>> server_profile({"ws://a": {"profile": "sglang"}, "ws://b": {"profile": "sglang"}}), server_profile({})
-    ({'profile': 'sglang'}, {})
+    >>> server_profile({"ws://a": {"profile": "sglang", "open_loop_horizon": 32}}), server_profile({})
+    ({'profile': 'sglang', 'open_loop_horizon': 32}, {})
     """
-    names = sorted({str(m["profile"]) for m in server_metadata.values() if isinstance(m, dict) and m.get("profile")})
-    return {} if not names else {"profile": names[0] if len(names) == 1 else names}
+    out: dict[str, Any] = {}
+    for key in ("profile", "open_loop_horizon"):
+        values = sorted({m[key] for m in server_metadata.values() if isinstance(m, dict) and m.get(key) is not None})
+        if values:
+            out[key] = values[0] if len(values) == 1 else values
+    return out
 
 
 SUMMARY_FROM_CHILDREN = ("server", "servers", "server_metadata", "video_errors")
