@@ -184,7 +184,8 @@ _DREAMZERO_FAMILY = dict(
     supports_reset=True,
 )
 _FLUX = dict(image_resolution=(360, 640), cartesian_key=None, proprio_dtype="float32", endpoint_key=None,
-             bare_reply=False, chunk_shape=(32, 8), checks_chunk=True, executed_actions=32, supports_reset=False)  # fmt: skip
+             bare_reply=False, chunk_shape=(32, 8), checks_chunk=True, executed_actions=32, supports_reset=False,
+             prompt_key="prompt", session_key="session_id")  # fmt: skip
 
 PROFILES: dict[str, ServerProfile] = {
     p.name: p
@@ -225,8 +226,6 @@ PROFILES: dict[str, ServerProfile] = {
             joint_key="observation/joint_position",
             gripper_key="observation/gripper_position",
             state_key=None,
-            prompt_key="prompt",
-            session_key="session_id",
             seed_key=None,
             reply_keys=("action",),
             error_frames="text-1011",
@@ -247,8 +246,6 @@ PROFILES: dict[str, ServerProfile] = {
             joint_key=None,
             gripper_key=None,
             state_key="state",
-            prompt_key="prompt",
-            session_key="session_id",
             seed_key="seed",
             reply_keys=("actions",),
             error_frames="binary-error-1011",

@@ -438,24 +438,15 @@ class PolicyServer:
         self.seeds = [*self.seeds[-1023:], seed]
         return seed
 
-    async def _serve_flux(self, ws: ServerConnection, conn_id: int) -> None:
-        """flux3-bfl and sglang (see the module docstring): validate, infer, reply; any error is fatal."""
-        observation = bfl_observation if self.config.flavor == "flux3-bfl" else sglang_observation
+    async def _serve_timed(self, ws: ServerConnection, conn_id: int, answer) -> None:
+        """The openpi-style loop (openpi, flux3-bfl, sglang): decode each request, ``await answer(request)``
+        for ``(reply map, infer_ms)``, add ``server_timing`` and send it; any error is fatal (:meth:`_fatal`)."""
         previous_total: float | None = None
         while True:
             message = await ws.recv()
             started = time.monotonic()
             try:
-                request = self._decode_strict(message)
-                normalised = observation(request)
-                seed = self._flux_seed(request)
-                memory_key = _session_of(request) or f"connection-{conn_id}"
-                result = await self._infer(conn_id, normalised, memory_key, False)
-                value = result.value
-                actions = value if isinstance(value, np.ndarray) else value.get("actions", value.get("action"))
-                infer_ms = result.service_s * 1000.0
-                request_id = str(request.get("request_id") or f"act_{conn_id}_{seed}")
-                reply = flux_reply(self.config.flavor, actions, request_id=request_id, infer_ms=infer_ms)
+                reply, infer_ms = await answer(self._decode_strict(message))
                 timing = {"infer_ms": infer_ms}
                 if previous_total is not None:
                     timing["prev_total_ms"] = previous_total * 1000.0
@@ -468,28 +459,34 @@ class PolicyServer:
                 await self._fatal(ws, conn_id)
                 return
 
+    async def _serve_flux(self, ws: ServerConnection, conn_id: int) -> None:
+        """flux3-bfl and sglang (see the module docstring): validate, infer, reply."""
+        observation = bfl_observation if self.config.flavor == "flux3-bfl" else sglang_observation
+
+        async def answer(request: dict) -> tuple[dict, float]:
+            normalised = observation(request)
+            seed = self._flux_seed(request)
+            memory_key = _session_of(request) or f"connection-{conn_id}"
+            result = await self._infer(conn_id, normalised, memory_key, False)
+            value = result.value
+            actions = value if isinstance(value, np.ndarray) else value.get("actions", value.get("action"))
+            infer_ms = result.service_s * 1000.0
+            request_id = str(request.get("request_id") or f"act_{conn_id}_{seed}")
+            return flux_reply(self.config.flavor, actions, request_id=request_id, infer_ms=infer_ms), infer_ms
+
+        await self._serve_timed(ws, conn_id, answer)
+
     async def _serve_openpi(self, ws: ServerConnection, conn_id: int) -> None:
-        previous_total: float | None = None
         current: str | None = None
-        while True:
-            message = await ws.recv()
-            started = time.monotonic()
-            try:
-                request = self._decode_strict(message)
-                session_id = _session_of(request) or "default"
-                new_session = session_id != current
-                current = session_id
-                result = await self._infer(conn_id, request, session_id, new_session)
-                value = result.value
-                reply = {"actions": value} if isinstance(value, np.ndarray) else dict(value)
-                timing = {"infer_ms": result.service_s * 1000.0}
-                if previous_total is not None:
-                    timing["prev_total_ms"] = previous_total * 1000.0
-                reply["server_timing"] = timing
-                await ws.send(encode_reply(reply))
-                previous_total = time.monotonic() - started
-            except ConnectionClosed:
-                raise
-            except Exception:
-                await self._fatal(ws, conn_id)
-                return
+
+        async def answer(request: dict) -> tuple[dict, float]:
+            nonlocal current
+            session_id = _session_of(request) or "default"
+            new_session = session_id != current
+            current = session_id
+            result = await self._infer(conn_id, request, session_id, new_session)
+            value = result.value
+            reply = {"actions": value} if isinstance(value, np.ndarray) else dict(value)
+            return reply, result.service_s * 1000.0
+
+        await self._serve_timed(ws, conn_id, answer)
