@@ -62,6 +62,13 @@ is checked before the first request; with ``open_loop_horizon=None`` its chunk l
 refused session (:class:`~dz_gym.errors.SessionRefused`) makes its env hold and wait (:mod:`dz_gym.admission`,
 :meth:`admission_retry_at`); the evaluator restarts such an episode.
 
+The server's profile (:mod:`dz_gym.protocol.profiles`; :attr:`DreamZeroPolicyWrapper.profile`), chosen from its
+handshake or named by ``server_kind``, decides the requests' keys, camera layout and resolution, the chunk's
+geometry (a chunk of another shape where the profile fixes it is an error of that episode), the default
+open-loop horizon (the actions the profile executes: 8 for DreamZero, 32 for FLUX) and whether an ended
+session is released with a reset (never on servers without one). A handshake that matches no profile is a
+one-line :class:`~dz_gym.errors.HandshakeError`.
+
 Latency hiding (opt-in; the rules: :mod:`dz_gym.chunks`): ``prefetch=K`` asks for the next chunk K actions
 before the window ends, ``max_stale_steps`` bounds the steps run on a late chunk's previous rows, and
 ``simulated_delay=D`` replaces wall-clock delay by exactly D steps (reproducible comparisons under latency).
@@ -155,7 +162,8 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
     What a runner uses besides the Gymnasium API: :meth:`set_idle` / :attr:`idle_envs`, :attr:`render_policy`,
     :meth:`episode_stats`, :meth:`server_url`, :meth:`is_connected`, :meth:`ensure_connected`, :meth:`reconnect`,
     :meth:`admission_retry_at`, :attr:`admitted_sessions`, :attr:`session_ids`, :attr:`last_obs`,
-    :attr:`prompts`, :attr:`server_metadata`, :attr:`server_notes`.
+    :attr:`prompts`, :attr:`server_metadata`, :attr:`server_notes`, :attr:`profile`. ``server_kind``: a name
+    of :data:`~dz_gym.protocol.profiles.PROFILES` (None or ``"auto"``: from the handshake).
     """
 
     def __init__(
