@@ -52,3 +52,15 @@ def test_injected_1011_closes_cost_only_their_own_episodes_attempts(flavor, tmp_
     assert all(set(r["retried_events"]) == {"server_error"} for r in retried)
     assert all(r["reconnects"] == 0 and r["server_errors"] == 0 for r in rows if r["attempts"] == 1)
     assert summary["server"]["profile"] == flavor
+
+
+@pytest.mark.slow  # starts a dz-gym-serve process
+def test_the_embedded_server_runs_the_flavor_given_in_serve_args(tmp_path):
+    argv = ["--num-envs", "2", "--max-steps", "64", "--no-video", "--no-report", "--no-progress",
+            "--serve-arg=--flavor=sglang", "--output-root", str(tmp_path)]  # fmt: skip
+    assert cli.main(argv) == 0
+    (path,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    rows, summary = RunDir(path).read_rows(), json.loads((path / "summary.json").read_text())
+    assert [r["error"] for r in rows] == [None, None] and [r["server_calls"] for r in rows] == [2, 2]
+    assert summary["server"]["flavor"] == summary["server"]["profile"] == "sglang"
+    assert summary["server"]["url"].endswith("/openpi/policy")
