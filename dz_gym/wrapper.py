@@ -286,10 +286,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper):
         default = self.profile.executed_actions or droid.DEFAULT_OPEN_LOOP_HORIZON
         horizon = resolve_horizon(contracts, requested, default, action_dim)
         if rows is not None and horizon > rows:
-            raise HandshakeError(
-                f"server {urls[0]} ({self.profile.name}) sends chunks of {rows} rows, but the open-loop horizon is "
-                f"{horizon} (it must be <= {rows})"
-            )
+            raise HorizonError(horizon, rows, f"server {urls[0]}, {self.profile.name}")
         return horizon
 
     def _resolve_resolution(self, image_resolution) -> tuple[int, int] | None:

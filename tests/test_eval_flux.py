@@ -26,6 +26,16 @@ def _run(tmp_path: Path, url: str, *extra: str) -> tuple[list[dict], dict]:
     return run.read_rows(), json.loads((path / "summary.json").read_text())
 
 
+def test_a_server_of_no_known_kind_is_a_usage_error_until_it_is_named(tmp_path, capsys):
+    short = ["--num-envs", "1", "--max-steps", "8", "--no-video", "--no-report", "--no-progress"]
+    with start_server_thread("hold", policy_args={"metadata": {"policy_name": "mine"}}, flavor="openpi") as server:
+        assert cli.main([*short, "--server", server.url, "--output-root", str(tmp_path / "a")]) == 2
+        line = [x for x in capsys.readouterr().err.splitlines() if "--server-kind" in x][-1]
+        assert "['policy_name']" in line and "dreamzero|openpi|vllm-omni|flux3-bfl|sglang" in line
+        argv = [*short, "--server", server.url, "--server-kind", "openpi", "--output-root", str(tmp_path / "b")]
+        assert cli.main(argv) == 0
+
+
 @pytest.mark.slow  # 8 envs x 450 steps on the embedded simulator
 @pytest.mark.parametrize("flavor", ["flux3-bfl", "sglang"])
 def test_eight_envs_of_scene_1_against_each_flux_flavor(flavor, tmp_path):

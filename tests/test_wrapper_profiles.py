@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from dz_gym.errors import HandshakeError
+from dz_gym.errors import HandshakeError, HorizonError
 from dz_gym.protocol.observation import request_profile, request_proprio
 from dz_gym.protocol.profiles import PROFILES
 from dz_gym.server.launch import start_server_thread
@@ -77,6 +77,13 @@ def test_the_users_open_loop_horizon_wins_over_the_profiles():
             assert calls == 3  # steps 0, 8, 16
         finally:
             env.close()
+
+
+def test_a_horizon_longer_than_the_profiles_chunk_is_refused_before_any_request():
+    with start_server_thread(FluxRecorder(), flavor="flux3-bfl") as server:
+        with pytest.raises(HorizonError, match=r"open_loop_horizon: 40 is longer than the server's chunk of 32"):
+            _wrapper(server, open_loop_horizon=40)
+        assert server.server.stats().inferences == 0
 
 
 def test_a_chunk_of_the_wrong_geometry_is_an_error_of_that_episode():

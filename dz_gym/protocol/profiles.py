@@ -25,7 +25,7 @@ session or reset, and execute all 32 actions of a chunk.
 >>> detect_profile({"policy": "mine"}, url="ws://gpu:9000")
 Traceback (most recent call last):
 ...
-dz_gym.errors.HandshakeError: server ws://gpu:9000: its handshake matches no server profile (it sent keys ['policy']); name the server with --server-kind dreamzero|openpi|vllm-omni|flux3-bfl|sglang
+dz_gym.errors.UnknownServer: server ws://gpu:9000: its handshake matches no server profile (it sent keys ['policy']); name the server with --server-kind dreamzero|openpi|vllm-omni|flux3-bfl|sglang
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from dz_gym.errors import HandshakeError
+from dz_gym.errors import UnknownServer
 
 __all__ = [
     "AUTO",
@@ -283,7 +283,7 @@ def _is_sglang(raw: Mapping[str, Any]) -> bool:
 def detect_profile(raw: Any, *, url: str = "", server_kind: str | None = None) -> ServerProfile:
     """The profile of a server from its decoded handshake ``raw`` (and the ``url`` it was reached on), or
     the one named by ``server_kind`` (``auto``/None: detect). A handshake that matches none raises a
-    one-line :class:`~dz_gym.errors.HandshakeError` naming the keys it sent and the ``--server-kind`` values.
+    one-line :class:`~dz_gym.errors.UnknownServer` (a ``HandshakeError``) naming the keys it sent and the ``--server-kind`` values.
 
     Rules: ``serving_setup`` -> flux3-bfl; ``policy_family: flux3_action``, ``object: action.metadata`` or
     an ``output`` map with ``action_horizon`` -> sglang; any ``policy_server_config`` key -> vllm-omni on its
@@ -306,7 +306,7 @@ def detect_profile(raw: Any, *, url: str = "", server_kind: str | None = None) -
     else:
         sent = f"a {type(raw).__name__}"
     where = f"server {url}" if url else "server"
-    raise HandshakeError(
+    raise UnknownServer(
         f"{where}: its handshake matches no server profile (it sent {sent}); "
         f"name the server with --server-kind {'|'.join(PROFILES)}"
     )
