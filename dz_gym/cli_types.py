@@ -17,6 +17,8 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from dz_gym.protocol.profiles import SERVER_KINDS
+
 
 def _number(text: str, kind: type, what: str):
     try:
@@ -225,3 +227,9 @@ OPEN_LOOP_HORIZON = Flag(
     metavar="H",
 )
 SEED = Flag("--seed", "the base seed", field="seed", type=integer, metavar="K")
+SERVER_KIND = Flag(
+    "--server-kind",
+    "which server's protocol to speak (docs/server_profiles.md); auto: chosen from each server's handshake",
+    field="server_kind",
+    choices=SERVER_KINDS,
+)

@@ -45,6 +45,17 @@ MUST_MATCH = {"backend": "backend", "max_steps": "max steps", "open_loop_horizon
 MAY_DIFFER = ("prefetch", "simulated_delay", "max_stale_steps")
 
 
+def _run_horizon(run: Path) -> Any:
+    """The open-loop horizon a run executed when its config left it to the server profile (summary.json's
+    ``server.open_loop_horizon``); None when the summary does not say."""
+    try:
+        summary = json.loads((run / "summary.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    server = summary.get("server") if isinstance(summary, dict) else None
+    return server.get("open_loop_horizon") if isinstance(server, dict) else None
+
+
 def load_run(path: str | os.PathLike) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """``(config, rows)`` of a run directory; the config is the raw ``config.json`` dict."""
     run = Path(path)
@@ -57,6 +68,8 @@ def load_run(path: str | os.PathLike) -> tuple[dict[str, Any], list[dict[str, An
         raise RunError(f"{config_path}: unreadable ({exc})") from None
     if not isinstance(config, dict):
         raise RunError(f"{config_path}: expected a JSON object")
+    if "open_loop_horizon" in config and config["open_loop_horizon"] is None:  # the server profile's: as run
+        config["open_loop_horizon"] = _run_horizon(run)
     # Same reader as the evaluator's resume (a truncated last line is skipped with a warning).
     from dz_gym.eval.row import check_row
     from dz_gym.eval.rundir import RunDir

@@ -76,6 +76,14 @@ class HandshakeError(DzGymError):
     """The server's metadata does not fit what the client will send (views, resolution, sessions, actions)."""
 
 
+class UnknownServer(HandshakeError):
+    """A server's handshake matches no declared server profile (:mod:`dz_gym.protocol.profiles`).
+
+    A configuration error, as :class:`HorizonError`: the run stops with one line naming what the server sent
+    and the ``--server-kind`` values that name it.
+    """
+
+
 class BackendUnavailable(DzGymError, RuntimeError):
     """A simulator backend cannot run here (a package, the scene assets or the right GPU is missing).
 

@@ -1,10 +1,12 @@
-"""Observation adapter: batched DROID observations -> DreamZero infer requests (pure, no I/O).
+"""Observation adapter: batched DROID observations -> a policy server's infer requests (pure, no I/O).
 
 Takes ``obs["policy"]`` of a batched env (numpy arrays or torch tensors on any device), picks the envs that
 need a chunk, resizes their three views to the server's ``image_resolution`` in one batched call per camera
 (on the tensors' device, before any host copy), and builds exactly the reference client's request per env:
 external_cam -> exterior_image_0_left, external_cam_2 -> exterior_image_1_left, wrist_cam -> wrist_image_left,
 joint and gripper positions as float64, zero cartesian position, prompt, session id, endpoint "infer".
+Other servers' requests follow their profile (:mod:`dz_gym.protocol.profiles`): its keys, its 360x640 views
+or one composite, its state vector.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ import numpy as np
 
 from dz_gym.envs import droid
 from dz_gym.preprocess import is_torch_tensor, resize_with_pad, to_numpy
+from dz_gym.protocol.profiles import PROFILES, ServerProfile
 from dz_gym.protocol.request_batch import RequestBatch
 
-__all__ = ["assemble_requests", "build_requests", "contiguous_runs", "hold_actions", "is_torch_tensor", "proprio", "resized_views", "views_bytes",
+__all__ = ["assemble_requests", "build_requests", "contiguous_runs", "hold_actions", "profile_image_keys", "is_torch_tensor", "proprio", "resized_views", "views_bytes",
            "request_items", "resolve_prompts", "to_numpy", "validate_policy_obs", "checked_actions", "env_actions"]  # fmt: skip
 
 
@@ -193,6 +196,27 @@ def _to_host(parts: Mapping[str, Sequence[Any]], host_memory: HostMemory | None 
     return {camera: tensor.numpy() for camera, (_, tensor) in out.items()}
 
 
+def profile_image_keys(profile: ServerProfile | None, env_keys: Mapping[str, str] | None) -> dict[str, str]:
+    """Each camera's request key for ``profile`` (None: DreamZero's), given the env's own mapping ``env_keys``
+    (camera -> DreamZero key, or None): the env says which camera is which view, the profile how it is named.
+
+    >>> profile_image_keys(PROFILES["sglang"], None)["wrist_cam"]
+    'observation.images.wrist'
+    >>> swapped = {"external_cam": "observation/exterior_image_1_left", "external_cam_2": "observation/exterior_image_0_left",
+    ...            "wrist_cam": "observation/wrist_image_left"}
+    >>> profile_image_keys(PROFILES["sglang"], swapped)["external_cam"]
+    'observation.images.right'
+    """
+    dreamzero = PROFILES["dreamzero"].camera_keys
+    if profile is None:
+        return dict(dreamzero if env_keys is None else env_keys)
+    names = profile.camera_keys
+    if env_keys is None:
+        return names
+    slot = {key: camera for camera, key in dreamzero.items()}  # DreamZero key -> the view it stands for
+    return {camera: names[slot[key]] for camera, key in env_keys.items()}
+
+
 def assemble_requests(
     views: Mapping[str, np.ndarray],
     joints: np.ndarray,
@@ -202,13 +226,15 @@ def assemble_requests(
     prompts: Sequence[str],
     session_ids: Sequence[str],
     image_keys: Mapping[str, str] | None = None,
+    profile: ServerProfile | None = None,
 ) -> RequestBatch:
     """The requests of ``env_ids`` from their host views (rows in sorted id order, as :func:`resized_views`
     returns them) and every env's ``joints``/``gripper`` (indexed by env id), as a :class:`RequestBatch`
     (env id -> request dict, made when asked for; checked now); see :func:`build_requests`."""
-    image_keys = droid.REQUEST_IMAGE_KEYS if image_keys is None else image_keys
+    image_keys = profile_image_keys(profile, image_keys)
     return RequestBatch(views, joints, gripper, env_ids, prompts=prompts, session_ids=session_ids,
-                        image_keys={camera: image_keys[camera] for camera in droid.CAMERA_KEYS})  # fmt: skip
+                        image_keys={camera: image_keys[camera] for camera in droid.CAMERA_KEYS},
+                        profile=profile)  # fmt: skip
 
 
 def request_items(requests: Mapping[int, dict], env_ids: Sequence[int]) -> Sequence[tuple[int, dict]]:
@@ -228,18 +254,20 @@ def build_requests(
     image_resolution: tuple[int, int] | None,
     image_keys: Mapping[str, str] | None = None,
     host_memory: HostMemory | None = None,
+    profile: ServerProfile | None = None,
 ) -> Mapping[int, dict]:
     """Infer requests for ``env_ids`` (keyed by env id); ``prompts``/``session_ids`` are indexed by env id.
 
-    ``image_keys`` maps each camera to its request key (default ``droid.REQUEST_IMAGE_KEYS``; an env whose
-    task sends another camera as the first exterior view says so with its ``request_image_keys``).
+    ``image_keys`` maps each camera to its DreamZero request key (default ``droid.REQUEST_IMAGE_KEYS``; an
+    env whose task sends another camera as the first exterior view says so with its ``request_image_keys``);
+    ``profile`` is the server's (:mod:`dz_gym.protocol.profiles`; None: DreamZero's), which names the keys.
     ``host_memory``: where GPU views are copied to (:func:`resized_views`)."""
     if len(env_ids) == 0:
         return {}
     views = resized_views(policy, env_ids, image_resolution, host_memory=host_memory)
     joints, gripper = proprio(policy)
     return assemble_requests(views, joints, gripper, env_ids, prompts=prompts, session_ids=session_ids,
-                             image_keys=image_keys)  # fmt: skip
+                             image_keys=image_keys, profile=profile)  # fmt: skip
 
 
 def hold_actions(policy: Mapping[str, Any]) -> np.ndarray:

@@ -71,6 +71,13 @@ is checked before the first request; with ``open_loop_horizon=None`` its chunk l
 refused session (:class:`~dz_gym.errors.SessionRefused`) makes its env hold and wait (:mod:`dz_gym.admission`,
 :meth:`admission_retry_at`); the evaluator restarts such an episode.
 
+The server's profile (:mod:`dz_gym.protocol.profiles`; :attr:`DreamZeroPolicyWrapper.profile`), chosen from its
+handshake or named by ``server_kind``, decides the requests' keys, camera layout and resolution, the chunk's
+geometry (a chunk of another shape where the profile fixes it is an error of that episode), the default
+open-loop horizon (the actions the profile executes: 8 for DreamZero, 32 for FLUX) and whether an ended
+session is released with a reset (never on servers without one). A handshake that matches no profile is a
+one-line :class:`~dz_gym.errors.HandshakeError`.
+
 Latency hiding (opt-in; the rules: :mod:`dz_gym.chunks`): ``prefetch=K`` asks for the next chunk K actions
 before the window ends, ``max_stale_steps`` bounds the steps run on a late chunk's previous rows, and
 ``simulated_delay=D`` replaces wall-clock delay by exactly D steps (reproducible comparisons under latency).
@@ -102,6 +109,7 @@ from dz_gym.errors import DzGymError, HandshakeError, ProtocolError, RequestTime
 from dz_gym.policy_client import Outcome, PolicyClient
 from dz_gym.protocol import ServerMetadata
 from dz_gym.protocol.contract import PolicyContract, expected_horizon, resolve_horizon
+from dz_gym.protocol.profiles import ServerProfile, chunk_rows, detect_profile, resolve_server_kind
 from dz_gym.records import INTEGRITY_EVENTS, EpisodeCounters, EpisodeStats, StepRecord, event_of
 from dz_gym.requests import (
     build_requests,
@@ -166,7 +174,8 @@ class DreamZeroPolicyWrapper(gym.Wrapper, VectorEnv):
     What a runner uses besides the Gymnasium API: :meth:`set_idle` / :attr:`idle_envs`, :attr:`render_policy`,
     :meth:`episode_stats`, :meth:`server_url`, :meth:`is_connected`, :meth:`ensure_connected`, :meth:`reconnect`,
     :meth:`admission_retry_at`, :attr:`admitted_sessions`, :attr:`session_ids`, :attr:`last_obs`,
-    :attr:`prompts`, :attr:`server_metadata`, :attr:`server_notes`.
+    :attr:`prompts`, :attr:`server_metadata`, :attr:`server_notes`, :attr:`profile`. ``server_kind``: a name
+    of :data:`~dz_gym.protocol.profiles.PROFILES` (None or ``"auto"``: from the handshake).
     """
 
     def __init__(
@@ -184,6 +193,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper, VectorEnv):
         *,
         client: PolicyClient | None = None,
         policy: str | None = None,
+        server_kind: str | None = None,
     ):
         env = as_wrappable(env)
         super().__init__(env)
@@ -204,6 +214,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper, VectorEnv):
         elif client.num_sessions != self.num_envs:
             raise ValueError(f"client: expected {self.num_envs} sessions (one per env), got {client.num_sessions}")
         self.prompts = resolve_prompts(prompt, env, self.num_envs)
+        self.server_kind = resolve_server_kind(server_kind)
 
         def schedule(horizon: int) -> ChunkSchedule:
             return ChunkSchedule(
@@ -250,6 +261,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper, VectorEnv):
             self._unjudged = set(self.servers)  # servers whose first reply has not been seen
             for env_id, meta in enumerate(self.server_metadata):
                 check_handshake(meta, urls[env_id])
+            self.profile = self._resolve_profile(urls)
             horizon = self._resolve_horizon(open_loop_horizon, urls)
             if horizon != self.open_loop_horizon:
                 self._schedule = schedule(horizon)
@@ -263,15 +275,31 @@ class DreamZeroPolicyWrapper(gym.Wrapper, VectorEnv):
         self._reply_bound = float(config.request_bound() if bound is None else bound)
         self._admission = Admission(config)
 
+    def _resolve_profile(self, urls: list[str]) -> ServerProfile:
+        """The servers' profile (:mod:`dz_gym.protocol.profiles`), from each handshake or ``server_kind``;
+        one line naming what a server sent when its handshake matches none, or when servers differ."""
+        found = {url: detect_profile(meta.raw, url=url, server_kind=self.server_kind)
+                 for url, meta in zip(urls, self.server_metadata)}  # fmt: skip
+        names = sorted({profile.name for profile in found.values()})
+        if len(names) != 1:
+            raise HandshakeError(f"servers are of different kinds ({', '.join(names)}); run one kind at a time")
+        return next(iter(found.values()))
+
     def _resolve_horizon(self, requested: int | None, urls: list[str]) -> int:
-        """The open-loop horizon, checked against each server's announced contract (see the module doc)."""
+        """The open-loop horizon, checked against each server's announced contract and fixed chunk geometry
+        (see the module doc); by default the actions the profile executes of each chunk."""
         contracts: dict[str, PolicyContract] = {}
         for url, meta in zip(urls, self.server_metadata):
             contracts.setdefault(url, meta.contract)
-        self._reply_rows = {url: expected_horizon(contract) for url, contract in contracts.items()}
+        rows = chunk_rows(self.profile, self.server_metadata[0].raw)
+        self._reply_rows = {url: expected_horizon(contract) or rows for url, contract in contracts.items()}
         shape = getattr(self.single_action_space, "shape", None)
         action_dim = int(shape[-1]) if shape else droid.ACTION_DIM
-        return resolve_horizon(contracts, requested, droid.DEFAULT_OPEN_LOOP_HORIZON, action_dim)
+        default = self.profile.executed_actions or droid.DEFAULT_OPEN_LOOP_HORIZON
+        horizon = resolve_horizon(contracts, requested, default, action_dim)
+        if rows is not None and horizon > rows:
+            raise HorizonError(horizon, rows, f"server {urls[0]}, {self.profile.name}")
+        return horizon
 
     def _resolve_resolution(self, image_resolution) -> tuple[int, int] | None:
         if image_resolution != "server":
@@ -279,6 +307,8 @@ class DreamZeroPolicyWrapper(gym.Wrapper, VectorEnv):
                 return None
             height, width = (int(v) for v in image_resolution)
             return height, width
+        if self.profile.image_resolution is not None:
+            return self.profile.image_resolution
         resolutions = {meta.image_resolution for meta in self.server_metadata}
         if len(resolutions) != 1:
             raise HandshakeError(f"servers disagree on image_resolution: {sorted(map(str, resolutions))}")
@@ -487,7 +517,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper, VectorEnv):
     def _end_episodes(self, env_ids) -> None:
         ids = [int(i) for i in env_ids]
         for i, session_id in zip(ids, self._schedule.end_episodes(ids)):
-            if self._used[i]:
+            if self._used[i] and self.profile.supports_reset:
                 self._client.end_session(i, session_id)
             self._admission.ended(i)
             self._counters[i] = EpisodeCounters()
@@ -537,7 +567,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper, VectorEnv):
         return build_requests(policy_obs, due, prompts=self.prompts, session_ids=self._schedule.session_ids,
                               image_resolution=self.image_resolution,
                               image_keys=getattr(self.env.unwrapped, "request_image_keys", None),
-                              host_memory=self._client.host_memory)  # fmt: skip
+                              host_memory=self._client.host_memory, profile=self.profile)  # fmt: skip
 
     def _take_replies(self, env_ids: list[int], block: bool, record: StepRecord) -> None:
         """Settle the finished requests of ``env_ids`` into ``record`` (waiting for them when ``block``)."""

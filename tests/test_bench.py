@@ -735,3 +735,35 @@ def test_a_server_announcing_a_contract_the_client_cannot_follow_ends_the_run_at
         rc = bench("--server", server.url, "--open-loop-horizon", 24, "--num-requests", 5, "--warmup", 0)
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 1 and len(err) == 1 and "announces action_horizon=16" in err[0], err
+
+
+@pytest.mark.parametrize("flavor", ["flux3-bfl", "sglang"])
+def test_flux_flavors_get_their_profiles_payloads_and_errors(flavor, tmp_path):
+    from dz_gym.protocol.profiles import PROFILES
+
+    out = tmp_path / "flux.json"
+    url_path = PROFILES[flavor].url_path
+    with start_server_thread("hold", flavor=flavor, fail_every=4) as server:
+        rc = bench("--server", server.url + url_path, "--concurrency", 1, "--num-requests", 12, "--warmup", 0,
+                   "--json", out)  # fmt: skip
+    assert rc == 0
+    run = load_json(out)
+    assert run["servers"][0]["profile"] == flavor and run["servers"][0]["image_resolution"] == [360, 640]
+    assert run["open_loop_horizon"] == 32 and run["payload"]["episode_length"] == 15  # ceil(450 / 32)
+    images = 540 * 640 * 3 if flavor == "flux3-bfl" else 3 * 360 * 640 * 3  # a composite, or three views
+    assert images < run["payload"]["request_bytes"] < images + 2000
+    # every 4th inference raises: the flavor's error frame, then close 1011; the bench reconnects
+    assert run["errors"] == {"ServerError": 3} and run["completed"] == 9 and run["reconnects"] == 2
+
+
+def test_a_flux_chunk_of_another_geometry_is_a_protocol_error(tmp_path):
+    from dz_gym.server.policies import HoldPolicy
+
+    out = tmp_path / "geometry.json"
+    with start_server_thread(HoldPolicy(horizon=24), flavor="flux3-bfl") as server:
+        # 24 rows cover an open-loop horizon of 8: only the geometry is off
+        args = ["--concurrency", 1, "--num-requests", 4, "--warmup", 0, "--open-loop-horizon", 8]
+        rc = bench("--server", server.url, *args, "--json", out)
+    assert rc == 0
+    run = load_json(out)
+    assert run["errors"] == {"ProtocolError": 4} and "expected horizon 32" in run["error_examples"]["ProtocolError"]

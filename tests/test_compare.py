@@ -225,6 +225,15 @@ def test_cli_refuses_other_horizon_or_prompt(tmp_path):
     assert code == 2 and "prompt of scene 1" in err
 
 
+def test_a_horizon_left_to_the_server_profile_compares_as_it_ran(tmp_path):
+    rows_a, rows_b = outcomes(1, [True] * 3, [True] * 3)
+    run_8 = make_run(tmp_path / "eight", rows_a, open_loop_horizon=8)
+    for name, executed in (("dz", 8), ("flux", 32)):
+        run = make_run(tmp_path / name, rows_b)  # no --open-loop-horizon: the profile's, in summary.json
+        (tmp_path / name / "summary.json").write_text(json.dumps({"server": {"open_loop_horizon": executed}}))
+        assert ("horizon" in cli(run_8, run)[2]) == (executed != 8)
+
+
 def test_cli_notes_settings_that_may_differ(tmp_path):
     rows_a, rows_b = outcomes(1, [True] * 3, [True] * 3)
     run_a = make_run(tmp_path / "a", rows_a)

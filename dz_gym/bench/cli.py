@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import math
 import sys
 import time
 from collections.abc import Sequence
@@ -30,10 +29,10 @@ from dz_gym.cli_types import (
     REQUEST_TIMEOUT,
     SEED,
     SERVER,
+    SERVER_KIND,
     Flag,
     OneLineErrorParser,
     add_flags,
-    field_default,
     flag_message,
     given_fields,
     non_negative_float,
@@ -86,7 +85,8 @@ LOAD = (
          dest="think_ms", type=non_negative_float, metavar="MS", shown="0"),
 )  # fmt: skip
 ROBOT = (
-    OPEN_LOOP_HORIZON.but(help="actions executed per chunk: actions/s = req/s x H"),
+    OPEN_LOOP_HORIZON.but(help="actions executed per chunk: actions/s = req/s x H", shown="the server profile's"),
+    SERVER_KIND,
     Flag("--episode-length", "requests per episode before a session id is rotated", field="episode_length",
          type=positive_int, metavar="N", shown=f"ceil({droid.MAX_EPISODE_LENGTH} / H)"),
     Flag("--slo-ms", "goodput budget per chunk", dest="slo_ms", type=positive_float, metavar="MS",
@@ -144,9 +144,6 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     duration = args.duration
     if duration is None and args.num_requests is None:
         duration = DEFAULT_DURATION_S
-    horizon = fields.get("open_loop_horizon", field_default(BenchConfig, "open_loop_horizon"))
-    if isinstance(horizon, int) and horizon >= 1:
-        fields.setdefault("episode_length", math.ceil(droid.MAX_EPISODE_LENGTH / horizon))
     return BenchConfig(
         concurrencies=tuple(args.sweep) if args.sweep else (args.concurrency or 1,),
         duration_s=duration,

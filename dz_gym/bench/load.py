@@ -41,7 +41,7 @@ from dz_gym.bench.metrics import RequestRecord
 from dz_gym.bench.payloads import PayloadSet, new_session_id
 from dz_gym.envs import droid
 from dz_gym.errors import BenchAborted, DzGymError, ProtocolError, SessionRefused
-from dz_gym.protocol.contract import PolicyContract, check_reply
+from dz_gym.protocol.contract import PolicyContract, check_chunk, check_reply
 from dz_gym.transport import AsyncSession, TransportConfig
 
 __all__ = ["ARRIVALS", "BenchAborted", "LoadResult", "LoadSpec", "SimSession", "arrival_offsets", "run_load"]
@@ -126,6 +126,7 @@ class SimSession:
         self.reconnects = 0
         self.admitted = False  # the server admitted the current session (it replied to it)
         self.retired = False  # the server refused its session: it sends nothing more
+        self.chunk_rows: int | None = None  # the rows its server's profile fixes (dz_gym.protocol.profiles.chunk_rows)
 
     def new_episode(self) -> None:
         self.session_id = new_session_id()
@@ -207,6 +208,7 @@ class _Run:
         try:
             check_reply(actions, contract, open_loop_horizon=self.spec.open_loop_horizon,
                         action_dim=self.spec.action_dim)  # fmt: skip
+            check_chunk(actions, action_dim=self.spec.action_dim, horizon=sim.chunk_rows)
         except ProtocolError as exc:
             return exc
         return None

@@ -1,4 +1,4 @@
-"""Realistic DreamZero infer requests for load tests, encoded once so the client's own cost stays small.
+"""Realistic infer requests for load tests, encoded once so the client's own cost stays small.
 
 A :class:`PayloadSet` holds a few pre-encoded requests (*templates*): three camera views at the server's
 ``image_resolution``, joint and gripper positions, the prompt, ``endpoint: "infer"``. Only the session id
@@ -10,7 +10,8 @@ Image content is either synthetic (smooth colour fields, a few blocks and noise:
 to a model and costs the same bytes on the wire) or read from a directory (``png``/``jpg`` frames or ``mp4``
 videos, walked in name order). A frame that is three views side by side (the evaluator's videos are
 ``right external | wrist | left external`` strips) is split in three; a single view is used for all three
-cameras. Frames are resized with padding to the server's resolution, as the evaluator does.
+cameras. Frames are resized with padding to the server's resolution, as the evaluator does. The requests
+follow the server's profile (:mod:`dz_gym.protocol.profiles`): its keys, its views or composite.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import numpy as np
 
 from dz_gym.envs import droid
 from dz_gym.protocol import build_infer_request, packb
+from dz_gym.protocol.composite import compose_views
+from dz_gym.protocol.profiles import PROFILES, ServerProfile
 
 __all__ = [
     "DEFAULT_RESOLUTION",
@@ -30,6 +33,7 @@ __all__ = [
     "PayloadSet",
     "VIDEO_SUFFIXES",
     "load_views",
+    "profile_images",
     "new_session_id",
     "split_views",
     "synthetic_views",
@@ -38,8 +42,6 @@ __all__ = [
 DEFAULT_RESOLUTION = droid.DEFAULT_EMBEDDED_IMAGE_SHAPE  # (180, 320), DreamZero's image_resolution
 FRAME_SUFFIXES = (".png", ".jpg", ".jpeg")
 VIDEO_SUFFIXES = (".mp4",)
-# Request keys of one view triple, in the order views are stored here: external, external 2, wrist.
-_VIEW_KEYS = tuple(droid.REQUEST_IMAGE_KEYS[camera] for camera in droid.CAMERA_KEYS)
 _PLACEHOLDER = "00000000-0000-4000-8000-000000000000"
 
 
@@ -156,8 +158,20 @@ def load_views(
     return triples
 
 
+def profile_images(profile: ServerProfile, triple: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+    """One ``(external, external_2, wrist)`` view triple as ``profile``'s request images: its view keys, or
+    one composite (:mod:`dz_gym.protocol.composite`)."""
+    views = dict(zip(droid.CAMERA_KEYS, triple))
+    if profile.composite:
+        return {
+            profile.composite_key: compose_views(views["wrist_cam"], views["external_cam"], views["external_cam_2"])
+        }
+    return {key: views[camera] for camera, key in profile.image_keys}
+
+
 class PayloadSet:
-    """Pre-encoded DreamZero infer requests that differ only in their session id.
+    """Pre-encoded infer requests of a server ``profile`` (default DreamZero's) that differ only in their
+    session id.
 
     ``payload(k, session_id)`` returns the bytes of template ``k % len(self)`` with ``session_id`` in it.
     Joint positions vary slightly between templates around the DROID home pose.
@@ -169,7 +183,11 @@ class PayloadSet:
         *,
         prompt: str = droid.SCENES[1].prompt,
         seed: int = 0,
+        profile: ServerProfile | None = None,
     ):
+        profile = PROFILES["dreamzero"] if profile is None else profile
+        if profile.session_key is None:
+            raise ValueError(f"profile: {profile.name} takes no session id, which the payload templates vary")
         if not views:
             raise ValueError("views: expected at least one (external, external_2, wrist) triple")
         rng = np.random.default_rng(seed)
@@ -181,16 +199,17 @@ class PayloadSet:
             if len(triple) != 3:
                 raise ValueError(f"views: expected triples of three views, got {len(triple)}")
             request = build_infer_request(
-                images=dict(zip(_VIEW_KEYS, triple)),
+                images=profile_images(profile, triple),
                 joint_position=home + rng.normal(0, 0.05, size=droid.ARM_DOF),
                 gripper_position=np.array([float(rng.uniform(0, 1) > 0.8)]),
                 prompt=prompt,
                 session_id=_PLACEHOLDER,
+                profile=profile,
             )
             encoded = packb(request)
             # The session id is encoded after the images, so the last occurrence of the marker is the field.
             at = encoded.rfind(marker)
-            if at < 0 or encoded.find(b"session_id") < 0:
+            if at < 0 or encoded.find(profile.session_key.encode()) < 0:
                 raise RuntimeError("payload template: the encoded request has no session_id field")
             self._parts.append((encoded[:at], encoded[at + len(marker) :]))
             self._sizes.append(len(encoded) - len(marker))

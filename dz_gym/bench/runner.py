@@ -15,6 +15,7 @@ bytes, image source) and ``runs``, one metrics dict per concurrency (see :func:`
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 from dz_gym.bench.load import LoadSpec, SimSession, run_load
@@ -24,6 +25,7 @@ from dz_gym.bench.readiness import ServerInfo, wait_ready
 from dz_gym.cli_types import field_default
 from dz_gym.envs import droid
 from dz_gym.protocol.contract import check_contract
+from dz_gym.protocol.profiles import AUTO, SERVER_KINDS, ServerProfile, chunk_rows, detect_profile
 from dz_gym.transport import TransportConfig, validate_url
 
 __all__ = ["BenchConfig", "run_benchmark"]
@@ -54,8 +56,9 @@ class BenchConfig:
     num_requests: int | None = None
     duration_s: float | None = None
     warmup: int | None = None
-    episode_length: int = 50
-    open_loop_horizon: int = droid.DEFAULT_OPEN_LOOP_HORIZON
+    episode_length: int | None = None  # None: ceil(MAX_EPISODE_LENGTH / the open-loop horizon), as an episode
+    open_loop_horizon: int | None = None  # None: the actions the server's profile executes per chunk
+    server_kind: str = AUTO  # the servers' profile (dz_gym.protocol.profiles); auto: from the handshake
     think_s: float = 0.0
     slo_s: float | None = None
     images_dir: str | None = None
@@ -78,8 +81,12 @@ class BenchConfig:
                 validate_url(url)
             except ValueError as exc:
                 raise ValueError(f"servers: {exc}") from None
+        if self.server_kind not in SERVER_KINDS:
+            raise ValueError(f"server_kind: expected one of {', '.join(SERVER_KINDS)}, got {self.server_kind!r}")
         for name, low in (("open_loop_horizon", 1), ("seed", 0)):
             value = getattr(self, name)
+            if value is None and name == "open_loop_horizon":
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name}: expected an integer >= {low}, got {value!r}")
         self.transport_config()
@@ -95,17 +102,23 @@ class BenchConfig:
             raise ValueError(text if text.split(":")[0] in fields else f"transport: {text}") from None
 
 
-def _payload_sets(cfg: BenchConfig, infos: Sequence[ServerInfo]) -> dict[tuple[int, int], PayloadSet]:
-    sets: dict[tuple[int, int], PayloadSet] = {}
-    for info in infos:
-        resolution = tuple(info.metadata.image_resolution or DEFAULT_RESOLUTION)
-        if resolution in sets:
+def _resolution(info: ServerInfo, profile: ServerProfile) -> tuple[int, int]:
+    """The view size a server of ``profile`` takes: the profile's, else its handshake's, else DreamZero's."""
+    return tuple(profile.image_resolution or info.metadata.image_resolution or DEFAULT_RESOLUTION)  # type: ignore[return-value]
+
+
+def _payload_sets(cfg: BenchConfig, infos: Sequence[ServerInfo], profiles: Sequence[ServerProfile]) -> dict:
+    """A :class:`PayloadSet` per (profile, resolution) of the servers."""
+    sets: dict[tuple[str, tuple[int, int]], PayloadSet] = {}
+    for info, profile in zip(infos, profiles):
+        resolution = _resolution(info, profile)
+        if (profile.name, resolution) in sets:
             continue
         if cfg.images_dir is not None:
             views = load_views(cfg.images_dir, resolution, max_frames=cfg.max_frames, layout=cfg.image_layout)
         else:
             views = synthetic_views(cfg.max_frames, resolution, seed=cfg.seed)
-        sets[resolution] = PayloadSet(views, prompt=cfg.prompt, seed=cfg.seed)
+        sets[profile.name, resolution] = PayloadSet(views, prompt=cfg.prompt, seed=cfg.seed, profile=profile)
     return sets
 
 
@@ -150,13 +163,17 @@ def record_rows(load, run_index: int, concurrency: int) -> list[dict]:
     return rows
 
 
-async def _one_run(cfg: BenchConfig, infos: Sequence[ServerInfo], sets, sessions: int, transport: TransportConfig):
+async def _one_run(cfg: BenchConfig, infos: Sequence[ServerInfo], profiles: Sequence[ServerProfile], sets,
+                   sessions: int, transport: TransportConfig, horizon: int):  # fmt: skip
     urls = [info.url for info in infos]
+    episode_length = cfg.episode_length or math.ceil(droid.MAX_EPISODE_LENGTH / horizon)
     sims = []
     for i in range(sessions):
         k = i % len(infos)
-        resolution = tuple(infos[k].metadata.image_resolution or DEFAULT_RESOLUTION)
-        sims.append(SimSession(i, k, urls[k], sets[resolution], transport, cfg.episode_length))
+        payloads = sets[profiles[k].name, _resolution(infos[k], profiles[k])]
+        sim = SimSession(i, k, urls[k], payloads, transport, episode_length)
+        sim.chunk_rows = chunk_rows(profiles[k], infos[k].metadata.raw)
+        sims.append(sim)
     spec = LoadSpec(
         sessions=sessions,
         request_rate=cfg.request_rate,
@@ -164,17 +181,17 @@ async def _one_run(cfg: BenchConfig, infos: Sequence[ServerInfo], sets, sessions
         num_requests=cfg.num_requests,
         duration_s=cfg.duration_s,
         warmup=sessions if cfg.warmup is None else cfg.warmup,
-        episode_length=cfg.episode_length,
+        episode_length=episode_length,
         think_s=cfg.think_s,
         seed=cfg.seed,
         max_consecutive_errors=cfg.max_consecutive_errors,
-        open_loop_horizon=cfg.open_loop_horizon,
+        open_loop_horizon=horizon,
     )
     load = await run_load(sims, spec, connect_concurrency=transport.connect_concurrency)
     metrics = summarize(
         load.records,
         duration_s=load.duration_s,
-        open_loop_horizon=cfg.open_loop_horizon,
+        open_loop_horizon=horizon,
         sessions=sessions,
         client_cpu_s=load.client_cpu_s,
         budget_s=cfg.slo_s,
@@ -210,15 +227,19 @@ async def run_benchmark(cfg: BenchConfig, *, on_run=None, keep_records: bool = F
     """
     transport = cfg.transport_config()
     infos = [await wait_ready(url, cfg.ready_timeout, transport) for url in cfg.servers]
-    for info in infos:  # as dz-gym-eval does: a contract this client cannot follow ends the run at once
-        check_contract(info.metadata.contract, open_loop_horizon=cfg.open_loop_horizon, action_dim=droid.ACTION_DIM,
+    # as dz-gym-eval does: a handshake of no known server, or a contract this client cannot follow, ends the
+    # run at once; the open-loop horizon is by default the actions the first server's profile executes
+    profiles = [detect_profile(info.metadata.raw, url=info.url, server_kind=cfg.server_kind) for info in infos]
+    horizon = cfg.open_loop_horizon or profiles[0].executed_actions or droid.DEFAULT_OPEN_LOOP_HORIZON
+    for info in infos:
+        check_contract(info.metadata.contract, open_loop_horizon=horizon, action_dim=droid.ACTION_DIM,
                        url=info.url)  # fmt: skip
-    sets = _payload_sets(cfg, infos)
+    sets = _payload_sets(cfg, infos, profiles)
     counts = [cfg.max_outstanding] if cfg.request_rate is not None else list(cfg.concurrencies)
     runs = []
     records: list[dict] = []
     for index, sessions in enumerate(counts):
-        metrics, load = await _one_run(cfg, infos, sets, sessions, transport)
+        metrics, load = await _one_run(cfg, infos, profiles, sets, sessions, transport, horizon)
         runs.append(metrics)
         if keep_records:
             records.extend(record_rows(load, index, sessions))
@@ -229,20 +250,22 @@ async def run_benchmark(cfg: BenchConfig, *, on_run=None, keep_records: bool = F
         "servers": [
             {
                 "url": info.url,
+                "profile": profile.name,
                 "metadata": info.metadata.raw,
-                "image_resolution": list(info.metadata.image_resolution or DEFAULT_RESOLUTION),
+                "image_resolution": list(_resolution(info, profile)),
                 "health": info.health,
                 "ready_s": info.ready_s,
             }
-            for info in infos
+            for info, profile in zip(infos, profiles)
         ],
+        "open_loop_horizon": horizon,
         "payload": {
             "source": cfg.images_dir or "synthetic",
             "templates": len(first),
-            "resolutions": [list(r) for r in sets],
+            "resolutions": [list(r) for r in dict.fromkeys(r for _, r in sets)],
             "request_bytes": first.size(0),
             "prompt": cfg.prompt,
-            "episode_length": cfg.episode_length,
+            "episode_length": cfg.episode_length or math.ceil(droid.MAX_EPISODE_LENGTH / horizon),
         },
         "runs": runs,
     }

@@ -24,6 +24,7 @@ from typing import Any
 from dz_gym.cli_types import field_default
 from dz_gym.envs import backends, droid
 from dz_gym.eval.plan import is_url
+from dz_gym.protocol.profiles import AUTO, SERVER_KINDS
 from dz_gym.spawning import usable_cores
 from dz_gym.stats.comparison import ARMS
 from dz_gym.transport import TransportConfig, validate_url
@@ -94,7 +95,8 @@ class EvalConfig:
     backend: str = _result("auto")
     servers: list[str] = dataclasses.field(default_factory=list)
     policy: str | None = _result(None)
-    open_loop_horizon: int = _result(droid.DEFAULT_OPEN_LOOP_HORIZON)
+    open_loop_horizon: int | None = _result(None)  # None: the actions the server's profile executes per chunk
+    server_kind: str = _result(AUTO)  # the servers' profile (dz_gym.protocol.profiles); auto: from the handshake
     prefetch: int = _result(0)  # latency hiding (dz_gym.chunks): request when this many actions are left
     simulated_delay: int | None = _result(None)  # a fixed delay in steps instead of wall-clock latency
     max_stale_steps: int | None = _result(None)  # rows past a chunk's window while its successor is late
@@ -155,7 +157,9 @@ class EvalConfig:
         # Types only for the chunk schedule's settings: their ranges are the schedule's rules (_check_schedule).
         for name in ("seed", "open_loop_horizon", "prefetch", "simulated_delay", "max_stale_steps"):
             value = getattr(self, name)
-            if not _is_int(value) and not (value is None and name in ("simulated_delay", "max_stale_steps")):
+            if not _is_int(value) and not (
+                value is None and name in ("open_loop_horizon", "simulated_delay", "max_stale_steps")
+            ):
                 raise ValueError(f"{name}: expected an integer, got {value!r}")
         if not _is_int(self.episode_retries) or not 0 <= self.episode_retries <= MAX_EPISODE_RETRIES:
             raise ValueError(f"episode_retries: expected an integer in [0, {MAX_EPISODE_RETRIES}], "
@@ -163,6 +167,8 @@ class EvalConfig:
         if self.max_errors is not None and (not _is_int(self.max_errors) or self.max_errors < 0):
             raise ValueError(f"max_errors: expected an integer >= 0, got {self.max_errors!r}")
         self.backend = backends.resolve(self.backend)  # a one-line "backend: expected one of ..." if unknown
+        if self.server_kind not in SERVER_KINDS:
+            raise ValueError(f"server_kind: expected one of {', '.join(SERVER_KINDS)}, got {self.server_kind!r}")
         if not isinstance(self.server_idle_timeout, (int, float)) or not self.server_idle_timeout >= 0:
             raise ValueError(
                 f"server_idle_timeout: expected seconds >= 0 (0: the servers have none), got {self.server_idle_timeout!r}"
@@ -387,7 +393,7 @@ class EvalConfig:
 
         ChunkSchedule(
             1,
-            self.open_loop_horizon,
+            droid.DEFAULT_OPEN_LOOP_HORIZON if self.open_loop_horizon is None else self.open_loop_horizon,
             lambda: "",
             prefetch=self.prefetch,
             max_stale_steps=self.max_stale_steps,

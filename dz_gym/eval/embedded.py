@@ -5,7 +5,8 @@ instead of a server.
 ``policy`` (and one for ``policy_b`` in an A/B run); in a run of named arms (``--arm``) one per arm that names a
 policy (an arm that names a URL is used as it is). Every server is a ``dz-gym-serve --flavor vllm-omni --quiet``
 subprocess in a session of its own (a Ctrl-C in the terminal reaches only the evaluator, which stops them), on a
-free loopback port; ``serve_args`` are extra ``dz-gym-serve`` arguments for all of them. On exit (also after an
+free loopback port; ``serve_args`` are extra ``dz-gym-serve`` arguments for all of them (a ``--flavor`` among
+them picks another flavor, reached on its profile's path: ``/openpi/policy`` for ``sglang``). On exit (also after an
 error or Ctrl-C) every started server is stopped, in reverse order.
 
 After entering: ``servers`` and ``servers_b`` (arm A's and arm B's URLs), ``arm_servers`` (per named arm its URLs,
@@ -18,12 +19,29 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from dz_gym.eval.config import EvalConfig
-from dz_gym.eval.flag_table import DEFAULT_PATH
 from dz_gym.eval.plan import is_url
+from dz_gym.protocol.profiles import PROFILES
 
 __all__ = ["FLAVOR", "EmbeddedServers"]
 
 FLAVOR = "vllm-omni"
+
+
+def served_flavor(serve_args: Sequence[str]) -> str:
+    """The flavor the embedded servers run: the last ``--flavor`` of ``serve_args`` (as ``dz-gym-serve`` reads
+    them), else :data:`FLAVOR`.
+
+    >>> served_flavor(["--latency-ms", "5", "--flavor=sglang"]), served_flavor([])
+    ('sglang', 'vllm-omni')
+    """
+    flavor = FLAVOR
+    args = list(serve_args)
+    for k, arg in enumerate(args):
+        if arg == "--flavor" and k + 1 < len(args):
+            flavor = args[k + 1]
+        elif arg.startswith("--flavor="):
+            flavor = arg.partition("=")[2]
+    return flavor if flavor in PROFILES else FLAVOR  # dz-gym-serve itself refuses an unknown one
 
 
 class EmbeddedServers:
@@ -38,6 +56,7 @@ class EmbeddedServers:
         self.servers_b: list[str] = list(config.servers_b)
         self.arm_servers: dict[str, list[str]] | None = None
         self.info: dict[str, Any] = {"embedded": not config.servers}
+        self.flavor = served_flavor(self.serve_args)
 
     def _start(self, policy: str) -> str:
         from dz_gym.server.launch import start_server_process
@@ -45,7 +64,7 @@ class EmbeddedServers:
         argv = ["--policy", policy, "--flavor", FLAVOR, "--quiet", *self.serve_args]
         server = start_server_process(argv, new_session=True)
         self.started.append(server)
-        return server.url + DEFAULT_PATH
+        return server.url + PROFILES[self.flavor].url_path
 
     def __enter__(self) -> EmbeddedServers:
         try:
@@ -68,7 +87,7 @@ class EmbeddedServers:
                 continue
             url = self._start(value)
             self.arm_servers[name] = [url]
-            arms[name] = {"policy": value, "url": url, "flavor": FLAVOR}
+            arms[name] = {"policy": value, "url": url, "flavor": self.flavor}
             self.say(f"arm {name}: started an embedded reference server (policy {value}) at {url}")
         self.info.update(arms=arms, embedded=any("policy" in entry for entry in arms.values()))
         self.servers = [url for urls in self.arm_servers.values() for url in urls]
@@ -78,7 +97,7 @@ class EmbeddedServers:
         policies = [config.policy] + ([config.policy_b] if config.ab else [])
         urls = [self._start(policy) for policy in policies]  # an A/B run: one per arm, the same flavor and args
         self.servers, self.servers_b = urls[:1], urls[1:]
-        self.info.update(policy=config.policy, flavor=FLAVOR, serve_args=list(self.serve_args), url=urls[0])
+        self.info.update(policy=config.policy, flavor=self.flavor, serve_args=list(self.serve_args), url=urls[0])
         if config.ab:
             self.info.update(policy_b=config.policy_b, url_b=urls[1])
             self.say(f"no --server given; started two embedded reference servers: arm A (policy {config.policy}) "

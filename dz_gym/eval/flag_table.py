@@ -14,7 +14,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dz_gym.cli_types import AUTH_ENV, OPEN_LOOP_HORIZON, REQUEST_TIMEOUT, SEED, SERVER, Flag, integer, number
+from dz_gym.cli_types import (
+    AUTH_ENV,
+    OPEN_LOOP_HORIZON,
+    REQUEST_TIMEOUT,
+    SEED,
+    SERVER,
+    SERVER_KIND,
+    Flag,
+    integer,
+    number,
+)
 from dz_gym.envs import backends
 from dz_gym.eval.shards.options import RAY_FLAGS
 
@@ -54,6 +64,7 @@ SERVER_FLAGS = (
     Flag("--serve-arg", "embedded server: an extra dz-gym-serve argument, e.g. --serve-arg=--latency-ms=200 "
          "(repeatable)", dest="serve_arg", action="append", default=[], metavar="ARG"),
     AUTH_ENV.but(shown="none", doc=AUTH_ENV.help + "; only the variable's name is saved in config.json"),
+    SERVER_KIND,
     Flag("--server-max-sessions", "sessions one server keeps resident (vLLM-Omni: at most 64, fewer with a small "
          "KV pool); more envs on one server is a warning", field="server_max_sessions", type=integer, metavar="N"),
     Flag("--server-idle-timeout", "seconds after which the servers close an idle connection (vLLM-Omni: 30; 0: "
@@ -67,7 +78,10 @@ SERVER_FLAGS = (
 )  # fmt: skip
 TIMING = (
     OPEN_LOOP_HORIZON.but(help="actions executed from each chunk before the next request; longer than the "
-                          "server's chunks is an error (exit status 2)"),
+                          "server's chunks is an error (exit status 2)", shown="server's",
+                          doc="actions executed from each chunk before the next request (default: the server "
+                          "profile's: 8 of DreamZero's 24, 32 of FLUX's 32); longer than the server's chunks is "
+                          "an error (exit status 2)"),
     Flag("--prefetch", "latency hiding: send an env's next request when K actions of its window are left and "
          "keep executing; rows for the steps executed meanwhile are skipped (0: wait for every chunk, like the "
          "reference client)", field="prefetch", type=integer, metavar="K"),

@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dz_gym.errors import HorizonError, first_line
+from dz_gym.errors import HorizonError, UnknownServer, first_line
 from dz_gym.eval.config import EvalConfig
 from dz_gym.eval.flag_table import DEFAULT_OUTPUT_ROOT
 from dz_gym.eval.opening import check_outputs, open_ledger
@@ -57,7 +57,7 @@ class RunResult:
     run: ``only_scenes``), ``interrupted`` (a stop request; the rows so far are kept), ``aborted`` (a preflight
     check, an embedded server, the error budget or a failure outside an episode: ``error`` says which, in one
     line), ``usage`` (the config cannot run against these servers: an open-loop horizon longer than their
-    chunks). ``run_dir`` is None when nothing was written; ``exception`` is what ended the run, if anything."""
+    chunks, or a server no profile matches without ``--server-kind``). ``run_dir`` is None when nothing was written; ``exception`` is what ended the run, if anything."""
 
     status: str
     run_dir: RunDir | None = None
@@ -176,7 +176,7 @@ def _in_this_process(config, run_dir: RunDir, servers: EmbeddedServersLike, opti
         summary["interrupted"] = True
     except Exception as exc:  # noqa: BLE001 - the result says what ended the run; the summary is written
         _close_logs(log, run_dir, None)
-        if isinstance(exc, HorizonError):
+        if isinstance(exc, (HorizonError, UnknownServer)):
             return RunResult("usage", run_dir, run_dir.read_summary(), first_line(exc), exc)
         return RunResult("aborted", run_dir, run_dir.read_summary(), f"{type(exc).__name__}: {first_line(exc)}", exc)
     _close_logs(log, run_dir, summary)

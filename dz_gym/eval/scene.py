@@ -78,6 +78,7 @@ def _wrapper(env, config: EvalConfig, slot_servers: Sequence[str], client, profi
         env,
         **connection,
         open_loop_horizon=config.open_loop_horizon,
+        server_kind=config.server_kind,
         prefetch=config.prefetch,
         simulated_delay=config.simulated_delay,
         max_stale_steps=config.max_stale_steps,
@@ -125,7 +126,9 @@ def scene_batch(
                 wrapper = _wrapper(env, config, slot_servers, client, None if profiler is None else profiler.profiler)
                 for i in range(wrapper.num_envs):  # each server's metadata once (N envs share a few servers)
                     if (url := wrapper.server_url(i)) not in server_metadata:
-                        server_metadata[url] = metadata_dict(wrapper.server_metadata[i])
+                        server_metadata[url] = {**metadata_dict(wrapper.server_metadata[i]),
+                                                "profile": wrapper.profile.name,
+                                                "open_loop_horizon": wrapper.open_loop_horizon}  # fmt: skip
                 runner = SceneRunner(wrapper, scene=scene, queues=queues, max_steps=config.max_steps,
                                      backend=config.backend, on_episode_start=getattr(client, "begin_episode", None),
                                      episode_retries=config.episode_retries, **runner_kwargs)  # fmt: skip

@@ -50,6 +50,24 @@ from dz_gym.eval.video import withdraw_broken_videos
 logger = logging.getLogger(__name__)
 
 REPORT_TIMEOUT_S = 300.0  # the longest the end of a run waits for its report page
+
+
+def server_profile(server_metadata: dict[str, Any]) -> dict[str, Any]:
+    """``{"profile": NAME, "open_loop_horizon": H}``: the server profile (:mod:`dz_gym.protocol.profiles`) the
+    run spoke and the actions it executed per chunk, from the servers' metadata entries (a list where arms'
+    servers differ; each key absent before any server answered).
+
+    >>> server_profile({"ws://a": {"profile": "sglang", "open_loop_horizon": 32}}), server_profile({})
+    ({'profile': 'sglang', 'open_loop_horizon': 32}, {})
+    """
+    out: dict[str, Any] = {}
+    for key in ("profile", "open_loop_horizon"):
+        values = sorted({m[key] for m in server_metadata.values() if isinstance(m, dict) and m.get(key) is not None})
+        if values:
+            out[key] = values[0] if len(values) == 1 else values
+    return out
+
+
 SUMMARY_FROM_CHILDREN = ("server", "servers", "server_metadata", "video_errors")
 
 __all__ = ["Executor", "RunSegment", "checked_rows", "remaining", "run_segment", "write_report_page"]
@@ -196,14 +214,15 @@ class RunSegment:
         if self.timing["env_steps"] or self.timing["wall_s"]:
             segments.append(self.timing)
         aborted = self.aborted or self.control.aborted
+        server_metadata = self.server_metadata or previous.get("server_metadata", {})
         extra = {
             "interrupted": self.control.interrupted and aborted is None,
             "aborted": aborted,
             "command": self.command,
             "backend": self.config.backend,
             "servers": list(self.servers),
-            "server": dict(self.server_info or {}),
-            "server_metadata": self.server_metadata or previous.get("server_metadata", {}),
+            "server": {**(self.server_info or {}), **server_profile(server_metadata)},
+            "server_metadata": server_metadata,
             "video_errors": {},
             "versions": versions(),
             **({"servers_b": list(self.servers_b)} if self.config.ab else {}),

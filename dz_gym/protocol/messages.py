@@ -24,6 +24,11 @@ import numpy as np
 from dz_gym.errors import InvalidRequest, ProtocolError, ServerError, SessionRefused
 from dz_gym.protocol.codec import packb, unpackb
 from dz_gym.protocol.contract import PolicyContract, check_chunk, is_admission_refusal, policy_contract
+from dz_gym.protocol.profiles import PROFILES, ServerProfile
+
+DEFAULT_PROFILE = PROFILES["dreamzero"]  # the request dz-gym has always sent
+# Every map key that holds a reply's chunk, over the declared servers: "actions" (openpi, SGLang), "action" (BFL).
+REPLY_KEYS = tuple(dict.fromkeys(key for p in PROFILES.values() for key in p.reply_keys))
 
 __all__ = [
     "DREAMZERO_METADATA",
@@ -204,14 +209,18 @@ def build_infer_request(
     cartesian_position: Any = None,
     endpoint: str | None = "infer",
     extra: Mapping[str, Any] | None = None,
+    profile: ServerProfile | None = None,
 ) -> dict:
-    """The DreamZero infer request, with the reference client's keys and dtypes.
+    """The infer request of a server ``profile`` (default: DreamZero's, the reference client's keys and dtypes).
 
     Images stay as given (no copy; uint8 ``(H, W, 3)`` or ``(T, H, W, 3)``), keyed by request key such as
-    ``observation/exterior_image_0_left``. Proprio goes out as float64: joints ``(7,)``, gripper ``(1,)``,
-    cartesian ``(6,)`` (zeros when not given). ``session_id=None`` and ``endpoint=None`` leave those keys out
-    (openpi servers need neither). ``extra`` adds keys, which must not collide with the ones built here.
+    ``observation/exterior_image_0_left`` (the profile's view keys, or its composite key). Proprio goes out
+    in the profile's dtype (DreamZero: float64), as joints ``(7,)`` and gripper ``(1,)`` (plus a cartesian
+    ``(6,)``, zeros when not given, where the profile sends one) or as one ``(8,)`` state. ``session_id=None``
+    and ``endpoint=None`` leave those keys out (openpi servers need neither), as does a profile without them.
+    ``extra`` adds keys, which must not collide with the ones built here.
     """
+    profile = DEFAULT_PROFILE if profile is None else profile
     if not isinstance(images, Mapping) or not images:
         raise InvalidRequest("images: expected a non-empty mapping of request key -> uint8 image")
     if not isinstance(prompt, str):
@@ -220,30 +229,44 @@ def build_infer_request(
         raise InvalidRequest(f"session_id: expected a non-empty string or None, got {session_id!r}")
     if endpoint is not None and endpoint not in ("infer", "reset"):
         raise InvalidRequest(f"endpoint: expected 'infer', 'reset' or None, got {endpoint!r}")
+    reserved = _reserved_keys(profile)
     request: dict[str, Any] = {}
     for key, image in images.items():
         if not isinstance(key, str) or not key:
             raise InvalidRequest(f"images: expected string request keys, got {key!r}")
-        if key in (JOINT_KEY, CARTESIAN_KEY, GRIPPER_KEY, "prompt", "session_id", "endpoint"):
+        if key in reserved:
             raise InvalidRequest(f"images: key {key!r} is reserved for a non-image field")
         request[key] = _image(image, key)
-    request[JOINT_KEY] = _vector(joint_position, "joint_position", 7)
-    if cartesian_position is None:
-        request[CARTESIAN_KEY] = np.zeros(6, dtype=np.float64)
+    dtype = np.dtype(profile.proprio_dtype)
+    joints = _vector(joint_position, "joint_position", 7)
+    gripper = _vector(gripper_position, "gripper_position", 1)
+    if profile.state_key is not None:
+        request[profile.state_key] = np.concatenate([joints, gripper]).astype(dtype)
     else:
-        request[CARTESIAN_KEY] = _vector(cartesian_position, "cartesian_position", 6)
-    request[GRIPPER_KEY] = _vector(gripper_position, "gripper_position", 1)
-    request["prompt"] = prompt
-    if session_id is not None:
-        request["session_id"] = session_id
+        request[profile.joint_key] = joints.astype(dtype, copy=False)
+        if profile.cartesian_key is not None:
+            cartesian = (
+                np.zeros(6) if cartesian_position is None else _vector(cartesian_position, "cartesian_position", 6)
+            )
+            request[profile.cartesian_key] = cartesian.astype(dtype, copy=False)
+        request[profile.gripper_key] = gripper.astype(dtype, copy=False)
+    request[profile.prompt_key] = prompt
+    if session_id is not None and profile.session_key is not None:
+        request[profile.session_key] = session_id
     if extra:
         for key, value in extra.items():
-            if key in request or key == "endpoint":
+            if key in request or key == profile.endpoint_key:
                 raise InvalidRequest(f"extra: key {key!r} collides with a request field")
             request[key] = value
-    if endpoint is not None:
-        request["endpoint"] = endpoint
+    if endpoint is not None and profile.endpoint_key is not None:
+        request[profile.endpoint_key] = endpoint
     return request
+
+
+def _reserved_keys(profile: ServerProfile) -> frozenset[str]:
+    keys = (profile.joint_key, profile.gripper_key, profile.state_key, profile.cartesian_key, profile.prompt_key,
+            profile.session_key, profile.endpoint_key, "prompt", "session_id", "endpoint")  # fmt: skip
+    return frozenset(k for k in keys if k is not None)
 
 
 def sampling_fields(seed: int | None = None, num_inference_steps: int | None = None) -> dict[str, Any]:
@@ -301,6 +324,8 @@ def _actions(value: Any, action_dim: int | None, horizon: int | None) -> np.ndar
         raise ProtocolError(f"reply actions: expected a numeric 2-D array, got {type(value).__name__}")
     if value.dtype.kind not in "iuf":
         raise ProtocolError(f"reply actions: expected a numeric dtype, got {value.dtype}")
+    if value.ndim == 3 and value.shape[0] == 1:  # a batch of one (vLLM-Omni's offline path sent (1, H, D))
+        value = value[0]
     check_chunk(value, action_dim=action_dim, horizon=horizon)
     actions = np.array(value, dtype=np.float32, copy=True, order="C")
     if not np.all(np.isfinite(actions)):
@@ -310,11 +335,15 @@ def _actions(value: Any, action_dim: int | None, horizon: int | None) -> np.ndar
 
 
 def parse_infer_response(frame: bytes | str, *, action_dim: int | None = 8, horizon: int | None = None) -> InferReply:
-    """Decode an infer reply: a bare ``(H, action_dim)`` array or a dict with ``actions`` (+ ``server_timing``).
+    """Decode an infer reply of any declared server (:mod:`dz_gym.protocol.profiles`): a bare ``(H,
+    action_dim)`` array (DreamZero, vLLM-Omni) or a map with ``actions`` (openpi, SGLang) or ``action`` (BFL),
+    plus ``server_timing``; a leading batch dimension of 1 is squeezed.
 
-    The chunk must be a finite numeric 2-D array with at least one row; ``action_dim`` (DreamZero's 8 by
-    default; None: any width) and ``horizon`` (None: any) are checked by
-    :func:`~dz_gym.protocol.contract.check_chunk`.
+    Errors: a text frame (a traceback; the server closes with 1011) and a binary ``{"error": ...}`` map
+    (SGLang's traceback, then close 1011) are fatal :class:`~dz_gym.errors.ServerError`; a binary ``{"type":
+    "error"}`` (vLLM-Omni) is not (the connection stays open). The chunk must be a finite numeric 2-D array
+    with at least one row; ``action_dim`` (DreamZero's 8 by default; None: any width) and ``horizon`` (None:
+    any) are checked by :func:`~dz_gym.protocol.contract.check_chunk`.
     """
     if isinstance(frame, str):
         raise ServerError(frame, fatal=True)
@@ -322,14 +351,18 @@ def parse_infer_response(frame: bytes | str, *, action_dim: int | None = 8, hori
     if isinstance(obj, dict):
         if is_error_reply(obj):
             _raise_error_reply(obj, fatal=False)
-        if "actions" not in obj:
+        key = next((k for k in REPLY_KEYS if k in obj), None)
+        if key is None:
+            if "error" in obj:
+                raise ServerError(str(obj["error"]), fatal=True)
             keys = sorted(str(k) for k in obj)[:8]
-            raise ProtocolError(f"reply: expected an action array or a map with 'actions', got keys {keys}")
+            wanted = " or ".join(repr(k) for k in REPLY_KEYS)
+            raise ProtocolError(f"reply: expected an action array or a map with {wanted}, got keys {keys}")
         timing = obj.get("server_timing")
         if timing is not None and not isinstance(timing, dict):
             raise ProtocolError(f"reply server_timing: expected a map, got {type(timing).__name__}")
-        extra = {k: v for k, v in obj.items() if k not in ("actions", "server_timing")}
-        return InferReply(_actions(obj["actions"], action_dim, horizon), timing, extra)
+        extra = {k: v for k, v in obj.items() if k not in (key, "server_timing")}
+        return InferReply(_actions(obj[key], action_dim, horizon), timing, extra)
     return InferReply(_actions(obj, action_dim, horizon))
 
 

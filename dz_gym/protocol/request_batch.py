@@ -17,6 +17,9 @@ Everything :func:`build_infer_request` checks is checked when the batch is made,
 request is built (the keys, the views' dtype and shape, the vectors' sizes), every row's proprio must be
 finite and every prompt and session id a string (the first failing env's request is then built, which raises
 the error it would have raised).
+
+Every server profile (:mod:`dz_gym.protocol.profiles`) frames this way: its view keys (or one composite
+column, composed here once for the batch), its proprio columns (joints and gripper, or one state) and strings.
 """
 
 from __future__ import annotations
@@ -27,8 +30,10 @@ from typing import Any
 
 import numpy as np
 
-from dz_gym.protocol.messages import GRIPPER_KEY, JOINT_KEY, build_infer_request
+from dz_gym.protocol.composite import compose_views
+from dz_gym.protocol.messages import DEFAULT_PROFILE, build_infer_request
 from dz_gym.protocol.packer import fast_template, join_template, str_bytes
+from dz_gym.protocol.profiles import ServerProfile
 
 __all__ = ["BatchItems", "FrameTemplate", "RequestBatch", "frame_of"]
 
@@ -60,8 +65,10 @@ class RequestBatch(Mapping):
     """The infer requests of ``env_ids`` (see the module docstring): ``views`` maps each camera to its rows
     (in sorted env-id order, as :func:`dz_gym.requests.resized_views` returns them), ``joints``/``gripper``
     are every env's proprio (indexed by env id), ``prompts``/``session_ids`` every env's strings (indexed
-    by env id), ``image_keys`` each camera's request key. Raises :class:`~dz_gym.protocol.InvalidRequest`
-    as :func:`~dz_gym.protocol.build_infer_request` would for the first bad request."""
+    by env id), ``image_keys`` each camera's request key, ``profile`` the server's (default DreamZero's; a
+    composite profile gets the three views composed into one column). Raises
+    :class:`~dz_gym.protocol.InvalidRequest` as :func:`~dz_gym.protocol.build_infer_request` would for the
+    first bad request."""
 
     def __init__(
         self,
@@ -73,10 +80,15 @@ class RequestBatch(Mapping):
         prompts: Sequence[str],
         session_ids: Sequence[str | None],
         image_keys: Mapping[str, str],
+        profile: ServerProfile | None = None,
     ):
+        self.profile = DEFAULT_PROFILE if profile is None else profile
         self.env_ids = sorted(int(i) for i in env_ids)
         self._row = {env_id: row for row, env_id in enumerate(self.env_ids)}
         self._views = {image_keys[camera]: views[camera] for camera in image_keys}
+        if self.profile.composite and self.env_ids:
+            left, right, wrist = (self._views[key] for _, key in self.profile.image_keys)
+            self._views = {self.profile.composite_key: compose_views(wrist, left, right)}
         self._joints, self._gripper = joints, gripper
         self._prompts, self._session_ids = prompts, session_ids
         self._template: FrameTemplate | None | bool = False  # False: not made yet
@@ -116,6 +128,7 @@ class RequestBatch(Mapping):
             gripper_position=self._gripper[env_id],
             prompt=self._prompts[env_id],
             session_id=self._session_ids[env_id],
+            profile=self.profile,
         )
 
     def items_of(self, env_ids: Sequence[int]) -> BatchItems:
@@ -125,7 +138,8 @@ class RequestBatch(Mapping):
     def array_bytes(self) -> int:
         """The bytes of every request's arrays (the views and proprio), without building the requests."""
         views = sum(int(column.nbytes) for column in self._views.values())
-        return views + len(self.env_ids) * 8 * 14  # joints 7, cartesian 6, gripper 1: float64
+        values = 8 + (6 if self.profile.cartesian_key is not None else 0)  # joints 7, gripper 1 (cartesian 6)
+        return views + len(self.env_ids) * values * np.dtype(self.profile.proprio_dtype).itemsize
 
     # -- the frames, once for all its requests ------------------------------------------------------------
     def row(self, env_id: int) -> int:
@@ -141,15 +155,19 @@ class RequestBatch(Mapping):
         return self._template
 
     def _make_template(self) -> FrameTemplate | None:
+        profile = self.profile
         if not self.env_ids or any(self._session_ids[i] is None for i in self.env_ids):
             return None
         ids = np.asarray(self.env_ids)
-        columns = [*self._views.values(),
-                   np.ascontiguousarray(np.asarray(self._joints, dtype=np.float64)[ids]),
-                   np.ascontiguousarray(np.asarray(self._gripper, dtype=np.float64)[ids])]  # fmt: skip
+        dtype = np.dtype(profile.proprio_dtype)
+        joints = np.asarray(self._joints, dtype=np.float64)[ids]
+        gripper = np.asarray(self._gripper, dtype=np.float64)[ids]
+        proprio = [np.concatenate([joints, gripper], axis=1)] if profile.state_key is not None else [joints, gripper]
+        columns = [*self._views.values(), *(np.ascontiguousarray(p, dtype=dtype) for p in proprio)]
         if any(type(c) is not np.ndarray or not c.flags.c_contiguous or c.shape[0] != len(ids) for c in columns):
             return None
-        keys = [*self._views, JOINT_KEY, GRIPPER_KEY, "prompt", "session_id"]
+        strings = [profile.prompt_key] + ([profile.session_key] if profile.session_key is not None else [])
+        keys = [*self._views, *profile.proprio_keys, *strings]
         parts = fast_template(self.request(self.env_ids[0]), {key: slot for slot, key in enumerate(keys)})
         if parts is None:
             return None
@@ -160,7 +178,9 @@ class RequestBatch(Mapping):
         """Env ``env_id``'s packed prompt and session id (the template's last two slots); None for text that
         is not UTF-8 (the general path then words the error)."""
         session_id = self._session_ids[env_id]
-        packed = [str_bytes(self._prompts[env_id]), None if session_id is None else str_bytes(session_id)]
+        packed = [str_bytes(self._prompts[env_id])]
+        if self.profile.session_key is not None:
+            packed.append(None if session_id is None else str_bytes(session_id))
         return None if None in packed else packed
 
     def frame(self, env_id: int) -> bytes | None:

@@ -21,6 +21,21 @@ Three flavors, each following its real counterpart (see ``docs/server.md`` and t
 ``openpi`` (openpi's ``WebsocketPolicyServer``)
     No routing: the whole request goes to the policy. The reply is a dict with ``actions`` and
     ``server_timing`` (``infer_ms``, ``prev_total_ms``). Errors as dreamzero. ``GET /healthz``.
+``flux3-bfl`` (BFL's ``flux-action serve-robolab``)
+    Handshake ``{"serving_setup": {...}}``. No sessions and no routing: ``session_id`` and ``endpoint`` are
+    ignored, and a frame without images (a reset) raises. Slash keys, 360x640 views or a 540x640
+    composite (:mod:`dz_gym.server.flux`); the reply is ``{"action": (32, 8), "server_timing"}``. The seed is
+    a global query counter. Errors as dreamzero (text traceback, then close 1011). No health route.
+``sglang`` (SGLang's ``/openpi/policy``)
+    Only on ``/openpi/policy`` (other paths: HTTP 404). Handshake ``action.metadata``. Dot keys
+    ``observation.images.*`` (360x640 views or a 540x640 composite), an 8-value ``state``, ``prompt`` or
+    ``task``; no sessions or reset. The reply is ``{"request_id", "actions": (32, 8), "parameters",
+    "timings", "cache", "server_timing"}``; the seed is the request's ``seed``, else 0. Errors: binary
+    ``{"error": traceback}``, then close 1011.
+
+The FLUX flavors hand the policy the normalised request (the composite, the state, the prompt) and pass its
+session id through as the policy's memory key (the real servers have none; the reference policy plans with
+memory), never as a new session.
 
 Every flavor serves the websocket on any path and runs inference through one FIFO
 :class:`~dz_gym.server.engine.InferenceEngine` shared by all connections.
@@ -58,13 +73,15 @@ from dz_gym.protocol import (
 )
 from dz_gym.server.admission import ADMISSION_CODE, ResidentSessions, refusal_message
 from dz_gym.server.engine import EngineStats, InferenceEngine, JobResult
+from dz_gym.server.flux import SGLANG, bfl_handshake, bfl_observation, flux_reply, sglang_handshake, sglang_observation
 from dz_gym.server.policies import as_server_policy, policy_metadata
 
 __all__ = ["FLAVORS", "PolicyServer", "ServerConfig"]
 
 logger = logging.getLogger("dz_gym.server")
 
-FLAVORS = ("vllm-omni", "dreamzero", "openpi")
+FLAVORS = ("vllm-omni", "dreamzero", "openpi", "flux3-bfl", "sglang")
+FLUX_FLAVORS = ("flux3-bfl", "sglang")
 MAX_TRACKED_SESSIONS = 1024  # vLLM-Omni's per-connection seen-set bound
 _MIB = 1024 * 1024
 
@@ -114,6 +131,15 @@ class ServerConfig:
         return 2 * self.max_payload_bytes if self.flavor == "vllm-omni" else self.max_payload_bytes
 
 
+def flavor_handshake(flavor: str, policy: Any) -> dict:
+    """The first frame of ``flavor``: the FLUX servers' own, else the policy's metadata."""
+    if flavor == "flux3-bfl":
+        return bfl_handshake()
+    if flavor == "sglang":
+        return sglang_handshake()
+    return policy_metadata(policy)
+
+
 def _session_of(request: dict) -> str | None:
     value = request.get("session_id")
     if value is None or value == "":
@@ -134,7 +160,7 @@ class PolicyServer:
         self.policy = as_server_policy(policy)  # an openpi BasePolicy is served through OpenPIPolicy
         self.config = config or ServerConfig()
         self.policy_name = policy_name or type(policy).__name__
-        self.metadata = policy_metadata(policy)
+        self.metadata = flavor_handshake(self.config.flavor, policy)
         if self.config.max_sessions is not None:
             self.metadata["max_sessions"] = self.config.max_sessions
         self.sessions = ResidentSessions(self.config.max_sessions)
@@ -152,6 +178,8 @@ class PolicyServer:
         # dreamzero: one global session for the whole server (None until the first request or after a reset).
         self._dz_session: str | None = None
         self._dz_started = False
+        self._queries = 0  # flux3-bfl: the global query counter its seeds come from
+        self.seeds: list[int] = []  # flux flavors: each inference's seed, in the order they ran (the last 1024)
         self.port: int | None = None
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -217,6 +245,10 @@ class PolicyServer:
     # ------------------------------------------------------------------------------------------ HTTP
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         path = urlsplit(request.path).path
+        if self.config.flavor == "sglang":  # FastAPI routes: the websocket only on its route
+            return None if path == SGLANG.url_path else connection.respond(http.HTTPStatus.NOT_FOUND, "Not Found\n")
+        if self.config.flavor == "flux3-bfl":
+            return None  # a plain websockets server: every path is the websocket, no health route
         if self.config.flavor == "vllm-omni":
             if path == "/health":
                 ok = not self._stopping
@@ -249,6 +281,8 @@ class PolicyServer:
                 await self._serve_vllm(ws, conn_id)
             elif self.config.flavor == "dreamzero":
                 await self._serve_dreamzero(ws, conn_id)
+            elif self.config.flavor in FLUX_FLAVORS:
+                await self._serve_flux(ws, conn_id)
             else:
                 await self._serve_openpi(ws, conn_id)
         except ConnectionClosed:
@@ -348,8 +382,14 @@ class PolicyServer:
             await ws.send(frame)
 
     async def _fatal(self, ws: ServerConnection, conn_id: int) -> None:
+        """openpi, DreamZero and BFL: the traceback as a text frame, then close 1011; SGLang: the traceback
+        as a binary ``{"error"}`` map, then close 1011."""
         text = traceback.format_exc()
         logger.info("connection %d: error, closing with 1011: %s", conn_id, text.strip().splitlines()[-1])
+        if self.config.flavor == "sglang":
+            await ws.send(packb({"error": text}))
+            await ws.close(CloseCode.INTERNAL_ERROR, "Internal server error")
+            return
         await ws.send(text)
         await ws.close(CloseCode.INTERNAL_ERROR, "Internal server error. Traceback included in previous frame.")
 
@@ -389,21 +429,25 @@ class PolicyServer:
                 await self._fatal(ws, conn_id)
                 return
 
-    async def _serve_openpi(self, ws: ServerConnection, conn_id: int) -> None:
+    def _flux_seed(self, request: dict) -> int:
+        """BFL: 0 + the global query counter (requests cannot set it); SGLang: the request's ``seed``, else 0."""
+        if self.config.flavor == "flux3-bfl":
+            seed, self._queries = self._queries, self._queries + 1
+        else:
+            seed = int(request.get("seed", 0))
+        self.seeds = [*self.seeds[-1023:], seed]
+        return seed
+
+    async def _serve_timed(self, ws: ServerConnection, conn_id: int, answer) -> None:
+        """The openpi-style loop (openpi, flux3-bfl, sglang): decode each request, ``await answer(request)``
+        for ``(reply map, infer_ms)``, add ``server_timing`` and send it; any error is fatal (:meth:`_fatal`)."""
         previous_total: float | None = None
-        current: str | None = None
         while True:
             message = await ws.recv()
             started = time.monotonic()
             try:
-                request = self._decode_strict(message)
-                session_id = _session_of(request) or "default"
-                new_session = session_id != current
-                current = session_id
-                result = await self._infer(conn_id, request, session_id, new_session)
-                value = result.value
-                reply = {"actions": value} if isinstance(value, np.ndarray) else dict(value)
-                timing = {"infer_ms": result.service_s * 1000.0}
+                reply, infer_ms = await answer(self._decode_strict(message))
+                timing = {"infer_ms": infer_ms}
                 if previous_total is not None:
                     timing["prev_total_ms"] = previous_total * 1000.0
                 reply["server_timing"] = timing
@@ -414,3 +458,35 @@ class PolicyServer:
             except Exception:
                 await self._fatal(ws, conn_id)
                 return
+
+    async def _serve_flux(self, ws: ServerConnection, conn_id: int) -> None:
+        """flux3-bfl and sglang (see the module docstring): validate, infer, reply."""
+        observation = bfl_observation if self.config.flavor == "flux3-bfl" else sglang_observation
+
+        async def answer(request: dict) -> tuple[dict, float]:
+            normalised = observation(request)
+            seed = self._flux_seed(request)
+            memory_key = _session_of(request) or f"connection-{conn_id}"
+            result = await self._infer(conn_id, normalised, memory_key, False)
+            value = result.value
+            actions = value if isinstance(value, np.ndarray) else value.get("actions", value.get("action"))
+            infer_ms = result.service_s * 1000.0
+            request_id = str(request.get("request_id") or f"act_{conn_id}_{seed}")
+            return flux_reply(self.config.flavor, actions, request_id=request_id, infer_ms=infer_ms), infer_ms
+
+        await self._serve_timed(ws, conn_id, answer)
+
+    async def _serve_openpi(self, ws: ServerConnection, conn_id: int) -> None:
+        current: str | None = None
+
+        async def answer(request: dict) -> tuple[dict, float]:
+            nonlocal current
+            session_id = _session_of(request) or "default"
+            new_session = session_id != current
+            current = session_id
+            result = await self._infer(conn_id, request, session_id, new_session)
+            value = result.value
+            reply = {"actions": value} if isinstance(value, np.ndarray) else dict(value)
+            return reply, result.service_s * 1000.0
+
+        await self._serve_timed(ws, conn_id, answer)

@@ -4,7 +4,8 @@ A policy is any object with
 
 - ``metadata: dict`` (optional): the handshake fields; DreamZero's ``PolicyServerConfig`` when absent;
 - ``infer(request: dict, *, session_id: str, new_session: bool) -> np.ndarray | dict``: one action chunk,
-  normally a ``(24, 8)`` float32 array (7 absolute joint targets + gripper). ``request`` is the decoded
+  normally a ``(24, 8)`` float32 array (7 absolute joint targets + gripper; ``(32, 8)`` behind the FLUX
+  flavors). ``request`` is the decoded
   observation (``endpoint`` already removed for the vllm-omni and dreamzero flavors); ``new_session`` is true
   when the server would reset the model's memory for this session (first request of a session id on a
   vLLM-Omni connection, a session switch on DreamZero's single global session);
@@ -37,7 +38,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from dz_gym.envs.droid import ACTION_DIM, ACTION_HORIZON, ARM_DOF
-from dz_gym.protocol import DREAMZERO_METADATA, JOINT_KEY
+from dz_gym.protocol import DREAMZERO_METADATA
+from dz_gym.protocol.observation import request_profile
 
 __all__ = [
     "BUILTIN_POLICIES",
@@ -117,21 +119,39 @@ def as_server_policy(policy: Any) -> Any:
 
 
 def _joints(request: Mapping[str, Any]) -> np.ndarray:
-    if JOINT_KEY not in request:
-        raise KeyError(f"request has no {JOINT_KEY!r}")
-    joints = np.asarray(request[JOINT_KEY], dtype=np.float32).reshape(-1)
-    if joints.size != ARM_DOF:
-        raise ValueError(f"{JOINT_KEY}: expected {ARM_DOF} values, got shape {np.shape(request[JOINT_KEY])}")
-    return joints
+    """The request's joint positions, whichever server's keys it carries (two keys or one state)."""
+    profile = request_profile(request)
+    key = profile.state_key or profile.joint_key
+    if key not in request:
+        raise KeyError(f"request has no {key!r}")
+    values = np.asarray(request[key], dtype=np.float32).reshape(-1)
+    size = ARM_DOF + 1 if key == profile.state_key else ARM_DOF
+    if values.size != size:
+        raise ValueError(f"{key}: expected {size} values, got shape {np.shape(request[key])}")
+    return values[:ARM_DOF]
+
+
+def chunk_length(horizon: int | None, request: Mapping[str, Any]) -> int:
+    """``horizon`` where given, else the chunk length of the server the request was made for (24 for
+    DreamZero's keys, 32 for the FLUX servers')."""
+    if horizon is not None:
+        return horizon
+    shape = request_profile(request).chunk_shape
+    return ACTION_HORIZON if shape is None else shape[0]
+
+
+def _horizon(horizon: int | None) -> int | None:
+    if horizon is not None and int(horizon) < 1:
+        raise ValueError(f"horizon: expected >= 1, got {horizon}")
+    return None if horizon is None else int(horizon)
 
 
 class HoldPolicy:
-    """Hold the received joint positions with the gripper open: a chunk of identical rows."""
+    """Hold the received joint positions with the gripper open: a chunk of identical rows (``horizon``
+    rows; None: as many as the request's server sends, :func:`chunk_length`)."""
 
-    def __init__(self, horizon: int = ACTION_HORIZON, gripper: float = 0.0, metadata: dict | None = None):
-        if int(horizon) < 1:
-            raise ValueError(f"horizon: expected >= 1, got {horizon}")
-        self.horizon = int(horizon)
+    def __init__(self, horizon: int | None = None, gripper: float = 0.0, metadata: dict | None = None):
+        self.horizon = _horizon(horizon)
         self.gripper = float(gripper)
         self.metadata = dict(DREAMZERO_METADATA if metadata is None else metadata)
 
@@ -139,7 +159,7 @@ class HoldPolicy:
         row = np.empty(ACTION_DIM, dtype=np.float32)
         row[:ARM_DOF] = _joints(request)
         row[ARM_DOF] = self.gripper
-        return np.tile(row, (self.horizon, 1))
+        return np.tile(row, (chunk_length(self.horizon, request), 1))
 
 
 class ProbePolicy:
@@ -150,8 +170,8 @@ class ProbePolicy:
     execution order (1-based); column 3: the number of resets seen; the other columns are 0.
     """
 
-    def __init__(self, horizon: int = ACTION_HORIZON, metadata: dict | None = None):
-        self.horizon = int(horizon)
+    def __init__(self, horizon: int | None = None, metadata: dict | None = None):
+        self.horizon = _horizon(horizon)
         self.metadata = dict(DREAMZERO_METADATA if metadata is None else metadata)
         self._lock = threading.Lock()
         self._calls: dict[str, int] = {}
@@ -165,7 +185,7 @@ class ProbePolicy:
             calls = 1 if new_session else self._calls.get(session_id, 0) + 1
             self._calls[session_id] = calls
             self.log.append((session_id, new_session))
-            out = np.zeros((self.horizon, ACTION_DIM), dtype=np.float32)
+            out = np.zeros((chunk_length(self.horizon, request), ACTION_DIM), dtype=np.float32)
             out[:, 0] = calls
             out[:, 1] = float(new_session)
             out[:, 2] = self._global

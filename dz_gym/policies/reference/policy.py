@@ -37,9 +37,8 @@ from dz_gym.policies.reference.sessions import DEFAULT_MAX_SESSIONS, SessionStor
 from dz_gym.policies.reference.skill import SkillDraws, check_skill, episode_seed, retries_at
 from dz_gym.policies.reference.tasks import TaskSpec, task_for_prompt
 from dz_gym.protocol import DREAMZERO_METADATA
-
-EXTERNAL_KEYS = (droid.REQUEST_IMAGE_KEYS["external_cam"], droid.REQUEST_IMAGE_KEYS["external_cam_2"])
-WRIST_KEY = droid.REQUEST_IMAGE_KEYS["wrist_cam"]
+from dz_gym.protocol.composite import halve
+from dz_gym.protocol.observation import request_profile, request_proprio, request_views
 
 
 @dataclass
@@ -64,43 +63,40 @@ class Session:
         self.last_gripper = 0.0
 
 
-def _last_frame(request: Mapping[str, Any], key: str) -> np.ndarray:
-    if key not in request:
-        raise ValueError(f"{key}: missing from the request (the reference policy needs all three views)")
-    image = np.asarray(request[key])
-    if image.ndim == 4:
-        image = image[-1]
-    if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
-        raise ValueError(f"{key}: expected uint8 (H, W, 3) or (T, H, W, 3), got {image.dtype} {np.shape(request[key])}")
-    return image
-
-
-def _vector(request: Mapping[str, Any], key: str, size: int) -> np.ndarray:
-    if key not in request:
-        raise ValueError(f"{key}: missing from the request")
-    try:
-        value = np.asarray(request[key], dtype=np.float64).reshape(-1)
-    except (TypeError, ValueError):
-        raise ValueError(f"{key}: expected {size} numbers, got {type(request[key]).__name__}") from None
-    if value.size != size or not np.isfinite(value).all():
-        raise ValueError(f"{key}: expected {size} finite numbers, got shape {np.shape(request[key])}")
-    return value
+def _views(request: Mapping[str, Any], profile) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
+    """The two exterior views and the wrist view, whichever the request's layout; a wrist view of twice the
+    exteriors' size (a FLUX composite: the server halved the exteriors) is halved to match them."""
+    views = request_views(request, profile)
+    images = (views["external_cam"], views["external_cam_2"])
+    if images[0].shape != images[1].shape:
+        raise ValueError(f"exterior views: expected the same shape, got {images[1].shape} vs {images[0].shape}")
+    wrist = views["wrist_cam"]
+    if wrist.shape != images[0].shape:
+        if wrist.shape[:2] != (2 * images[0].shape[0], 2 * images[0].shape[1]):
+            raise ValueError(f"wrist view: expected {images[0].shape} or twice that, got {wrist.shape}")
+        wrist = halve(wrist)
+    return images, wrist
 
 
 class ReferencePolicy:
     """The ``reference`` policy of ``dz-gym-serve`` (see the module docstring).
 
-    ``open_loop_horizon``: rows the client executes from each chunk (the plan's state is kept as of
-    that row); ``max_sessions``: sessions remembered at once (least recently used out); ``skill`` in [0, 1]:
-    1 is the full policy, lower values fail more often (:mod:`dz_gym.policies.reference.skill`).
+    ``horizon``: rows of each chunk; ``open_loop_horizon``: rows the client executes from each chunk (the
+    plan's state is kept as of that row). Left None, both follow the server the request was made for
+    (:func:`~dz_gym.protocol.observation.request_profile`): 24 and 8 for DreamZero's keys, 32 and 32 for
+    the FLUX servers'. ``max_sessions``: sessions remembered at once (least recently used out); ``skill`` in
+    [0, 1]: 1 is the full policy, lower values fail more often (:mod:`dz_gym.policies.reference.skill`).
     """
 
-    def __init__(self, open_loop_horizon: int = droid.DEFAULT_OPEN_LOOP_HORIZON, max_sessions: int = DEFAULT_MAX_SESSIONS,
-                 horizon: int = droid.ACTION_HORIZON, skill: float = 1.0):  # fmt: skip
-        if not isinstance(horizon, int) or horizon < 1:
+    def __init__(self, open_loop_horizon: int | None = None, max_sessions: int = DEFAULT_MAX_SESSIONS,
+                 horizon: int | None = None, skill: float = 1.0):  # fmt: skip
+        if horizon is not None and (not isinstance(horizon, int) or horizon < 1):
             raise ValueError(f"horizon: expected an integer >= 1, got {horizon!r}")
-        if not isinstance(open_loop_horizon, int) or not 1 <= open_loop_horizon <= horizon:
-            raise ValueError(f"open_loop_horizon: expected an integer in [1, {horizon}], got {open_loop_horizon!r}")
+        top = droid.ACTION_HORIZON if horizon is None else horizon
+        if open_loop_horizon is not None and (
+            not isinstance(open_loop_horizon, int) or not 1 <= open_loop_horizon <= top
+        ):
+            raise ValueError(f"open_loop_horizon: expected an integer in [1, {top}], got {open_loop_horizon!r}")
         # DreamZero's handshake: 180x320 views, two external cameras + wrist, session ids, joint positions.
         self.metadata = dict(DREAMZERO_METADATA)
         self.horizon = horizon
@@ -160,28 +156,40 @@ class ReferencePolicy:
         """Forget ``session_id`` (every session when ``None``)."""
         self.sessions.drop(session_id)
 
+    def geometry(self, request: Mapping[str, Any]) -> tuple[int, int]:
+        """``(horizon, open_loop_horizon)`` for ``request``: the ones given, else its server's."""
+        profile = request_profile(request)
+        rows, executed = profile.chunk_shape[0], profile.executed_actions  # type: ignore[index]
+        horizon = rows if self.horizon is None else self.horizon
+        executed = min(executed, horizon) if self.open_loop_horizon is None else self.open_loop_horizon
+        return horizon, min(executed, horizon)
+
     def infer(self, request: dict, *, session_id: str = "default", new_session: bool = False) -> np.ndarray:
         """One ``(horizon, 8)`` float32 chunk for ``request`` (see the module docstring)."""
         task = task_for_prompt(request.get("prompt"))
-        images = tuple(_last_frame(request, key) for key in EXTERNAL_KEYS)
-        if images[0].shape != images[1].shape:
-            raise ValueError(
-                f"{EXTERNAL_KEYS[1]}: expected the same shape as {EXTERNAL_KEYS[0]}, got {images[1].shape} vs {images[0].shape}"
-            )
-        wrist_image = _last_frame(request, WRIST_KEY)
-        q = _vector(request, droid.REQUEST_JOINT_KEY, droid.ARM_DOF)
-        gripper = float(_vector(request, droid.REQUEST_GRIPPER_KEY, 1)[0])
+        profile = request_profile(request)
+        images, wrist_image = _views(request, profile)
+        q, gripper = request_proprio(request, profile)
         perception = self.perception(images[0].shape[:2])
         with self._kinematics() as kin, self.sessions.session(str(session_id), new=bool(new_session)) as session:
             if session.task is None or session.task.scene_id != task.scene_id:
                 session.restart(task)
             if self.skill < 1.0 and session.draws is None:
-                session.draws = SkillDraws(self.skill, episode_seed(request, EXTERNAL_KEYS[0], droid.REQUEST_JOINT_KEY))
-            return self._step(session, perception, kin, images, wrist_image, q, gripper)
+                session.draws = SkillDraws(self.skill, episode_seed(request, images[0], q))
+            return self._step(session, perception, kin, images, wrist_image, q, gripper, self.geometry(request))
 
     def _step(
-        self, session: Session, perception: Perception, kin, images, wrist_image, q: np.ndarray, gripper: float
+        self,
+        session: Session,
+        perception: Perception,
+        kin,
+        images,
+        wrist_image,
+        q: np.ndarray,
+        gripper: float,
+        geometry: tuple[int, int],
     ) -> np.ndarray:
+        horizon, executed = geometry
         session.calls += 1
         draws = session.draws
         if draws is not None and session.calls > 1 and draws.drops(session.calls):
@@ -189,7 +197,7 @@ class ReferencePolicy:
             row = np.empty(droid.ACTION_DIM, dtype=np.float32)
             row[: droid.ARM_DOF] = q
             row[droid.ARM_DOF] = session.last_gripper
-            return np.tile(row, (self.horizon, 1))
+            return np.tile(row, (horizon, 1))
         position, rotation = kin.fk(q)
         meas = Measurement(q, gripper, position, MotionSolver.yaw_of(kin, rotation))
         planner = Planner(session.task, self.config, kin.home, self._home_tcp)
@@ -207,16 +215,16 @@ class ReferencePolicy:
         planner.advance(state, meas, session.object, session.container)
         if draws is not None:  # a failed attempt inside advance starts the next one with its own error
             state.grasp_offset = draws.grasp_offset(state.retries)
-        rows, kept = planner.rollout(state, session.object, session.container, self.horizon, self.open_loop_horizon)
+        rows, kept = planner.rollout(state, session.object, session.container, horizon, executed)
         q_start = state.anchor_joints if state.anchor_joints is not None else q
-        actions, joints = self.motion.solve(kin, rows, q_start, exact_rows=self.open_loop_horizon)
+        actions, joints = self.motion.solve(kin, rows, q_start, exact_rows=executed)
         # The next call continues from the joints the executed rows ended on.
-        kept.anchor_joints = joints[self.open_loop_horizon - 1]
+        kept.anchor_joints = joints[executed - 1]
         end_position, end_rotation = kin.fk(kept.anchor_joints)
         kept.anchor_position, kept.anchor_yaw = end_position, MotionSolver.yaw_of(kin, end_rotation)
         session.plan = kept
         if draws is not None:
-            session.last_gripper = float(actions[self.open_loop_horizon - 1, droid.ARM_DOF])
+            session.last_gripper = float(actions[executed - 1, droid.ARM_DOF])
         return actions
 
 

@@ -49,16 +49,16 @@ def check_skill(skill: Any) -> float:
     return value
 
 
-def episode_seed(request: Mapping[str, Any], image_key: str, joint_key: str) -> int:
-    """The seed of an episode's draws, from the session's first request (see the module docstring)."""
+def episode_seed(request: Mapping[str, Any], image: np.ndarray, joints: np.ndarray) -> int:
+    """The seed of an episode's draws, from the session's first request (see the module docstring): its
+    ``seed``, else a digest of its prompt, its ``joints`` and its first exterior view ``image``."""
     seed = request.get("seed")
     if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
         return int(seed) & (2**63 - 1)
     digest = hashlib.blake2b(digest_size=8)
     digest.update(str(request.get("prompt", "")).encode())
-    digest.update(np.ascontiguousarray(np.asarray(request[joint_key], dtype=np.float32)).tobytes())
-    image = np.asarray(request[image_key])
-    digest.update(np.ascontiguousarray(image[-1] if image.ndim == 4 else image).tobytes())
+    digest.update(np.ascontiguousarray(np.asarray(joints, dtype=np.float32)).tobytes())
+    digest.update(np.ascontiguousarray(image).tobytes())
     return int.from_bytes(digest.digest(), "little") & (2**63 - 1)
 
 
