@@ -97,6 +97,9 @@ class EvalConfig:
     open_loop_horizon: int = _result(droid.DEFAULT_OPEN_LOOP_HORIZON)
     prefetch: int = _result(0)  # latency hiding (dz_gym.chunks): request when this many actions are left
     simulated_delay: int | None = _result(None)  # a fixed delay in steps instead of wall-clock latency
+    # each chunk's delay in steps from its own measured round trip at control_hz (dz_gym.chunks.honest_delay)
+    latency_honest: bool = _result(False)
+    control_hz: float = _result(float(droid.CONTROL_HZ))  # the robot's control rate of a latency-honest run
     max_stale_steps: int | None = _result(None)  # rows past a chunk's window while its successor is late
     max_steps: int = _result(droid.MAX_EPISODE_LENGTH)
     max_errors: int | None = None  # None: 10 % of the planned episodes, at least 5
@@ -157,6 +160,11 @@ class EvalConfig:
             value = getattr(self, name)
             if not _is_int(value) and not (value is None and name in ("simulated_delay", "max_stale_steps")):
                 raise ValueError(f"{name}: expected an integer, got {value!r}")
+        if not isinstance(self.latency_honest, bool):
+            raise ValueError(f"latency_honest: expected true or false, got {self.latency_honest!r}")
+        hz = self.control_hz
+        if isinstance(hz, bool) or not isinstance(hz, (int, float)) or not 0 < hz < float("inf"):
+            raise ValueError(f"control_hz: expected a control rate > 0 (Hz), got {hz!r}")
         if not _is_int(self.episode_retries) or not 0 <= self.episode_retries <= MAX_EPISODE_RETRIES:
             raise ValueError(f"episode_retries: expected an integer in [0, {MAX_EPISODE_RETRIES}], "
                              f"got {self.episode_retries!r}")  # fmt: skip
@@ -392,7 +400,13 @@ class EvalConfig:
             prefetch=self.prefetch,
             max_stale_steps=self.max_stale_steps,
             simulated_delay=self.simulated_delay,
+            control_period_s=1.0 / self.control_hz if self.latency_honest else None,
         )
+
+    @property
+    def latency_honest_hz(self) -> float | None:
+        """The control rate of a latency-honest run (the wrapper's ``latency_honest_hz``), else None."""
+        return float(self.control_hz) if self.latency_honest else None
 
     def transport_process_count(self) -> int:
         """The worker processes each connection pool spreads its sessions over: ``transport_processes``,

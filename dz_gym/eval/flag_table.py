@@ -74,6 +74,12 @@ TIMING = (
     Flag("--simulated-delay", "apply every chunk exactly D steps after its request instead of when it arrives: "
          "reproducible latency (an env with no action left holds its pose)", field="simulated_delay",
          type=integer, metavar="D", shown="off"),
+    Flag("--latency-honest", "apply every chunk ceil(latency / control period) steps after its request, from that "
+         "request's own measured round trip: the world keeps moving while the policy thinks, as on a robot; each "
+         "delay is recorded in the row's request_delays and an episode run again replays them (docs/eval.md, "
+         "Latency-honest runs)", field="latency_honest", action="store_true"),
+    Flag("--control-hz", "the robot's control rate of --latency-honest (DROID: 15)", field="control_hz",
+         type=number, metavar="HZ"),
     Flag("--max-stale-steps", "with --prefetch: rows a late env may run past its window before it waits",
          field="max_stale_steps", type=integer, metavar="S", shown="whole chunk"),
     REQUEST_TIMEOUT,

@@ -80,6 +80,7 @@ def _wrapper(env, config: EvalConfig, slot_servers: Sequence[str], client, profi
         open_loop_horizon=config.open_loop_horizon,
         prefetch=config.prefetch,
         simulated_delay=config.simulated_delay,
+        latency_honest_hz=config.latency_honest_hz,
         max_stale_steps=config.max_stale_steps,
     )
 
