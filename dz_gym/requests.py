@@ -5,6 +5,9 @@ need a chunk, resizes their three views to the server's ``image_resolution`` in 
 (on the tensors' device, before any host copy), and builds exactly the reference client's request per env:
 external_cam -> exterior_image_0_left, external_cam_2 -> exterior_image_1_left, wrist_cam -> wrist_image_left,
 joint and gripper positions as float64, zero cartesian position, prompt, session id, endpoint "infer".
+
+:func:`compose_views` builds FLUX 3 Action's 540x640 composite from three 360x640 views (numpy or torch, on
+the tensors' device): the wrist view on top, the two exteriors below at half size, left then right.
 """
 
 from __future__ import annotations
@@ -15,10 +18,11 @@ from typing import Any
 import numpy as np
 
 from dz_gym.envs import droid
+from dz_gym.envs.render_shape import COMPOSITE_VIEW_SHAPE
 from dz_gym.preprocess import is_torch_tensor, resize_with_pad, to_numpy
 from dz_gym.protocol.request_batch import RequestBatch
 
-__all__ = ["assemble_requests", "build_requests", "contiguous_runs", "hold_actions", "is_torch_tensor", "proprio", "resized_views", "views_bytes",
+__all__ = ["assemble_requests", "build_requests", "compose_views", "composite_of", "contiguous_runs", "hold_actions", "is_torch_tensor", "proprio", "resized_views", "views_bytes",
            "request_items", "resolve_prompts", "to_numpy", "validate_policy_obs", "checked_actions", "env_actions"]  # fmt: skip
 
 
@@ -99,6 +103,53 @@ def resized_views(
         return gathered
     return {camera: to_numpy(blocks[0]) if len(blocks) == 1 else np.concatenate([to_numpy(b) for b in blocks])
             for camera, blocks in parts.items()}  # fmt: skip
+
+
+def _halve(images: Any) -> Any:
+    """``(..., H, W, 3)`` uint8 views at half size (H, W even): a bilinear 2x downscale with half-pixel centres
+    (``align_corners=False``) samples each output pixel between four inputs, i.e. the mean of each 2x2 block,
+    truncated to uint8 as FLUX's servers and RoboLab's client cast it. Integer arithmetic, so numpy and torch
+    (any device) give the same bytes."""
+    *lead, height, width, channels = images.shape
+    if height % 2 or width % 2:
+        raise ValueError(f"views: expected even height and width to halve, got {height}x{width}")
+    shape = (*lead, height // 2, 2, width // 2, 2, channels)
+    if is_torch_tensor(images):
+        import torch
+
+        blocks = images.reshape(shape).to(torch.int32)
+        return torch.div(blocks.sum(dim=(-4, -2)), 4, rounding_mode="floor").to(torch.uint8)
+    return (images.reshape(shape).astype(np.uint16).sum(axis=(-4, -2)) // 4).astype(np.uint8)
+
+
+def compose_views(wrist: Any, left: Any, right: Any) -> Any:
+    """FLUX 3 Action's composite ``(..., 540, 640, 3)`` uint8 of three ``(..., 360, 640, 3)`` uint8 views
+    (numpy arrays, or torch tensors on one device): ``wrist`` on top, below it ``left`` and ``right`` halved
+    (:func:`_halve`) side by side. One-line ``ValueError`` naming the view for another shape or dtype.
+
+    >>> views = [np.full((2, 360, 640, 3), v, np.uint8) for v in (30, 10, 21)]
+    >>> composite = compose_views(*views)
+    >>> composite.shape, [int(composite[0, y, x, 0]) for y, x in ((0, 0), (400, 10), (539, 639))]
+    ((2, 540, 640, 3), [30, 10, 21])
+    """
+    height, width = COMPOSITE_VIEW_SHAPE
+    for name, view in (("wrist", wrist), ("left", left), ("right", right)):
+        if tuple(view.shape[-3:]) != (height, width, 3) or "uint8" not in str(view.dtype):
+            raise ValueError(f"{name} view: expected uint8 (..., {height}, {width}, 3), got {view.dtype} "
+                             f"{tuple(view.shape)}")  # fmt: skip
+    if is_torch_tensor(wrist):
+        import torch
+
+        bottom = torch.cat([_halve(left), _halve(right)], dim=-2)
+        return torch.cat([wrist, bottom], dim=-3)
+    bottom = np.concatenate([_halve(np.asarray(left)), _halve(np.asarray(right))], axis=-2)
+    return np.concatenate([np.asarray(wrist), bottom], axis=-3)
+
+
+def composite_of(views: Mapping[str, Any]) -> Any:
+    """:func:`compose_views` of ``views`` keyed by camera (:data:`~dz_gym.envs.droid.CAMERA_KEYS`, as
+    :func:`resized_views` gives them): wrist_cam on top, external_cam (left) and external_cam_2 (right)."""
+    return compose_views(views["wrist_cam"], views["external_cam"], views["external_cam_2"])
 
 
 def views_bytes(policy: Mapping[str, Any], image_resolution: tuple[int, int] | None) -> int:

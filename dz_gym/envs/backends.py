@@ -48,7 +48,9 @@ class BackendTraits:
     - ``device_option``: the launcher flag and env keyword naming the simulator's torch device
       (``--device cuda:k``), which a shard given a GPU points at it; empty when the backend has none;
     - ``shard_cpus``: CPUs one Ray shard asks for; None: one per env slot, at most its share of a node;
-    - ``worker_processes``: a shard steps its envs in worker processes, one per CPU it was given.
+    - ``worker_processes``: a shard steps its envs in worker processes, one per CPU it was given;
+    - ``render_shape_kwarg``: the env keyword that sets the size its views render at (``--render-shape``);
+      empty when the backend renders its own size, which requests are resized from.
     """
 
     name: str
@@ -67,6 +69,7 @@ class BackendTraits:
     worker_processes: bool = False
     named_tasks: bool = False  # runs sim-evals' named tasks beyond the DROID scenes (MILA, keys 101+)
     can_start: str = ""  # ``module:function`` -> bool, stricter than ``package`` importable (nothing imported)
+    render_shape_kwarg: str = ""
 
     @property
     def starts_app(self) -> bool:
@@ -151,6 +154,7 @@ REGISTRY: dict[str, BackendTraits] = {
             shard_gpus=None,
             max_shard_gpus=MAX_RENDER_GPUS,
             worker_processes=True,
+            render_shape_kwarg="image_shape",
         ),
     )
 }

@@ -102,6 +102,9 @@ class EvalConfig:
     control_hz: float = _result(float(droid.CONTROL_HZ))  # the robot's control rate of a latency-honest run
     max_stale_steps: int | None = _result(None)  # rows past a chunk's window while its successor is late
     max_steps: int = _result(droid.MAX_EPISODE_LENGTH)
+    # [height, width] the embedded simulator renders its views at (None: its default, 180x320; a new run against
+    # servers asking for other 16:9 views sets it from their handshake: dz_gym.envs.render_shape)
+    render_shape: list[int] | None = _result(None)
     max_errors: int | None = None  # None: 10 % of the planned episodes, at least 5
     request_timeout: float = field_default(TransportConfig, "request_timeout")
     retry_server_errors: int = field_default(TransportConfig, "retry_server_errors")
@@ -171,6 +174,7 @@ class EvalConfig:
         if self.max_errors is not None and (not _is_int(self.max_errors) or self.max_errors < 0):
             raise ValueError(f"max_errors: expected an integer >= 0, got {self.max_errors!r}")
         self.backend = backends.resolve(self.backend)  # a one-line "backend: expected one of ..." if unknown
+        self._check_render_shape()
         if not isinstance(self.server_idle_timeout, (int, float)) or not self.server_idle_timeout >= 0:
             raise ValueError(
                 f"server_idle_timeout: expected seconds >= 0 (0: the servers have none), got {self.server_idle_timeout!r}"
@@ -388,6 +392,17 @@ class EvalConfig:
                 "num_envs: an A/B run needs an even number of envs (slot 2j runs arm A, 2j+1 arm B), "
                 f"got {self.num_envs}"
             )
+
+    def _check_render_shape(self) -> None:
+        """``render_shape``: None, or a size the renderer takes, for a backend that renders at a chosen size."""
+        if self.render_shape is None:
+            return
+        from dz_gym.envs.render_shape import check_render_shape
+
+        self.render_shape = list(check_render_shape(self.render_shape, "render_shape"))
+        if not backends.traits(self.backend).render_shape_kwarg:
+            raise ValueError(f"render_shape: {backends.traits(self.backend).title} renders its own size (requests "
+                             "are resized to the server's); only the embedded simulator (--backend mujoco) takes it")  # fmt: skip
 
     def _check_schedule(self) -> None:
         """The chunk schedule's own rules (prefetch range, delays), checked by the schedule itself."""

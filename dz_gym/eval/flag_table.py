@@ -14,7 +14,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dz_gym.cli_types import AUTH_ENV, OPEN_LOOP_HORIZON, REQUEST_TIMEOUT, SEED, SERVER, Flag, integer, number
+from dz_gym.cli_types import (
+    AUTH_ENV,
+    OPEN_LOOP_HORIZON,
+    REQUEST_TIMEOUT,
+    SEED,
+    SERVER,
+    Flag,
+    height_by_width,
+    integer,
+    number,
+)
 from dz_gym.envs import backends
 from dz_gym.eval.shards.options import RAY_FLAGS
 
@@ -40,6 +50,10 @@ RUN = (
          field="max_steps", type=integer, metavar="T"),
     Flag("--backend", "simulator; auto picks isaac when Isaac Lab is importable, else mujoco, and says so",
          field="backend", choices=backends.NAMES),
+    Flag("--render-shape", "embedded simulator: render the views at HxW (e.g. 360x640) instead of 180x320; a new "
+         "run against servers whose handshake asks for other 16:9 views (or a 540x640 composite: 360x640 views) "
+         "renders at their size by itself (dz_gym.envs.render_shape)", field="render_shape", type=height_by_width,
+         metavar="HxW", shown="180x320 or the servers'"),
 )  # fmt: skip
 SERVER_FLAGS = (
     SERVER.but(help="ws:// URL of a policy server (repeatable: env slot i talks to server i % len(servers))",
