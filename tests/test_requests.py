@@ -20,7 +20,7 @@ def test_the_wrist_view_on_top_and_the_halved_exteriors_below_left_then_right():
     composite = compose_views(wrist, left, right)
     assert composite.shape == (2, 540, 640, 3) and composite.dtype == np.uint8
     np.testing.assert_array_equal(composite[:, :360], wrist)
-    block_mean = lambda v: (v.reshape(2, 180, 2, 320, 2, 3).astype(np.uint16).sum(axis=(2, 4)) // 4)  # noqa: E731
+    block_mean = lambda v: v.reshape(2, 180, 2, 320, 2, 3).astype(np.uint16).sum(axis=(2, 4)) // 4  # noqa: E731
     np.testing.assert_array_equal(composite[:, 360:, :320], block_mean(left))
     np.testing.assert_array_equal(composite[:, 360:, 320:], block_mean(right))
 
