@@ -39,7 +39,7 @@ def views():
     return out
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def server():
     with sglang_real.serve() as running:
         yield running
@@ -101,6 +101,26 @@ def test_a_bad_request_gets_a_binary_error_frame_then_close_1011(server, views, 
         with pytest.raises(ConnectionClosed) as closed:
             ws.recv(timeout=BOUND_S)
         assert closed.value.rcvd.code == 1011
+
+
+def test_an_injected_failure_closes_only_its_connection(views):
+    with sglang_real.serve(sglang_real.ReferencePipeline(fail_every=2)) as running:
+        with (
+            connect(running.url, open_timeout=BOUND_S, max_size=None) as a,
+            connect(running.url, open_timeout=BOUND_S, max_size=None) as b,
+        ):
+            unpackb(a.recv(timeout=BOUND_S)), unpackb(b.recv(timeout=BOUND_S))
+            a.send(packb(request(views, seed=1)))
+            assert unpackb(a.recv(timeout=BOUND_S))["actions"].shape == (32, 8)  # call 1
+            b.send(packb(request(views, seed=2)))
+            assert "injected failure of call 2" in unpackb(b.recv(timeout=BOUND_S))["error"]
+            with pytest.raises(ConnectionClosed):
+                b.recv(timeout=BOUND_S)
+            a.send(packb(request(views, seed=1)))  # the other connection is untouched
+            assert unpackb(a.recv(timeout=BOUND_S))["actions"].shape == (32, 8)
+        assert running.pipeline.calls == 3
+        with pytest.raises(RuntimeError, match="already runs"), sglang_real.serve():
+            pass
 
 
 def test_slash_keys_are_not_read(server, views):

@@ -25,8 +25,10 @@ modules that reach the GPU side or pull in the model stack are stood in for, thi
 ``right`` or their aliases, or a 540x640 ``composite``; uint8 or float in [0, 1]; ``state`` of 8 finite
 values; ``action_horizon`` at most 32) and then, instead of the model, asks dz-gym's reference policy for a
 ``(32, 8)`` chunk of which all 32 rows are meant to be executed, so episodes on the embedded scenes succeed.
-SGLang has no sessions; the reference policy keeps its per-episode memory under the request's
-``session_id`` when one is sent (it reaches the pipeline inside ``observation``), else under one name.
+SGLang has no sessions and FLUX keeps no memory, but the reference policy does (its plan's phase, its object
+tracks): it keeps them under the request's ``session_id`` when the client sends one (the key reaches the
+pipeline inside ``observation``), else under its ``seed`` (``dz-gym-eval --policy-seed`` sends one per episode),
+else under one name for every request (then run one env at a time).
 
 Run it by hand: ``python -m dz_gym.testing.sglang_real --port 30000`` serves
 ``ws://127.0.0.1:30000/openpi/policy`` until Ctrl-C.
@@ -143,15 +145,17 @@ class ReferencePipeline:
 
     ``policy``: anything with ``infer(request, session_id=, new_session=)`` taking DreamZero request keys
     (default: :class:`~dz_gym.policies.reference.ReferencePolicy` with 32-row chunks, all executed).
-    ``fail_on``: a prompt that makes the pipeline raise (an injected server error)."""
+    ``fail_on``: a prompt that makes the pipeline raise; ``fail_every``: every N-th call raises (0: never).
+    Either is an injected server error: SGLang answers it with ``{"error"}`` and closes the connection 1011."""
 
-    def __init__(self, policy: Any = None, fail_on: str | None = None):
+    def __init__(self, policy: Any = None, fail_on: str | None = None, fail_every: int = 0):
         if policy is None:
             from dz_gym.policies.reference.policy import ReferencePolicy
 
             policy = ReferencePolicy(open_loop_horizon=CHUNK_ROWS, horizon=CHUNK_ROWS)
         self.policy = policy
         self.fail_on = fail_on
+        self.fail_every = int(fail_every)
         self.calls = 0
 
     def views(self, observation: Mapping[str, Any], config: Flux3ActionConfig) -> dict[str, np.ndarray]:
@@ -183,6 +187,8 @@ class ReferencePipeline:
         observation = dict(params.observation or {})
         if self.fail_on is not None and params.prompt == self.fail_on:
             raise RuntimeError(f"injected failure for prompt {params.prompt!r}")
+        if self.fail_every and self.calls % self.fail_every == 0:
+            raise RuntimeError(f"injected failure of call {self.calls} (every {self.fail_every})")
         views = self.views(observation, config)
         state = params.state if params.state is not None else observation.get("observation.state")
         if state is None:
@@ -197,7 +203,9 @@ class ReferencePipeline:
         request = {keys["external_cam"]: views["left"], keys["external_cam_2"]: views["right"],
                    keys["wrist_cam"]: views["wrist"], droid.REQUEST_JOINT_KEY: state[:7],
                    droid.REQUEST_GRIPPER_KEY: state[7:], "prompt": params.prompt or ""}  # fmt: skip
-        session = str(observation.get("session_id") or "sglang")
+        session = observation.get("session_id")
+        if not session:
+            session = f"seed-{observation['seed']}" if observation.get("seed") is not None else "sglang"
         actions = np.asarray(self.policy.infer(request, session_id=session, new_session=False), dtype=np.float32)
         return {
             "request_id": params.request_id,
@@ -228,6 +236,7 @@ class _SchedulerClient:
 
 
 _SCHEDULER = _SchedulerClient()
+_SERVING = threading.Lock()  # held while serve() runs
 
 
 def _module(name: str, **attrs: Any) -> types.ModuleType:
@@ -314,33 +323,43 @@ class RunningServer:
 def serve(pipeline: Any = None, *, host: str = "127.0.0.1", port: int = 0, stop_timeout_s: float = 10.0,
           log_level: str = "warning") -> Iterator[RunningServer]:  # fmt: skip
     """SGLang's route under uvicorn in a daemon thread on ``host:port`` (0: a free port). The socket listens
-    before this yields, so a client may connect at once (it waits in the backlog until the loop runs)."""
+    before this yields, so a client may connect at once (it waits in the backlog until the loop runs). One at
+    a time per process: SGLang's route reaches its pipeline through one module-level scheduler client."""
     import uvicorn
 
-    pipeline = pipeline if pipeline is not None else ReferencePipeline()
-    app = build_app(pipeline)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(128)
-    bound = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, lifespan="off", ws_max_size=64 << 20))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="sglang-openpi", daemon=True)
-    thread.start()
+    if not _SERVING.acquire(blocking=False):
+        raise RuntimeError("serve: an SGLang route already runs in this process (its scheduler client is global)")
+    sock = server = thread = None
     try:
+        pipeline = pipeline if pipeline is not None else ReferencePipeline()
+        app = build_app(pipeline)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+        bound = sock.getsockname()[1]
+        server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, lifespan="off", ws_max_size=64 << 20))
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="sglang-openpi", daemon=True)
+        thread.start()
         yield RunningServer(f"ws://{host}:{bound}{ROUTE}", bound, pipeline)
     finally:
-        server.should_exit = True
-        thread.join(stop_timeout_s)
-        sock.close()
+        if server is not None:
+            server.should_exit = True
+        if thread is not None:
+            thread.join(stop_timeout_s)
+        if sock is not None:
+            sock.close()
+        _SERVING.release()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dz_gym.testing.sglang_real", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--fail-every", type=int, default=0, help="every N-th request fails (an injected error)")
     args = parser.parse_args(argv)
-    with serve(host=args.host, port=args.port, log_level="info") as running:
+    pipeline = ReferencePipeline(fail_every=args.fail_every)
+    with serve(pipeline, host=args.host, port=args.port, log_level="info") as running:
         print(f"sglang {SGLANG_VERSION} {ROUTE} (stub FLUX pipeline: dz-gym's reference policy) at {running.url}",
               flush=True)  # fmt: skip
         with contextlib.suppress(KeyboardInterrupt):
