@@ -316,6 +316,12 @@ def test_latency_honest_replay_reproduces_the_recorded_delays_whatever_is_measur
 
 
 def test_latency_honest_settings_are_validated():
+    from dz_gym.eval.config import EvalConfig
+
+    with pytest.raises(ValueError, match="latency_honest: each chunk's delay is measured"):
+        EvalConfig(backend="mujoco", latency_honest=True, simulated_delay=2)
+    with pytest.raises(ValueError, match="control_hz"):
+        EvalConfig(backend="mujoco", latency_honest=True, control_hz=0)
     with pytest.raises(ValueError, match="control_period_s"):
         ChunkSchedule(1, simulated_delay=2, control_period_s=0.1)
     with pytest.raises(ValueError, match="control_period_s"):

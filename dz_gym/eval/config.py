@@ -165,6 +165,9 @@ class EvalConfig:
                 raise ValueError(f"{name}: expected an integer, got {value!r}")
         if not isinstance(self.latency_honest, bool):
             raise ValueError(f"latency_honest: expected true or false, got {self.latency_honest!r}")
+        if self.latency_honest and self.simulated_delay is not None:
+            raise ValueError("latency_honest: each chunk's delay is measured; pass --latency-honest or "
+                             "--simulated-delay, not both")  # fmt: skip
         hz = self.control_hz
         if isinstance(hz, bool) or not isinstance(hz, (int, float)) or not 0 < hz < float("inf"):
             raise ValueError(f"control_hz: expected a control rate > 0 (Hz), got {hz!r}")

@@ -67,16 +67,14 @@ def gpu(run=_run) -> dict[str, str | None] | str:
 
 
 def renderer(backend: str) -> dict[str, Any]:
-    """Who drew the views of ``backend`` in this process (see the module docstring)."""
-    if backend == "mujoco":
-        from dz_gym.envs.mujoco.gl import rendering_device
+    """Who drew the views of ``backend`` in this process (the backend's own probe:
+    :meth:`~dz_gym.envs.backends.BackendTraits.renderer`); ``{"simulator": backend}`` when it cannot say."""
+    from dz_gym.envs.backends import traits
 
-        return {"simulator": "mujoco", **rendering_device()}
-    if "isaacsim" in sys.modules:
-        return {"simulator": backend, "renderer": "Isaac Sim RTX"}
-    if "newton" in sys.modules:
-        return {"simulator": backend, "renderer": "Newton Warp cameras (kit-less)"}
-    return {"simulator": backend, "renderer": None}
+    try:
+        return traits(backend).renderer()
+    except Exception:  # noqa: BLE001 - provenance never costs a run its summary
+        return {"simulator": backend}
 
 
 def simulator_versions(version=importlib.metadata.version) -> dict[str, str | None]:
