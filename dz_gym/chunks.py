@@ -18,6 +18,14 @@ mechanism serves the reference client's synchronous semantics and latency hiding
 - ``simulated_delay=D`` makes the delay a fixed number of steps instead of wall-clock time: a reply is
   applied exactly ``D`` steps after its request (held back if it came early; waited for if it is late), and an
   env with no action left meanwhile holds its pose. Results are then reproducible.
+- ``control_period_s=P`` (latency-honest) makes each request's delay its own measured round trip in steps,
+  ``ceil(latency / P)`` (:func:`honest_delay`): the world keeps moving while the policy thinks, as on a robot
+  running at ``1 / P`` Hz. The env stops stepping while its request is in flight (its delay is not known until
+  the reply is in; simulated time does not run while nobody knows how far it should), then takes that many
+  steps (on the rest of its window with ``prefetch``, else holding its pose) and applies the chunk from that
+  row on. Each delay is recorded as soon as it is known (``stats.drawn``); :meth:`ChunkSchedule.replay_delays` hands an env the
+  delays an earlier attempt of its episode drew, used in order before any new one is measured, so a rerun
+  does not draw new delays.
 
 When an env's episode ends its cache and any request in flight are dropped (a reply for an ended episode is
 discarded) and a fresh session id begins; other envs are not touched. Gripper commands are binarized
@@ -54,7 +62,9 @@ Example (two envs, synchronous, a horizon of 2 rows; ``chunk`` stands for a serv
 
 from __future__ import annotations
 
+import math
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -69,6 +79,22 @@ def check_horizon(open_loop_horizon: int, chunk_length: int, where: str = "") ->
     """Raise :class:`HorizonError` when a chunk of ``chunk_length`` rows cannot fill the horizon."""
     if int(chunk_length) < int(open_loop_horizon):
         raise HorizonError(open_loop_horizon, chunk_length, where)
+
+
+def honest_delay(latency_s: float, control_period_s: float) -> int:
+    """The steps a robot at ``1 / control_period_s`` Hz takes while a request ``latency_s`` long is in flight:
+    ``ceil(latency / period)`` (0 for an instant reply).
+
+    >>> honest_delay(0.2, 1 / 15), honest_delay(0.0, 1 / 15), honest_delay(1 / 15, 1 / 15)
+    (3, 0, 1)
+    """
+    latency_s, control_period_s = float(latency_s), float(control_period_s)
+    if not math.isfinite(latency_s) or latency_s < 0:
+        raise ValueError(f"latency_s: expected a finite number >= 0, got {latency_s!r}")
+    if not math.isfinite(control_period_s) or control_period_s <= 0:
+        raise ValueError(f"control_period_s: expected a finite number > 0, got {control_period_s!r}")
+    # a latency that is a whole number of periods up to float rounding takes that many steps, not one more
+    return max(0, math.ceil(latency_s / control_period_s - 1e-9))
 
 
 def new_session_id() -> str:
@@ -88,6 +114,9 @@ class EpisodeChunkStats:
     """Per-episode latency-hiding record of one env."""
 
     delays: list[int] = field(default_factory=list)  # d of each chunk, in steps
+    # latency-honest: each request's delay in steps once known (measured or replayed), in request order, also
+    # one whose chunk the episode's end left unused (what a rerun replays)
+    drawn: list[int] = field(default_factory=list)
     wait_steps: int = 0  # steps at which the env had to wait (or hold) for a reply
     stale_steps: int = 0  # steps executed past a chunk's window
 
@@ -121,6 +150,7 @@ class ChunkSchedule:
         prefetch: int = 0,
         max_stale_steps: int | None = None,
         simulated_delay: int | None = None,
+        control_period_s: float | None = None,
     ):
         if int(num_envs) < 1:
             raise ValueError(f"num_envs: expected an integer >= 1, got {num_envs!r}")
@@ -132,6 +162,12 @@ class ChunkSchedule:
             raise ValueError(f"max_stale_steps: expected an integer >= 0 or None, got {max_stale_steps!r}")
         if simulated_delay is not None and int(simulated_delay) < 0:
             raise ValueError(f"simulated_delay: expected an integer >= 0 or None, got {simulated_delay!r}")
+        if control_period_s is not None:
+            if simulated_delay is not None:
+                raise ValueError("control_period_s: a latency-honest schedule measures its delays; "
+                                 "pass it or simulated_delay, not both")  # fmt: skip
+            if not (math.isfinite(float(control_period_s)) and float(control_period_s) > 0):
+                raise ValueError(f"control_period_s: expected a number > 0 or None, got {control_period_s!r}")
         n = self.num_envs = int(num_envs)
         self.open_loop_horizon = int(open_loop_horizon)
         self.prefetch = int(prefetch)
@@ -139,6 +175,9 @@ class ChunkSchedule:
             max_stale_steps = 0  # the reference semantics: wait for the reply, never run past the window
         self.max_stale_steps = None if max_stale_steps is None else int(max_stale_steps)
         self.simulated_delay = None if simulated_delay is None else int(simulated_delay)
+        self.control_period_s = None if control_period_s is None else float(control_period_s)
+        # delays counted in steps (fixed or measured) rather than by when replies are delivered
+        self.simulated_time = simulated_delay is not None or control_period_s is not None
         self._new_session_id = session_id_factory
         # the cached chunks: rows of env i's chunk in _actions[i, :_length[i]]
         self._actions = np.zeros((n, self.open_loop_horizon, droid.ACTION_DIM), dtype=np.float32)
@@ -151,6 +190,11 @@ class ChunkSchedule:
         self._sent_step = np.zeros(n, dtype=np.int64)
         self._arrived = np.zeros(n, dtype=bool)
         self._arrived_chunks: list[np.ndarray | None] = [None] * n
+        # in simulated time, the delay in steps of each request in flight: fixed, replayed, or measured when
+        # its reply is in (0 until then, so an env whose delay is not known yet waits for its reply)
+        self._delay = np.zeros(n, dtype=np.int64)
+        self._measured = np.zeros(n, dtype=bool)  # the delay of the request in flight is to be measured
+        self._replay: list[deque[int]] = [deque() for _ in range(n)]
         self._tokens = 0
         self.session_ids: list[str] = [session_id_factory() for _ in range(n)]
         self.episode_step = np.zeros(n, dtype=np.int64)
@@ -183,12 +227,12 @@ class ChunkSchedule:
         return self._in_flight.copy()
 
     def _delay_elapsed(self) -> np.ndarray:
-        """``(N,)`` bool: envs whose request in flight was sent at least ``simulated_delay`` steps ago."""
-        return self._in_flight & (self.episode_step - self._sent_step >= self.simulated_delay)
+        """``(N,)`` bool: envs whose request in flight was sent at least its delay in steps ago."""
+        return self._in_flight & (self.episode_step - self._sent_step >= self._delay)
 
     def must_wait(self) -> np.ndarray:
         """``(N,)`` bool: envs that cannot take their next step before their reply is delivered."""
-        if self.simulated_delay is None:  # (replies are then applied when delivered: none is held)
+        if not self.simulated_time:  # (replies are then applied when delivered: none is held)
             return self._in_flight & (self._usable_end() <= self._row)
         return self._in_flight & ~self._arrived & self._delay_elapsed()
 
@@ -217,8 +261,8 @@ class ChunkSchedule:
         length = np.where(self._length > 0, self._length, self.open_loop_horizon)
         window_after = np.minimum(length, delay + self.open_loop_horizon) - delay
         late = window_after <= self.prefetch
-        if self.simulated_delay is not None:  # a held reply is applied only once its delay has passed
-            late &= delay >= self.simulated_delay
+        if self.simulated_time:  # a held reply is applied only once its delay has passed
+            late &= delay >= self._delay
         return np.where(self._in_flight, late, self._window_spent())
 
     # -- updates ---------------------------------------------------------------------------------
@@ -230,13 +274,35 @@ class ChunkSchedule:
         self._in_flight[env_id] = True
         self._token[env_id] = self._tokens
         self._sent_step[env_id] = self.episode_step[env_id]
+        if self.simulated_delay is not None:
+            self._delay[env_id] = self.simulated_delay
+        elif self.control_period_s is not None:
+            replay = self._replay[env_id]
+            self._measured[env_id] = not replay
+            self._delay[env_id] = replay.popleft() if replay else 0
+            if not self._measured[env_id]:  # a replayed delay is known now
+                self.stats[env_id].drawn.append(int(self._delay[env_id]))
         return self._tokens
 
-    def deliver(self, env_id: int, token: int, actions: np.ndarray, *, rows: int | None = None) -> bool:
+    def replay_delays(self, env_id: int, delays: Iterable[int]) -> None:
+        """Latency-honest: env ``env_id``'s next requests take ``delays`` (steps, in order; recorded by an
+        earlier attempt of its episode) instead of measuring theirs; later ones are measured again. Call it
+        at the start of the episode (ending it forgets what is left)."""
+        if self.control_period_s is None:
+            raise RuntimeError("replay_delays: only a latency-honest schedule (control_period_s) measures delays")
+        values = [int(d) for d in delays]
+        if any(d < 0 for d in values):
+            raise ValueError(f"delays: expected integers >= 0, got {values!r}")
+        self._replay[env_id] = deque(values)
+
+    def deliver(
+        self, env_id: int, token: int, actions: np.ndarray, *, rows: int | None = None, latency_s: float | None = None
+    ) -> bool:
         """Hand env ``env_id`` the reply to request ``token``; False when it was discarded.
 
         A reply to a request of an episode that has ended (or was abandoned) is discarded. Otherwise the
-        chunk is applied now, or, under a simulated delay, once the delay has passed. Raises
+        chunk is applied now, or, under a simulated delay, once the delay has passed (latency-honest: the
+        delay from ``latency_s``, the request's round trip, unless the env replays recorded delays). Raises
         :class:`~dz_gym.errors.ProtocolError` for a chunk that is not ``(H, 8)`` (``H == rows`` where the
         server announced a fixed horizon; :func:`dz_gym.protocol.contract.check_chunk`) and
         :class:`HorizonError` for one shorter than ``open_loop_horizon``.
@@ -244,9 +310,15 @@ class ChunkSchedule:
         actions = self._checked(actions, rows)
         if not self._in_flight[env_id] or self._token[env_id] != token:
             return False
-        if self.simulated_delay is None:
+        if not self.simulated_time:
             self._apply(env_id, actions)
         else:
+            if self._measured[env_id]:
+                if latency_s is None:
+                    raise ValueError("latency_s: a latency-honest schedule needs each reply's round trip")
+                self._delay[env_id] = honest_delay(latency_s, self.control_period_s)
+                self._measured[env_id] = False
+                self.stats[env_id].drawn.append(int(self._delay[env_id]))
             self._arrived[env_id] = True
             self._arrived_chunks[env_id] = np.array(actions, dtype=np.float32)  # the caller's array may change
             self.apply_arrivals([env_id])
@@ -260,12 +332,12 @@ class ChunkSchedule:
 
     def apply_arrivals(self, env_ids: Iterable[int] | None = None) -> None:
         """Switch envs to their arrived chunks whose (simulated) delay has passed."""
-        if self.simulated_delay is None:
+        if not self.simulated_time:
             return  # replies are applied when delivered: none is held
         if env_ids is None:
             env_ids = np.flatnonzero(self._arrived & self._delay_elapsed()).tolist()
         for i in env_ids:
-            if self._arrived[i] and self.episode_step[i] - self._sent_step[i] >= self.simulated_delay:
+            if self._arrived[i] and self.episode_step[i] - self._sent_step[i] >= self._delay[i]:
                 self._apply(i, self._arrived_chunks[i])
 
     def _apply(self, env_id: int, chunk: np.ndarray) -> None:
@@ -295,16 +367,18 @@ class ChunkSchedule:
 
     def abandon(self, env_id: int) -> None:
         """Forget env ``env_id``'s request in flight (it failed); a late reply to it is discarded."""
-        self._in_flight[env_id] = self._arrived[env_id] = False
+        self._in_flight[env_id] = self._arrived[env_id] = self._measured[env_id] = False
         self._arrived_chunks[env_id] = None
+        self._delay[env_id] = 0
 
     def accept_chunk(self, env_id: int, actions: np.ndarray) -> None:
         """Shortcut for a request sent now whose reply is already in (delay 0; under a simulated delay
-        the chunk is applied ``simulated_delay`` steps later, like any other reply)."""
+        the chunk is applied ``simulated_delay`` steps later, like any other reply; latency-honest, its round
+        trip counts as instant)."""
         actions = self._checked(actions)
         self.abandon(env_id)
         token = self.mark_sent(env_id)
-        self.deliver(env_id, token, actions)
+        self.deliver(env_id, token, actions, latency_s=0.0)
 
     def pop_actions(self, active: np.ndarray | None = None) -> np.ndarray:
         """One action per env, ``(N, 8)`` float32; every env counts one executed step.
@@ -360,6 +434,7 @@ class ChunkSchedule:
             i = int(i)
             ended.append(self.session_ids[i])
             self.drop_chunk(i)
+            self._replay[i].clear()
             self.session_ids[i] = self._new_session_id()
             self.episode_step[i] = 0
             self.server_calls[i] = 0

@@ -72,6 +72,14 @@ def number(text: str) -> float:
     return _number(text, float, "a finite number")
 
 
+def height_by_width(text: str) -> list[int]:
+    """``HxW`` (``360x640``) as ``[height, width]`` integers (the range is checked by whoever owns the rule)."""
+    parts = text.lower().split("x")
+    if len(parts) != 2:
+        raise argparse.ArgumentTypeError(f"expected HEIGHTxWIDTH such as 360x640, got {text!r}")
+    return [_number(part, int, "HEIGHTxWIDTH integers such as 360x640") for part in parts]
+
+
 class OneLineErrorParser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose usage errors are one line on stderr (``PROG: error: ...``) and exit 2.
 

@@ -42,7 +42,7 @@ ROWS_FILE = "episodes.jsonl"
 # Settings that make two runs measure different things: refuse unless --force.
 MUST_MATCH = {"backend": "backend", "max_steps": "max steps", "open_loop_horizon": "horizon (--open-loop-horizon)"}
 # Settings that change outcomes but may be what an A/B compares: reported, not refused.
-MAY_DIFFER = ("prefetch", "simulated_delay", "max_stale_steps")
+MAY_DIFFER = ("prefetch", "simulated_delay", "latency_honest", "control_hz", "max_stale_steps")
 
 
 def _run_horizon(run: Path) -> Any:

@@ -71,7 +71,8 @@ class EpisodeStats:
     a chunk's window; ``latencies_s``: round trip of every reply or failure taken; ``reconnects``: fresh
     connections opened for this env during the episode (by the transport re-sending a request, or after a
     failed call); ``retries``: requests re-sent after a server error; ``reconnect_failures``: reconnects
-    that failed; ``flagged``: a policy call of the episode failed.
+    that failed; ``flagged``: a policy call of the episode failed; ``drawn_delays`` (latency-honest runs):
+    every request's delay in steps once known, measured or replayed, in request order.
     """
 
     session_id: str
@@ -85,8 +86,9 @@ class EpisodeStats:
     retries: int = 0
     reconnect_failures: int = 0
     flagged: bool = False
+    drawn_delays: tuple[int, ...] = ()
 
-    _OBJECT_FIELDS = ("session_id", "delays", "latencies_s")
+    _OBJECT_FIELDS = ("session_id", "delays", "latencies_s", "drawn_delays")
 
     @staticmethod
     def to_info(stats: dict[int, EpisodeStats], num_envs: int) -> dict[str, np.ndarray]:

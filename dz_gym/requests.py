@@ -7,6 +7,9 @@ external_cam -> exterior_image_0_left, external_cam_2 -> exterior_image_1_left, 
 joint and gripper positions as float64, zero cartesian position, prompt, session id, endpoint "infer".
 Other servers' requests follow their profile (:mod:`dz_gym.protocol.profiles`): its keys, its 360x640 views
 or one composite, its state vector.
+
+:func:`compose_views` builds FLUX 3 Action's 540x640 composite from three 360x640 views (numpy or torch, on
+the tensors' device): the wrist view on top, the two exteriors below at half size, left then right.
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ import numpy as np
 
 from dz_gym.envs import droid
 from dz_gym.preprocess import is_torch_tensor, resize_with_pad, to_numpy
+from dz_gym.protocol.composite import compose_views
 from dz_gym.protocol.profiles import PROFILES, ServerProfile
 from dz_gym.protocol.request_batch import RequestBatch
 
-__all__ = ["assemble_requests", "build_requests", "contiguous_runs", "hold_actions", "profile_image_keys", "is_torch_tensor", "proprio", "resized_views", "views_bytes",
+__all__ = ["assemble_requests", "build_requests", "compose_views", "composite_of", "contiguous_runs", "hold_actions", "profile_image_keys", "is_torch_tensor", "proprio", "resized_views", "views_bytes",
            "request_items", "resolve_prompts", "to_numpy", "validate_policy_obs", "checked_actions", "env_actions"]  # fmt: skip
 
 
@@ -102,6 +106,12 @@ def resized_views(
         return gathered
     return {camera: to_numpy(blocks[0]) if len(blocks) == 1 else np.concatenate([to_numpy(b) for b in blocks])
             for camera, blocks in parts.items()}  # fmt: skip
+
+
+def composite_of(views: Mapping[str, Any]) -> Any:
+    """:func:`compose_views` of ``views`` keyed by camera (:data:`~dz_gym.envs.droid.CAMERA_KEYS`, as
+    :func:`resized_views` gives them): wrist_cam on top, external_cam (left) and external_cam_2 (right)."""
+    return compose_views(views["wrist_cam"], views["external_cam"], views["external_cam_2"])
 
 
 def views_bytes(policy: Mapping[str, Any], image_resolution: tuple[int, int] | None) -> int:

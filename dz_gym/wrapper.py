@@ -80,7 +80,9 @@ one-line :class:`~dz_gym.errors.HandshakeError`.
 
 Latency hiding (opt-in; the rules: :mod:`dz_gym.chunks`): ``prefetch=K`` asks for the next chunk K actions
 before the window ends, ``max_stale_steps`` bounds the steps run on a late chunk's previous rows, and
-``simulated_delay=D`` replaces wall-clock delay by exactly D steps (reproducible comparisons under latency).
+``simulated_delay=D`` replaces wall-clock delay by exactly D steps (reproducible comparisons under latency), and
+``latency_honest_hz=F`` by each request's own round trip in steps of a robot at F Hz (``ceil(latency * F)``:
+the world keeps moving while the policy thinks; :meth:`replay_delays` reuses an earlier attempt's delays).
 """
 
 from __future__ import annotations
@@ -191,6 +193,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper, VectorEnv):
         max_stale_steps: int | None = None,
         simulated_delay: int | None = None,
         *,
+        latency_honest_hz: float | None = None,
         client: PolicyClient | None = None,
         policy: str | None = None,
         server_kind: str | None = None,
@@ -215,6 +218,10 @@ class DreamZeroPolicyWrapper(gym.Wrapper, VectorEnv):
             raise ValueError(f"client: expected {self.num_envs} sessions (one per env), got {client.num_sessions}")
         self.prompts = resolve_prompts(prompt, env, self.num_envs)
         self.server_kind = resolve_server_kind(server_kind)
+        if latency_honest_hz is not None and not float(latency_honest_hz) > 0:
+            raise ValueError(f"latency_honest_hz: expected a control rate > 0 (Hz) or None, got {latency_honest_hz!r}")
+        self.latency_honest_hz = None if latency_honest_hz is None else float(latency_honest_hz)
+        period_s = None if latency_honest_hz is None else 1.0 / float(latency_honest_hz)
 
         def schedule(horizon: int) -> ChunkSchedule:
             return ChunkSchedule(
@@ -224,6 +231,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper, VectorEnv):
                 prefetch=prefetch,
                 max_stale_steps=max_stale_steps,
                 simulated_delay=simulated_delay,
+                control_period_s=period_s,
             )
 
         # built now to refuse bad arguments before connecting; rebuilt if the servers' contract shortens it
@@ -450,6 +458,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper, VectorEnv):
             steps=int(self._schedule.episode_step[i]),
             chunks=int(self._schedule.server_calls[i]),
             delays=tuple(int(d) for d in chunk.delays),
+            drawn_delays=tuple(int(d) for d in chunk.drawn),
             wait_steps=int(chunk.wait_steps),
             stale_steps=int(chunk.stale_steps),
             latencies_s=tuple(counters.latencies_s),
@@ -458,6 +467,11 @@ class DreamZeroPolicyWrapper(gym.Wrapper, VectorEnv):
             reconnect_failures=counters.reconnect_failures,
             flagged=bool(self.episode_flagged[i]),
         )
+
+    def replay_delays(self, env_id: int, delays) -> None:
+        """Latency-honest runs: env ``env_id``'s episode, just started, takes ``delays`` (steps, recorded by an
+        earlier attempt of the same episode) for its first requests instead of measuring new ones."""
+        self._schedule.replay_delays(int(env_id), delays)
 
     def server_url(self, env_id: int) -> str:
         """The server env ``env_id`` talks to."""
@@ -556,7 +570,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper, VectorEnv):
         if not self._in_flight and not self._schedule.in_flight().any():
             return record  # every env runs on its cache this step
         waiting = self._schedule.must_wait()
-        if self._schedule.simulated_delay is None:  # in simulated time only held steps count as waiting
+        if not self._schedule.simulated_time:  # in simulated time only held steps count as waiting
             self._schedule.count_wait(np.flatnonzero(waiting & ~record.called).tolist())
         self._take_replies(np.flatnonzero(waiting).tolist(), True, record)
         self._schedule.apply_arrivals()
@@ -604,7 +618,8 @@ class DreamZeroPolicyWrapper(gym.Wrapper, VectorEnv):
         if error is None:
             url = self._client.url(env_id)
             try:
-                delivered = self._schedule.deliver(env_id, token, outcome.reply.actions, rows=self._reply_rows.get(url))
+                delivered = self._schedule.deliver(env_id, token, outcome.reply.actions,
+                                                   rows=self._reply_rows.get(url), latency_s=outcome.latency_s)  # fmt: skip
             except HorizonError as exc:
                 raise HorizonError(exc.horizon, exc.chunk_length, f"server {url}") from None
             except ProtocolError as exc:

@@ -100,6 +100,9 @@ if [ $want_test = 1 ]; then
   # openpi-client pins numpy<2 and forgets typing_extensions: install it without its pins, next to the
   # dependencies it really uses (pillow, dm-tree, typing-extensions come with the test extra).
   "${pip[@]}" --no-deps "openpi-client==0.1.2" "openpi-server==0.1.0"
+  # SGLang's real /openpi/policy route (dz_gym.testing.sglang_real): the wheel without its dependency tree
+  # (its LLM runtime, triton, CUDA kernels); the route's own files need only fastapi and uvicorn (test extra).
+  "${pip[@]}" --no-deps "sglang==0.5.23"
   if [ $want_isaac22 = 1 ]; then
     # The real isaaclab 2.2.0 wheel, without its dependencies, and what importing its launcher, config
     # classes and mdp terms needs (its pins where it pins). Isaac Sim's own modules are faked by the tests.

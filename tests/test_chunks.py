@@ -258,3 +258,81 @@ def test_views_due_with_longer_chunks_and_a_simulated_delay():
     for delay in (0, 3, 9):
         schedule = ChunkSchedule(8, 4, prefetch=2, simulated_delay=delay)
         _wrapper_steps(schedule, rng, 200, lambda: int(rng.integers(1, 6)), 10)
+
+
+def _honest_run(schedule, latencies_s, steps=40):
+    """Drive a latency-honest ``schedule`` of one env in the wrapper's order, the k-th reply taking
+    ``latencies_s[k]`` of round trip and arriving only when the env must wait for it; the executed rows."""
+    out, token, sent = [], None, 0
+    for _ in range(steps):
+        if schedule.requests_due()[0]:
+            token = schedule.mark_sent(0)
+        if token is not None and schedule.must_wait()[0]:
+            schedule.deliver(0, token, rows_chunk(100 * (sent + 1)), latency_s=latencies_s[sent])
+            token, sent = None, sent + 1
+        schedule.apply_arrivals()
+        out.append(float(schedule.pop_actions(active=schedule.has_action())[0, 0]))
+    return out
+
+
+def test_latency_honest_delays_each_chunk_by_its_own_round_trip_in_control_periods():
+    schedule = ChunkSchedule(1, open_loop_horizon=8, control_period_s=1 / 15)
+    token = schedule.mark_sent(0)
+    assert schedule.must_wait()[0] and not schedule.has_action()[0]  # its delay is unknown until the reply
+    schedule.deliver(0, token, rows_chunk(0), latency_s=0.19)  # ceil(0.19 * 15) = 3 steps
+    assert not schedule.must_wait()[0]
+    for _ in range(3):  # the world moves on: the env holds its pose, the chunk is not applied yet
+        schedule.apply_arrivals()
+        assert np.isnan(schedule.pop_actions(active=schedule.has_action())).all()
+    schedule.apply_arrivals()
+    assert schedule.pop_actions()[0, 0] == 3  # the rows of the steps that passed are skipped
+    assert schedule.stats[0].delays == schedule.stats[0].drawn == [3] and schedule.stats[0].wait_steps == 3
+
+    rows = _honest_run(ChunkSchedule(1, open_loop_horizon=8, control_period_s=0.1), [0.0, 0.25, 0.05, 0.3] * 5)
+    assert rows[:8] == [100 + r for r in range(8)]  # an instant reply: no step passes
+    assert np.isnan(rows[8:11]).all() and rows[11:16] == [203 + r for r in range(5)]  # 0.25 s: 3 steps
+
+
+def test_latency_honest_replay_reproduces_the_recorded_delays_whatever_is_measured():
+    first = ChunkSchedule(1, open_loop_horizon=8, prefetch=2, control_period_s=1 / 15)
+    rows = _honest_run(first, [0.31, 0.02, 0.5, 0.14, 0.2, 0.7, 0.1, 0.0, 0.3, 0.2] * 3)
+    recorded = list(first.stats[0].drawn)
+    assert first.stats[0].delays == recorded[: len(first.stats[0].delays)]
+    assert recorded[:4] == [5, 1, 8, 3]
+
+    again = ChunkSchedule(1, open_loop_horizon=8, prefetch=2, control_period_s=1 / 15)
+    again.replay_delays(0, recorded)
+    np.testing.assert_array_equal(_honest_run(again, [9.0] * 30), rows)  # the rerun's latencies are not used
+    assert again.stats[0].drawn == recorded
+
+    partial = ChunkSchedule(1, open_loop_horizon=8, control_period_s=1 / 15)
+    partial.replay_delays(0, [2])
+    _honest_run(partial, [0.0, 0.2, 0.2, 0.2], steps=20)
+    assert partial.stats[0].drawn[:2] == [2, 3]  # past the recorded ones, delays are measured again
+    partial.end_episodes([0])
+    token = partial.mark_sent(0)
+    assert partial.must_wait()[0]  # a new episode forgets what was left to replay
+    partial.deliver(0, token, rows_chunk(0), latency_s=0.0)
+
+
+def test_latency_honest_settings_are_validated():
+    from dz_gym.eval.config import EvalConfig
+
+    with pytest.raises(ValueError, match="latency_honest: each chunk's delay is measured"):
+        EvalConfig(backend="mujoco", latency_honest=True, simulated_delay=2)
+    with pytest.raises(ValueError, match="control_hz"):
+        EvalConfig(backend="mujoco", latency_honest=True, control_hz=0)
+    with pytest.raises(ValueError, match="control_period_s"):
+        ChunkSchedule(1, simulated_delay=2, control_period_s=0.1)
+    with pytest.raises(ValueError, match="control_period_s"):
+        ChunkSchedule(1, control_period_s=0.0)
+    with pytest.raises(RuntimeError, match="replay_delays"):
+        ChunkSchedule(1, simulated_delay=2).replay_delays(0, [1])
+    schedule = ChunkSchedule(1, control_period_s=0.1)
+    with pytest.raises(ValueError, match="delays"):
+        schedule.replay_delays(0, [-1])
+    token = schedule.mark_sent(0)
+    with pytest.raises(ValueError, match="latency_s"):
+        schedule.deliver(0, token, rows_chunk(0))
+    with pytest.raises(ValueError, match="latency_s"):
+        schedule.deliver(0, token, rows_chunk(0), latency_s=float("nan"))

@@ -113,6 +113,35 @@ def test_simulated_delay_is_recorded_and_independent_of_num_envs(tmp_path):
     assert config["prefetch"] == 4 and config["simulated_delay"] == 3
 
 
+@pytest.mark.slow  # about 10 s
+def test_latency_honest_delays_are_measured_recorded_and_replayed_on_resume(tmp_path, capsys):
+    from dz_gym.chunks import honest_delay
+
+    flags = ["--latency-honest", "--serve-arg=--latency-ms=100", "--no-video", "--episodes", "2"]
+    assert cli.main([*BASE, *flags, "--output-root", str(tmp_path)]) == 0
+    run = run_dir_of(tmp_path)
+    for row in run.read_rows():
+        delays, latencies = row["request_delays"], row["latencies_ms"]
+        assert row["chunk_delays"] == delays[: len(row["chunk_delays"])]  # each applied at its delay
+        assert len(delays) == len(latencies) >= 2 and min(delays) >= 2  # 100 ms at 15 Hz: at least 2 steps
+        for delay, ms in zip(delays, latencies):  # each chunk's own round trip (ms rounded to 0.001)
+            assert delay in (honest_delay(ms / 1e3, 1 / 15), honest_delay(ms / 1e3 + 1e-6, 1 / 15))
+        assert 2 <= row["wait_steps"] <= sum(delays)  # the arm held its pose while each request was out
+    config = json.loads((run.path / "config.json").read_text())
+    assert config["latency_honest"] is True and config["control_hz"] == 15.0
+
+    with pytest.raises(SystemExit) as refused:  # the mode is locked on resume
+        cli.main(["--resume", str(run.path), "--no-progress", "--control-hz", "10"])
+    assert refused.value.code == 2 and "control_hz: the run used 15.0" in capsys.readouterr().err
+    # episode 2 ran before and errored: its attempt's delays are on record, and the rerun draws no new ones
+    run.append_attempt({"scene": 1, "episode": 2, "arm": None, "seed": 2, "attempt": 1, "steps": 9,
+                        "error_event": "timeout", "error": "no reply", "request_delays": [6, 9]})  # fmt: skip
+    assert cli.main(["--resume", str(run.path), "--no-progress", "--episodes", "3"]) == 0
+    (row,) = [r for r in run.read_rows() if r["episode"] == 2]
+    assert row["request_delays"][:2] == [6, 9] and row["chunk_delays"][0] == 6 and row["attempts"] == 2
+    assert all(d >= 2 for d in row["request_delays"][2:])  # later requests are measured again
+
+
 def assert_clean_stop(code, err, run):
     """Exit 130, no traceback from this process or its workers, the summary written."""
     assert code == 130, err

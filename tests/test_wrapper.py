@@ -360,6 +360,39 @@ def test_prompt_validation():
         DreamZeroPolicyWrapper(IsaacDroidStandIn(scene=1, num_envs=2), server="ws://127.0.0.1:1", prompt=["a"])
 
 
+def test_latency_honest_delays_follow_each_round_trip_and_replayed_ones_reproduce_a_run(recording_server):
+    """A server 50 ms slow at 15 Hz: each chunk comes ceil(latency x 15) >= 1 steps after its request, every
+    request's delay is in the episode's stats; a rerun handed those delays takes the same actions whatever its
+    own latency."""
+
+    def run(delay_s: float, replay=None) -> tuple[np.ndarray, list]:
+        server = recording_server(RecordingPolicy(delay_s=delay_s), workers=4)
+        env = make_wrapper(IsaacDroidStandIn(scene=1, num_envs=2, max_episode_length=30), server.url,
+                           latency_honest_hz=15.0)  # fmt: skip
+        try:
+            env.reset(seed=0)
+            for i, delays in enumerate(replay or ()):
+                env.replay_delays(i, delays)
+            actions = []
+            for _ in range(30):
+                _, _, _, _, info = env.step()
+                actions.append(info["policy_action"])
+            return np.stack(actions), [EpisodeStats.from_info(info, i) for i in range(2)]
+        finally:
+            env.close()
+
+    slow_actions, slow_stats = run(0.05)
+    for stats in slow_stats:
+        assert len(stats.drawn_delays) == len(stats.latencies_s) >= 2 and min(stats.drawn_delays) >= 1
+        assert stats.delays == stats.drawn_delays[: len(stats.delays)]
+        assert stats.wait_steps >= sum(stats.delays)  # the arm held its pose while each chunk was out
+    fast_actions, fast_stats = run(0.0, replay=[s.drawn_delays for s in slow_stats])
+    np.testing.assert_array_equal(fast_actions, slow_actions)
+    assert [s.drawn_delays for s in fast_stats] == [s.drawn_delays for s in slow_stats]
+    with pytest.raises(ValueError, match="latency_honest_hz"):
+        make_wrapper(IsaacDroidStandIn(scene=1, num_envs=2), "ws://127.0.0.1:1", latency_honest_hz=0)
+
+
 def test_simulated_delay_is_reproducible_whatever_the_server_latency(recording_server):
     def run(delay_s: float) -> tuple[np.ndarray, list]:
         server = recording_server(RecordingPolicy(delay_s=delay_s), workers=4)

@@ -48,7 +48,11 @@ class BackendTraits:
     - ``device_option``: the launcher flag and env keyword naming the simulator's torch device
       (``--device cuda:k``), which a shard given a GPU points at it; empty when the backend has none;
     - ``shard_cpus``: CPUs one Ray shard asks for; None: one per env slot, at most its share of a node;
-    - ``worker_processes``: a shard steps its envs in worker processes, one per CPU it was given.
+    - ``worker_processes``: a shard steps its envs in worker processes, one per CPU it was given;
+    - ``render_shape_kwarg``: the env keyword that sets the size its views render at (``--render-shape``);
+      empty when the backend renders its own size, which requests are resized from;
+    - ``renderer_probe``: ``module:function`` -> dict saying who draws the views in this process (a run's
+      provenance); nothing is imported that the run has not imported.
     """
 
     name: str
@@ -67,6 +71,8 @@ class BackendTraits:
     worker_processes: bool = False
     named_tasks: bool = False  # runs sim-evals' named tasks beyond the DROID scenes (MILA, keys 101+)
     can_start: str = ""  # ``module:function`` -> bool, stricter than ``package`` importable (nothing imported)
+    render_shape_kwarg: str = ""
+    renderer_probe: str = ""
 
     @property
     def starts_app(self) -> bool:
@@ -76,6 +82,11 @@ class BackendTraits:
     def make_env(self, scene: int | str, num_envs: int, **kwargs: Any):
         """The batched env of ``scene`` with ``num_envs`` envs (imports the backend now)."""
         return _load(self.factory)(scene=scene, num_envs=num_envs, **kwargs)
+
+    def renderer(self) -> dict[str, Any]:
+        """Who draws this backend's views in this process (``renderer_probe``), with the backend's name."""
+        found = dict(_load(self.renderer_probe)()) if self.renderer_probe else {}
+        return {"simulator": self.name, **found}
 
     def start_app(self, app_args: Any = None) -> None:
         """Start the simulator app in this process (a no-op for backends without one)."""
@@ -139,6 +150,7 @@ REGISTRY: dict[str, BackendTraits] = {
             device_option="device",
             shard_cpus=1.0,
             named_tasks=True,
+            renderer_probe="dz_gym.envs.isaac.checks:renderer_in_process",
         ),
         BackendTraits(
             name="mujoco",
@@ -151,6 +163,8 @@ REGISTRY: dict[str, BackendTraits] = {
             shard_gpus=None,
             max_shard_gpus=MAX_RENDER_GPUS,
             worker_processes=True,
+            render_shape_kwarg="image_shape",
+            renderer_probe="dz_gym.envs.mujoco.gl:rendering_device",
         ),
     )
 }

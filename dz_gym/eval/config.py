@@ -99,8 +99,14 @@ class EvalConfig:
     server_kind: str = _result(AUTO)  # the servers' profile (dz_gym.protocol.profiles); auto: from the handshake
     prefetch: int = _result(0)  # latency hiding (dz_gym.chunks): request when this many actions are left
     simulated_delay: int | None = _result(None)  # a fixed delay in steps instead of wall-clock latency
+    # each chunk's delay in steps from its own measured round trip at control_hz (dz_gym.chunks.honest_delay)
+    latency_honest: bool = _result(False)
+    control_hz: float = _result(float(droid.CONTROL_HZ))  # the robot's control rate of a latency-honest run
     max_stale_steps: int | None = _result(None)  # rows past a chunk's window while its successor is late
     max_steps: int = _result(droid.MAX_EPISODE_LENGTH)
+    # [height, width] the embedded simulator renders its views at (None: its default, 180x320; a new run against
+    # servers asking for other 16:9 views sets it from their handshake: dz_gym.envs.render_shape)
+    render_shape: list[int] | None = _result(None)
     max_errors: int | None = None  # None: 10 % of the planned episodes, at least 5
     request_timeout: float = field_default(TransportConfig, "request_timeout")
     retry_server_errors: int = field_default(TransportConfig, "retry_server_errors")
@@ -161,6 +167,14 @@ class EvalConfig:
                 value is None and name in ("open_loop_horizon", "simulated_delay", "max_stale_steps")
             ):
                 raise ValueError(f"{name}: expected an integer, got {value!r}")
+        if not isinstance(self.latency_honest, bool):
+            raise ValueError(f"latency_honest: expected true or false, got {self.latency_honest!r}")
+        if self.latency_honest and self.simulated_delay is not None:
+            raise ValueError("latency_honest: each chunk's delay is measured; pass --latency-honest or "
+                             "--simulated-delay, not both")  # fmt: skip
+        hz = self.control_hz
+        if isinstance(hz, bool) or not isinstance(hz, (int, float)) or not 0 < hz < float("inf"):
+            raise ValueError(f"control_hz: expected a control rate > 0 (Hz), got {hz!r}")
         if not _is_int(self.episode_retries) or not 0 <= self.episode_retries <= MAX_EPISODE_RETRIES:
             raise ValueError(f"episode_retries: expected an integer in [0, {MAX_EPISODE_RETRIES}], "
                              f"got {self.episode_retries!r}")  # fmt: skip
@@ -169,6 +183,7 @@ class EvalConfig:
         self.backend = backends.resolve(self.backend)  # a one-line "backend: expected one of ..." if unknown
         if self.server_kind not in SERVER_KINDS:
             raise ValueError(f"server_kind: expected one of {', '.join(SERVER_KINDS)}, got {self.server_kind!r}")
+        self._check_render_shape()
         if not isinstance(self.server_idle_timeout, (int, float)) or not self.server_idle_timeout >= 0:
             raise ValueError(
                 f"server_idle_timeout: expected seconds >= 0 (0: the servers have none), got {self.server_idle_timeout!r}"
@@ -387,6 +402,17 @@ class EvalConfig:
                 f"got {self.num_envs}"
             )
 
+    def _check_render_shape(self) -> None:
+        """``render_shape``: None, or a size the renderer takes, for a backend that renders at a chosen size."""
+        if self.render_shape is None:
+            return
+        from dz_gym.envs.render_shape import check_render_shape
+
+        self.render_shape = list(check_render_shape(self.render_shape, "render_shape"))
+        if not backends.traits(self.backend).render_shape_kwarg:
+            raise ValueError(f"render_shape: {backends.traits(self.backend).title} renders its own size (requests "
+                             "are resized to the server's); only the embedded simulator (--backend mujoco) takes it")  # fmt: skip
+
     def _check_schedule(self) -> None:
         """The chunk schedule's own rules (prefetch range, delays), checked by the schedule itself."""
         from dz_gym.chunks import ChunkSchedule
@@ -398,7 +424,13 @@ class EvalConfig:
             prefetch=self.prefetch,
             max_stale_steps=self.max_stale_steps,
             simulated_delay=self.simulated_delay,
+            control_period_s=1.0 / self.control_hz if self.latency_honest else None,
         )
+
+    @property
+    def latency_honest_hz(self) -> float | None:
+        """The control rate of a latency-honest run (the wrapper's ``latency_honest_hz``), else None."""
+        return float(self.control_hz) if self.latency_honest else None
 
     def transport_process_count(self) -> int:
         """The worker processes each connection pool spreads its sessions over: ``transport_processes``,

@@ -22,6 +22,7 @@ from dz_gym.cli_types import (
     SERVER,
     SERVER_KIND,
     Flag,
+    height_by_width,
     integer,
     number,
 )
@@ -50,6 +51,10 @@ RUN = (
          field="max_steps", type=integer, metavar="T"),
     Flag("--backend", "simulator; auto picks isaac when Isaac Lab is importable, else mujoco, and says so",
          field="backend", choices=backends.NAMES),
+    Flag("--render-shape", "embedded simulator: render the views at HxW (e.g. 360x640) instead of 180x320; a new "
+         "run against servers whose handshake asks for other 16:9 views (or a 540x640 composite: 360x640 views) "
+         "renders at their size by itself (dz_gym.envs.render_shape)", field="render_shape", type=height_by_width,
+         metavar="HxW", shown="180x320 or the servers'"),
 )  # fmt: skip
 SERVER_FLAGS = (
     SERVER.but(help="ws:// URL of a policy server (repeatable: env slot i talks to server i % len(servers))",
@@ -88,6 +93,12 @@ TIMING = (
     Flag("--simulated-delay", "apply every chunk exactly D steps after its request instead of when it arrives: "
          "reproducible latency (an env with no action left holds its pose)", field="simulated_delay",
          type=integer, metavar="D", shown="off"),
+    Flag("--latency-honest", "apply every chunk ceil(latency / control period) steps after its request, from that "
+         "request's own measured round trip: the world keeps moving while the policy thinks, as on a robot; each "
+         "delay is recorded in the row's request_delays and an episode run again replays them (docs/eval.md, "
+         "Latency-honest runs)", field="latency_honest", action="store_true"),
+    Flag("--control-hz", "the robot's control rate of --latency-honest (DROID: 15)", field="control_hz",
+         type=number, metavar="HZ"),
     Flag("--max-stale-steps", "with --prefetch: rows a late env may run past its window before it waits",
          field="max_stale_steps", type=integer, metavar="S", shown="whole chunk"),
     REQUEST_TIMEOUT,

@@ -49,13 +49,16 @@ def check_backend(backend: str) -> str | None:
     return None if traits.available() else f"--backend {backend}: {traits.missing}"
 
 
-def check_servers(servers: Sequence[str], transport: TransportConfig) -> str | None:
-    """``None`` when every server completes the handshake, else the first failure (one line)."""
+def check_servers(servers: Sequence[str], transport: TransportConfig, metadata: list | None = None) -> str | None:
+    """``None`` when every server completes the handshake, else the first failure (one line); each server's
+    :class:`~dz_gym.protocol.ServerMetadata` is appended to ``metadata`` when given."""
     if not servers:
         return None
     pool = SessionPool(list(servers), num_sessions=len(servers), config=transport)
     try:
-        pool.connect()
+        found = pool.connect()
+        if metadata is not None:
+            metadata.extend(found)
     except PartialConnectError as exc:
         first = min(exc.errors)
         text = first_line(exc.errors[first])

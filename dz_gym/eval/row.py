@@ -128,6 +128,10 @@ class EpisodeRow:
     video: str | None = _f("file", "str / null", "the video's path relative to the run directory")
     chunk_delays: list[int] = _f("result", "list of int", "per chunk, the steps between its request's observation "
                                  "and its first executed row (0 when waiting synchronously)", factory=list)  # fmt: skip
+    request_delays: list[int] = _f("result", "list of int", "`--latency-honest` only: every request's delay in "
+                                   "steps, ceil(round trip x `--control-hz`) or replayed from an earlier attempt "
+                                   "of the episode, in request order (also one whose chunk the episode's end left "
+                                   "unused); empty otherwise", factory=list)  # fmt: skip
     wait_steps: int = _f("result", "int", "steps the env waited (blocked on a late reply, or held its pose under "
                          "`--simulated-delay`)", 0)  # fmt: skip
     stale_steps: int = _f("result", "int", "steps it executed past a chunk's window while the next one was late", 0)

@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from dz_gym.envs import droid
 from dz_gym.errors import HorizonError, UnknownServer, first_line
 from dz_gym.eval.config import EvalConfig
 from dz_gym.eval.flag_table import DEFAULT_OUTPUT_ROOT
@@ -70,14 +71,45 @@ def _default_say(message: str) -> None:
     print(f"dz-gym-eval: {message}", file=sys.stderr, flush=True)
 
 
-def preflight(config: EvalConfig) -> str | None:
-    """Why ``config`` cannot run here (one line), or None; nothing is written either way."""
+def preflight(config: EvalConfig, metadata: list | None = None) -> str | None:
+    """Why ``config`` cannot run here (one line), or None; nothing is written either way. The servers'
+    handshakes go into ``metadata`` when given."""
     from dz_gym.eval.plan import is_url
     from dz_gym.eval.preflight import check_backend, check_servers
     from dz_gym.eval.tracking import missing
 
     urls = config.servers + config.servers_b + [v for _, v in config.arm_table() if is_url(v)]
-    return check_backend(config.backend) or missing(config.log) or check_servers(urls, config.transport_config())
+    return (check_backend(config.backend) or missing(config.log)
+            or check_servers(urls, config.transport_config(), metadata))  # fmt: skip
+
+
+def _asked_resolution(config: EvalConfig, meta) -> tuple[int, int] | None:
+    """The view size a server asks for: its profile's (FLUX servers' handshakes name none), else its
+    handshake's ``image_resolution``; None where its handshake matches no profile (the run says so later)."""
+    from dz_gym.protocol.profiles import detect_profile
+
+    try:
+        profile = detect_profile(getattr(meta, "raw", None), server_kind=config.server_kind)
+    except UnknownServer:
+        return None
+    return profile.render_resolution or getattr(meta, "image_resolution", None)
+
+
+def render_shape_from_servers(config: EvalConfig, metadata: list) -> str | None:
+    """A new run on the embedded simulator without ``--render-shape`` renders the views its servers ask for
+    (:func:`~dz_gym.envs.render_shape.render_shape_for` of their profiles' or handshakes' ``image_resolution``) when they
+    all ask for the same size and it is not the default: sets ``config.render_shape`` and says so (a line), else
+    None. DreamZero's 180x320 (and a handshake that names no size) leave the config as it was."""
+    from dz_gym.envs.backends import traits
+    from dz_gym.envs.render_shape import render_shape_for
+
+    if config.render_shape is not None or not traits(config.backend).render_shape_kwarg or not metadata:
+        return None
+    shapes = {render_shape_for(_asked_resolution(config, meta)) for meta in metadata}
+    if len(shapes) != 1 or (shape := shapes.pop()) == tuple(droid.DEFAULT_EMBEDDED_IMAGE_SHAPE):
+        return None
+    config.render_shape = list(shape)
+    return f"the servers ask for {shape[0]}x{shape[1]} views: the embedded simulator renders at that size"
 
 
 def _status(summary: Mapping[str, Any] | None) -> str:
@@ -244,13 +276,16 @@ def run_eval(
 def _run(config, run_dir, output_root, serve_args, process_per_scene, ray_options, control, progress, command,
          env_factory, env_kwargs, only_scenes, scene_processes, argv, say) -> RunResult:  # fmt: skip
     """:func:`run_eval` once the outputs and the ledger are checked (the resumed run's lock held)."""
+    metadata: list = []
     try:
         with interruptible():
-            problem = preflight(config)
+            problem = preflight(config, metadata)
     except KeyboardInterrupt:
         return RunResult("interrupted", error="stopped before the run started; nothing was written")
     if problem is not None:
         return RunResult("aborted", error=problem)
+    if run_dir is None and (line := render_shape_from_servers(config, metadata)) is not None:
+        say(line)  # a resumed run keeps the render shape its config saved
     if control.stop.is_set():
         return RunResult("interrupted", error="stopped before the run started; nothing was written")
     from dz_gym.envs.backends import traits

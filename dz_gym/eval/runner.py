@@ -25,10 +25,13 @@ and plan position, so its row is the one a run without errors writes; ``attempts
 say what happened before. The row's ``error_event`` names the cause (``dz_gym.records.INTEGRITY_EVENTS``), the same for every env;
 ``reconnects`` and ``retries`` count the connections reopened and the requests re-sent after server errors
 during the episode (a reconnect may restart the policy's context on vLLM-Omni, which keys sessions per
-connection).
+connection). In a latency-honest run (the wrapper's ``latency_honest_hz``) the request delays an attempt drew are
+logged with it, and the episode's next attempt (in this run or on resume) replays them before measuring new
+ones, so running an episode again draws no new delays for the requests already recorded.
 
 The runner uses only the wrapper's public surface (``set_idle``, ``render_policy``, ``episode_stats``,
-``server_url``, ``admission_retry_at``, ``session_ids``, ``last_obs``, the step's ``info``); it never reconnects.
+``server_url``, ``admission_retry_at``, ``session_ids``, ``last_obs``, ``replay_delays``, the step's ``info``);
+it never reconnects.
 
 A/B runs (entries with an ``arm``): episode ``k`` runs twice, under arm A on slot ``2j`` and under arm B on
 slot ``2j + 1`` with ``j = k % (num_envs / 2)`` (the plan's): the two runs of a seed are on neighbouring slots,
@@ -214,10 +217,14 @@ class SceneRunner:
         self._waiting: set[int] = set()  # slots whose episode waits to start again (admission or retry)
         self.episode_retries = int(episode_retries)
         self._retried: dict[tuple[int, str | None], list[str]] = {}  # (episode, arm) -> events of attempts re-run
+        # (episode, arm) -> the request delays its last attempt run again drew: a latency-honest rerun replays them
+        self._drawn: dict[tuple[int, str | None], list[int]] = {}
         for record in run_dir.read_attempts():
             if record.get("scene") == self.scene and (record.get("episode"), record.get("arm")) in self._todo:
                 key = (int(record["episode"]), record.get("arm"))
                 self._retried.setdefault(key, []).append(str(record.get("error_event")))
+                if isinstance(record.get("request_delays"), list):
+                    self._drawn[key] = [int(d) for d in record["request_delays"]]
         self.hold_starts = False  # True: the caller runs refill() after each step (scenes side by side)
         self._ended: list[tuple[int, bool]] = []  # slots whose episode ended at the last step, and autoreset
         self._idle_due = False
@@ -357,14 +364,14 @@ class SceneRunner:
         milestones = _milestone_columns(info) if finished else None
         columns = self._log.episodes([i for i, *_ in finished])
         for (i, error, event, ended_by), episode_columns in zip(finished, columns, strict=True):
+            # a done env's record comes with the step's info; one ended here is still the wrapper's current one
+            stats = EpisodeStats.from_info(info, i) if done[i] else wrapper.episode_stats(i)
             if event == SESSION_REFUSED and self._defer(i):
                 continue
-            if error is not None and event != SESSION_REFUSED and self._retry(i, error, event):
+            if error is not None and event != SESSION_REFUSED and self._retry(i, error, event, stats.drawn_delays):
                 continue
             if milestones is not None:  # this step's info is the finished episode's (before any autoreset)
                 self._current[i].milestones = {name: int(steps[i]) for name, steps in milestones.items()}
-            # a done env's record comes with the step's info; one ended here is still the wrapper's current one
-            stats = EpisodeStats.from_info(info, i) if done[i] else wrapper.episode_stats(i)
             self._finish(i, error, event, ended_by, episode_columns, stats)
             self._ended.append((i, bool(done[i])))  # done: the env has already reset itself (autoreset)
         self._idle_due = self._idle_due or bool(finished)
@@ -412,17 +419,20 @@ class SceneRunner:
         self._requeue(slot)
         return True
 
-    def _retry(self, slot: int, error: str, event: str | None) -> bool:
-        """The slot's attempt ended by an infrastructure error: unless its retries are used up, log it, drop
-        the attempt (no row) and start the episode again from its reset; whether it did."""
+    def _retry(self, slot: int, error: str, event: str | None, delays: Sequence[int] = ()) -> bool:
+        """The slot's attempt ended by an infrastructure error: unless its retries are used up, log it (with
+        the request ``delays`` it drew), drop the attempt (no row) and start the episode again from its reset;
+        whether it did."""
         ep = self._current[slot]
         events = self._retried.setdefault((ep.episode, ep.arm), [])
         if len(events) >= self.episode_retries:
             return False
         events.append(str(event))
+        self._drawn[(ep.episode, ep.arm)] = [int(d) for d in delays]
         self.run_dir.append_attempt({"scene": ep.scene, "episode": ep.episode, "arm": ep.arm, "seed": ep.seed,
                                      "attempt": len(events), "steps": self._steps(slot), "error_event": event,
-                                     "error": error, "started_at": _iso(ep.started_at)})  # fmt: skip
+                                     "error": error, "started_at": _iso(ep.started_at),
+                                     "request_delays": [int(d) for d in delays]})  # fmt: skip
         logger.info("scene %d episode %d%s: %s; running it again from its reset (retry %d of %d)", ep.scene,
                     ep.episode, f" arm {ep.arm}" if ep.arm else "", error, len(events), self.episode_retries)  # fmt: skip
         self._requeue(slot)
@@ -518,6 +528,9 @@ class SceneRunner:
         )
         self._live[slot] = True
         self._log.start([slot])
+        drawn = self._drawn.get((episode, arm))
+        if drawn and getattr(self.wrapper, "latency_honest_hz", None) is not None:
+            self.wrapper.replay_delays(slot, drawn)  # a rerun takes the delays its earlier attempt measured
 
     def _steps(self, slot: int) -> int:
         """How many steps the slot's episode has taken."""
@@ -560,7 +573,8 @@ class SceneRunner:
             milestones = {name: (step if step >= 0 else None) for name, step in ep.milestones.items()}
         measured: dict[str, Any] = dict(seen.get("success", {}))
         if stats is not None:
-            measured.update(chunk_delays=list(stats.delays), wait_steps=int(stats.wait_steps),
+            measured.update(chunk_delays=list(stats.delays), request_delays=list(stats.drawn_delays),
+                            wait_steps=int(stats.wait_steps),
                             stale_steps=int(stats.stale_steps), reconnects=int(stats.reconnects),
                             retries=int(stats.retries))  # fmt: skip
         retried = self._retried.get((ep.episode, ep.arm), [])

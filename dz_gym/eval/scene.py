@@ -33,13 +33,16 @@ __all__ = ["EnvFactory", "default_env_factory", "policy_client", "run_scene", "s
 
 
 def default_env_factory(scene: int, config: EvalConfig, **backend_kwargs: Any):
-    """``make_droid_env`` for ``config.backend``; the embedded simulator gets the episode length directly."""
+    """``make_droid_env`` for ``config.backend``; the embedded simulator gets the episode length directly, and
+    its views' size when ``config.render_shape`` sets one."""
     from dz_gym.envs.backends import traits
 
     backend = traits(config.backend)
     kwargs = dict(backend_kwargs)
     for keyword, field in backend.config_kwargs.items():
         kwargs.setdefault(keyword, getattr(config, field))
+    if config.render_shape is not None:
+        kwargs.setdefault(backend.render_shape_kwarg, tuple(config.render_shape))
     return backend.make_env(scene, config.num_envs, **kwargs)
 
 
@@ -81,6 +84,7 @@ def _wrapper(env, config: EvalConfig, slot_servers: Sequence[str], client, profi
         server_kind=config.server_kind,
         prefetch=config.prefetch,
         simulated_delay=config.simulated_delay,
+        latency_honest_hz=config.latency_honest_hz,
         max_stale_steps=config.max_stale_steps,
     )
 

@@ -39,6 +39,7 @@ from dz_gym.eval.config import EvalConfig
 from dz_gym.eval.ledger import check_ledger, spec_of
 from dz_gym.eval.plan import RunPlan
 from dz_gym.eval.progress import Progress
+from dz_gym.eval.provenance import provenance
 from dz_gym.eval.rundir import ROWS_FILE, RunDir
 from dz_gym.eval.runlock import RunLock
 from dz_gym.eval.runner import RunControl, task_name
@@ -68,7 +69,7 @@ def server_profile(server_metadata: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-SUMMARY_FROM_CHILDREN = ("server", "servers", "server_metadata", "video_errors")
+SUMMARY_FROM_CHILDREN = ("server", "servers", "server_metadata", "video_errors", "provenance")
 
 __all__ = ["Executor", "RunSegment", "checked_rows", "remaining", "run_segment", "write_report_page"]
 
@@ -229,7 +230,8 @@ class RunSegment:
             **self.extra,
             "dropped": _merged(self.dropped, (previous.get("sequential") or {}).get("dropped", [])),
         }
-        if self.inherit:
+        extra["provenance"] = provenance(self.config, extra["server_metadata"], extra["server"])
+        if self.inherit:  # (the scenes' processes ran the simulator and spoke to the servers)
             extra.update({k: previous[k] for k in SUMMARY_FROM_CHILDREN if k in previous})
         extra["video_errors"] = {**previous.get("video_errors", {}), **self.video_errors}  # every segment's
         summary = build_summary(self.config, self.run_dir, segments=segments, extra=extra)

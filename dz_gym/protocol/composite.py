@@ -4,7 +4,7 @@ The wrist view (360x640) on top; below it the two exterior views halved to 180x3
 right. Halving is a bilinear 2x downscale with half-pixel centres (``align_corners=False``), which at exactly
 half size is the mean of each 2x2 block, truncated to uint8 as BFL's server does.
 :func:`compose_views` builds it (batched: ``(..., H, W, 3)``), :func:`split_composite` takes it apart again
-(the exteriors come back at half size, as the server saw them).
+(the exteriors come back at half size, as the server saw them). Both take numpy arrays or torch tensors.
 
 >>> import numpy as np
 >>> views = {k: np.full((2, 360, 640, 3), v, np.uint8) for k, v in (("left", 10), ("right", 20), ("wrist", 30))}
@@ -25,21 +25,38 @@ VIEW_SHAPE = (360, 640)
 COMPOSITE_SHAPE = (540, 640)
 
 
-def halve(images: np.ndarray) -> np.ndarray:
-    """``(..., H, W, C)`` uint8 images at half size (H, W even): the floor of each 2x2 block's mean."""
+def _is_torch(images) -> bool:
+    return type(images).__module__.split(".")[0] == "torch"
+
+
+def halve(images):
+    """``(..., H, W, C)`` uint8 images at half size (H, W even): the floor of each 2x2 block's mean. Integer
+    arithmetic, so numpy arrays and torch tensors (on any device, which they stay on) give the same bytes."""
     *lead, height, width, channels = images.shape
     if height % 2 or width % 2:
         raise ValueError(f"halve: expected even height and width, got {height}x{width}")
-    blocks = images.reshape(*lead, height // 2, 2, width // 2, 2, channels).astype(np.uint16)
-    return (blocks.sum(axis=(-4, -2)) // 4).astype(np.uint8)
+    shape = (*lead, height // 2, 2, width // 2, 2, channels)
+    if _is_torch(images):
+        import torch
+
+        blocks = images.reshape(shape).to(torch.int32)
+        return torch.div(blocks.sum(dim=(-4, -2)), 4, rounding_mode="floor").to(torch.uint8)
+    return (np.asarray(images).reshape(shape).astype(np.uint16).sum(axis=(-4, -2)) // 4).astype(np.uint8)
 
 
-def compose_views(wrist: np.ndarray, left: np.ndarray, right: np.ndarray) -> np.ndarray:
-    """The composite of three ``(..., 360, 640, 3)`` uint8 views (see the module docstring)."""
-    for name, view in (("wrist", wrist), ("left", left), ("right", right)):
-        if tuple(view.shape[-3:]) != (*VIEW_SHAPE, 3) or view.dtype != np.uint8:
-            raise ValueError(f"{name} view: expected uint8 (..., 360, 640, 3), got {view.dtype} {view.shape}")
+def compose_views(wrist, left, right):
+    """The composite of three ``(..., 360, 640, 3)`` uint8 views (see the module docstring): numpy arrays, or
+    torch tensors on one device (the composite stays there). One-line ``ValueError`` naming the view for
+    another shape or dtype."""
     height, width = VIEW_SHAPE
+    for name, view in (("wrist", wrist), ("left", left), ("right", right)):
+        if tuple(view.shape[-3:]) != (height, width, 3) or "uint8" not in str(view.dtype):
+            raise ValueError(f"{name} view: expected uint8 (..., {height}, {width}, 3), got {view.dtype} "
+                             f"{tuple(view.shape)}")  # fmt: skip
+    if _is_torch(wrist):
+        import torch
+
+        return torch.cat([wrist, torch.cat([halve(left), halve(right)], dim=-2)], dim=-3)
     out = np.empty((*wrist.shape[:-3], *COMPOSITE_SHAPE, 3), dtype=np.uint8)
     out[..., :height, :, :] = wrist
     out[..., height:, : width // 2, :] = halve(left)

@@ -159,6 +159,27 @@ def _speed(s: Mapping[str, Any], recomputed: bool) -> str:
     return f"{rate:.1f} ({s.get('env_steps', 0)} steps in {plots.format_duration(s.get('wall_s'))})"
 
 
+def provenance_line(provenance: Mapping[str, Any] | None) -> str:
+    """The run's provenance in one line of plain text (``summary.json``'s ``provenance``), "-" without one.
+
+    >>> provenance_line({"gpu": {"name": "NVIDIA H100", "driver": "580.1"}, "renderer": {"backend": "egl"},
+    ...                  "dz_gym": {"version": "0.1.0", "commit": "0123456789abcdef", "dirty": True},
+    ...                  "server_profile": "sglang"})
+    'GPU NVIDIA H100 (driver 580.1); renderer egl; dz-gym 0.1.0 at 0123456789 (local changes); server sglang'
+    """
+    if not provenance:
+        return "-"
+    gpu = provenance.get("gpu")
+    parts = [f"GPU {gpu.get('name')} (driver {gpu.get('driver')})" if isinstance(gpu, Mapping) else "no GPU"]
+    drawn = provenance.get("renderer") or {}
+    parts.append(f"renderer {drawn.get('backend') or drawn.get('renderer') or '-'}")
+    source = provenance.get("dz_gym") or {}
+    where = f" at {source['commit'][:10]}" if source.get("commit") else ""
+    parts.append(f"dz-gym {source.get('version') or '-'}{where}" + (" (local changes)" if source.get("dirty") else ""))
+    parts.append(f"server {provenance.get('server_profile') or '-'}")
+    return "; ".join(parts)
+
+
 def header_block(view: RunView, suffix: str = "") -> str:
     s = view.summary
     segments = s.get("segments") or []
@@ -178,6 +199,7 @@ def header_block(view: RunView, suffix: str = "") -> str:
         ("episodes", f"{len(view.rows)} finished of {s.get('overall', {}).get('planned', '-')} planned"),
         ("env-steps/s", _speed(s, view.summary_is_recomputed)),
         ("versions", escape(short_versions) or "-"),
+        ("provenance", escape(provenance_line(s.get("provenance")))),
     ]
     dl = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts)
     recomputed = (
@@ -194,6 +216,7 @@ def header_block(view: RunView, suffix: str = "") -> str:
         + _details("server metadata", s.get("server_metadata"))
         + _details("configuration", s.get("config") or view.config)
         + _details("versions", versions)
+        + _details("provenance", s.get("provenance"))
         + "</div>"
     )
 

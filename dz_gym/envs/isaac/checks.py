@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import sys
 from pathlib import Path
 
 from dz_gym.envs.isaac.compat import isaaclab_folder
@@ -42,6 +43,16 @@ NO_RT_CORE_GPUS = (
     "P100",
 )
 _NO_RT_CORE_PATTERN = re.compile(r"(?<![A-Z0-9])(" + "|".join(NO_RT_CORE_GPUS) + r")(?![0-9])")
+
+
+def renderer_in_process() -> dict[str, str | None]:
+    """Who draws the views in this process (read from what is imported, nothing imported here): Isaac Sim's
+    RTX renderer, the kit-less stack's Newton Warp cameras, or None before the simulator started."""
+    if "isaacsim" in sys.modules:
+        return {"renderer": "Isaac Sim RTX"}
+    if "newton" in sys.modules:
+        return {"renderer": "Newton Warp cameras (kit-less)"}
+    return {"renderer": None}
 
 
 def check_packages() -> None:

@@ -57,9 +57,10 @@ from dz_gym.envs.mujoco.sim import (
     buffer_fields,
 )
 from dz_gym.envs.mujoco.worker import Buffers, WorkerPool
+from dz_gym.envs.render_shape import MAX_RENDER_SHAPE, check_render_shape
 from dz_gym.spawning import usable_cores
 
-MAX_IMAGE_SHAPE = (2160, 3840)
+MAX_IMAGE_SHAPE = MAX_RENDER_SHAPE
 PERTURB_KINDS = ("nudge", "drop")
 
 # Envs still open at interpreter exit are closed before module teardown (a renderer freed during teardown
@@ -74,20 +75,6 @@ def _close_open_envs() -> None:
             env.close()
         except Exception:  # noqa: BLE001 - best effort at exit
             pass
-
-
-def _check_image_shape(image_shape) -> tuple[int, int]:
-    try:
-        height, width = (int(v) for v in image_shape)
-        ok = all(float(v) == int(v) for v in image_shape)
-    except (TypeError, ValueError):
-        ok = False
-    if not ok or not (16 <= height <= MAX_IMAGE_SHAPE[0] and 16 <= width <= MAX_IMAGE_SHAPE[1]):
-        raise ValueError(
-            f"image_shape: expected (height, width) integers within 16..{MAX_IMAGE_SHAPE[0]} x 16..{MAX_IMAGE_SHAPE[1]}, "
-            f"got {image_shape!r}"
-        )
-    return height, width
 
 
 class MujocoDroidEnv(BatchedDroidEnv):
@@ -115,7 +102,7 @@ class MujocoDroidEnv(BatchedDroidEnv):
         render_mode: str | None = None,
         autoreset_mode: AutoresetMode | str = AutoresetMode.SAME_STEP,
     ):
-        image_shape = _check_image_shape(image_shape)
+        image_shape = check_render_shape(image_shape)
         if device != "cpu":
             raise ValueError(f"device: the embedded simulator returns numpy arrays; expected 'cpu', got {device!r}")
         layout_spec = scene_module.LAYOUTS[droid.scene_spec(scene).scene_id]
