@@ -255,6 +255,20 @@ def power_line(sequential: Mapping[str, Any]) -> str:
             f"{budget} pairs ({where}): power {power:.3f} at that difference (exact)")  # fmt: skip
 
 
+def difference_line(diff: Mapping[str, Any], scale: float = 1.0, unit: str = "") -> str:
+    """The sequential test's ``B - A``: the estimate (its range over the errored outcomes when pairs errored),
+    the confidence sequence (valid at the stop, bounded over them) and the estimate's bias at the stop."""
+    low, high = diff["confidence_sequence"]
+    rng, estimate, bias = diff.get("estimate_range"), diff.get("estimate"), diff.get("bias")
+    if rng and rng[0] != rng[1]:
+        shown = f"{scale * rng[0]:+.3f}..{scale * rng[1]:+.3f}{unit} over the errored outcomes"
+    else:
+        shown = "-" if estimate is None else f"{scale * estimate:+.3f}{unit}"
+    text = (f"B - A {shown}, {diff['level']:.0%} confidence sequence [{scale * low:+.2f}, {scale * high:+.2f}]{unit} "
+            "(valid at the stop)")  # fmt: skip
+    return text if bias is None else f"{text}; bias of the estimate at the stop {scale * bias:+.3f}{unit}"
+
+
 def format_table(summary: Mapping[str, Any]) -> str:
     """A short fixed-width table of ``summary`` for the terminal (no trailing spaces).
 
@@ -364,9 +378,7 @@ def _decision_lines(summary: Mapping[str, Any]) -> list[str]:
                        f"the rule would say: {errors.get('without_errored')}")  # fmt: skip
         diff = sequential.get("difference")
         if isinstance(diff, Mapping) and diff.get("confidence_sequence"):
-            low, high = diff["confidence_sequence"]
-            out.append(f"  B - A {diff['estimate']:+.3f}, {diff['level']:.0%} confidence sequence [{low:+.2f}, {high:+.2f}] "
-                       f"(valid at the stop); bias of the estimate at the stop {diff['bias']:+.3f}")  # fmt: skip
+            out.append(f"  {difference_line(diff)}")
         if sequential.get("unpaired") or sequential.get("dropped"):
             unpaired, dropped = len(sequential.get("unpaired") or []), len(sequential.get("dropped") or [])
             out.append(f"left out of the comparison: {unpaired} episode(s) without a twin, "
