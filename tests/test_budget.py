@@ -90,6 +90,27 @@ def test_a_config_saved_before_budgets_were_checked_keeps_its_budget():
     assert EvalConfig.from_dict(old).sequential_max_pairs == 200
 
 
+def test_resume_locks_every_setting_that_shapes_the_sequential_test():
+    from dz_gym.eval.config import resume_conflicts
+
+    # Run at a budget below the cap (40 pairs), then resumed with more episodes: the budget would grow to 80
+    # pairs after the test took its final look at 40 (type I above alpha): refused, naming the field.
+    saved = _config(min_difference=0.2, episodes=40, accept_lower_power=True)
+    grown = _config(min_difference=0.2, episodes=80, accept_lower_power=True)
+    assert saved.sequential_budget == 40 and grown.sequential_budget == 80
+    (line,) = resume_conflicts(saved, grown)
+    assert line.startswith("episodes: --episodes 80 gives the sequential test 80 pairs, the run planned 40")
+    # accept_lower_power itself is locked, as are the design's settings.
+    lines = resume_conflicts(saved, _config(min_difference=0.2, episodes=40, accept_lower_power=True, power=0.9))
+    assert [x.split(":")[0] for x in lines] == ["power"]
+    assert "accept_lower_power" in {line.split(":")[0] for line in resume_conflicts(
+        _config(min_difference=0.2), _config(min_difference=0.2, accept_lower_power=True))}  # fmt: skip
+    # Episodes past the budget change nothing the test sees: a resume may add them.
+    capped = _config(min_difference=0.2, max_episodes=40, accept_lower_power=True, episodes=40)
+    assert resume_conflicts(capped, _config(min_difference=0.2, max_episodes=40, accept_lower_power=True,
+                                            episodes=60)) == []  # fmt: skip
+
+
 def test_cli_refuses_a_budget_below_the_cap_with_exit_2(capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(["--backend", "mujoco", "--policy-b", "hold", "--sequential", "--min-difference", "0.1",

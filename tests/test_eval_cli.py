@@ -301,7 +301,7 @@ def test_help_groups_by_decision_and_marks_the_flags_locked_on_resume():
     assert set(RESULT_KEYS) == {"backend", "scenes", "seed", "max_steps", "open_loop_horizon", "policy", "prefetch",
                                 "simulated_delay", "max_stale_steps", "policy_b", "sequential", "alpha",
                                 "min_difference", "power", "max_episodes", "policy_seed", "num_inference_steps", "arm_specs",
-                                "select_best", "episode_retries"}  # fmt: skip
+                                "select_best", "episode_retries", "accept_lower_power"}  # fmt: skip
     helps = {a.option_strings[0]: a.help for a in parser._actions if a.option_strings}
     for key in RESULT_KEYS:
         assert helps[flags.flag_of(key)].endswith("[locked on --resume]"), key

@@ -178,6 +178,7 @@ def build_summary(
     dropped = fields.pop("dropped", [])
     fields["segments"] = segments
     fields["config"] = config.to_dict()
+    fields["retries"] = config.retries_assumption()  # what --episode-retries assumes (None: no retries)
     summary = summarize(
         rows,
         planned=_planned(config),
