@@ -288,3 +288,24 @@ def test_bad_settings(kwargs, message):
 def test_binomial_pmf():
     assert binomial_pmf(4, 0.5).tolist() == pytest.approx([1 / 16, 4 / 16, 6 / 16, 4 / 16, 1 / 16])
     assert binomial_pmf(30, 0.3).sum() == pytest.approx(1.0)
+
+
+def test_no_difference_is_claimed_only_when_every_completion_is_futile(shipped):
+    # B errors on the seeds where A wins, wins the others: with B's errored episodes as failures the walk is in
+    # the futility band, with them as successes it is far from it. The rule before claimed "no difference" here
+    # (the most favourable completion for stopping); now the band ends the test without a claim.
+    skewed = SequentialPairTest(design=shipped).update([(True, None), (False, True)] * 10 + [(False, True)] * 30)
+    assert skewed.stop and skewed.reason == "errors_undecided" and skewed.better is None
+    assert skewed.pairs == 16 and skewed.errored_b == 8 and "no claim" in skewed.why
+    # One errored pair whose every completion is in the band: "no difference" is claimed (an exact sequence).
+    pairs = [(False, False), (True, False), (False, True), (True, False), (True, True), (True, False),
+             (True, False), (False, False), (True, True), (False, None), (False, True), (True, True),
+             (True, True), (False, True), (True, True), (False, True), (False, False), (False, True),
+             (False, True), (True, False), (True, False), (False, True), (True, True), (True, True),
+             (False, True), (False, False), (True, True), (True, True), (True, False), (False, True),
+             (True, True), (True, False), (True, True), (False, False), (False, True), (True, False),
+             (True, False)]  # fmt: skip
+    test = SequentialPairTest(design=shipped)
+    decision = test.update(pairs)
+    assert decision.reason == "no_difference" and decision.pairs == len(pairs) and decision.errored == 1
+    assert test._completions_futile() == (True, True) and "every outcome of the errored episodes" in decision.why

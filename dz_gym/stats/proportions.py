@@ -167,7 +167,7 @@ def bounded_difference_interval(worst_for_b: PairedCounts, worst_for_a: PairedCo
     table imputed against B, the upper end of the one imputed against A (:func:`imputed_tables`).
 
     Newcombe's lower end does not rise when a pair turns worse for B (B's success into a failure, A's failure
-    into a success; checked exhaustively up to 40 pairs in the tests), so the lower end against B is at most the
+    into a success; checked exhaustively up to 30 pairs in the tests), so the lower end against B is at most the
     one of the complete outcomes, and the upper end mirrors it: the interval contains the one the complete
     outcomes would give, whatever the errors depend on. Without errored pairs it is Newcombe's interval."""
     low, high = paired_difference_interval(worst_for_b, z), paired_difference_interval(worst_for_a, z)
