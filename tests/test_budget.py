@@ -147,6 +147,9 @@ def test_a_short_budget_reports_its_power_and_a_sequential_stop_marks_fixed_n_fi
     shown = f"power {power:.3f}"
     table = format_table(summary)
     assert shown in table and "power 0.8" not in table and "below the design's cap 156 pairs" in table
+    # the per-arm rates and their intervals do not account for the stop: labelled so, in the summary and the table
+    assert summary["descriptive"]["fields"] == ["<scene>", "overall", "arms"]
+    assert "DESCRIPTIVE ONLY: the rates and 95% CIs above" in table
     # summary.json: no fixed-n verdict anywhere, the comparison marked descriptive; the ranking's one claim is
     # the test's decision, its rates and Wilson intervals descriptive.
     comparison = summary["comparison"]

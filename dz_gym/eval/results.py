@@ -316,6 +316,9 @@ def format_table(summary: Mapping[str, Any]) -> str:
         out.append(", ".join(tail))
     if summary["overall"]["errored"]:
         out.append(f"note: {ERRORED_NOTE}")
+    adaptive = summary.get("descriptive")
+    if isinstance(adaptive, Mapping):
+        out.append(f"DESCRIPTIVE ONLY: the rates and 95% CIs above ({adaptive.get('why')})")
     funnel = summary["overall"].get("milestones") if not isinstance(arms, Mapping) else None
     if funnel:
         out.append("milestones: " + ", ".join(f"{name} {_fmt_rate(r)}" for name, r in funnel.items()))
