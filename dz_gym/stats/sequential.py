@@ -17,9 +17,9 @@ most ``alpha / 2``; the proof is in docs/compare.md ("Errored episodes"). The st
 design's final thresholds count the futility band as absorbing: a run that went on past it could reach them
 with far more than ``alpha``), but the *claim* "no difference" is the least favourable one: it is made
 (``no_difference``) only when *every* completion is in the band; when only some are, the run stops undecided
-(``errors_undecided``): the errored pairs leave open whether a difference of ``min_difference`` is unlikely. The counts per arm
-(``errored_a``, ``errored_b``, ``errored_both``) and the decision the rule would reach with the errored pairs
-dropped (``without_errored``, for information only) are reported; ``errors_p_value`` (exact McNemar of the
+(``errors_undecided``): the errored pairs leave open whether a difference of ``min_difference`` is unlikely.
+The counts per arm (``errored_a``, ``errored_b``, ``errored_both``) and the decision the rule would reach with
+the errored pairs dropped (``without_errored``, for information only) are reported; ``errors_p_value`` (exact McNemar of the
 pairs where only A errored against those where only B errored) says whether errors look arm-dependent.
 
 The e-value path: after each pair, ``(LR_b + LR_a) / 2`` with ``LR_b`` the likelihood ratio of the design's
@@ -78,10 +78,10 @@ class SequentialDecision:
     """Where the rule stands after the pairs seen so far.
 
     ``stop``: whether to stop; ``reason``: ``continue``, ``b_better`` / ``a_better``, ``no_difference``
-    (futility: a difference of ``min_difference`` is unlikely, whatever the errored outcomes), ``errors_undecided``
-    (stopped in the futility band of some completion of the errored outcomes but not of every one: no claim),
-    ``max_pairs`` (the cap or the budget ended without a decision); ``better``: ``"a"``, ``"b"`` or ``None``; ``pairs``: pairs folded (errored ones
-    included); ``a_only`` / ``b_only``: discordant pairs among those without errors; ``worst_for_b`` /
+    (futility: a difference of ``min_difference`` is unlikely, whatever the errored outcomes),
+    ``errors_undecided`` (stopped in the futility band of some completion of the errored outcomes but not of
+    every one: no claim), ``max_pairs`` (the cap or the budget ended without a decision); ``better``: ``"a"``,
+    ``"b"`` or ``None``; ``pairs``: pairs folded (errored ones included); ``a_only`` / ``b_only``: discordant pairs among those without errors; ``worst_for_b`` /
     ``worst_for_a``: the ``[A only, B only]`` counts with the errored episodes imputed against B / against A
     (the walks the claims are judged on); ``without_errored``: the reason the rule would give with the errored
     pairs dropped (None when nothing errored); ``why``: one sentence for logs and summaries.
