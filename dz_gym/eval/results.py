@@ -9,7 +9,10 @@ passed in by the caller.
 Errored episodes (a server error, a lost connection or a timeout during the episode) count in ``errored`` and
 are excluded from the success denominators: their success fields are ``null`` in the rows. A success rate is
 reported as ``{"k", "n", "rate", "ci95": [lo, hi]}`` with the Wilson score interval (z = 1.96), which stays
-inside [0, 1] and is sensible at k = 0 and k = n.
+inside [0, 1] and is sensible at k = 0 and k = n. Where episodes errored, ``rate`` is over the completed ones
+(descriptive) and ``ci95`` spans every outcome the errored ones could have had (Wilson's lower end with them as
+failures, its upper end with them as successes), so errors that fall on failures cannot narrow it onto a
+better rate than the policy has.
 
 Milestones: where rows carry ``milestones`` (name -> first step or null), each group has a funnel
 ``milestones: {name: rate}``: the completed episodes that reached each milestone, over the completed episodes
@@ -28,22 +31,29 @@ import numpy as np
 from dz_gym.eval.failure import mode_counts
 from dz_gym.eval.row import check_row
 from dz_gym.stats.comparison import ARMS
-from dz_gym.stats.proportions import wilson_interval
+from dz_gym.stats.proportions import (
+    bounded_wilson_interval,
+    wilson_interval,  # noqa: F401 - the interval the results report, re-exported
+)
 
-ERRORED_NOTE = "errored episodes are excluded from the success denominators (n) and counted in 'errored'"
+ERRORED_NOTE = ("errored episodes are excluded from the success denominators (n) and counted in 'errored'; the "
+                "95% CIs span every outcome they could have had")  # fmt: skip
 LATENCY_KEYS = ("mean", "p50", "p90", "p99", "max")
 
 
-def rate(k: int, n: int) -> dict[str, Any]:
-    """``{"k", "n", "rate", "ci95"}`` for ``k`` of ``n`` (rate and interval are ``None`` when ``n == 0``).
+def rate(k: int, n: int, errored: int = 0) -> dict[str, Any]:
+    """``{"k", "n", "rate", "ci95"}`` for ``k`` of ``n`` (rate and interval are ``None`` when ``n == 0``);
+    ``errored``: episodes without an outcome, over which the interval is widened (see the module docstring).
 
     >>> r = rate(8, 8)
     >>> r["k"], r["n"], r["rate"], [round(x, 3) for x in r["ci95"]]
     (8, 8, 1.0, [0.676, 1.0])
+    >>> [round(x, 3) for x in rate(8, 8, errored=2)["ci95"]]
+    [0.49, 1.0]
     >>> rate(0, 0)
     {'k': 0, 'n': 0, 'rate': None, 'ci95': None}
     """
-    interval = wilson_interval(k, n)
+    interval = bounded_wilson_interval(k, n, errored) if n else None
     return {
         "k": int(k),
         "n": int(n),
@@ -129,8 +139,8 @@ def _group(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "completed": len(ok),
         "errored": len(rows) - len(ok),
         "retried_attempts": int(sum(max(int(r.get("attempts", 1)) - 1, 0) for r in rows)),
-        "success_at_end": rate(sum(bool(r["success_at_end"]) for r in ok), len(ok)),
-        "success_any_step": rate(sum(bool(r["success_any_step"]) for r in ok), len(ok)),
+        "success_at_end": rate(sum(bool(r["success_at_end"]) for r in ok), len(ok), len(rows) - len(ok)),
+        "success_any_step": rate(sum(bool(r["success_any_step"]) for r in ok), len(ok), len(rows) - len(ok)),
         "env_steps": int(sum(r["steps"] for r in rows)),
         "server_calls": int(sum(r["server_calls"] for r in rows)),
         "server_errors": int(sum(r.get("server_errors", 0) for r in rows)),
