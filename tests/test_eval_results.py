@@ -200,3 +200,11 @@ def test_video_recorder_keeps_finished_and_deletes_unfinished_videos(tmp_path):
     recorder.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["done.mp4"]
     assert recorder.finished == {"done": 2} and not recorder.failed
+
+
+def test_milestone_funnel_intervals_span_the_errored_episodes():
+    rows = [{"error": None, "milestones": {"reached": 3}}, {"error": None, "milestones": {"reached": None}},
+            {"error": "timeout", "milestones": None}]  # fmt: skip
+    reached = results.milestone_funnel(rows)["reached"]
+    assert (reached["k"], reached["n"], reached["rate"]) == (1, 2, 0.5)
+    assert reached["ci95"] == [results.wilson_interval(1, 3)[0], results.wilson_interval(2, 3)[1]]

@@ -109,8 +109,8 @@ def latency_stats(latencies_ms: Iterable[float]) -> dict[str, float] | None:
 
 
 def milestone_funnel(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]] | None:
-    """Per milestone (in the rows' order), the completed episodes that reached it with a Wilson interval;
-    None when no completed row carries milestones.
+    """Per milestone (in the rows' order), the completed episodes that reached it with a Wilson interval (widened
+    over the errored episodes, as a success rate's); None when no completed row carries milestones.
 
     >>> rows = [{"error": None, "milestones": {"reached": 3, "lifted": None}},
     ...         {"error": None, "milestones": {"reached": 5, "lifted": 9}}]
@@ -120,13 +120,14 @@ def milestone_funnel(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, A
     done = [r for r in rows if r.get("error") is None and isinstance(r.get("milestones"), Mapping)]
     if not done:
         return None
+    errored = sum(r.get("error") is not None for r in rows)
     names: list[str] = []
     for r in done:
         names.extend(str(n) for n in r["milestones"] if str(n) not in names)
     funnel = {}
     for name in names:
         having = [r for r in done if name in r["milestones"]]
-        funnel[name] = rate(sum(r["milestones"][name] is not None for r in having), len(having))
+        funnel[name] = rate(sum(r["milestones"][name] is not None for r in having), len(having), errored)
     return funnel
 
 
