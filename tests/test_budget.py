@@ -163,6 +163,7 @@ def test_a_short_budget_reports_its_power_and_a_sequential_stop_marks_fixed_n_fi
     paired = html[html.index('id="paired"') : html.index("</table>", html.index('id="paired"'))]
     assert "verdict" not in paired and "B better" not in paired
     assert 'data-descriptive="true"' in html and 'id="paired-descriptive"' in html
+    assert 'id="rates-descriptive"' in html and "<dt>episode retries</dt>" in html
     # dz-gym-compare on the run: the same (no verdict in its JSON, the numbers descriptive)
     assert compare.main([str(run_dir.path), "--json", str(tmp_path / "cmp.json")]) == 0
     again = json.loads((tmp_path / "cmp.json").read_text())

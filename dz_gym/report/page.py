@@ -179,7 +179,18 @@ def header_block(view: RunView, suffix: str = "") -> str:
         ("env-steps/s", _speed(s, view.summary_is_recomputed)),
         ("versions", escape(short_versions) or "-"),
     ]
+    retries = s.get("retries")
+    if isinstance(retries, Mapping) and retries.get("assumes"):
+        facts.append(
+            ("episode retries", f"{retries.get('episode_retries')}: assumes {escape(str(retries['assumes']))}")
+        )
     dl = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts)
+    adaptive = s.get("descriptive")
+    if isinstance(adaptive, Mapping):
+        adaptive_note = (f'<p class="muted descriptive" id="rates-descriptive{suffix}"><b>Descriptive only:</b> the '
+                           f"success rates and their intervals ({escape(str(adaptive.get('why', '')))}).</p>")  # fmt: skip
+    else:
+        adaptive_note = ""
     recomputed = (
         '<p class="warn" id="recomputed">Numbers recomputed from episodes.jsonl: the run is still going or stopped before '
         "it wrote summary.json.</p>"
@@ -190,7 +201,7 @@ def header_block(view: RunView, suffix: str = "") -> str:
         f'<div class="runhead" id="run{suffix}"><h2>Run{label}: <span class="runname">{escape(view.name)}</span> '
         f'<span class="state state-{view.state.replace(" ", "-")}" id="run-state{suffix}">{escape(view.state)}</span></h2>'
         + _state_detail(view.state_detail)
-        + f'{recomputed}<dl class="facts">{dl}</dl>'
+        + f'{recomputed}{adaptive_note}<dl class="facts">{dl}</dl>'
         + _details("server metadata", s.get("server_metadata"))
         + _details("configuration", s.get("config") or view.config)
         + _details("versions", versions)
