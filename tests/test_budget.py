@@ -90,6 +90,27 @@ def test_a_config_saved_before_budgets_were_checked_keeps_its_budget():
     assert EvalConfig.from_dict(old).sequential_max_pairs == 200
 
 
+def test_resume_locks_every_setting_that_shapes_the_sequential_test():
+    from dz_gym.eval.config import resume_conflicts
+
+    # Run at a budget below the cap (40 pairs), then resumed with more episodes: the budget would grow to 80
+    # pairs after the test took its final look at 40 (type I above alpha): refused, naming the field.
+    saved = _config(min_difference=0.2, episodes=40, accept_lower_power=True)
+    grown = _config(min_difference=0.2, episodes=80, accept_lower_power=True)
+    assert saved.sequential_budget == 40 and grown.sequential_budget == 80
+    (line,) = resume_conflicts(saved, grown)
+    assert line.startswith("episodes: --episodes 80 gives the sequential test 80 pairs, the run planned 40")
+    # accept_lower_power itself is locked, as are the design's settings.
+    lines = resume_conflicts(saved, _config(min_difference=0.2, episodes=40, accept_lower_power=True, power=0.9))
+    assert [x.split(":")[0] for x in lines] == ["power"]
+    assert "accept_lower_power" in {line.split(":")[0] for line in resume_conflicts(
+        _config(min_difference=0.2), _config(min_difference=0.2, accept_lower_power=True))}  # fmt: skip
+    # Episodes past the budget change nothing the test sees: a resume may add them.
+    capped = _config(min_difference=0.2, max_episodes=40, accept_lower_power=True, episodes=40)
+    assert resume_conflicts(capped, _config(min_difference=0.2, max_episodes=40, accept_lower_power=True,
+                                            episodes=60)) == []  # fmt: skip
+
+
 def test_cli_refuses_a_budget_below_the_cap_with_exit_2(capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(["--backend", "mujoco", "--policy-b", "hold", "--sequential", "--min-difference", "0.1",
@@ -126,6 +147,9 @@ def test_a_short_budget_reports_its_power_and_a_sequential_stop_marks_fixed_n_fi
     shown = f"power {power:.3f}"
     table = format_table(summary)
     assert shown in table and "power 0.8" not in table and "below the design's cap 156 pairs" in table
+    # the per-arm rates and their intervals do not account for the stop: labelled so, in the summary and the table
+    assert summary["descriptive"]["fields"] == ["<scene>", "overall", "arms"]
+    assert "DESCRIPTIVE ONLY: the rates and 95% CIs above" in table
     # summary.json: no fixed-n verdict anywhere, the comparison marked descriptive; the ranking's one claim is
     # the test's decision, its rates and Wilson intervals descriptive.
     comparison = summary["comparison"]
@@ -139,6 +163,7 @@ def test_a_short_budget_reports_its_power_and_a_sequential_stop_marks_fixed_n_fi
     paired = html[html.index('id="paired"') : html.index("</table>", html.index('id="paired"'))]
     assert "verdict" not in paired and "B better" not in paired
     assert 'data-descriptive="true"' in html and 'id="paired-descriptive"' in html
+    assert 'id="rates-descriptive"' in html and "<dt>episode retries</dt>" in html
     # dz-gym-compare on the run: the same (no verdict in its JSON, the numbers descriptive)
     assert compare.main([str(run_dir.path), "--json", str(tmp_path / "cmp.json")]) == 0
     again = json.loads((tmp_path / "cmp.json").read_text())
@@ -169,17 +194,21 @@ def test_select_best_leaderboard_claims_are_anytime_valid_and_rates_descriptive(
 
 
 def test_anytime_claims_follow_best_arm_selection_e_processes():
-    """Claim (i, j) exactly when BestArmSelection's e-process of i against j ever reached K(K-1)/alpha."""
+    """Claim (i, j) exactly when BestArmSelection's e-process of i against j ever reached K(K-1)/alpha, errored
+    episodes (None, one in six) counted against each claim by both."""
     rng = np.random.default_rng(3)
     rates = {"x": 0.8, "y": 0.45, "z": 0.4}
     threshold = math.log(3 * 2 / 0.05)
+    claimed = 0
     for _ in range(5):
         race = BestArmSelection(list(rates), alpha=1e-300)  # never eliminates: every arm on every seed
         rounds, reached = [], set()
         for _ in range(60):
-            outcome = {a: bool(rng.random() < p) for a, p in rates.items()}
+            outcome = {a: None if rng.random() < 1 / 6 else bool(rng.random() < p) for a, p in rates.items()}
             rounds.append(outcome)
             race.update(outcome)
             reached |= {(a, b) for i, a in enumerate(rates) for j, b in enumerate(rates)
                         if i != j and race.log_e(i, j) >= threshold}  # fmt: skip
         assert anytime_claims(rounds, 0.05) == reached
+        claimed += len(reached)
+    assert claimed > 0

@@ -14,7 +14,7 @@ from dz_gym import compare as dz_compare
 from dz_gym.compare import main
 from dz_gym.envs import droid
 from dz_gym.eval.config import EvalConfig
-from dz_gym.stats import compare_rows, format_comparison, mcnemar_exact_p
+from dz_gym.stats import PairedCounts, compare_rows, format_comparison, mcnemar_exact_p, paired_difference_interval
 
 PROMPT = {s: droid.SCENES[s].prompt for s in (1, 2, 3)}
 
@@ -85,6 +85,49 @@ def test_errored_pairs_are_imputed_against_each_claim():
     entry = compare_rows(rows_a, rows_b)["scenes"]["overall"]
     assert entry["worst_for_b"] == [1, 13] and entry["verdict"] == "b_better"
     assert entry["p_value"] == pytest.approx(2 * 15 / 2**14)
+
+
+def test_the_effect_size_and_its_interval_are_bounded_over_errored_pairs():
+    # A solves 30 seeds where B errored (B would have failed them: B is 25 points worse than A over the 40
+    # seeds), B solves the 10 that A fails. Dropping the errored pairs read B - A = +1.00 [+0.61, +1.00].
+    rows_a, rows_b = outcomes(1, [True] * 30 + [False] * 10, [None] * 30 + [True] * 10)
+    for k in range(30):
+        rows_b[k] = row(1, k, None, error="timeout")
+    result = compare_rows(rows_a, rows_b)
+    entry = result["scenes"]["overall"]
+    assert entry["diff"] == 1.0 and entry["ci95_without_errored"][0] > 0.6  # the rule before: B "surely" ahead
+    # Over every completion B - A lies in [-0.5, +0.25] (B's errored episodes all failures / all successes), and the
+    # interval holds the true -0.5.
+    assert entry["diff_range"] == [-0.5, 0.25]
+    low, high = entry["ci95"]
+    assert low < -0.5 < 0.25 < high < 0.5
+    assert (low, high) == (paired_difference_interval(PairedCounts(0, 30, 10, 0))[0],
+                           paired_difference_interval(PairedCounts(30, 0, 10, 0))[1])  # fmt: skip
+    text = format_comparison(result)
+    assert "-0.50..+0.25 [" in text and "bounded, not dropped" in text and "multiplicity: per-scene" in text
+    # Without errored pairs nothing changes: the interval is Newcombe's.
+    clean = compare_rows(*outcomes(1, [True, False] * 10, [True] * 20))["scenes"]["overall"]
+    assert clean["ci95"] == clean["ci95_without_errored"] and clean["diff_range"] == [clean["diff"]] * 2
+
+
+def test_newcombe_lower_end_never_rises_when_a_pair_turns_worse_for_b():
+    # What the bounded interval rests on, exhaustively for up to 30 pairs: a B success turned into a failure, or
+    # an A failure turned into a success, never raises the lower end (the upper end mirrors it).
+    for n in range(1, 31):
+        for both in range(n + 1):
+            for a_only in range(n + 1 - both):
+                for b_only in range(n + 1 - both - a_only):
+                    neither = n - both - a_only - b_only
+                    low = paired_difference_interval(PairedCounts(both, a_only, b_only, neither))[0]
+                    worse = []
+                    if both:
+                        worse.append(PairedCounts(both - 1, a_only + 1, b_only, neither))
+                    if b_only:
+                        worse += [PairedCounts(both, a_only, b_only - 1, neither + 1),
+                                  PairedCounts(both + 1, a_only, b_only - 1, neither)]  # fmt: skip
+                    if neither:
+                        worse.append(PairedCounts(both, a_only + 1, b_only, neither - 1))
+                    assert all(paired_difference_interval(c)[0] <= low + 1e-12 for c in worse), (both, a_only, b_only)
 
 
 def test_per_scene_holm_and_pooled_overall():

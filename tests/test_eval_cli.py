@@ -302,7 +302,7 @@ def test_help_groups_by_decision_and_marks_the_flags_locked_on_resume():
                                 "simulated_delay", "max_stale_steps", "policy_b", "sequential", "alpha",
                                 "min_difference", "power", "max_episodes", "policy_seed", "num_inference_steps", "arm_specs",
                                 "select_best", "episode_retries", "server_kind", "latency_honest", "control_hz",
-                                "render_shape"}  # fmt: skip
+                                "render_shape", "accept_lower_power"}  # fmt: skip
     helps = {a.option_strings[0]: a.help for a in parser._actions if a.option_strings}
     for key in RESULT_KEYS:
         assert helps[flags.flag_of(key)].endswith("[locked on --resume]"), key

@@ -292,7 +292,7 @@ def test_open_loop_horizon_longer_than_the_chunk(capsys, tmp_path):
         argv = [*BASE, "--no-video", "--open-loop-horizon", "30", "--server", server.url + cli.DEFAULT_PATH]
         assert cli.main([*argv, "--output-root", str(root)]) == 2
     err = capsys.readouterr().err
-    errors = [line for line in err.splitlines() if "error" in line.lower()]
+    errors = [line for line in err.splitlines() if "error:" in line.lower()]
     assert len(errors) == 1 and errors[0].startswith("dz-gym-eval: error: --open-loop-horizon: 30"), err
     assert "24" in errors[0] and "Traceback" not in err
     assert not any(root.iterdir())

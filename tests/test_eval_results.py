@@ -114,6 +114,11 @@ def test_summarize_counts_per_scene_and_overall():
     assert (s1["episodes"], s1["errored"], s1["completed"]) == (3, 1, 2)
     assert s1["success_at_end"]["k"] == 1 and s1["success_at_end"]["n"] == 2
     assert s1["success_any_step"]["k"] == 2
+    # 1 of 2 completed; the errored episode widens the interval over both of its possible outcomes
+    assert s1["success_at_end"]["rate"] == 0.5 and s1["success_at_end"]["ci95"] == [
+        results.wilson_interval(1, 3)[0],
+        results.wilson_interval(2, 3)[1],
+    ]
     assert s2["success_at_end"] == results.rate(0, 1)
     assert overall["episodes"] == 4 and overall["errored"] == 1
     assert overall["success_at_end"]["n"] == 3
@@ -195,3 +200,11 @@ def test_video_recorder_keeps_finished_and_deletes_unfinished_videos(tmp_path):
     recorder.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["done.mp4"]
     assert recorder.finished == {"done": 2} and not recorder.failed
+
+
+def test_milestone_funnel_intervals_span_the_errored_episodes():
+    rows = [{"error": None, "milestones": {"reached": 3}}, {"error": None, "milestones": {"reached": None}},
+            {"error": "timeout", "milestones": None}]  # fmt: skip
+    reached = results.milestone_funnel(rows)["reached"]
+    assert (reached["k"], reached["n"], reached["rate"]) == (1, 2, 0.5)
+    assert reached["ci95"] == [results.wilson_interval(1, 3)[0], results.wilson_interval(2, 3)[1]]

@@ -57,3 +57,27 @@ def test_a_run_on_a_scripted_env_with_its_trackers(tmp_path):
                                                           "grasp_failed": 2}  # fmt: skip
     assert result.summary["command"] == "test"
     assert list((result.run_dir.path / "tensorboard").iterdir())  # the event file of --log tensorboard
+
+
+def test_a_run_with_retries_says_once_and_in_its_summary_what_they_assume(tmp_path):
+    said: list[str] = []
+    with start_server_thread("hold") as server:
+        result = run_eval(_config(servers=[server.url + PATH]), output_root=tmp_path, env_factory=_toy,
+                          say=said.append)  # fmt: skip
+    assert result.status == "complete"
+    retries = result.summary["retries"]
+    assert retries["episode_retries"] == 2 and retries["policy_seed"] is False
+    assert "reproduces the attempt it replaces" in retries["assumes"] and "fresh noise" in retries["assumes"]
+    assert [line for line in said if line.startswith("--episode-retries 2 assumes ")] == [
+        f"--episode-retries 2 assumes {retries['assumes']}"
+    ]
+    assert EvalConfig(backend="mujoco", episode_retries=0).retries_assumption() is None
+    seeded = EvalConfig(backend="mujoco", policy_seed=True).retries_assumption()
+    assert seeded["policy_seed"] is True and "a server that ignores it draws fresh noise" in seeded["assumes"]
+
+
+def test_the_help_states_what_retries_assume():
+    from dz_gym.eval import cli
+
+    text = " ".join(cli.build_parser(isaac_args=False).format_help().split())
+    assert "a retry assumes the episode is reproducible from its seed" in text

@@ -265,8 +265,10 @@ def test_named_arms_page_has_the_leaderboard_and_the_neighbours_discordant_episo
     for (arm, field), entry in zip(board, ranking):
         mine = [r for r in rows if r["arm"] == arm and r["error"] is None]
         k, n = sum(bool(r["success_at_end"]) for r in mine), len(mine)
-        assert (entry["successes"], entry["n"]) == (k, n)
-        lo, hi = results.rate(k, n)["ci95"]
+        errored = sum(r["arm"] == arm and r["error"] is not None for r in rows)
+        assert (entry["successes"], entry["n"], entry["errored"]) == (k, n, errored)
+        # Wilson's interval widened over the errored episodes (as failures below, as successes above)
+        lo, hi = results.rate(k, n + errored)["ci95"][0], results.rate(k + errored, n + errored)["ci95"][1]
         assert f'<span class="kn">{k}/{n}</span>' in field["success"]
         assert f"[{100 * lo:.1f}, {100 * hi:.1f}]" in field["success"]
         low, high = entry["rank_interval"]

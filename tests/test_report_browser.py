@@ -149,7 +149,8 @@ def test_two_runs_compared(tmp_path, open_page):
     assert (expected["pairs"], expected["b_only"], expected["a_only"]) == (5, 2, 0)
     cells = page.eval_on_selector_all('#paired tr[data-scope="overall"] td', "tds => tds.map(t => t.innerText)")
     assert cells[:5] == [str(expected[k]) for k in ("pairs", "both", "a_only", "b_only", "neither")]
-    assert cells[7].startswith(f"{100 * expected['diff']:+.1f} pts")
+    low, high = expected["diff_range"]  # B's errored episode (seed 5): B - A's range over its outcomes
+    assert expected["errored_pairs"] == 1 and cells[7].startswith(f"{100 * low:+.1f}..{100 * high:+.1f} pts")
     assert cells[8] == f"{expected['p_value']:.3g}"
     pairs = page.locator("#discordant li.pair")
     assert pairs.count() == 2

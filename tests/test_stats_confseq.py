@@ -49,3 +49,32 @@ def test_edge_cases():
     assert high == 1.0 and low > 0.5
     with pytest.raises(ValueError, match="alpha"):
         difference_confidence_sequence([(True, False)], alpha=1.0)
+
+
+def test_errored_pairs_are_bounded_not_dropped():
+    # B solves the 10 seeds A fails and errors on the 30 that A solves (where B would have failed: the true
+    # difference is -0.5). Dropped, the errored pairs leave 10 B-only pairs: an interval above 0 and the truth.
+    clean = [(False, True)] * 10
+    pairs = [(True, None), (True, None), (True, None), (False, True)] * 10
+    low, _ = difference_confidence_sequence(clean)
+    assert low > 0.0
+    low, high = difference_confidence_sequence(pairs)
+    assert low <= -0.5 and high >= 0.25  # every completion's difference lies in [-0.5, +0.25]
+    # Without errors both imputed sequences are the data: the interval is the one of the complete pairs.
+    rng = np.random.default_rng(5)
+    plain = _sequence(rng, 120, 0.4, 0.6)
+    assert difference_confidence_sequence(plain) == difference_confidence_sequence([(a, b) for a, b in plain])
+
+
+def test_bounded_interval_covers_when_errors_hide_one_arms_failures():
+    # 200 runs of 150 pairs, both arms at 0.5, B's server errors on 30% of B's failures: the bounded interval
+    # must hold 0 at the end in at least 1 - alpha of the runs.
+    rng = np.random.default_rng(11)
+    misses = 0
+    for _ in range(200):
+        a, b = rng.random(150) < 0.5, rng.random(150) < 0.5
+        hidden = ~b & (rng.random(150) < 0.3)
+        pairs = [(bool(x), None if h else bool(y)) for x, y, h in zip(a, b, hidden)]
+        low, high = difference_confidence_sequence(pairs)
+        misses += not low <= 0.0 <= high
+    assert misses <= 10

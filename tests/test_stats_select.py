@@ -9,16 +9,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dz_gym.stats.ranking import rank_arms
+from dz_gym.stats.proportions import wilson_interval
+from dz_gym.stats.ranking import NOT_RUN, anytime_claims, outcomes_by_seed, rank_arms
 from dz_gym.stats.select import BestArmSelection
 from dz_gym.stats.walk import Boundaries, walk
 from dz_gym.testing.error_models import ErrorModel, race_wrong_best
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_rank.py"
+CLAIMS = BENCH.with_name("bench_claims.py")
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_rank", BENCH)
+def _bench(path: Path = BENCH):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -38,9 +40,45 @@ def test_rank_intervals_from_simultaneous_paired_comparisons():
     assert all(e["rank_interval"] == [1, 2] for e in close["arms"])
     p = next(q for q in close["pairs"])
     assert p["only"] == [3, 0] and p["p_value"] == pytest.approx(0.25)
-    # Errored outcomes (None) leave the seed out of that arm's comparisons and its rate.
+    # Errored outcomes (None) are not in an arm's rate (n), but they are in its interval and its comparisons.
     errored = rank_arms({"x": [True, None, False], "y": [False, True, None]})
-    assert errored["arms"][0]["n"] == 2 and errored["pairs"][0]["only"] == [1, 0]
+    x = next(e for e in errored["arms"] if e["arm"] == "x")
+    assert x["n"] == 2 and x["errored"] == 1 and errored["pairs"][0]["only"] == [1, 0]
+    assert errored["pairs"][0]["errored"] == 2 and "errors" in errored
+
+
+def test_an_arm_that_errors_on_its_failures_is_not_surely_better():
+    # x solves 12 seeds that y fails; on 28 more y succeeds where x errored (x would have failed there). With
+    # the errored seeds dropped x won 12 to 0 (exact p 2^-11): "x surely better than y" (the rule before).
+    x = [True, None, None] * 12 + [None] * 4
+    y = [False, True, True] * 12 + [True] * 4
+    out = rank_arms({"x": x, "y": y})
+    (pair,) = out["pairs"]
+    assert pair["p_without_errored"] == pytest.approx(2.0**-11) and pair["only"] == [12, 0] and pair["errored"] == 28
+    # Bounded: x's errored seeds count as failures when claiming x better (12 wins, 28 losses): no claim.
+    assert all(e["surely_better_than"] == [] and e["rank_interval"] == [1, 2] for e in out["arms"])
+    by = {e["arm"]: e for e in out["arms"]}
+    assert by["x"]["rate"] == 1.0 and by["x"]["errored"] == 28  # descriptive: over its 12 outcomes
+    assert by["x"]["wilson95"] == pytest.approx([wilson_interval(12, 40)[0], 1.0])  # every completion inside
+    # The same seeds in plan order: the anytime-valid claim drops too (it held with the seeds dropped).
+    rounds = [{"x": a, "y": b} for a, b in zip(x, y)]
+    assert anytime_claims(rounds) == set()
+    assert anytime_claims([r for r in rounds if r["x"] is not None]) == {("x", "y")}
+    # A real difference survives a few errored seeds: x solves 30 seeds y fails, 3 errored on each side.
+    strong = rank_arms({"x": [True] * 30 + [None] * 3 + [False] * 3, "y": [False] * 30 + [True] * 3 + [None] * 3})
+    assert {e["arm"]: e["surely_better_than"] for e in strong["arms"]} == {"x": ["y"], "y": []}
+    assert anytime_claims([{"x": True, "y": False}] * 30 + [{"x": None, "y": True}] * 3) == {("x", "y")}
+
+
+def test_a_seed_an_arm_did_not_run_is_no_episode_and_no_error():
+    rows = {"x": [{"scene": 1, "seed": s, "success_at_end": True, "error": None} for s in range(4)],
+            "y": [{"scene": 1, "seed": s, "success_at_end": False, "error": "boom" if s else None}
+                  for s in range(2)]}  # fmt: skip
+    outcomes = outcomes_by_seed(rows)
+    assert outcomes == {"x": [True] * 4, "y": [False, None, NOT_RUN, NOT_RUN]}
+    by = {e["arm"]: e for e in rank_arms(outcomes)["arms"]}
+    assert (by["x"]["n"], by["x"]["errored"], by["y"]["n"], by["y"]["errored"]) == (4, 0, 1, 1)
+    assert rank_arms(outcomes)["pairs"][0]["errored"] == 1  # the seeds y did not run are no pairs
 
 
 def test_rank_arms_bad_input():
@@ -149,3 +187,14 @@ def test_outcome_dependent_errors_name_a_wrong_best_arm_at_most_alpha():
     limit = 0.05 + 3 * math.sqrt(0.05 * 0.95 / 60)
     assert bounded.rate <= limit, bounded
     assert dropped.rate > limit, dropped  # the rule as it was (errored seeds dropped) fails this check
+
+
+def test_claims_bench_bounded_leaderboard_and_interval_against_dropped():
+    # benchmarks/bench_claims.py's cases at 40 % of one arm's failures errored, few runs: the shipped claims make
+    # no false claim where the rules that dropped the errored episodes make them often.
+    bench = _bench(CLAIMS)
+    rng = np.random.default_rng(0)
+    bounded, dropped = bench.leaderboard(2, 0.4, 60, rng)
+    assert bounded.hits == 0 and dropped.rate > 0.25
+    bounded, dropped = bench.effect(0.4, 60, rng)
+    assert bounded.rate <= 0.05 and dropped.rate > 0.2

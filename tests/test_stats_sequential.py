@@ -210,7 +210,7 @@ def test_errored_pairs_are_bounded_against_each_claim_not_dropped(shipped):
     assert clear.worst_for_b == (4, clear.b_only) and clear.worst_for_a == (0, clear.b_only)
 
 
-def test_futility_stops_when_any_completion_of_the_errored_outcomes_is_in_the_band(shipped):
+def test_futility_stops_when_any_completion_is_in_the_band_and_claims_only_when_every_one_is(shipped):
     # The closed form against every completion of the errored episodes, on random partial runs.
     rng = np.random.default_rng(7)
     choices = {(None, True): [(True, True), (False, True)], (None, False): [(True, False), (False, False)],
@@ -233,14 +233,15 @@ def test_futility_stops_when_any_completion_of_the_errored_outcomes_is_in_the_ba
             else:
                 test.b_err_a_won += pair[0]
                 test.b_err_a_lost += not pair[0]
-        brute = False
+        some, every = False, True
         for completion in itertools.product(*(choices[p] for p in errored)):
             d = test.a_only + test.b_only + sum(a != b for a, b in completion)
             s = test.b_only - test.a_only + sum(int(b) - int(a) for a, b in completion)
-            brute = brute or abs(s) <= shipped.thresholds(d)[1]
-        assert test._some_completion_futile() == brute
-        seen.add(brute)
-    assert seen == {True, False}
+            some = some or abs(s) <= shipped.thresholds(d)[1]
+            every = every and abs(s) <= shipped.thresholds(d)[1]
+        assert test._completions_futile() == (some, every)
+        seen.add((some, every))
+    assert seen == {(True, True), (True, False), (False, False)}
 
 
 def test_thresholds_step_by_at_most_one_and_each_claim_spends_at_most_half_alpha(shipped):
@@ -287,3 +288,24 @@ def test_bad_settings(kwargs, message):
 def test_binomial_pmf():
     assert binomial_pmf(4, 0.5).tolist() == pytest.approx([1 / 16, 4 / 16, 6 / 16, 4 / 16, 1 / 16])
     assert binomial_pmf(30, 0.3).sum() == pytest.approx(1.0)
+
+
+def test_no_difference_is_claimed_only_when_every_completion_is_futile(shipped):
+    # B errors on the seeds where A wins, wins the others: with B's errored episodes as failures the walk is in
+    # the futility band, with them as successes it is far from it. The rule before claimed "no difference" here
+    # (the most favourable completion for stopping); now the band ends the test without a claim.
+    skewed = SequentialPairTest(design=shipped).update([(True, None), (False, True)] * 10 + [(False, True)] * 30)
+    assert skewed.stop and skewed.reason == "errors_undecided" and skewed.better is None
+    assert skewed.pairs == 16 and skewed.errored_b == 8 and "no claim" in skewed.why
+    # One errored pair whose every completion is in the band: "no difference" is claimed (an exact sequence).
+    pairs = [(False, False), (True, False), (False, True), (True, False), (True, True), (True, False),
+             (True, False), (False, False), (True, True), (False, None), (False, True), (True, True),
+             (True, True), (False, True), (True, True), (False, True), (False, False), (False, True),
+             (False, True), (True, False), (True, False), (False, True), (True, True), (True, True),
+             (False, True), (False, False), (True, True), (True, True), (True, False), (False, True),
+             (True, True), (True, False), (True, True), (False, False), (False, True), (True, False),
+             (True, False)]  # fmt: skip
+    test = SequentialPairTest(design=shipped)
+    decision = test.update(pairs)
+    assert decision.reason == "no_difference" and decision.pairs == len(pairs) and decision.errored == 1
+    assert test._completions_futile() == (True, True) and "every outcome of the errored episodes" in decision.why

@@ -89,7 +89,8 @@ class PairTracker:
         self._done: dict[int, tuple[bool | None, bool | None]] = {}
         self.next_pair = 0  # plan index of the next pair the test waits for
         self.pairs = 0
-        self.outcomes: list[tuple[bool, bool]] = []  # pairs without errors, in the order the test saw them
+        # the pairs the test saw, in its order (None: that episode errored; bounded in the confidence sequence)
+        self.outcomes: list[tuple[bool | None, bool | None]] = []
         for row in rows:
             self.add(row)
 
@@ -125,27 +126,34 @@ class PairTracker:
         while self.next_pair in self._done:
             pair = self._done.pop(self.next_pair)
             self.next_pair += 1
-            if pair[0] is not None and pair[1] is not None and (self.test is None or not self.test.decision.stop):
-                self.outcomes.append((pair[0], pair[1]))
+            if self.test is None or not self.test.decision.stop:
+                self.outcomes.append(pair)
             if self.test is not None:
                 self.test.update([pair])
         return self.stopped
 
     def _difference(self) -> dict[str, Any] | None:
-        n = len(self.outcomes)
-        if self.test is None or not n:
+        clean = [(a, b) for a, b in self.outcomes if a is not None and b is not None]
+        if self.test is None or not self.outcomes:
             return None
-        estimate = sum(int(b) - int(a) for a, b in self.outcomes) / n
-        discordance = sum(a != b for a, b in self.outcomes) / n
+        n = len(clean)
+        estimate = sum(int(b) - int(a) for a, b in clean) / n if n else None
+        discordance = sum(a != b for a, b in clean) / n if n else 0.0
         interval = difference_confidence_sequence(self.outcomes, self.test.alpha)
-        bias = self.test.design.estimate_bias(discordance, estimate, pairs=self.test.max_pairs)
+        low = sum((b is True) - (a is not False) for a, b in self.outcomes) / len(self.outcomes)
+        high = sum((b is not False) - (a is True) for a, b in self.outcomes) / len(self.outcomes)
+        bias = None if estimate is None else self.test.design.estimate_bias(discordance, estimate,
+                                                                             pairs=self.test.max_pairs)  # fmt: skip
         return {
             "estimate": estimate,
+            "estimate_range": [low, high],
             "confidence_sequence": list(interval) if interval else None,
             "level": 1 - self.test.alpha,
             "bias": bias,
-            "note": "B - A over the pairs the test used; the interval is a confidence sequence (valid at the stop); "
-            "bias: E[estimate at the stop] - difference for this design, computed exactly at the estimate",
+            "note": "B - A over the pairs the test used without errors (estimate; descriptive when pairs errored) and "
+            "over all of them with the errored outcomes imputed against B and against A (estimate_range); the "
+            "interval is a confidence sequence (valid at the stop) bounded over the errored outcomes; bias: "
+            "E[estimate at the stop] - difference for this design, computed exactly at the estimate",
         }
 
     def _errors(self, decision: SequentialDecision) -> dict[str, Any]:
@@ -174,6 +182,7 @@ class PairTracker:
             self.test.finish()
         decision = self.test.decision
         stopped_by = {"a_better": "decision", "b_better": "decision", "no_difference": "futility",
+                      "errors_undecided": "futility_errors_undecided",
                       "errors_differ": "errors_differ"}.get(decision.reason)  # fmt: skip
         if decision.reason == MAX_PAIRS:
             stopped_by = "max_episodes" if decision.pairs >= self.test.max_pairs else "planned_episodes_done"

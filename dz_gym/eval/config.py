@@ -11,7 +11,8 @@ The config is saved as ``config.json`` in the run directory. ``--resume`` reload
 change how the work is done (``num_envs``, the servers' addresses, videos, timeouts, retries, progress) but
 not what is measured. :data:`RESULT_KEYS` lists the settings that change the episodes' outcomes;
 :func:`resume_conflicts` names every one that differs. ``episodes`` may grow on resume (the extra episodes get
-the next seeds), never shrink.
+the next seeds), never shrink, and in a sequential run never change the test's budget of pairs: every setting
+that shapes the test (its design, ``max_episodes``, ``accept_lower_power``, the budget) is fixed when it starts.
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ class EvalConfig:
     min_difference: float = _result(DEFAULT_MIN_DIFFERENCE)  # sequential: the difference the design looks for
     power: float = _result(DEFAULT_POWER)  # sequential: the design's power at min_difference
     max_episodes: int | None = _result(None)  # sequential: the most pairs (episodes per arm); None: the design's cap
-    accept_lower_power: bool = False  # sequential: run a budget below the design's cap, at the power it has
+    accept_lower_power: bool = _result(False)  # sequential: run a budget below the design's cap, at the power it has
     policy_seed: bool = _result(False)  # send a per-episode ``seed`` (derived from the episode's seed) in each request
     num_inference_steps: int | None = _result(None)  # send ``sampling_params: {num_inference_steps}`` in each request
     video: bool = True
@@ -252,6 +253,24 @@ class EvalConfig:
     def armed(self) -> bool:
         """Whether every seed runs under several arms, side by side in one batch (A/B or ``--arm``)."""
         return bool(self.arms)
+
+    def retries_assumption(self) -> dict[str, Any] | None:
+        """What ``--episode-retries`` assumes, for ``summary.json`` and the run's first lines (None without
+        retries): a retry stands in for the errored attempt only if the episode is reproducible from its seed."""
+        if not self.episode_retries:
+            return None
+        if self.policy_seed:
+            how = ("--policy-seed sends each episode's policy seed (the same for every attempt of a scene and seed); "
+                   "a server that ignores it draws fresh noise per attempt")  # fmt: skip
+        else:
+            how = ("no --policy-seed: a server whose policy samples draws fresh noise per attempt, so a retried "
+                   "episode is a new draw and errors that depend on outcomes are not fully bounded")  # fmt: skip
+        return {
+            "episode_retries": self.episode_retries,
+            "policy_seed": self.policy_seed,
+            "assumes": "an errored episode re-run on its seed reproduces the attempt it replaces (deterministic "
+            f"simulator and policy, or a policy seeded per episode); {how}",
+        }
 
     def arm_table(self) -> list[tuple[str, str]]:
         """``(name, policy spec or server URL)`` per ``--arm``, in order.
@@ -515,5 +534,12 @@ def resume_conflicts(saved: EvalConfig, wanted: EvalConfig) -> list[str]:
     if wanted.episodes < saved.episodes:
         lines.append(
             f"episodes: the run planned {saved.episodes} per scene; a resume may add episodes, not remove them"
+        )
+    elif saved.sequential and wanted.sequential and wanted.sequential_budget != saved.sequential_budget:
+        # The test's budget shapes its final look: raising it after the run stopped undecided there (or after
+        # looking at it) spends alpha again; it is fixed when the run starts.
+        lines.append(
+            f"episodes: --episodes {wanted.episodes} gives the sequential test {wanted.sequential_budget} pairs, the "
+            f"run planned {saved.sequential_budget}; a sequential run's budget is fixed when it starts"
         )
     return lines

@@ -107,7 +107,9 @@ TIMING = (
          field="retry_server_errors", type=integer, metavar="N"),
     Flag("--episode-retries", "run an episode that ended by an infrastructure error (lost connection, timeout, "
          "error frame, protocol error) again from its reset on the same seed and slot, up to N times; what still "
-         "errors stays in its row, and counts against every claim of the A/B test and the race (0-10)",
+         "errors stays in its row, and counts against every claim of the A/B test and the race (0-10); a retry "
+         "assumes the episode is reproducible from its seed (deterministic simulator and policy, or --policy-seed "
+         "with a server that honours it): the run and summary.json say so",
          field="episode_retries", type=integer, metavar="N"),
 )  # fmt: skip
 OUTPUTS = (

@@ -9,7 +9,10 @@ passed in by the caller.
 Errored episodes (a server error, a lost connection or a timeout during the episode) count in ``errored`` and
 are excluded from the success denominators: their success fields are ``null`` in the rows. A success rate is
 reported as ``{"k", "n", "rate", "ci95": [lo, hi]}`` with the Wilson score interval (z = 1.96), which stays
-inside [0, 1] and is sensible at k = 0 and k = n.
+inside [0, 1] and is sensible at k = 0 and k = n. Where episodes errored, ``rate`` is over the completed ones
+(descriptive) and ``ci95`` spans every outcome the errored ones could have had (Wilson's lower end with them as
+failures, its upper end with them as successes), so errors that fall on failures cannot narrow it onto a
+better rate than the policy has.
 
 Milestones: where rows carry ``milestones`` (name -> first step or null), each group has a funnel
 ``milestones: {name: rate}``: the completed episodes that reached each milestone, over the completed episodes
@@ -28,22 +31,29 @@ import numpy as np
 from dz_gym.eval.failure import mode_counts
 from dz_gym.eval.row import check_row
 from dz_gym.stats.comparison import ARMS
-from dz_gym.stats.proportions import wilson_interval
+from dz_gym.stats.proportions import (
+    bounded_wilson_interval,
+    wilson_interval,  # noqa: F401 - the interval the results report, re-exported
+)
 
-ERRORED_NOTE = "errored episodes are excluded from the success denominators (n) and counted in 'errored'"
+ERRORED_NOTE = ("errored episodes are excluded from the success denominators (n) and counted in 'errored'; the "
+                "95% CIs span every outcome they could have had")  # fmt: skip
 LATENCY_KEYS = ("mean", "p50", "p90", "p99", "max")
 
 
-def rate(k: int, n: int) -> dict[str, Any]:
-    """``{"k", "n", "rate", "ci95"}`` for ``k`` of ``n`` (rate and interval are ``None`` when ``n == 0``).
+def rate(k: int, n: int, errored: int = 0) -> dict[str, Any]:
+    """``{"k", "n", "rate", "ci95"}`` for ``k`` of ``n`` (rate and interval are ``None`` when ``n == 0``);
+    ``errored``: episodes without an outcome, over which the interval is widened (see the module docstring).
 
     >>> r = rate(8, 8)
     >>> r["k"], r["n"], r["rate"], [round(x, 3) for x in r["ci95"]]
     (8, 8, 1.0, [0.676, 1.0])
+    >>> [round(x, 3) for x in rate(8, 8, errored=2)["ci95"]]
+    [0.49, 1.0]
     >>> rate(0, 0)
     {'k': 0, 'n': 0, 'rate': None, 'ci95': None}
     """
-    interval = wilson_interval(k, n)
+    interval = bounded_wilson_interval(k, n, errored) if n else None
     return {
         "k": int(k),
         "n": int(n),
@@ -99,8 +109,8 @@ def latency_stats(latencies_ms: Iterable[float]) -> dict[str, float] | None:
 
 
 def milestone_funnel(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]] | None:
-    """Per milestone (in the rows' order), the completed episodes that reached it with a Wilson interval;
-    None when no completed row carries milestones.
+    """Per milestone (in the rows' order), the completed episodes that reached it with a Wilson interval (widened
+    over the errored episodes, as a success rate's); None when no completed row carries milestones.
 
     >>> rows = [{"error": None, "milestones": {"reached": 3, "lifted": None}},
     ...         {"error": None, "milestones": {"reached": 5, "lifted": 9}}]
@@ -110,13 +120,14 @@ def milestone_funnel(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, A
     done = [r for r in rows if r.get("error") is None and isinstance(r.get("milestones"), Mapping)]
     if not done:
         return None
+    errored = sum(r.get("error") is not None for r in rows)
     names: list[str] = []
     for r in done:
         names.extend(str(n) for n in r["milestones"] if str(n) not in names)
     funnel = {}
     for name in names:
         having = [r for r in done if name in r["milestones"]]
-        funnel[name] = rate(sum(r["milestones"][name] is not None for r in having), len(having))
+        funnel[name] = rate(sum(r["milestones"][name] is not None for r in having), len(having), errored)
     return funnel
 
 
@@ -129,8 +140,8 @@ def _group(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "completed": len(ok),
         "errored": len(rows) - len(ok),
         "retried_attempts": int(sum(max(int(r.get("attempts", 1)) - 1, 0) for r in rows)),
-        "success_at_end": rate(sum(bool(r["success_at_end"]) for r in ok), len(ok)),
-        "success_any_step": rate(sum(bool(r["success_any_step"]) for r in ok), len(ok)),
+        "success_at_end": rate(sum(bool(r["success_at_end"]) for r in ok), len(ok), len(rows) - len(ok)),
+        "success_any_step": rate(sum(bool(r["success_any_step"]) for r in ok), len(ok), len(rows) - len(ok)),
         "env_steps": int(sum(r["steps"] for r in rows)),
         "server_calls": int(sum(r["server_calls"] for r in rows)),
         "server_errors": int(sum(r.get("server_errors", 0) for r in rows)),
@@ -255,6 +266,20 @@ def power_line(sequential: Mapping[str, Any]) -> str:
             f"{budget} pairs ({where}): power {power:.3f} at that difference (exact)")  # fmt: skip
 
 
+def difference_line(diff: Mapping[str, Any], scale: float = 1.0, unit: str = "") -> str:
+    """The sequential test's ``B - A``: the estimate (its range over the errored outcomes when pairs errored),
+    the confidence sequence (valid at the stop, bounded over them) and the estimate's bias at the stop."""
+    low, high = diff["confidence_sequence"]
+    rng, estimate, bias = diff.get("estimate_range"), diff.get("estimate"), diff.get("bias")
+    if rng and rng[0] != rng[1]:
+        shown = f"{scale * rng[0]:+.3f}..{scale * rng[1]:+.3f}{unit} over the errored outcomes"
+    else:
+        shown = "-" if estimate is None else f"{scale * estimate:+.3f}{unit}"
+    text = (f"B - A {shown}, {diff['level']:.0%} confidence sequence [{scale * low:+.2f}, {scale * high:+.2f}]{unit} "
+            "(valid at the stop)")  # fmt: skip
+    return text if bias is None else f"{text}; bias of the estimate at the stop {scale * bias:+.3f}{unit}"
+
+
 def format_table(summary: Mapping[str, Any]) -> str:
     """A short fixed-width table of ``summary`` for the terminal (no trailing spaces).
 
@@ -302,6 +327,9 @@ def format_table(summary: Mapping[str, Any]) -> str:
         out.append(", ".join(tail))
     if summary["overall"]["errored"]:
         out.append(f"note: {ERRORED_NOTE}")
+    adaptive = summary.get("descriptive")
+    if isinstance(adaptive, Mapping):
+        out.append(f"DESCRIPTIVE ONLY: the rates and 95% CIs above ({adaptive.get('why')})")
     funnel = summary["overall"].get("milestones") if not isinstance(arms, Mapping) else None
     if funnel:
         out.append("milestones: " + ", ".join(f"{name} {_fmt_rate(r)}" for name, r in funnel.items()))
@@ -364,9 +392,7 @@ def _decision_lines(summary: Mapping[str, Any]) -> list[str]:
                        f"the rule would say: {errors.get('without_errored')}")  # fmt: skip
         diff = sequential.get("difference")
         if isinstance(diff, Mapping) and diff.get("confidence_sequence"):
-            low, high = diff["confidence_sequence"]
-            out.append(f"  B - A {diff['estimate']:+.3f}, {diff['level']:.0%} confidence sequence [{low:+.2f}, {high:+.2f}] "
-                       f"(valid at the stop); bias of the estimate at the stop {diff['bias']:+.3f}")  # fmt: skip
+            out.append(f"  {difference_line(diff)}")
         if sequential.get("unpaired") or sequential.get("dropped"):
             unpaired, dropped = len(sequential.get("unpaired") or []), len(sequential.get("dropped") or [])
             out.append(f"left out of the comparison: {unpaired} episode(s) without a twin, "

@@ -141,14 +141,19 @@ def _close_logs(log, run_dir: RunDir, summary: Mapping[str, Any] | None) -> None
 
 def _open_run_dir(config: EvalConfig, run_dir: RunDir | str | Path | None, output_root, quiet: bool, say):
     """(the run directory, whether it is new): a new one, or the resumed one with the config saved again."""
+    retries = config.retries_assumption()
     if run_dir is None:
         made = RunDir.create(output_root or DEFAULT_OUTPUT_ROOT, config)
         say(f"run directory {made.path}")
+        if retries is not None:
+            say(f"--episode-retries {retries['episode_retries']} assumes {retries['assumes']}")
         return made, True
     resumed = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
     resumed.save_config(config)
     if not quiet:
         say(f"resuming {resumed.path}")
+        if retries is not None:
+            say(f"--episode-retries {retries['episode_retries']} assumes {retries['assumes']}")
     return resumed, False
 
 

@@ -22,6 +22,13 @@ from dz_gym.eval.rundir import RunDir
 
 __all__ = ["build_summary", "metadata_dict", "pair_tracker", "versions"]
 
+# After an adaptive stop the per-scene and per-arm rates and their Wilson intervals are descriptive.
+ADAPTIVE_RATES = {
+    "fields": ["<scene>", "overall", "arms"],
+    "why": "the run stopped when its sequential test or race did: the success rates and their Wilson intervals "
+    "do not account for the stop (its decision, the confidence sequence and the leaderboard's claims do)",
+}
+
 
 def versions() -> dict[str, str]:
     """Versions of Python, the platform and the packages that shape results."""
@@ -99,6 +106,7 @@ def _ab_summary(
         claims = [(better, "b" if better == "a" else "a")] if better in ("a", "b") else []
         out["ranking"] = rank_arms(outcomes_by_seed(by_arm), config.alpha, claims=claims,
                                    claims_method="the sequential test's decision (valid at its stop)")  # fmt: skip
+        out["descriptive"] = ADAPTIVE_RATES
         out["sequential"]["dropped"] = [dict(d) for d in dropped]
         if tracker.stopped:
             out["complete"] = True  # the test decided: the episodes it did not need are not missing
@@ -144,6 +152,7 @@ def _arms_summary(config: EvalConfig, rows: Sequence[Mapping[str, Any]]) -> dict
         claims = anytime_claims(_raced_seeds(config, rows, race), config.alpha)
         out["ranking"] = rank_arms(outcomes_by_seed(by_arm), config.alpha, claims=claims)
         out["selection"] = race.summary()
+        out["descriptive"] = ADAPTIVE_RATES
         if race.stopped:
             out["complete"] = True  # the race ended: the episodes it did not need are not missing
     return out
@@ -178,6 +187,7 @@ def build_summary(
     dropped = fields.pop("dropped", [])
     fields["segments"] = segments
     fields["config"] = config.to_dict()
+    fields["retries"] = config.retries_assumption()  # what --episode-retries assumes (None: no retries)
     summary = summarize(
         rows,
         planned=_planned(config),

@@ -147,7 +147,9 @@ def leaderboard_block(view: RunView, names: Sequence[str], video: VideoSource) -
     parts = [
         '<section id="leaderboard-section"><h2>Leaderboard (arms on the same seeds)</h2>',
         _board(ranking, labels, selection),
-        f'<p class="muted" id="leaderboard-note">{_claims_note(ranking)} Errored episodes are not in n.</p>',
+        f'<p class="muted" id="leaderboard-note">{_claims_note(ranking)} Errored episodes are not in n (nor in '
+        "the rate); they count against every claimed order and widen the Wilson interval over the outcomes they "
+        "could have had.</p>",
     ]
     if selection:
         parts.append(_selection_note(selection))

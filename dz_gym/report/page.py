@@ -201,7 +201,18 @@ def header_block(view: RunView, suffix: str = "") -> str:
         ("versions", escape(short_versions) or "-"),
         ("provenance", escape(provenance_line(s.get("provenance")))),
     ]
+    retries = s.get("retries")
+    if isinstance(retries, Mapping) and retries.get("assumes"):
+        facts.append(
+            ("episode retries", f"{retries.get('episode_retries')}: assumes {escape(str(retries['assumes']))}")
+        )
     dl = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts)
+    adaptive = s.get("descriptive")
+    if isinstance(adaptive, Mapping):
+        adaptive_note = (f'<p class="muted descriptive" id="rates-descriptive{suffix}"><b>Descriptive only:</b> the '
+                           f"success rates and their intervals ({escape(str(adaptive.get('why', '')))}).</p>")  # fmt: skip
+    else:
+        adaptive_note = ""
     recomputed = (
         '<p class="warn" id="recomputed">Numbers recomputed from episodes.jsonl: the run is still going or stopped before '
         "it wrote summary.json.</p>"
@@ -212,7 +223,7 @@ def header_block(view: RunView, suffix: str = "") -> str:
         f'<div class="runhead" id="run{suffix}"><h2>Run{label}: <span class="runname">{escape(view.name)}</span> '
         f'<span class="state state-{view.state.replace(" ", "-")}" id="run-state{suffix}">{escape(view.state)}</span></h2>'
         + _state_detail(view.state_detail)
-        + f'{recomputed}<dl class="facts">{dl}</dl>'
+        + f'{recomputed}{adaptive_note}<dl class="facts">{dl}</dl>'
         + _details("server metadata", s.get("server_metadata"))
         + _details("configuration", s.get("config") or view.config)
         + _details("versions", versions)
@@ -358,11 +369,15 @@ def comparison_block(
     for scope in [k for k in table if k != "overall"] + ["overall"]:
         entry = table[scope]
         n = entry["pairs"]
-        diff = (
-            "-"
-            if entry["diff"] is None or entry["ci95"] is None
-            else (f"{100 * entry['diff']:+.1f} pts [{100 * entry['ci95'][0]:+.1f}, {100 * entry['ci95'][1]:+.1f}]")
-        )
+        if entry["ci95"] is None:
+            diff = "-"
+        else:
+            low, high = entry.get("diff_range") or [entry["diff"], entry["diff"]]
+            # with errored pairs: B - A's range over their possible outcomes, not the estimate without them
+            estimate = (
+                f"{100 * low:+.1f}..{100 * high:+.1f}" if entry["errored_pairs"] else f"{100 * entry['diff']:+.1f}"
+            )
+            diff = f"{estimate} pts [{100 * entry['ci95'][0]:+.1f}, {100 * entry['ci95'][1]:+.1f}]"
         p = "-" if not n else f"{entry['p_value']:.3g}"
         holm = "" if scope == "overall" or not n else f"{entry['p_holm']:.3g}"
         verdict = {"a_better": "A better", "b_better": "B better"}.get(entry.get("verdict"), "no difference detected")
@@ -377,9 +392,11 @@ def comparison_block(
     unpaired = cmp.get("unpaired") or {}
     note = (
         f'<p class="muted">A = {escape(names[0])}, B = {escape(names[1])}. Pairs: same scene and seed; '
-        f"{overall.get('errored_pairs', 0)} pair(s) with an errored episode left out; {unpaired.get('a', 0)} episode(s) only in A, "
-        f"{unpaired.get('b', 0)} only in B. Outcome: success at the end (alpha {cmp.get('alpha', 0.05)}). "
-        f"The same numbers as dz-gym-compare.</p>"
+        f"{overall.get('errored_pairs', 0)} pair(s) with an errored episode, bounded, not dropped (B - A shows its "
+        "range over their possible outcomes; the interval and p hold whatever they were); "
+        f"{unpaired.get('a', 0)} episode(s) only in A, {unpaired.get('b', 0)} only in B. Outcome: success at the end "
+        f"(alpha {cmp.get('alpha', 0.05)}). Multiplicity: {escape(str(cmp.get('multiplicity', '')))}. "
+        "The same numbers as dz-gym-compare.</p>"
     )
     pairs = cmp["discordant"]
     discordant = discordant_list(

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from html import escape
 from typing import Any
 
-from dz_gym.eval.results import power_line
+from dz_gym.eval.results import difference_line, power_line
 from dz_gym.report.svg import Axes, empty_plot
 
 __all__ = ["sequential_block"]
@@ -21,6 +21,7 @@ DECISIONS = {
     "b_better": "B is better",
     "a_better": "A is better",
     "no_difference": "no difference of the size planned for (stopped for futility)",
+    "errors_undecided": "no decision: the errored pairs leave open whether the difference planned for is unlikely",
     "max_pairs": "no decision within the budget",
     "errors_differ": "refused to decide: errors differ between arms",
     "continue": "not decided yet (interrupted run: --resume continues the test)",
@@ -70,10 +71,7 @@ def sequential_block(summary: Mapping[str, Any]) -> str:
             f"{errors.get('without_errored')}")))  # fmt: skip
     diff = entry.get("difference")
     if isinstance(diff, Mapping) and diff.get("confidence_sequence"):
-        lo, hi = diff["confidence_sequence"]
-        rows.append(("B - A", f"{100 * diff['estimate']:+.1f} pts, {100 * diff['level']:.0f}% confidence sequence "
-                              f"[{100 * lo:+.1f}, {100 * hi:+.1f}] (valid at the stop); bias of the estimate at the "
-                              f"stop {100 * diff['bias']:+.1f} pts"))  # fmt: skip
+        rows.append(("B - A", escape(difference_line(diff, 100.0, " pts").removeprefix("B - A "))))
     table = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
     return (
         f'<section id="sequential"><h2>Sequential test: the decision</h2>'

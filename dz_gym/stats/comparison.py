@@ -10,8 +10,14 @@ rows (``milestones``: name -> first step or null), reports:
   after the evaluator's retries): they are *bounded*, not dropped (below); ``missing``: pairs left out
   because a row lacks the metric (milestones of older runs);
 - ``a``, ``b``: successes of each arm over the pairs used; ``both``, ``neither``, ``a_only``, ``b_only``;
-- ``diff``: ``(b - a) / pairs``; ``ci95``: Newcombe's hybrid score interval for it
-  (:func:`dz_gym.stats.proportions.paired_difference_interval`);
+- ``diff``: ``(b - a) / pairs`` over the pairs without errors (descriptive when some pairs errored);
+  ``diff_range``: ``[low, high]``, the difference over every pair with the errored outcomes imputed against B
+  and against A (every completion of the errored outcomes lies in it);
+- ``ci95``: Newcombe's hybrid score interval for ``B - A``, bounded over the errored pairs: its ends are those of
+  the tables imputed against B (lower) and against A (upper), so it contains the interval the complete outcomes
+  would give, whatever the errors depend on
+  (:func:`dz_gym.stats.proportions.bounded_difference_interval`); ``ci95_without_errored``: Newcombe's interval
+  with the errored pairs dropped (information only: not valid when errors depend on outcomes);
 - ``p_value``: twice the smaller of two exact one-sided McNemar p-values, "B better" on the pairs with the
   errored episodes imputed against B (B's as failures, A's as successes: ``worst_for_b``, as ``[A only,
   B only]``), "A better" on those imputed against A (``worst_for_a``): each claim is tested at ``alpha / 2``
@@ -20,6 +26,12 @@ rows (``milestones``: name -> first step or null), reports:
   p-value with the errored pairs dropped (information only: not valid when errors depend on outcomes);
 - ``verdict``: ``"b_better"``, ``"a_better"`` or ``"no_difference_detected"`` at ``alpha`` (per scene on
   ``p_holm``).
+
+Multiplicity: the per-scene verdicts of a metric are one family (Holm: the chance of any false per-scene verdict
+is at most ``alpha``); the overall verdict is a second test at ``alpha``, so reading both, the chance of any
+false verdict is at most ``2 alpha`` (``multiplicity`` in the JSON says so, and the printed table). Each metric
+(final success, success at any step, each milestone) is its own family: the primary metric is
+``success_at_end``; the others are secondary.
 
 The pooled ``overall`` entry sums the scenes' tables: under "no difference" every discordant pair is B-only
 with probability 1/2 whatever its scene, so the pooled McNemar test is valid across scenes.
@@ -30,8 +42,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from dz_gym.stats.exact import binomial_half_upper_p, holm_adjust, mcnemar_exact_p
-from dz_gym.stats.proportions import PairedCounts, paired_difference_interval
+from dz_gym.stats.exact import bounded_mcnemar_p, holm_adjust, mcnemar_exact_p
+from dz_gym.stats.proportions import (
+    PairedCounts,
+    bounded_difference_interval,
+    imputed_tables,
+    paired_difference_interval,
+)
 
 __all__ = [
     "PRIMARY_METRIC",
@@ -47,6 +64,9 @@ SCHEMA = "dz-gym-compare/1"
 PRIMARY_METRIC = "success_at_end"
 SUCCESS_METRICS = ("success_at_end", "success_any_step")
 MILESTONE_PREFIX = "milestones."
+MULTIPLICITY = ("per-scene verdicts: Holm over the scenes of each metric (any false per-scene verdict: at most "
+                "alpha); the overall verdict is a separate test at alpha, so over both at most 2 alpha; each metric "
+                "is its own family (success_at_end is the primary one)")  # fmt: skip
 ARMS = ("a", "b")  # the arms of an A/B run, everywhere: slot 2j runs arm a, slot 2j + 1 arm b (eval/plan.py)
 
 
@@ -124,23 +144,16 @@ def _verdict(direction: str | None, p_value: float, alpha: float) -> str:
     return "no_difference_detected"
 
 
-def _bounded_p(worst_for_b: PairedCounts, worst_for_a: PairedCounts) -> tuple[float, str | None]:
-    """``min(1, 2 min(p_B, p_A))`` of the one-sided tests on the two imputed tables, and the claim it backs."""
-    p_b = binomial_half_upper_p(worst_for_b.b_only, worst_for_b.a_only + worst_for_b.b_only)
-    p_a = binomial_half_upper_p(worst_for_a.a_only, worst_for_a.a_only + worst_for_a.b_only)
-    if p_b == p_a:
-        return 1.0, None
-    return min(1.0, 2 * min(p_b, p_a)), ("b" if p_b < p_a else "a")
+def _interval(interval: tuple[float, float] | None) -> list[float] | None:
+    return None if interval is None else [interval[0], interval[1]]
 
 
 def _entry(pairs: Sequence[tuple[bool | None, bool | None]], missing: int, alpha: float) -> dict[str, Any]:
     """One table entry; ``pairs``: ``(a, b)`` outcomes, ``None`` where that episode errored."""
     clean = [(a, b) for a, b in pairs if a is not None and b is not None]
     counts = PairedCounts.from_pairs(clean)
-    worst_b = PairedCounts.from_pairs((True if a is None else a, False if b is None else b) for a, b in pairs)
-    worst_a = PairedCounts.from_pairs((False if a is None else a, True if b is None else b) for a, b in pairs)
-    interval = paired_difference_interval(counts)
-    p_value, direction = _bounded_p(worst_b, worst_a)
+    worst_b, worst_a = imputed_tables(pairs)
+    p_value, direction = bounded_mcnemar_p((worst_b.a_only, worst_b.b_only), (worst_a.a_only, worst_a.b_only))
     return {
         "pairs": counts.n,
         "errored_pairs": len(pairs) - len(clean),
@@ -152,7 +165,9 @@ def _entry(pairs: Sequence[tuple[bool | None, bool | None]], missing: int, alpha
         "a_only": counts.a_only,
         "b_only": counts.b_only,
         "diff": counts.diff,
-        "ci95": None if interval is None else [interval[0], interval[1]],
+        "diff_range": None if not pairs else [worst_b.diff, worst_a.diff],
+        "ci95": _interval(bounded_difference_interval(worst_b, worst_a)),
+        "ci95_without_errored": _interval(paired_difference_interval(counts)),
         "worst_for_b": [worst_b.a_only, worst_b.b_only],
         "worst_for_a": [worst_a.a_only, worst_a.b_only],
         "p_without_errored": mcnemar_exact_p(counts.a_only, counts.b_only),
@@ -224,10 +239,13 @@ def compare_rows(
         "scenes": tables[PRIMARY_METRIC],
         "metrics": tables,
         "unpaired": unpaired,
-        "note": "diff = B - A over pairs with the same scene and seed and no errored episode; ci95: Newcombe "
-        "hybrid score interval over those pairs; p_value: exact one-sided McNemar per direction with the errored "
-        "episodes imputed against the claim (worst_for_b, worst_for_a), doubled; p_holm: Holm-adjusted over "
-        "scenes; p_without_errored: two-sided McNemar with the errored pairs dropped (information only)",
+        "multiplicity": MULTIPLICITY,
+        "note": "diff = B - A over pairs with the same scene and seed and no errored episode (descriptive when "
+        "pairs errored); diff_range: B - A over every pair with the errored outcomes imputed against B and against "
+        "A; ci95: Newcombe hybrid score interval bounded over the errored outcomes (lower end imputed against B, "
+        "upper end against A); p_value: exact one-sided McNemar per direction with the errored episodes imputed "
+        "against the claim (worst_for_b, worst_for_a), doubled; p_holm: Holm-adjusted over scenes; "
+        "ci95_without_errored, p_without_errored: with the errored pairs dropped (information only)",
     }
 
 
@@ -243,7 +261,11 @@ def _lines(table: Mapping[str, Any], scene_keys: Sequence[str]) -> list[tuple[st
     out = []
     for key in scene_keys:
         e = table[key]
-        ci = "-" if e["ci95"] is None else f"{e['diff']:+.2f} [{e['ci95'][0]:+.2f}, {e['ci95'][1]:+.2f}]"
+        if e.get("errored_pairs") and e.get("diff_range"):  # the range over the errored outcomes, not one number
+            estimate = f"{e['diff_range'][0]:+.2f}..{e['diff_range'][1]:+.2f}"
+        else:
+            estimate = "-" if e["diff"] is None else f"{e['diff']:+.2f}"
+        ci = "-" if e["ci95"] is None else f"{estimate} [{e['ci95'][0]:+.2f}, {e['ci95'][1]:+.2f}]"
         verdict = {"b_better": "B better", "a_better": "A better"}.get(e.get("verdict"), "-")
         out.append((key, str(e["pairs"]), str(e["errored_pairs"]), _pct(e["a"], e["pairs"]), _pct(e["b"], e["pairs"]),
                     str(e["a_only"]), str(e["b_only"]), ci, _fmt_p(e["p_value"]),
@@ -262,7 +284,7 @@ def descriptive_comparison(result: Mapping[str, Any]) -> dict[str, Any]:
                for name, table in result["metrics"].items()}  # fmt: skip
     out = {**result, "metrics": metrics, "scenes": metrics[result["metric"]]}
     out["descriptive"] = {
-        "fields": ["diff", "ci95", "p_value", "p_holm"],
+        "fields": ["diff", "diff_range", "ci95", "p_value", "p_holm"],
         "dropped": ["verdict"],
         "why": DESCRIPTIVE_WHY,
     }
@@ -289,6 +311,12 @@ def format_comparison(result: Mapping[str, Any], *, descriptive: bool = False) -
         blocks.append("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip())
         blocks.append("  ".join("-" * w for w in widths).rstrip())
         blocks.extend("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
+    if any(e.get("errored_pairs") for table in result["metrics"].values() for e in table.values()):
+        blocks.append("")
+        blocks.append("errored pairs are bounded, not dropped: B - A shows its range over their possible outcomes, "
+                      "and the 95% CI and p hold whatever those outcomes were")  # fmt: skip
+    if result.get("multiplicity") and not descriptive:
+        blocks.append(f"multiplicity: {result['multiplicity']}")
     unpaired = result.get("unpaired") or {}
     if any(unpaired.values()):
         blocks.append("")

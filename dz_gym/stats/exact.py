@@ -14,7 +14,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from fractions import Fraction
 
-__all__ = ["binomial_half_two_sided_p", "binomial_half_upper_p", "holm_adjust", "mcnemar_exact_p"]
+__all__ = [
+    "binomial_half_two_sided_p",
+    "binomial_half_upper_p",
+    "bounded_mcnemar_p",
+    "holm_adjust",
+    "mcnemar_exact_p",
+]
 
 
 def binomial_half_two_sided_p(k: int, n: int) -> float:
@@ -57,6 +63,28 @@ def binomial_half_upper_p(k: int, n: int) -> float:
 def mcnemar_exact_p(a_only: int, b_only: int) -> float:
     """Exact two-sided McNemar p-value from the discordant counts (A only, B only)."""
     return binomial_half_two_sided_p(int(b_only), int(a_only) + int(b_only))
+
+
+def bounded_mcnemar_p(worst_for_b: tuple[int, int], worst_for_a: tuple[int, int]) -> tuple[float, str | None]:
+    """The two-sided McNemar p-value bounded over errored pairs, and the claim it backs (``"b"``, ``"a"``, None).
+
+    ``worst_for_b`` / ``worst_for_a``: ``(A only, B only)`` with the errored episodes imputed against B (B's as
+    failures, A's as successes) / against A. "B better" is tested one-sided on the first, "A better" on the
+    second, and ``p = min(1, 2 min(p_B, p_A))``. Imputing against a claim can only turn its wins into ties and
+    its ties into losses, each of which raises its exact one-sided p-value, so each is at least the p-value the
+    complete outcomes would give, whatever the errors depend on. Without errored pairs: the exact McNemar test.
+
+    >>> bounded_mcnemar_p((2, 12), (2, 12))  # no errored pairs: exact McNemar, B better
+    (0.012939453125, 'b')
+    >>> bounded_mcnemar_p((7, 12), (2, 17))  # 5 errored pairs: against B they leave 7 A-only to 12 B-only
+    (0.359283447265625, 'b')
+    """
+    (a_b, b_b), (a_a, b_a) = worst_for_b, worst_for_a
+    p_b = binomial_half_upper_p(int(b_b), int(a_b) + int(b_b))
+    p_a = binomial_half_upper_p(int(a_a), int(a_a) + int(b_a))
+    if p_b == p_a:
+        return 1.0, None
+    return min(1.0, 2 * min(p_b, p_a)), ("b" if p_b < p_a else "a")
 
 
 def holm_adjust(p_values: Sequence[float | None]) -> list[float | None]:

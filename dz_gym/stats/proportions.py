@@ -7,6 +7,11 @@
   same scene and seed run under two policies). It combines the two arms' Wilson intervals with the
   correlation of the paired outcomes, so it inherits their good behaviour near 0 and 1 and with few discordant
   pairs, where the Wald interval of the paired difference misbehaves.
+- :func:`imputed_tables` and :func:`bounded_difference_interval`: the same interval when some pairs have an
+  errored episode (no outcome): the union of Newcombe's intervals over every outcome the errored episodes
+  could have had, whose ends are those of the two tables with the errored outcomes imputed against each arm.
+- :func:`bounded_wilson_interval`: the same for one arm's rate (errored episodes as failures for the lower
+  end, as successes for the upper end).
 """
 
 from __future__ import annotations
@@ -16,7 +21,15 @@ from dataclasses import dataclass
 
 Z95 = 1.959963984540054  # two-sided 95 % normal quantile
 
-__all__ = ["Z95", "PairedCounts", "paired_difference_interval", "wilson_interval"]
+__all__ = [
+    "Z95",
+    "PairedCounts",
+    "bounded_difference_interval",
+    "bounded_wilson_interval",
+    "imputed_tables",
+    "paired_difference_interval",
+    "wilson_interval",
+]
 
 
 def _check_count(name: str, value: int) -> int:
@@ -137,3 +150,43 @@ def paired_difference_interval(counts: PairedCounts, z: float = Z95) -> tuple[fl
     lo = d - math.sqrt(max(below, 0.0))
     hi = d + math.sqrt(max(above, 0.0))
     return max(-1.0, lo), min(1.0, hi)
+
+
+def imputed_tables(pairs) -> tuple[PairedCounts, PairedCounts]:
+    """``(worst_for_b, worst_for_a)``: the tables of ``(a, b)`` outcomes (``None``: that episode errored) with the
+    errored outcomes imputed against B (B's as failures, A's as successes) and against A (the mirror)."""
+    pairs = list(pairs)
+    worst_b = PairedCounts.from_pairs((True if a is None else a, False if b is None else b) for a, b in pairs)
+    worst_a = PairedCounts.from_pairs((False if a is None else a, True if b is None else b) for a, b in pairs)
+    return worst_b, worst_a
+
+
+def bounded_difference_interval(worst_for_b: PairedCounts, worst_for_a: PairedCounts,
+                                z: float = Z95) -> tuple[float, float] | None:  # fmt: skip
+    """Newcombe's interval for ``p_b - p_a`` over every completion of the errored outcomes: the lower end of the
+    table imputed against B, the upper end of the one imputed against A (:func:`imputed_tables`).
+
+    Newcombe's lower end does not rise when a pair turns worse for B (B's success into a failure, A's failure
+    into a success; checked exhaustively up to 30 pairs in the tests), so the lower end against B is at most the
+    one of the complete outcomes, and the upper end mirrors it: the interval contains the one the complete
+    outcomes would give, whatever the errors depend on. Without errored pairs it is Newcombe's interval."""
+    low, high = paired_difference_interval(worst_for_b, z), paired_difference_interval(worst_for_a, z)
+    if low is None or high is None:
+        return None
+    return low[0], high[1]
+
+
+def bounded_wilson_interval(k: int, n: int, errored: int = 0, z: float = Z95) -> tuple[float, float] | None:
+    """Wilson's interval of ``k`` successes in ``n`` outcomes, widened over ``errored`` episodes without one: the
+    lower end with them as failures, the upper end with them as successes (Wilson's ends rise with ``k``, so this
+    contains the interval of every completion). ``None`` when there are no episodes.
+
+    >>> bounded_wilson_interval(5, 10) == wilson_interval(5, 10)
+    True
+    >>> [round(x, 3) for x in bounded_wilson_interval(5, 10, errored=5)]
+    [0.152, 0.848]
+    """
+    total = int(n) + int(errored)
+    if total == 0:
+        return None
+    return wilson_interval(k, total, z)[0], wilson_interval(int(k) + int(errored), total, z)[1]

@@ -11,11 +11,15 @@ pair with an errored episode counts as a pair, and a claim counts only if it hol
 episodes' outcomes would have been. "B better" is judged on the walk where every errored episode is imputed
 the worst way for that claim (B's errors as failures, A's as successes), "A better" on the mirror walk, each at
 ``alpha / 2`` (the design's thresholds are symmetric and calibrated one-sided, see
-:mod:`dz_gym.stats.design`); the rule stops for futility as soon as *some* completion of the errored outcomes is
-in the futility band. Whatever the errors depend on (the outcome, the seed, the arm), this keeps each claim's
-error at most ``alpha / 2``; the proof is in docs/compare.md ("Errored episodes"). The counts per arm
-(``errored_a``, ``errored_b``, ``errored_both``) and the decision the rule would reach with the errored pairs
-dropped (``without_errored``, for information only) are reported; ``errors_p_value`` (exact McNemar of the
+:mod:`dz_gym.stats.design`); the rule stops as soon as *some* completion of the errored outcomes is in the
+futility band. Whatever the errors depend on (the outcome, the seed, the arm), this keeps each claim's error at
+most ``alpha / 2``; the proof is in docs/compare.md ("Errored episodes"). The stop is needed for that proof (the
+design's final thresholds count the futility band as absorbing: a run that went on past it could reach them
+with far more than ``alpha``), but the *claim* "no difference" is the least favourable one: it is made
+(``no_difference``) only when *every* completion is in the band; when only some are, the run stops undecided
+(``errors_undecided``): the errored pairs leave open whether a difference of ``min_difference`` is unlikely.
+The counts per arm (``errored_a``, ``errored_b``, ``errored_both``) and the decision the rule would reach with
+the errored pairs dropped (``without_errored``, for information only) are reported; ``errors_p_value`` (exact McNemar of the
 pairs where only A errored against those where only B errored) says whether errors look arm-dependent.
 
 The e-value path: after each pair, ``(LR_b + LR_a) / 2`` with ``LR_b`` the likelihood ratio of the design's
@@ -47,6 +51,7 @@ A_BETTER = "a_better"
 NO_DIFFERENCE = "no_difference"
 MAX_PAIRS = "max_pairs"
 ERRORS_DIFFER = "errors_differ"  # older runs only: the rule no longer refuses, it bounds the errors
+ERRORS_UNDECIDED = "errors_undecided"  # some completion of the errored outcomes is futile, not every one
 
 
 def log_e_values(b_only, discordant, alternatives: Sequence[float]) -> np.ndarray:
@@ -73,9 +78,10 @@ class SequentialDecision:
     """Where the rule stands after the pairs seen so far.
 
     ``stop``: whether to stop; ``reason``: ``continue``, ``b_better`` / ``a_better``, ``no_difference``
-    (futility: a difference of ``min_difference`` is unlikely), ``max_pairs`` (the cap or the budget ended
-    without a decision); ``better``: ``"a"``, ``"b"`` or ``None``; ``pairs``: pairs folded (errored ones
-    included); ``a_only`` / ``b_only``: discordant pairs among those without errors; ``worst_for_b`` /
+    (futility: a difference of ``min_difference`` is unlikely, whatever the errored outcomes),
+    ``errors_undecided`` (stopped in the futility band of some completion of the errored outcomes but not of
+    every one: no claim), ``max_pairs`` (the cap or the budget ended without a decision); ``better``: ``"a"``,
+    ``"b"`` or ``None``; ``pairs``: pairs folded (errored ones included); ``a_only`` / ``b_only``: discordant pairs among those without errors; ``worst_for_b`` /
     ``worst_for_a``: the ``[A only, B only]`` counts with the errored episodes imputed against B / against A
     (the walks the claims are judged on); ``without_errored``: the reason the rule would give with the errored
     pairs dropped (None when nothing errored); ``why``: one sentence for logs and summaries.
@@ -211,8 +217,8 @@ class SequentialPairTest:
             return "a", f"A only - B only = {a_dn - b_dn} >= {down} after {a_dn + b_dn} discordant pairs"
         return None, ""
 
-    def _some_completion_futile(self) -> bool:
-        """Whether some outcomes of the errored episodes put the walk in the futility band now.
+    def _completions_futile(self) -> tuple[bool, bool]:
+        """Whether some, and whether every, outcome of the errored episodes puts the walk in the futility band.
 
         ``plus`` errored pairs can add a B-only pair or nothing, ``minus`` an A-only pair or nothing, ``both``
         (both errored) either or nothing; with ``k`` of them discordant, ``p`` of those B-only, the walk is at
@@ -223,16 +229,17 @@ class SequentialPairTest:
             self.errored_both,
         )
         d0, s0 = self.a_only + self.b_only, self.b_only - self.a_only
+        some, every = False, True
         for k in range(plus + minus + both + 1):
+            low, high = max(0, k - minus - both), min(k, plus + both)
             futile = self.design.thresholds(d0 + k)[1]
             if futile < 0:
+                every = False
                 continue
-            low, high = max(0, k - minus - both), min(k, plus + both)
-            low = max(low, math.ceil((k - s0 - futile) / 2))
-            high = min(high, math.floor((k - s0 + futile) / 2))
-            if low <= high:
-                return True
-        return False
+            band = max(low, math.ceil((k - s0 - futile) / 2)), min(high, math.floor((k - s0 + futile) / 2))
+            some = some or band[0] <= band[1]
+            every = every and band == (low, high)
+        return some, every
 
     def _step(self) -> None:
         e_value = self._e_value()
@@ -241,11 +248,17 @@ class SequentialPairTest:
         better, why = self._claim(0)
         if better is not None:
             self._decide(better, why)
-        elif self._some_completion_futile():
+        elif (futile := self._completions_futile())[0]:
             d, s = self.a_only + self.b_only, self.b_only - self.a_only
             where = f"|B only - A only| = {abs(s)} after {d} discordant pairs"
+            if not futile[1]:
+                self._decision = self._state(ERRORS_UNDECIDED, None, "some outcomes of the errored episodes put the "
+                                             "walk in the futility band, others not: no claim (the band ends the "
+                                             "test; the errored pairs leave a difference of "
+                                             f"{self.design.min_difference:g} open)", stop=True)  # fmt: skip
+                return
             if self.errored:
-                where = "some outcomes of the errored episodes put the walk in the futility band"
+                where = "every outcome of the errored episodes puts the walk in the futility band"
             self._decision = self._state(NO_DIFFERENCE, None, f"{where}: a difference of "
                                          f"{self.design.min_difference:g} is unlikely", stop=True)  # fmt: skip
         elif self.pairs >= self.max_pairs:
