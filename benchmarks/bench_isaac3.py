@@ -102,8 +102,8 @@ def bound(
     """The synchronous bound in env-steps/s: ``N T / (R + ceil(T/8) ceil(N/W) L + T s_phys + (ceil(T/8) - 1)
     s_render)`` for N envs of T-step episodes: the server's latency and the simulator only, R being the
     simulator's own reset of the batch (:func:`measure_reset`), which the evaluator's span of a one-episode
-    run holds too (issue 31's eleventh round; before it R was left out: 0, the default). For long episodes it
-    approaches ``8N / (ceil(N/W) L + 8 s_N)``, the bound of the tables before the tenth round, which counted a
+    run holds too (0, the default, leaves it out, as older tables did). For long episodes it approaches
+    ``8N / (ceil(N/W) L + 8 s_N)``, the per-round bound of the older tables in benchmarks/README.md, which counted a
     render per request, also the one after the episode's end that the evaluator does not take (a 16-step run
     of the embedded backend read 110.9 % of it)."""
     rounds = math.ceil(steps / HORIZON)

@@ -15,7 +15,7 @@ plus its few small pieces inline, and the worker joins them into the frame it se
 - :meth:`HostViews.reserve` makes room for a batch ahead of time (the wrapper calls it at reset with a full
   round's views): a segment made then is also populated (its pages mapped in one call) before it is
   page-locked, so the first request round pays neither (at N = 1024, 1 GiB: about half a second on the
-  2-core development machine, which the first round's copy paid before). With ``wait=False`` the pages
+  2-core development machine, which the first request round's copy would pay otherwise). With ``wait=False`` the pages
   are mapped on a thread of their own (the kernel's work, outside the interpreter lock) while the caller
   goes on, and page-locked there too, on the caller's current CUDA device; the wrapper starts it from the
   observation space before the env's reset, which then overlaps it, and the next :meth:`alloc` or
