@@ -197,7 +197,7 @@ def start_server_process(
     output if it exits or stays silent for ``timeout`` seconds. ``new_session`` starts the server in a session
     of its own, so a Ctrl-C in the caller's terminal reaches only the caller (which then stops the server).
     ``die_with_parent`` (the default): the server stops when this process is gone, however it ends (see the
-    module docstring); the server then lives as long as its handle (or this process).
+    module docstring), so it lives no longer than this process.
     """
     argv = list(args)
     if "--port" not in argv and not any(a.startswith("--port=") for a in argv):
