@@ -3,9 +3,10 @@
 Everything the page shows comes from the run directory's files (``config.json``, ``episodes.jsonl``,
 ``summary.json``, ``trajectories/*.npz``, ``videos/*.mp4``). The rows are read through the same ledger checks a
 resume makes (:func:`checked_rows`): a run whose rows are not its plan's (a duplicate, another seed, another
-step limit) is refused in one line, as ``--resume`` refuses it, instead of being counted. The summary's numbers are shown as they are when it
-covers every row; while a run is in progress (rows newer than the last summary, or no summary yet) the numbers
-are recomputed from the rows with :func:`dz_gym.eval.results.summarize`, and the page says so.
+step limit) is refused in one line, as ``--resume`` refuses it, instead of being counted. The summary's
+numbers are shown as they are when it covers every row; while a run is in progress (rows newer than the last
+summary, or no summary yet) the numbers are recomputed from the rows with
+:func:`dz_gym.eval.results.summarize`, and the page says so.
 
 Trajectories are shrunk for the page: at most :data:`TRAJ_POINTS` samples in time (evenly spaced steps), joints
 and gripper quantized to 8 bits within the episode's own range, plus the exact list of steps that called the
