@@ -36,12 +36,15 @@ def _gone(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
-def _wait_gone(pid: int) -> None:
+def _wait_gone(*pids: int) -> None:
+    """Wait (bounded, polling) until every one of ``pids`` has ended; else kill them all and fail."""
     deadline = time.monotonic() + BOUND_S
-    while not _gone(pid):
+    while not all(_gone(pid) for pid in pids):
         if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)  # leave nothing behind, then fail
-            pytest.fail(f"process {pid} still running {BOUND_S} s after its parent ended")
+            left = [pid for pid in pids if not _gone(pid)]
+            for pid in left:  # leave nothing behind, then fail
+                os.kill(pid, signal.SIGKILL)
+            pytest.fail(f"processes {left} still running {BOUND_S} s after their parent ended")
         time.sleep(0.2)
 
 
@@ -76,16 +79,14 @@ def test_kill_9_of_the_evaluator_ends_its_embedded_servers():
     assert len(pids) == 2 and all(not _gone(pid) for pid in pids)
     parent.kill()
     parent.wait(BOUND_S)
-    for pid in pids:
-        _wait_gone(pid)
+    _wait_gone(*pids)
 
 
 def test_kill_9_of_the_evaluators_process_group_ends_its_embedded_servers():
     parent, pids = _parent(EVALUATOR)
     os.killpg(parent.pid, signal.SIGKILL)  # the servers are in sessions of their own: not in the group
     parent.wait(BOUND_S)
-    for pid in pids:
-        _wait_gone(pid)
+    _wait_gone(*pids)
 
 
 def test_the_parent_death_signal_ends_the_server_when_a_forked_child_holds_the_pipe():
