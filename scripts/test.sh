@@ -10,11 +10,13 @@
 # printed after theirs), which bounds CI time: many tests wait on events, not on the CPU.
 #
 # Every stage runs even when an earlier one failed (a stage whose environment could not be installed is
-# reported as not run): the last lines list every stage that failed, and the exit status is then 1.
+# reported as not run): the last lines list every environment skipped and every stage that failed, and the
+# exit status is then 1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 failed=()
+skipped=()  # environments left out on purpose (DZ_GYM_SKIP_*) or for want of their Python: said again at the end
 
 stage() {  # stage NAME COMMAND...: run COMMAND; a failure is remembered under NAME and the script goes on
   local name=$1
@@ -42,6 +44,7 @@ third_environment() {  # the real isaaclab 3.0.0 wheel on Python 3.12: exit 0 (p
   bash scripts/setup.sh --isaac30 || status=$?
   if [ $status = 2 ]; then
     echo "== skipped: no Python 3.12 here (set PYTHON for scripts/setup.sh --isaac30) =="
+    : > "$third_skipped"  # said again at the end
     return 0
   elif [ $status != 0 ]; then
     echo "== scripts/setup.sh --isaac30 failed (exit status $status) =="
@@ -62,8 +65,9 @@ else
 fi
 
 third_log=$(mktemp)
+third_skipped="$third_log.skipped"  # made by third_environment when there is no Python 3.12
 third_pid=
-trap '[ -z "$third_pid" ] || kill "$third_pid" 2>/dev/null; rm -f "$third_log"' EXIT
+trap '[ -z "$third_pid" ] || kill "$third_pid" 2>/dev/null; rm -f "$third_log" "$third_skipped"' EXIT
 if [ "${DZ_GYM_SKIP_ISAAC22:-0}" = 0 ]; then
   echo "== second environment: Isaac Lab 2.2's dependency set (.venv-isaac22) =="
   stage "setup (.venv-isaac22)" bash scripts/setup.sh --test --isaac22
@@ -78,17 +82,33 @@ if [ "${DZ_GYM_SKIP_ISAAC22:-0}" = 0 ]; then
   else
     not_run "scripts/setup.sh --test --isaac22 failed" "pytest (.venv-isaac22)" "doctests (.venv-isaac22)"
   fi
+else
+  skipped+=("second environment (.venv-isaac22): DZ_GYM_SKIP_ISAAC22=1")
 fi
+third="third environment: the real isaaclab 3.0.0 wheel on Python 3.12 (.venv-isaac30)"
 if [ "${DZ_GYM_SKIP_ISAAC30:-0}" = 0 ]; then
+  echo "== $third =="
+  status=0
   if [ -n "$third_pid" ]; then
-    stage "third environment: the real isaaclab 3.0.0 wheel on Python 3.12 (.venv-isaac30)" wait "$third_pid"
+    wait "$third_pid" || status=$?
     third_pid=
     cat "$third_log"
   else
-    stage "third environment: the real isaaclab 3.0.0 wheel on Python 3.12 (.venv-isaac30)" third_environment
+    third_environment || status=$?
   fi
+  if [ $status != 0 ]; then
+    failed+=("$third (exit status $status)")
+  elif [ -e "$third_skipped" ]; then
+    skipped+=("$third: no Python 3.12 here")
+  fi
+else
+  skipped+=("$third: DZ_GYM_SKIP_ISAAC30=1")
 fi
 
+if [ ${#skipped[@]} != 0 ]; then
+  echo "== skipped: ${#skipped[@]} environment(s) =="
+  printf '  %s\n' "${skipped[@]}"
+fi
 if [ ${#failed[@]} != 0 ]; then
   echo "== FAILED: ${#failed[@]} stage(s) =="
   printf '  %s\n' "${failed[@]}"

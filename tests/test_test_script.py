@@ -108,6 +108,24 @@ def test_the_third_environment_skipped_for_want_of_python_312_is_no_failure(tmp_
     assert status == 0, out
     assert "skipped: no Python 3.12 here" in out
     assert not any(c.startswith(".venv-isaac30/bin/python") for c in calls)
+    tail = [line.strip() for line in out[out.index("== skipped: 1") :].splitlines()]
+    assert (
+        tail[1]
+        == "third environment: the real isaaclab 3.0.0 wheel on Python 3.12 (.venv-isaac30): no Python 3.12 here"
+    )
+    assert tail[2] == "== every stage passed =="
+
+
+def test_environments_skipped_on_purpose_are_said_at_the_end(tmp_path):
+    status, out, calls = _run(tmp_path, DZ_GYM_SKIP_ISAAC22="1", DZ_GYM_SKIP_ISAAC30="1")
+    assert status == 0, out
+    assert not any("isaac" in c for c in calls)
+    tail = [line.strip() for line in out[out.index("== skipped: 2") :].splitlines()]
+    assert tail[1:] == [
+        "second environment (.venv-isaac22): DZ_GYM_SKIP_ISAAC22=1",
+        "third environment: the real isaaclab 3.0.0 wheel on Python 3.12 (.venv-isaac30): DZ_GYM_SKIP_ISAAC30=1",
+        "== every stage passed ==",
+    ]
 
 
 def test_a_failed_third_environment_setup_is_a_failure(tmp_path):
