@@ -84,7 +84,7 @@ class EmbeddedServer:
     @property
     def pid(self) -> int | None:
         """The server's process id (None in this process or when not running); the server dies with this
-        process however it ends, also with the server left unstopped (:mod:`dz_gym.server.lifeline`)."""
+        process however it ends, also with the server left unstopped (:mod:`dz_gym.lifeline`)."""
         return getattr(self._handle, "pid", None)
 
     @property

@@ -7,7 +7,7 @@
   the handle has ``url``, ``port``, ``pid``, ``output`` and ``stop()`` (SIGTERM, then kill after a bound).
   The server dies with this process whatever ends it (``kill -9``, an interpreter that exits with the handle
   unclosed): it gets ``--parent-pid`` and a stdin pipe whose write end only the handle holds
-  (:mod:`dz_gym.server.lifeline`).
+  (:mod:`dz_gym.lifeline`).
 
 Both handles are context managers that stop the server on exit.
 """

@@ -1,9 +1,9 @@
-"""Servers die with the process that started them, whatever ends it (:mod:`dz_gym.server.lifeline`).
+"""Children die with the process that started them, whatever ends it (:mod:`dz_gym.lifeline`).
 
 Each test starts a parent process that starts a real ``dz-gym-serve`` the way dz-gym does (the evaluator's
-embedded servers, the wrapper's ``policy=``), ends the parent, and waits (bounded, polling) until the server's
-process is gone: after ``kill -9`` of the parent, of its process group, and after an interpreter exit that
-left a wrapper unclosed.
+embedded servers, the wrapper's ``policy=``), or a real ``dz-gym-eval`` that runs its scenes in processes of
+their own, ends the parent, and waits (bounded, polling) until the children are gone: after ``kill -9`` of the
+parent, of its process group, and after an interpreter exit that left a wrapper unclosed.
 """
 
 from __future__ import annotations
@@ -167,3 +167,45 @@ def test_a_launcher_without_die_with_parent_leaves_stdin_alone():
         assert not any("--parent-pid" in arg for arg in server.proc.args)
     finally:
         assert server.stop() == 0
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux: ``/proc/PID/task/*/children``)."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            out += [int(child) for child in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return out
+
+
+@pytest.mark.slow  # two scene processes on the embedded simulator start (seconds; more under load)
+def test_kill_9_of_an_evaluator_with_scene_processes_ends_them_and_their_servers(tmp_path):
+    """``--process-per-scene``: each scene's ``dz-gym-eval`` (a session of its own) and its embedded server stop
+    when the evaluator's process group is killed."""
+    from eval_process import Evaluator
+
+    argv = ["--backend", "mujoco", "--num-envs", "2", "--scene", "1", "--scene", "2", "--episodes", "400",
+            "--max-steps", "400", "--policy", "hold", "--process-per-scene", "--no-video", "--no-report",
+            "--no-progress", "--output-root", str(tmp_path)]  # fmt: skip
+    evaluator = Evaluator(argv)
+    scenes: list[int] = []
+    theirs: list[int] = []
+    try:
+        for _ in range(2):  # each scene's process started its server
+            evaluator.wait_for_line("started the embedded reference server")
+        scenes = _children(evaluator.proc.pid)
+        theirs = [child for scene in scenes for child in _children(scene)]  # servers and simulator workers
+        servers = [pid for pid in theirs if b"dz_gym.server" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert len(scenes) == 2 and len(servers) == 2, (scenes, theirs)
+        evaluator.signal_group(signal.SIGKILL)
+        evaluator.wait_for_line("is gone (EOF on stdin): stopping")  # a scene's process saw its parent go
+        _wait_gone(*scenes, *theirs)
+    finally:
+        if evaluator.proc.poll() is None:
+            evaluator.proc.kill()
+        evaluator.proc.wait(BOUND_S)
+        for pid in [*scenes, *theirs]:  # after a failure: leave nothing behind
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
