@@ -8,6 +8,9 @@ the reference server (``dz-gym-serve --policy reference`` in a subprocess, ``--l
   needed for the geometry: the same reference server is started with ``--policy-arg horizon=32
   --policy-arg open_loop_horizon=32`` (its planner rolls out 32 rows meant to be executed whole) and the
   evaluator runs with ``--open-loop-horizon 32``; the views stay 180x320, so only the geometry differs;
+- *FLUX on SGLang's flavor*: the whole FLUX profile as ``dz-gym-serve --flavor sglang`` speaks it (found from
+  its handshake: 360x640 views rendered at that size, dot keys, the 8-vector state, 32 of 32 executed), so
+  the cost of FLUX's larger views shows beside the geometry alone;
 
 each synchronous (every env waits for its chunk and the world stands still), latency-honest
 (``--latency-honest``: each chunk applied ``ceil(latency x 15 Hz)`` steps after its request, the arm holding its
@@ -33,14 +36,17 @@ import time
 os.environ.setdefault("MUJOCO_GL", "egl")
 
 PATH = "/v1/realtime/robot/openpi"
-GEOMETRIES = {  # name: (the server's extra arguments, the evaluator's open-loop horizon)
-    "DreamZero 24x8, 8 executed": ([], 8),
-    "FLUX 32x8, 32 executed": (["--policy-arg", "horizon=32", "--policy-arg", "open_loop_horizon=32"], 32),
+# name: (the server's extra arguments, its route, the evaluator's open-loop horizon (None: the profile's), the
+# embedded simulator's render shape (None: its default 180x320))
+GEOMETRIES = {
+    "DreamZero 24x8, 8 executed": ([], PATH, 8, None),
+    "FLUX 32x8, 32 executed": (["--policy-arg", "horizon=32", "--policy-arg", "open_loop_horizon=32"], PATH, 32, None),
+    "FLUX on SGLang, 360x640": (["--flavor", "sglang"], "/openpi/policy", None, [360, 640]),
 }
 MODES = {"sync": (False, 0), "latency-honest": (True, 0), "honest, prefetch 4": (True, 4)}  # (honest, prefetch)
 
 
-def run(url: str, args, horizon: int, honest: bool, prefetch: int) -> dict:
+def run(url: str, args, horizon: int | None, render_shape: list | None, honest: bool, prefetch: int) -> dict:
     """One evaluator run; its summary's rate and what its rows say."""
     from dz_gym.eval.config import EvalConfig
     from dz_gym.eval.evaluate import evaluate
@@ -48,7 +54,8 @@ def run(url: str, args, horizon: int, honest: bool, prefetch: int) -> dict:
 
     config = EvalConfig(scenes=[args.scene], episodes=args.episodes, num_envs=args.num_envs, backend="mujoco",
                         max_steps=args.max_steps, video=False, report=False, open_loop_horizon=horizon,
-                        latency_honest=honest, prefetch=prefetch)  # fmt: skip
+                        latency_honest=honest, prefetch=prefetch,
+                        render_shape=render_shape)  # fmt: skip
     with tempfile.TemporaryDirectory() as root:
         run_dir = RunDir.create(root, config)
         summary = evaluate(config, run_dir, [url], progress=False, log=lambda _: None)
@@ -77,11 +84,11 @@ def main() -> int:
 
     t0 = time.perf_counter()
     results: dict[tuple[str, str], dict] = {}
-    for name, (extra, horizon) in GEOMETRIES.items():
+    for name, (extra, route, horizon, render_shape) in GEOMETRIES.items():
         serve = ["--policy", "reference", *extra, "--workers", "1", "--latency-ms", str(args.latency_ms), "--quiet"]
         with start_server_process(serve) as server:
             for mode, (honest, prefetch) in MODES.items():
-                results[(name, mode)] = run(server.url + PATH, args, horizon, honest, prefetch)
+                results[(name, mode)] = run(server.url + route, args, horizon, render_shape, honest, prefetch)
 
     print(f"N={args.num_envs}, {args.episodes} episodes per run, scene {args.scene}, up to {args.max_steps} steps, "
           f"L={args.latency_ms:.0f} ms (one server worker), 15 Hz")  # fmt: skip
@@ -92,12 +99,13 @@ def main() -> int:
         print(f"{name:<28} {mode:<18} {r['success']:>7.2f} {r['requests']:>7.1f} {r['steps']:>8.1f} "
               f"{r['delay']:>6.2f} {r['rate']:>11.1f}" + (f"  ({r['errors']} errored)" if r["errors"] else ""))  # fmt: skip
     print()
-    dz, flux = GEOMETRIES
-    for mode in MODES:
-        a, b = results[(dz, mode)], results[(flux, mode)]
-        print(f"{mode:<18} FLUX / DreamZero: requests per episode {b['requests'] / a['requests']:.2f}x, "
-              f"requests per step {(b['requests'] / b['steps']) / (a['requests'] / a['steps']):.2f}x, "
-              f"env-steps/s {b['rate'] / a['rate']:.2f}x")  # fmt: skip
+    dz, *fluxes = GEOMETRIES
+    for flux in fluxes:
+        for mode in MODES:
+            a, b = results[(dz, mode)], results[(flux, mode)]
+            print(f"{flux:<28} {mode:<18} / DreamZero: requests per episode {b['requests'] / a['requests']:.2f}x, "
+                  f"requests per step {(b['requests'] / b['steps']) / (a['requests'] / a['steps']):.2f}x, "
+                  f"env-steps/s {b['rate'] / a['rate']:.2f}x")  # fmt: skip
     for name in GEOMETRIES:
         s = results[(name, "sync")]
         for mode in list(MODES)[1:]:

@@ -15,7 +15,8 @@ refused with one line naming the setting (exit 2) unless ``--force``, which reco
 JSON under ``problems``. Other result-changing settings that differ (e.g. ``prefetch``) are listed under
 ``differences`` and printed as a note: comparing them may be the point of the A/B.
 
-Exit codes: 0 compared, 2 usage error or runs not comparable.
+Exit codes: 0 compared, 2 usage error or runs not comparable (also a ``--json`` file that cannot be written:
+checked before the runs are read), 1 when that file could not be written after all.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any
 from dz_gym.cli_types import Flag, OneLineErrorParser, add_flags, flag_message, number, show
 from dz_gym.errors import RunError
 from dz_gym.eval.failure import format_transitions, mode_transitions
+from dz_gym.eval.preflight import check_output_file
 from dz_gym.stats.comparison import compare_rows, descriptive_comparison, format_comparison
 from dz_gym.stats.ranking import format_ranking, outcomes_by_seed, rank_arms
 
@@ -162,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    problem = check_output_file(args.json, "--json")
+    if problem is not None:  # before any run is read
+        parser.error(problem)
     level = {} if args.alpha is None else {"alpha": args.alpha}
     if len(args.runs) > 2:
         return _rank(parser, args, level)
@@ -205,13 +210,23 @@ def main(argv: list[str] | None = None) -> int:
         text += "\n\n" + _sequential_line(args.runs[0])
     notes = [f"note: not comparable, compared anyway (--force): {p}" for p in problems]
     notes += [f"note: {d} (this may be what the comparison is about)" for d in differences]
-    if args.json == "-":
+    return _emit(args.json, result, "\n".join([text, *notes]))
+
+
+def _emit(path: str | None, result: Mapping[str, Any], text: str) -> int:
+    """Print ``text`` and write ``result`` as JSON to ``path`` (``-``: stdout, ``text`` then to stderr); a file
+    that cannot be written after all (checked before the work) is one line and exit status 1."""
+    if path == "-":
         print(json.dumps(result, indent=2))
-        print("\n".join([text, *notes]), file=sys.stderr)
-    else:
-        print("\n".join([text, *notes]))
-        if args.json:
-            Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        print(text, file=sys.stderr)
+        return 0
+    print(text)
+    if path:
+        try:
+            Path(path).write_text(json.dumps(result, indent=2) + "\n")
+        except OSError as exc:
+            print(f"dz-gym-compare: error: --json: cannot write {path} ({exc.strerror or exc})", file=sys.stderr)
+            return 1
     return 0
 
 
@@ -272,15 +287,7 @@ def _rank_arms_of_run(config: Mapping[str, Any], rows: Sequence[Mapping[str, Any
 def _print_ranking(args: argparse.Namespace, result: dict, runs: list[str], problems: list[str]) -> int:
     """Print the leaderboard (and write its ``dz-gym-rank/1`` JSON)."""
     result.update(schema="dz-gym-rank/1", runs=runs, forced=bool(problems), problems=problems)
-    text = format_ranking(result)
-    if args.json == "-":
-        print(json.dumps(result, indent=2))
-        print(text, file=sys.stderr)
-    else:
-        print(text)
-        if args.json:
-            Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    return 0
+    return _emit(args.json, result, format_ranking(result))
 
 
 if __name__ == "__main__":

@@ -126,9 +126,12 @@ def replicated_run(source: RunDir, target: Path, episodes: int) -> RunDir:
     config = json.loads((source.path / "config.json").read_text())
     config.update(scenes=[1], episodes=episodes)
     (target / "config.json").write_text(json.dumps(config))
+    scene1 = next(r for r in rows if r["scene"] == 1)  # every row becomes one of scene 1: its task and prompt
     out = []
     for k in range(episodes):
-        row = dict(rows[k % len(rows)], scene=1, episode=k, seed=k)
+        row = dict(
+            rows[k % len(rows)], scene=1, episode=k, seed=k, task=scene1.get("task"), prompt=scene1.get("prompt")
+        )
         for field in ("trajectory", "video"):
             if row.get(field):
                 row[field] = os.path.relpath(source.path / row[field], target)

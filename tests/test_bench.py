@@ -767,3 +767,17 @@ def test_a_flux_chunk_of_another_geometry_is_a_protocol_error(tmp_path):
     assert rc == 0
     run = load_json(out)
     assert run["errors"] == {"ProtocolError": 4} and "expected horizon 32" in run["error_examples"]["ProtocolError"]
+
+
+@pytest.mark.timeout(30)  # the check comes before the benchmark: no server is ever waited for
+@pytest.mark.parametrize("flag", ["--json", "--records", "--plot"])
+@pytest.mark.parametrize("where", ["missing/out", "file/out", "folder"])
+def test_an_output_path_that_cannot_be_written_is_refused_before_the_benchmark(tmp_path, capsys, flag, where):
+    (tmp_path / "file").write_text("a file, not a folder")
+    (tmp_path / "folder").mkdir()
+    sweep = ["--sweep", "1,2"] if flag == "--plot" else []
+    with pytest.raises(SystemExit) as exc:  # the server does not exist: the check must come first
+        bench("--server", f"ws://127.0.0.1:{free_port()}", "--ready-timeout", 20, *sweep, flag, tmp_path / where)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"dz-gym-bench: error: {flag}"), err

@@ -341,3 +341,23 @@ def test_a_row_that_breaks_the_schema_is_a_one_line_error(tmp_path):
         dz_compare.RunError, match=r"episodes.jsonl:2: episode row: 'success_at_end' expected true/false"
     ):
         dz_compare.load_run(run)
+
+
+@pytest.mark.parametrize("where", ["missing/out.json", "file/out.json", "folder"])
+def test_cli_refuses_a_json_path_it_cannot_write_before_reading_the_runs(tmp_path, where):
+    """One line naming --json, exit status 2, before any run is read (the runs given do not even exist)."""
+    (tmp_path / "file").write_text("a file, not a folder")
+    (tmp_path / "folder").mkdir()
+    code, out, err = cli(str(tmp_path / "run_a"), str(tmp_path / "run_b"), "--json", str(tmp_path / where))
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("dz-gym-compare: error: --json"), err
+    assert "run_a" not in err and not out
+
+
+def test_cli_writes_json_over_an_existing_file(tmp_path):
+    rows_a, rows_b = outcomes(1, [True, False], [True, True])
+    target = tmp_path / "out.json"
+    target.write_text("old")
+    code, _, err = cli(make_run(tmp_path / "a", rows_a), make_run(tmp_path / "b", rows_b), "--json", str(target))
+    assert code == 0, err
+    assert json.loads(target.read_text())["runs"]

@@ -128,3 +128,99 @@ def test_a_missing_tracker_is_named_in_one_line():
     assert tracking.missing(["mlflow"]) == "--log: expected one of wandb, tensorboard, got 'mlflow'"
     with pytest.raises(ValueError, match="^log: expected a list of wandb, tensorboard, got 'x'$"):
         EvalConfig(scenes=[1], log=["x"])
+
+
+def _environ(tmp_path, **values):
+    """An environment with no W&B settings and a home of its own (no netrc), plus ``values``."""
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    return {"HOME": str(home), "PATH": "/usr/bin:/bin", **values}
+
+
+def test_wandb_credentials_are_checked_where_wandb_reads_them(tmp_path):
+    pytest.importorskip("wandb")
+    env = _environ(tmp_path)
+    problem = tracking.log_problem(["wandb"], env)
+    assert problem.startswith("--log wandb: no W&B credentials for api.wandb.ai: set WANDB_API_KEY"), problem
+    assert tracking.log_problem(["tensorboard", "wandb"], env) == (tracking.missing(["tensorboard"]) or problem)
+    assert tracking.log_problem(["wandb"], {**env, "WANDB_API_KEY": "k" * 40}) is None
+    assert tracking.log_problem(["wandb"], {**env, "WANDB_MODE": "offline"}) is None
+    assert tracking.log_problem(["wandb"], {**env, "WANDB_MODE": "disabled"}) is None
+    assert tracking.log_problem(["wandb"], {**env, "WANDB_MODE": "online"}) == problem
+    netrc_file = tmp_path / "home" / ".netrc"
+    netrc_file.write_text("machine api.wandb.ai\n  login user\n  password " + "k" * 40 + "\n")
+    netrc_file.chmod(0o600)
+    assert tracking.log_problem(["wandb"], env) is None  # what `wandb login` writes
+    other = {**env, "WANDB_BASE_URL": "https://wandb.example.org"}
+    assert "no W&B credentials for wandb.example.org" in tracking.log_problem(["wandb"], other)
+    moved = tmp_path / "elsewhere.netrc"
+    netrc_file.rename(moved)
+    assert tracking.log_problem(["wandb"], env) == problem
+    assert tracking.log_problem(["wandb"], {**env, "NETRC": str(moved)}) is None
+    assert tracking.log_problem(["tensorboard"], env) == tracking.missing(["tensorboard"])  # no key needed
+
+
+def test_wandb_dir_that_cannot_be_written_is_one_line(tmp_path):
+    pytest.importorskip("wandb")
+    (tmp_path / "file").write_text("a file, not a folder")
+    env = _environ(tmp_path, WANDB_MODE="offline", WANDB_DIR=str(tmp_path / "file" / "wandb"))
+    problem = tracking.log_problem(["wandb"], env)
+    assert problem.startswith("--log wandb: WANDB_DIR: cannot create") and "is not a directory" in problem
+
+
+def test_dz_gym_eval_log_wandb_without_credentials_is_one_line_before_anything_starts(tmp_path):
+    """The real command: exit status 1, one error line, no run directory, no server started (its line absent)."""
+    pytest.importorskip("wandb")
+    import os
+    import subprocess
+    import sys
+
+    root = tmp_path / "runs"
+    env = {**_environ(tmp_path), "PYTHONPATH": os.environ.get("PYTHONPATH", ""), "MUJOCO_GL": "egl"}
+    argv = ["--log", "wandb", "--backend", "mujoco", "--episodes", "1", "--num-envs", "1", "--no-video",
+            "--output-root", str(root)]  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", "dz_gym.eval.cli", *argv], env=env, capture_output=True, text=True,
+                          timeout=120, check=False)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dz-gym-eval: error: --log wandb: no W&B credentials"), lines
+    assert not root.exists() and "embedded" not in proc.stdout + proc.stderr
+
+
+def test_wandb_dir_is_where_wandb_writes(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb_dir"))
+    (tmp_path / "wandb_dir").mkdir()
+    run_dir, _ = _logged_run(tmp_path / "runs", ["wandb"])
+    assert list((tmp_path / "wandb_dir" / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert not (run_dir.path / "wandb").exists()
+
+
+@pytest.mark.slow  # W&B's own retries until its init timeout (5 s here)
+def test_a_tracker_that_cannot_start_is_one_warning_and_the_run_goes_on(tmp_path, monkeypatch, caplog):
+    """Credentials present, W&B's server unreachable (a closed loopback port): one warning line, no sink."""
+    wandb = pytest.importorskip("wandb")
+    wandb.teardown()  # W&B keeps its settings per process: an earlier test's offline mode would stay on
+    for key in ("WANDB_MODE", "WANDB_DIR", "WANDB_IDENTITY_TOKEN_FILE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{_closed_port()}")
+    monkeypatch.setenv("WANDB_INIT_TIMEOUT", "5")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    log = tracking.open_logs(["wandb"], tmp_path, {}, "dz-gym-test")
+    assert log.sinks == []
+    (warning,) = [r.getMessage() for r in caplog.records if "--log wandb" in r.getMessage()]
+    assert warning.startswith("--log wandb: cannot start (") and warning.endswith("); the run goes on without it")
+    assert "\n" not in warning
+    wandb.teardown()
+
+
+def _closed_port() -> int:
+    """A loopback port with nothing listening (bound, then closed)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

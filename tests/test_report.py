@@ -332,3 +332,80 @@ def test_select_best_leaderboard_shows_the_winner_and_the_eliminated_arms(tmp_pa
     html = build_report(toy_arms_run(tmp_path / "hold", same, episodes=3, select_best=True, video=False).path)
     assert '<p id="selection" data-best="">--select-best: no winner named; eliminated: none' in html
     assert {f["selection"] for f in dict(_leaderboard_rows(html)).values()} == {"still in"}
+
+
+def _copy_run(run, path):
+    import shutil
+
+    shutil.copytree(run.path, path, ignore=shutil.ignore_patterns("report.html"))
+    return path
+
+
+def _report_error(capsys, *argv):
+    """``dz-gym-report ARGV``'s exit status and its stderr lines."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main([str(a) for a in argv])
+    return exc.value.code, capsys.readouterr().err.strip().splitlines()
+
+
+def test_rows_go_through_the_ledger_checks_of_a_resume(run, tmp_path, capsys):
+    """A duplicate row, or rows of another seed, are refused in one line naming the row, as --resume refuses them
+    (not counted twice, not called complete)."""
+    duplicated = _copy_run(run, tmp_path / "duplicated")
+    lines = (duplicated / "episodes.jsonl").read_text().splitlines()
+    (duplicated / "episodes.jsonl").write_text("\n".join([*lines, lines[2]]) + "\n")
+    first = json.loads(lines[2])
+    with pytest.raises(ValueError, match=rf"episodes.jsonl:{len(lines) + 1}: a second row of scene {first['scene']} "):
+        build_report(duplicated)
+    code, err = _report_error(capsys, duplicated)
+    assert code == 2 and len(err) == 1 and "a second row of scene" in err[0], err
+
+    reseeded = _copy_run(run, tmp_path / "reseeded")
+    rows = [json.loads(line) for line in lines]
+    (reseeded / "episodes.jsonl").write_text("".join(json.dumps(dict(r, seed=r["seed"] + 100)) + "\n" for r in rows))
+    assert json.loads((reseeded / "summary.json").read_text())["complete"]  # what the page would have said
+    code, err = _report_error(capsys, reseeded)
+    assert code == 2 and len(err) == 1 and "episodes.jsonl:1: seed 100 is not this run's seed" in err[0], err
+
+    unreadable = _copy_run(run, tmp_path / "unreadable")
+    (unreadable / "config.json").write_text("{not json")
+    code, err = _report_error(capsys, unreadable)
+    assert code == 2 and len(err) == 1 and "config.json: unreadable" in err[0], err
+
+
+@pytest.fixture(scope="module")
+def longer_run(tmp_path_factory):
+    """The module's run but with another step limit (``--max-steps``): the same seeds, not comparable."""
+    return toy_run(tmp_path_factory.mktemp("longer"), max_steps=16, video=False)
+
+
+def test_runs_with_another_step_limit_get_no_verdict(run, longer_run, tmp_path, capsys):
+    """dz-gym-compare's comparability check: refused in one line; with --force, the page says why and the paired
+    table has no verdict column."""
+    with pytest.raises(ValueError, match=r"^runs not comparable: max steps differs: A 12, B 16 \(--force"):
+        build_report(run.path, longer_run.path, out_dir=tmp_path)
+    code, err = _report_error(capsys, run.path, longer_run.path, "-o", tmp_path / "page")
+    assert code == 2 and len(err) == 1 and "max steps differs" in err[0], err
+    assert not (tmp_path / "page" / "report.html").exists()
+    assert cli.main([str(run.path), str(longer_run.path), "-o", str(tmp_path / "page"), "--force"]) == 0
+    html = (tmp_path / "page" / "report.html").read_text()
+    assert 'id="paired-not-comparable"' in html and "max steps differs: A 12, B 16" in html
+    table = html[html.index('<table class="paired"') : html.index("</table>", html.index('<table class="paired"'))]
+    assert 'data-descriptive="true"' in table and "verdict" not in table and "better" not in table
+
+
+def test_a_video_a_resume_would_withdraw_is_not_linked(run, tmp_path):
+    """A missing or torn mp4 (no moov box: an encoder stopped early) is not linked; the grid says why."""
+    copy = _copy_run(run, tmp_path / "videos")
+    rows = [json.loads(line) for line in (copy / "episodes.jsonl").read_text().splitlines()]
+    linked = [r["video"] for r in rows if r.get("video")]
+    torn, gone, kept = linked[0], linked[1], linked[2]
+    (copy / torn).write_bytes((copy / torn).read_bytes()[:64])
+    (copy / gone).unlink()
+    html = build_report(copy)
+    grid = json.loads(re.search(r'<script type="application/json" id="dz-episodes">(.*?)</script>', html).group(1))
+    by_video = {r["video"]: entry for r, entry in zip(sorted(rows, key=lambda r: (r["scene"], r["episode"])), grid)
+                if r.get("video")}  # fmt: skip
+    assert by_video[torn]["v"] == "" and by_video[torn]["nv"].startswith(f"video not playable: {torn}: ")
+    assert by_video[gone]["v"] == "" and by_video[gone]["nv"] == f"video not playable: {gone}: missing (not finished)"
+    assert by_video[kept]["v"].endswith(kept) and by_video[kept]["nv"] == ""

@@ -140,11 +140,13 @@ def test_without_videos_and_in_progress(tmp_path, open_page):
 
 
 def test_two_runs_compared(tmp_path, open_page):
-    # Same seeds; seeds with seed % 3 == 1 succeed at the end only in 4-step episodes (the toy env's rule).
+    # Same seeds; seeds with seed % 3 == 1 succeed at the end only in 4-step episodes (the toy env's rule). The
+    # step limits differ, so the runs are not comparable: the page is forced, says why and draws no verdict.
     run_a = toy_run(tmp_path / "a", scenes=(1,), episodes=6, num_envs=3, max_steps=12, fail_seed=None)
     run_b = toy_run(tmp_path / "b", scenes=(1,), episodes=6, num_envs=3, max_steps=4, fail_seed=5)
-    path = write_report(run_a.path, run_b.path, out_dir=tmp_path / "ab")
+    path = write_report(run_a.path, run_b.path, out_dir=tmp_path / "ab", force=True)
     page, watch = open_page(path)
+    assert page.is_visible("#paired-not-comparable") and "max steps differs" in page.inner_text("#compare")
     expected = compare_rows(run_a.read_rows(), run_b.read_rows())["scenes"]["overall"]
     assert (expected["pairs"], expected["b_only"], expected["a_only"]) == (5, 2, 0)
     cells = page.eval_on_selector_all('#paired tr[data-scope="overall"] td', "tds => tds.map(t => t.innerText)")

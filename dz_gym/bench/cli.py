@@ -8,7 +8,8 @@ Examples::
     dz-gym-bench --server ws://127.0.0.1:8000 --request-rate 5 --arrival poisson --duration 60
 
 Exit status: 0 when the benchmark ran (failed requests are counted and reported, not fatal), 1 when it could
-not run or had to stop (server never ready, server gone, nothing but errors, ``--timeout``), 2 for bad flags.
+not run or had to stop (server never ready, server gone, nothing but errors, ``--timeout``), 2 for bad flags
+(also an output file, ``--json``/``--records``/``--plot``, that cannot be written: checked before the benchmark).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from dz_gym.cli_types import (
 )
 from dz_gym.envs import droid
 from dz_gym.errors import DzGymError, first_line
+from dz_gym.eval.preflight import check_output_file
 
 __all__ = ["build_parser", "config_from_args", "main"]
 
@@ -167,6 +169,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--plot: needs --sweep (the plot shows scaling over concurrency)")
     if args.request_rate is None and (args.arrival is not None or args.max_outstanding is not None):
         parser.error("--arrival/--max-outstanding: only apply with --request-rate")
+    for flag, path in (("--json", args.json), ("--records", args.records), ("--plot", args.plot)):
+        problem = check_output_file(path, flag)  # before the benchmark: not a traceback after it
+        if problem is not None:
+            parser.error(problem)
     if args.plot:
         try:
             import matplotlib  # noqa: F401
@@ -224,13 +230,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(format_sweep(result["runs"]), file=human)
     else:
         print(format_run(result["runs"][0], result["servers"]), file=human)
-    if args.json:
-        config_dict = dataclasses.asdict(config)
-        write_json(args.json, build_document(result, argv=argv, sweep=sweep, config=config_dict, label=args.label))
-    if args.records:
-        write_records(args.records, result["records"])
-    if args.plot:
-        plot_sweep(result["runs"], args.plot)
+    try:
+        if args.json:
+            document = build_document(
+                result, argv=argv, sweep=sweep, config=dataclasses.asdict(config), label=args.label
+            )
+            write_json(args.json, document)
+        if args.records:
+            write_records(args.records, result["records"])
+        if args.plot:
+            plot_sweep(result["runs"], args.plot)
+    except OSError as exc:  # checked before the benchmark; a disk that fills up meanwhile
+        return _fail(f"cannot write {exc.filename or 'an output file'} ({exc.strerror or exc})")
     return 0
 
 

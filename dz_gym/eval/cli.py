@@ -78,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
 
             parser = build_parser(isaac_args=isaac_flags_wanted(argv))
             args = parser.parse_args(argv)
+            if args.parent_pid is not None:  # a scene's process: stop when the evaluator that started it is gone
+                from dz_gym.lifeline import hold_to_parent
+
+                hold_to_parent(args.parent_pid, "dz-gym-eval", death_signal=False)  # SIGUSR1 may be Isaac Sim's
             config, run_dir, _ = resolve_config(parser, args)
             if args.scene_processes is not None and args.scene_processes < 1:
                 parser.error(f"--scene-processes: expected an integer >= 1, got {args.scene_processes}")

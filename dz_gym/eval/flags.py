@@ -61,6 +61,7 @@ def build_parser(isaac_args: bool | None = None) -> argparse.ArgumentParser:
         for flag in flags:
             flag.add(group, shown(flag), LOCKED_NOTE if locked(flag) else "")
     p.add_argument("--only-scene", type=integer, action="append", help=argparse.SUPPRESS)  # per-scene child process
+    p.add_argument("--parent-pid", type=integer, help=argparse.SUPPRESS)  # per-scene child: stop with the parent
     if isaac_args is None:
         isaac_args = importlib.util.find_spec("isaaclab") is not None
     if isaac_args:

@@ -1,5 +1,6 @@
 """Checks made before a run directory exists: the outputs can be written, the simulator backend is
-importable, every server answers.
+importable, every server answers; and for every command, that an output file can be written
+(:func:`check_output_file`).
 
 A failed check is one line for the user and leaves nothing behind. The output check
 (:func:`check_writable`) finds the nearest folder of the path that exists and creates an unnamed temporary
@@ -38,6 +39,30 @@ def check_writable(path: str | os.PathLike, what: str) -> str | None:
     except OSError as exc:
         return f"{what}: cannot write in {existing} ({exc.strerror or type(exc).__name__})"
     return None
+
+
+def check_output_file(path: str | os.PathLike | None, what: str) -> str | None:
+    """``None`` when a file can be written at ``path`` (no path and ``-``, stdout, too), else why not (one line
+    starting with ``what``, the flag that names it): its folder must exist and take a new file, and an
+    existing file must open for writing. Nothing is written: a command checks its output files this way before
+    its work, instead of failing after it."""
+    if path is None or str(path) == "-":
+        return None
+    target = Path(path)
+    if target.is_dir():
+        return f"{what}: {path} is a directory, expected a file"
+    folder = target.parent
+    if not folder.is_dir():
+        why = "is not a directory" if os.path.lexists(folder) else "does not exist"
+        return f"{what}: cannot write {path}: {folder} {why}"
+    if target.exists():
+        try:
+            with open(target, "ab"):
+                pass
+        except OSError as exc:
+            return f"{what}: cannot write {path} ({exc.strerror or type(exc).__name__})"
+        return None
+    return check_writable(folder, f"{what} {path}")
 
 
 def check_backend(backend: str) -> str | None:

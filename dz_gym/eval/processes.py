@@ -18,7 +18,9 @@ With ``--scene-processes P`` at most P children run at once (each holds its simu
 the GPU); the next scene starts when one ends, and a test can then stop early only once the last scenes run
 (their segments then stay one per child).
 A stop request (first Ctrl-C) is forwarded to every running child (each in its own session, so a Ctrl-C in
-the terminal reaches only this process). A child that fails does not stop the others.
+the terminal reaches only this process). A child that fails does not stop the others. A child stops as on
+SIGTERM when this process is gone, however it ended (``kill -9`` included): its stdin is a pipe from here
+(:mod:`dz_gym.lifeline`).
 """
 
 from __future__ import annotations
@@ -37,14 +39,14 @@ from dz_gym.eval.signals import StopOnSignal
 __all__ = ["SceneProcesses", "child_argv", "merge_segments", "merged_timing"]
 
 WAIT_S = 0.2  # the longest this process waits on one child before it looks at the others
-DROP_WITH_VALUE = ("--scene", "--task", "--resume", "--output-root", "--only-scene")
+DROP_WITH_VALUE = ("--scene", "--task", "--resume", "--output-root", "--only-scene", "--parent-pid")
 
 
 def child_argv(argv: Sequence[str], run_dir: str, scene: int) -> list[str]:
     """The child's command line: ``argv`` without what names the scenes or the run directory, then
-    ``--resume RUN_DIR --only-scene S``.
+    ``--resume RUN_DIR --only-scene S`` and ``--parent-pid`` this process's (:mod:`dz_gym.lifeline`).
 
-    >>> child_argv(["--scene", "1", "--scene=2", "--num-envs", "4"], "runs/x", 2)[3:]
+    >>> child_argv(["--scene", "1", "--scene=2", "--num-envs", "4"], "runs/x", 2)[3:-2]
     ['--num-envs', '4', '--resume', 'runs/x', '--only-scene', '2']
     """
     base: list[str] = []
@@ -57,7 +59,8 @@ def child_argv(argv: Sequence[str], run_dir: str, scene: int) -> list[str]:
             skip = "=" not in item
             continue
         base.append(item)
-    return [sys.executable, "-m", "dz_gym.eval.cli", *base, "--resume", str(run_dir), "--only-scene", str(scene)]
+    return [sys.executable, "-m", "dz_gym.eval.cli", *base, "--resume", str(run_dir), "--only-scene", str(scene),
+            "--parent-pid", str(os.getpid())]  # fmt: skip
 
 
 def merged_timing(segments: Sequence[dict]) -> dict:
@@ -118,7 +121,8 @@ class SceneProcesses:
                     scene = pending.pop(0)
                     self.say(f"dz-gym-eval: scene {scene} in a new process")
                     proc = subprocess.Popen(child_argv(self.argv, str(segment.run_dir.path), scene), env=env,
-                                            start_new_session=True, pass_fds=(segment.lock.fd,))  # fmt: skip
+                                            stdin=subprocess.PIPE, start_new_session=True,
+                                            pass_fds=(segment.lock.fd,))  # fmt: skip
                     scene_of[proc.pid] = scene
                     children.append(proc)
                     continue
@@ -129,6 +133,7 @@ class SceneProcesses:
                 for proc in [p for p in children if p.poll() is not None]:
                     codes[scene_of[proc.pid]] = proc.returncode
                     children.remove(proc)
+                    proc.stdin.close()  # the child's pipe to this process (never written: its end is the signal)
                     if proc.returncode == EXIT_USAGE:  # the flags: every scene's process would end the same way
                         pending.clear()
         order = segment.todo.scene_order()

@@ -7,7 +7,7 @@ the run leaves nothing behind:
 0. **the outputs and the ledger** (:mod:`dz_gym.eval.opening`): the output root (or the resumed run directory)
    can be written, else ``usage``; a resumed run's lock is taken and its rows checked against the plan, else
    ``aborted`` (one line); a finished run is ``complete`` at once, nothing started;
-1. **preflight** (:mod:`dz_gym.eval.preflight`): the backend can run here, every ``--log`` tracker is installed,
+1. **preflight** (:mod:`dz_gym.eval.preflight`): the backend can run here, every ``--log`` tracker is installed (W&B: with its credentials and a writable ``WANDB_DIR``),
    every external server completes the handshake; else ``aborted`` with the one-line reason, nothing written;
 2. **the executor**: scene processes (:class:`~dz_gym.eval.processes.SceneProcesses`, one ``dz-gym-eval`` child
    per scene) when the backend needs one scene per process (Isaac Lab) or ``process_per_scene`` asks for it and
@@ -76,10 +76,10 @@ def preflight(config: EvalConfig, metadata: list | None = None) -> str | None:
     handshakes go into ``metadata`` when given."""
     from dz_gym.eval.plan import is_url
     from dz_gym.eval.preflight import check_backend, check_servers
-    from dz_gym.eval.tracking import missing
+    from dz_gym.eval.tracking import log_problem
 
     urls = config.servers + config.servers_b + [v for _, v in config.arm_table() if is_url(v)]
-    return (check_backend(config.backend) or missing(config.log)
+    return (check_backend(config.backend) or log_problem(config.log)
             or check_servers(urls, config.transport_config(), metadata))  # fmt: skip
 
 

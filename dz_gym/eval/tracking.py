@@ -9,21 +9,27 @@ every row with its video and the summary in ``run.summary``. Rows that this proc
 process per scene, an earlier segment of a resumed run) are logged from ``episodes.jsonl`` at the end, so
 every logged run holds every row.
 
-Both are optional extras (``pip install 'dz-gym[wandb]'`` / ``'dz-gym[tensorboard]'``); :func:`missing`
-says in one line what a ``--log`` choice lacks, before the run starts. W&B's offline mode
-(``WANDB_MODE=offline``) needs no network; its credentials come from its own environment variables only.
-TensorBoard's event files go to ``RUN_DIR/tensorboard/``, W&B's files under ``RUN_DIR/wandb/``.
+Both are optional extras (``pip install 'dz-gym[wandb]'`` / ``'dz-gym[tensorboard]'``); :func:`log_problem`
+says in one line what a ``--log`` choice lacks, before the run starts: its package, or W&B's credentials
+(:func:`wandb_problem`: read where W&B reads them, its environment variables and netrc file, never from a
+flag) or its ``WANDB_DIR``. W&B's offline mode (``WANDB_MODE=offline``) needs no network and no key.
+TensorBoard's event files go to ``RUN_DIR/tensorboard/``, W&B's files under ``RUN_DIR/wandb/`` (under
+``$WANDB_DIR/wandb/`` where that is set). A tracker that fails to start anyway (W&B's server unreachable)
+is one warning line and the run goes on without it.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import netrc
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from dz_gym import extras
 from dz_gym.errors import first_line
@@ -32,10 +38,13 @@ from dz_gym.eval.failure import mode_of
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BACKENDS", "ExperimentLog", "episode_scalars", "missing", "open_logs", "summary_scalars"]
+__all__ = ["BACKENDS", "ExperimentLog", "episode_scalars", "log_problem", "missing", "open_logs", "summary_scalars",
+           "wandb_problem"]  # fmt: skip
 
 BACKENDS = {"wandb": "wandb", "tensorboard": "tensorboard"}  # --log choice -> the module it needs
 TB_DIR = "tensorboard"
+WANDB_HOST = "https://api.wandb.ai"  # W&B's default server (WANDB_BASE_URL overrides it)
+WANDB_KEYLESS_MODES = ("offline", "dryrun", "disabled")  # WANDB_MODE values that need no credentials
 
 
 def missing(choices: Iterable[str]) -> str | None:
@@ -47,6 +56,54 @@ def missing(choices: Iterable[str]) -> str | None:
         if problem is not None:
             return f"--log {choice}: {problem}"
     return None
+
+
+def log_problem(choices: Iterable[str], environ: Mapping[str, str] | None = None) -> str | None:
+    """One line naming why a ``--log`` choice cannot log here (checked before the run: no network, nothing
+    written), or None: its package is missing (:func:`missing`), or for W&B its credentials or folder."""
+    choices = list(choices)
+    problem = missing(choices)
+    if problem is None and "wandb" in choices:
+        problem = wandb_problem(os.environ if environ is None else environ)
+    return problem
+
+
+def wandb_problem(environ: Mapping[str, str]) -> str | None:
+    """Why ``wandb.init`` would fail for want of credentials or of its folder (one line), or None.
+
+    The sources are W&B's own, read as it reads them, with no network: ``WANDB_MODE`` offline (or dryrun,
+    disabled) needs no key; otherwise ``WANDB_API_KEY``, ``WANDB_IDENTITY_TOKEN_FILE``, or a netrc entry
+    (``NETRC``, else ``~/.netrc`` or ``~/_netrc``) for the host of ``WANDB_BASE_URL`` (default
+    ``https://api.wandb.ai``), which ``wandb login`` writes. ``WANDB_DIR``, where set, must be writable.
+    """
+    from dz_gym.eval.preflight import check_writable
+
+    if environ.get("WANDB_DIR"):
+        problem = check_writable(environ["WANDB_DIR"], "WANDB_DIR")
+        if problem is not None:
+            return f"--log wandb: {problem}"
+    if environ.get("WANDB_MODE", "").strip().lower() in WANDB_KEYLESS_MODES:
+        return None
+    if environ.get("WANDB_API_KEY") or environ.get("WANDB_IDENTITY_TOKEN_FILE") or _netrc_key(environ):
+        return None
+    host = urlsplit(environ.get("WANDB_BASE_URL") or WANDB_HOST).netloc
+    return (f"--log wandb: no W&B credentials for {host}: set WANDB_API_KEY (or run `wandb login`, which "
+            "stores the key in ~/.netrc), or WANDB_MODE=offline to log to files without an account")  # fmt: skip
+
+
+def _netrc_key(environ: Mapping[str, str]) -> bool:
+    """Whether W&B's netrc file has a password for the host of ``WANDB_BASE_URL``."""
+    if environ.get("NETRC"):
+        path = Path(environ["NETRC"]).expanduser()
+    else:
+        home = Path(environ.get("HOME") or Path.home())
+        path = next((p for p in (home / ".netrc", home / "_netrc") if p.exists()), home / ".netrc")
+    host = urlsplit(environ.get("WANDB_BASE_URL") or WANDB_HOST).netloc
+    try:
+        entry = netrc.netrc(str(path)).authenticators(host)
+    except (OSError, netrc.NetrcParseError):
+        return False
+    return bool(entry and entry[2])
 
 
 def _key(row: Mapping[str, Any]) -> tuple:
@@ -162,13 +219,15 @@ class _TensorBoard:
 
 
 class _Wandb:
-    """One W&B run per run segment, in ``RUN_DIR/wandb`` (``WANDB_MODE=offline`` works with no network)."""
+    """One W&B run per run segment, in ``RUN_DIR/wandb`` or ``$WANDB_DIR/wandb`` where that is set
+    (``WANDB_MODE=offline`` works with no network)."""
 
     def __init__(self, run_dir: Path, name: str, project: str, config: Mapping[str, Any]):
         import wandb
 
         self.wandb = wandb
-        self.run = wandb.init(project=project, name=name, dir=str(run_dir), config=dict(config), reinit=True)
+        folder = os.environ.get("WANDB_DIR") or str(run_dir)  # W&B's own setting first
+        self.run = wandb.init(project=project, name=name, dir=folder, config=dict(config), reinit=True)
 
     def episode(self, row: Mapping[str, Any], counts: Mapping[str, int], step: int) -> None:
         self.run.log({**episode_scalars(row), "episode/failure_mode": mode_of(row)}, step=step)
@@ -241,10 +300,13 @@ def open_logs(choices: Sequence[str], run_dir: Path, config: Mapping[str, Any], 
     """The sinks of ``choices`` (``wandb``, ``tensorboard``) for run directory ``run_dir``, named after it."""
     sinks: list[Any] = []
     for choice in dict.fromkeys(choices):
-        if choice == "tensorboard":
-            sinks.append(_TensorBoard(Path(run_dir), Path(run_dir).name))
-        elif choice == "wandb":
-            sinks.append(_Wandb(Path(run_dir), Path(run_dir).name, project, config))
-        else:
+        if choice not in BACKENDS:
             raise ValueError(f"--log: expected one of {', '.join(BACKENDS)}, got {choice!r}")
+        try:
+            if choice == "tensorboard":
+                sinks.append(_TensorBoard(Path(run_dir), Path(run_dir).name))
+            else:
+                sinks.append(_Wandb(Path(run_dir), Path(run_dir).name, project, config))
+        except Exception as exc:  # noqa: BLE001 - logging must never lose a run
+            logger.warning("--log %s: cannot start (%s); the run goes on without it", choice, first_line(exc))
     return ExperimentLog(sinks)

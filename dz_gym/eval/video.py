@@ -212,6 +212,14 @@ def mp4_problem(path: str | os.PathLike) -> str | None:
     return f"no {' and no '.join(missing)} box (not finished)" if missing else None
 
 
+def video_problem(run_path: str | os.PathLike, rel: str) -> str | None:
+    """Why the video a row links (``rel``, inside run directory ``run_path``) cannot be played, or None: the file
+    is missing, or not a complete mp4 (:func:`mp4_problem`). A resume withdraws such a link
+    (:func:`withdraw_broken_videos`); the report does not link it."""
+    path = Path(run_path) / rel
+    return "missing (not finished)" if not path.exists() else mp4_problem(path)
+
+
 def withdraw_broken_videos(run_dir, rows: Sequence[Mapping[str, Any]], reasons: Mapping[str, str] | None = None):
     """Rows of ``run_dir`` that link a video that is missing or not a complete mp4 (:func:`mp4_problem`) get
     ``video: null`` (``episodes.jsonl`` rewritten atomically) and the file is deleted; returns, per video
@@ -222,10 +230,7 @@ def withdraw_broken_videos(run_dir, rows: Sequence[Mapping[str, Any]], reasons: 
     kept = []
     for row in rows:
         rel = row.get("video")
-        problem = None
-        if rel:
-            path = Path(run_dir.path) / rel
-            problem = "missing (not finished)" if not path.exists() else mp4_problem(path)
+        problem = video_problem(run_dir.path, rel) if rel else None
         if problem is None:
             kept.append(row)
             continue

@@ -26,15 +26,31 @@ __all__ = ["REPORT_FILE", "RunView", "build_report", "load_run", "write_report"]
 
 
 def build_report(
-    run_dir: str | os.PathLike, run_dir_b: str | os.PathLike | None = None, *, out_dir: str | os.PathLike | None = None
+    run_dir: str | os.PathLike,
+    run_dir_b: str | os.PathLike | None = None,
+    *,
+    out_dir: str | os.PathLike | None = None,
+    force: bool = False,
 ) -> str:
-    """The HTML text of the report of ``run_dir`` (compared with ``run_dir_b`` when given), for ``out_dir``."""
+    """The HTML text of the report of ``run_dir`` (compared with ``run_dir_b`` when given), for ``out_dir``.
+
+    Each run's rows go through the ledger checks of a resume (:func:`~dz_gym.report.load.checked_rows`). Two
+    runs that ``dz-gym-compare`` would refuse to compare (another backend, step limit, horizon or prompt:
+    :func:`dz_gym.compare.comparability`) are a one-line ``ValueError``, unless ``force``: then the page shows
+    why and draws no verdict."""
     from dz_gym.report.page import build_page
 
     views = [load_run(run_dir, label="a" if run_dir_b is not None else "")]
+    problems: list[str] = []
     if run_dir_b is not None:
+        from dz_gym.compare import comparability
+
         views.append(load_run(run_dir_b, label="b"))
-    return build_page(views, Path(out_dir) if out_dir is not None else Path(run_dir))
+        problems, _ = comparability(views[0].config, views[0].rows, views[1].config, views[1].rows)
+        if problems and not force:
+            raise ValueError(f"runs not comparable: {'; '.join(problems)} (--force writes the page anyway, "
+                             "without verdicts)")  # fmt: skip
+    return build_page(views, Path(out_dir) if out_dir is not None else Path(run_dir), problems)
 
 
 def write_report(
@@ -43,8 +59,9 @@ def write_report(
     *,
     out_dir: str | os.PathLike | None = None,
     filename: str = REPORT_FILE,
+    force: bool = False,
 ) -> Path:
     """Write the report into ``out_dir`` (default: ``run_dir``) atomically; returns the page's path."""
     target = Path(out_dir) if out_dir is not None else Path(run_dir)
-    html = build_report(run_dir, run_dir_b, out_dir=target)
+    html = build_report(run_dir, run_dir_b, out_dir=target, force=force)
     return RunDir(target).write_file(filename, html.encode("utf-8"))

@@ -7,9 +7,12 @@ Examples::
 
 With one run the page goes into the run directory unless ``-o`` names another folder; with two runs ``-o`` is
 required (the page belongs to neither run). Videos are linked relative to the page, so keep the run
-directories where they are (or move them together with the output folder). Exit status: 0 on success, 2 for
-bad arguments (not a run directory, a missing folder, an output folder that cannot be written: checked before
-the page is built).
+directories where they are (or move them together with the output folder). The rows are read through the
+same ledger checks as ``dz-gym-eval --resume`` (a duplicate row, a row of another seed or step limit is refused,
+naming its line), two runs through ``dz-gym-compare``'s comparability check (refused unless ``--force``, which
+draws no verdict), and a video that a resume would withdraw (missing, or not a complete mp4) is not linked.
+Exit status: 0 on success, 2 for bad arguments (not a run directory, a missing folder, an output folder that
+cannot be written: checked before the page is built; rows that are not the run's plan; runs not comparable).
 """
 
 from __future__ import annotations
@@ -37,6 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="a second run to compare with, paired by scene and seed (B)",
     )
     p.add_argument(
+        "--force",
+        action="store_true",
+        help="with two runs that are not comparable (another backend, step limit, horizon or prompt): write the "
+        "page anyway, the comparison without verdicts",
+    )
+    p.add_argument(
         "-o",
         "--out-dir",
         type=Path,
@@ -59,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     if problem is not None:  # before the rows are read and the page is built
         parser.error(problem)
     try:
-        path = write_report(args.run_dir, args.run_dir_b, out_dir=args.out_dir)
+        path = write_report(args.run_dir, args.run_dir_b, out_dir=args.out_dir, force=args.force)
     except ValueError as exc:
         parser.error(str(exc))
     print(path)

@@ -1,9 +1,12 @@
 """Reading a run directory for the report: rows, summary, run state, and compact per-episode trajectories.
 
 Everything the page shows comes from the run directory's files (``config.json``, ``episodes.jsonl``,
-``summary.json``, ``trajectories/*.npz``, ``videos/*.mp4``). The summary's numbers are shown as they are when it
-covers every row; while a run is in progress (rows newer than the last summary, or no summary yet) the numbers
-are recomputed from the rows with :func:`dz_gym.eval.results.summarize`, and the page says so.
+``summary.json``, ``trajectories/*.npz``, ``videos/*.mp4``). The rows are read through the same ledger checks a
+resume makes (:func:`checked_rows`): a run whose rows are not its plan's (a duplicate, another seed, another
+step limit) is refused in one line, as ``--resume`` refuses it, instead of being counted. The summary's
+numbers are shown as they are when it covers every row; while a run is in progress (rows newer than the last
+summary, or no summary yet) the numbers are recomputed from the rows with
+:func:`dz_gym.eval.results.summarize`, and the page says so.
 
 Trajectories are shrunk for the page: at most :data:`TRAJ_POINTS` samples in time (evenly spaced steps), joints
 and gripper quantized to 8 bits within the episode's own range, plus the exact list of steps that called the
@@ -78,6 +81,20 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
+def _read_config(path: Path) -> dict[str, Any] | None:
+    """``config.json`` as a dict, None when there is none; unreadable, a one-line ``ValueError`` (the rows could
+    not be checked against the run's plan)."""
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: unreadable ({exc})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(config).__name__}")
+    return config
+
+
 def _planned(config: dict[str, Any]) -> dict[int, int] | None:
     """Planned episodes per scene (every arm of an A/B or ``--arm`` run counts, as in the evaluator's summary)."""
     arms = len(config.get("arm_specs") or ()) or (
@@ -105,16 +122,34 @@ def run_state(summary: dict[str, Any] | None, rows: list[dict[str, Any]], recomp
     return "incomplete", "not every planned episode has a row"
 
 
+def checked_rows(run: RunDir, config: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The rows of ``run`` through the ledger checks a resume makes (:func:`dz_gym.eval.segment.checked_rows`:
+    a duplicate row, a row of another seed, scene, arm, step limit, backend or policy is a one-line
+    ``ValueError`` ``.../episodes.jsonl:LINE: why``); a folder of rows without ``config.json`` has no plan to
+    check them against: its rows as they are."""
+    if config is None:
+        return run.read_rows()
+    from dz_gym.eval.config import EvalConfig
+    from dz_gym.eval.segment import checked_rows as ledger_rows
+
+    try:
+        plan = EvalConfig.from_dict(config)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{run.path / CONFIG_FILE}: {str(exc).removeprefix('config.json: ')}") from None
+    return ledger_rows(plan, run)
+
+
 def load_run(path: str | os.PathLike, *, label: str = "", trajectories: bool = True) -> RunView:
-    """Read run directory ``path``; a one-line ``ValueError`` when it is not one."""
+    """Read run directory ``path`` (its rows through :func:`checked_rows`); a one-line ``ValueError`` when it is
+    not one or its rows are not its plan's."""
     run = RunDir(path)
     if not run.path.is_dir():
         raise ValueError(f"run_dir: {path} is not a directory")
-    config = _read_json(run.path / CONFIG_FILE)
+    config = _read_config(run.path / CONFIG_FILE)
     if config is None and not (run.path / ROWS_FILE).exists():
         raise ValueError(f"run_dir: {path} is not a dz-gym-eval run directory (no {CONFIG_FILE} or {ROWS_FILE})")
+    rows = sorted(checked_rows(run, config), key=lambda r: (str(r.get("arm") or ""), r["scene"], r["episode"]))
     config = config or {}
-    rows = sorted(run.read_rows(), key=lambda r: (str(r.get("arm") or ""), r["scene"], r["episode"]))
     saved = _read_json(run.path / SUMMARY_FILE)
     recomputed = saved is None or int(saved.get("overall", {}).get("episodes", -1)) != len(rows)
     if recomputed:

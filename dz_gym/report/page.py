@@ -21,6 +21,7 @@ from urllib.parse import quote
 from dz_gym.eval import results
 from dz_gym.eval.failure import mode_of
 from dz_gym.eval.row import INFO_FIELDS
+from dz_gym.eval.video import video_problem
 from dz_gym.report import plots
 from dz_gym.report.leaderboard import leaderboard_block, named_arms
 from dz_gym.report.load import RunView, episode_key, outcome
@@ -247,10 +248,12 @@ def plots_block(view: RunView, suffix: str = "") -> str:
 
 
 class _Videos:
-    """Relative video URLs from the page's folder, and why a video is absent."""
+    """Relative video URLs from the page's folder, and why a video is absent: a video that a resume would
+    withdraw (missing, or not a complete mp4: :func:`~dz_gym.eval.video.video_problem`) is not linked."""
 
     def __init__(self, out_dir: Path):
         self.out_dir = out_dir
+        self._problems: dict[Path, str | None] = {}  # each file checked once per page
 
     def src(self, view: RunView, row: Mapping[str, Any]) -> tuple[str, str]:
         rel = row.get("video")
@@ -259,8 +262,11 @@ class _Videos:
                 return "", "no video: the run was made with --no-video"
             return "", "no video recorded for this episode"
         path = view.path / rel
-        if not path.is_file():
-            return "", f"video file missing: {rel}"
+        if path not in self._problems:
+            self._problems[path] = video_problem(view.path, rel)
+        problem = self._problems[path]
+        if problem is not None:
+            return "", f"video not playable: {rel}: {problem}"
         return quote(os.path.relpath(path, self.out_dir).replace(os.sep, "/")), ""
 
 
@@ -352,11 +358,15 @@ def comparison_block(
     videos: _Videos,
     names: tuple[str, str],
     descriptive: bool = False,
+    not_comparable: Sequence[str] = (),
 ) -> str:
     """Paired 2x2 tables, difference with interval and p-value per scene, discordant pairs' videos.
 
     ``descriptive``: the run stopped by a sequential test: the fixed-n verdict column is left out and the table
-    is marked descriptive only (the sequential block above has the decision)."""
+    is marked descriptive only (the sequential block above has the decision). ``not_comparable``: why the two
+    runs are not comparable (:func:`dz_gym.compare.comparability`; the page was asked for anyway): no verdict
+    either, and those reasons above the table."""
+    descriptive = descriptive or bool(not_comparable)
     cmp = compare(rows_a, rows_b, labels={"a": names[0], "b": names[1]})
     head = (
         "<tr><th>scene</th><th>pairs</th><th>both</th><th>A only</th><th>B only</th><th>neither</th>"
@@ -402,7 +412,13 @@ def comparison_block(
     discordant = discordant_list(
         pairs, lambda r: videos.src(view_a, r), lambda r: videos.src(view_b, r), ("A", "B"), "discordant"
     )
-    if descriptive:
+    if not_comparable:
+        note = (
+            '<p class="warn descriptive" id="paired-not-comparable"><b>Not comparable</b> (built anyway with '
+            f"--force): {escape('; '.join(not_comparable))}. These numbers are descriptive only and no verdict is "
+            "drawn from them.</p>" + note
+        )
+    elif descriptive:
         note = (
             '<p class="muted descriptive" id="paired-descriptive"><b>Descriptive only:</b> the run stopped by a '
             "sequential test; these fixed-n p-values and intervals do not account for the stop, and no verdict is "
@@ -444,8 +460,9 @@ def _has_milestones(summary: Mapping[str, Any]) -> bool:
     )
 
 
-def build_page(views: Sequence[RunView], out_dir: str | os.PathLike) -> str:
-    """The whole HTML document for one run (or two, compared) written into ``out_dir``."""
+def build_page(views: Sequence[RunView], out_dir: str | os.PathLike, not_comparable: Sequence[str] = ()) -> str:
+    """The whole HTML document for one run (or two, compared) written into ``out_dir``; ``not_comparable``: why
+    two runs are not comparable, when the page was asked for anyway (no verdicts, the reasons shown)."""
     out = Path(out_dir)
     videos = _Videos(out)
     title = " vs ".join(v.name for v in views)
@@ -499,7 +516,7 @@ def build_page(views: Sequence[RunView], out_dir: str | os.PathLike) -> str:
     if pair is not None:
         parts.append(
             '<section id="compare"><h2>A/B comparison (paired by scene and seed)</h2>'
-            + comparison_block(*pair[:4], videos, pair[4], descriptive=_sequential_run(views))
+            + comparison_block(*pair[:4], videos, pair[4], _sequential_run(views), not_comparable)
             + "</section>"
         )
     plot_html = "".join(

@@ -3,7 +3,8 @@
 Prints one ready line on stdout once it listens (``dz-gym-serve ready on ws://HOST:PORT (flavor=...,
 policy=..., workers=...)``), logs one line per request on stderr, stops cleanly on SIGINT/SIGTERM and then
 prints a summary line with the request count, busy time and utilization (a signal ignored at start, as SIGINT
-is for a background job of a script, stays ignored). A bad flag is one line on stderr and exit status 2. The
+is for a background job of a script, stays ignored). With ``--parent-pid`` it also stops when the process that
+started it is gone (:mod:`dz_gym.lifeline`). A bad flag is one line on stderr and exit status 2. The
 flags are declared in :mod:`dz_gym.server.flags`.
 """
 
@@ -14,6 +15,7 @@ import logging
 import signal
 import sys
 
+from dz_gym.lifeline import hold_to_parent
 from dz_gym.server.app import PolicyServer
 from dz_gym.server.flags import build_parser, config_of
 from dz_gym.server.policies import load_policy, parse_policy_args
@@ -44,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     logging.getLogger("websockets").setLevel(logging.WARNING)
+    if args.parent_pid is not None:  # before the policy loads: a launcher that dies meanwhile is seen
+        hold_to_parent(args.parent_pid, "dz-gym-serve")
     try:
         policy = load_policy(args.policy, parse_policy_args(args.policy_arg))
     except ValueError as exc:

@@ -82,6 +82,12 @@ class EmbeddedServer:
         return self
 
     @property
+    def pid(self) -> int | None:
+        """The server's process id (None in this process or when not running); the server dies with this
+        process however it ends, also with the server left unstopped (:mod:`dz_gym.lifeline`)."""
+        return getattr(self._handle, "pid", None)
+
+    @property
     def running(self) -> bool:
         """Whether the server was started and not stopped yet."""
         return self._handle is not None

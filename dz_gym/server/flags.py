@@ -1,7 +1,8 @@
 """Every flag of ``dz-gym-serve``, declared once (:class:`~dz_gym.cli_types.Flag`), grouped by what a user decides.
 
 Each flag names the :class:`~dz_gym.server.app.ServerConfig` field it sets, or, for the command's own flags,
-its argparse dest (``--policy``, ``--policy-arg``, ``--max-payload-mib``, ``--no-robot-policy``, ``--quiet``).
+its argparse dest (``--policy``, ``--policy-arg``, ``--max-payload-mib``, ``--no-robot-policy``, ``--quiet``,
+``--parent-pid``).
 The parser (:func:`build_parser`, grouped ``--help`` with each default) and the flags table of
 ``docs/server.md`` (:func:`markdown_table`, checked by a test) are built from :data:`GROUPS`; the defaults they
 show are the config's. The ranges are the config's rules: its one-line errors are worded with the flag
@@ -52,7 +53,13 @@ BEHAVIOUR = (
          field="max_sessions", type=integer, metavar="K", shown="no cap"),
 )  # fmt: skip
 OUTPUT = (Flag("--quiet", "no per-request log lines", dest="quiet", action="store_true", default=False),)
-GROUPS = (("what to serve", WHAT), ("where", WHERE), ("how it behaves", BEHAVIOUR), ("output", OUTPUT))
+LIFETIME = (
+    Flag("--parent-pid", "stop when process PID, which started this server, is gone: at EOF on stdin (the "
+         "launcher holds a pipe to it) and, on Linux, by a parent-death signal", dest="parent_pid", type=integer,
+         metavar="PID", shown="none"),
+)  # fmt: skip
+GROUPS = (("what to serve", WHAT), ("where", WHERE), ("how it behaves", BEHAVIOUR), ("output", OUTPUT),
+          ("lifetime", LIFETIME))  # fmt: skip
 FLAGS = tuple(flag for _, flags in GROUPS for flag in flags)
 
 

@@ -5,6 +5,9 @@
   handle has ``url``, ``port``, ``server``, ``stats()`` and ``stop()``.
 - :func:`start_server_process` runs ``python -m dz_gym.server ARGS`` and waits (bounded) for its ready line;
   the handle has ``url``, ``port``, ``pid``, ``output`` and ``stop()`` (SIGTERM, then kill after a bound).
+  The server dies with this process whatever ends it (``kill -9``, an interpreter that exits with the handle
+  unclosed): it gets ``--parent-pid`` and a stdin pipe whose write end only the handle holds
+  (:mod:`dz_gym.lifeline`).
 
 Both handles are context managers that stop the server on exit.
 """
@@ -138,6 +141,8 @@ class ServerProcess:
         self._drain()
         if self.proc.stdout is not None and not self._reader.is_alive():
             self.proc.stdout.close()
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
         if self._log is not None:
             self._final_log = self.log_text()
             self._log.close()
@@ -183,6 +188,7 @@ def start_server_process(
     stderr: Any = "capture",
     python: str | None = None,
     new_session: bool = False,
+    die_with_parent: bool = True,
 ) -> ServerProcess:
     """Run ``python -m dz_gym.server *args`` (``--port 0`` unless given) and wait for its ready line.
 
@@ -190,10 +196,14 @@ def start_server_process(
     file, ``subprocess.DEVNULL`` or ``None`` (inherit) instead. Raises RuntimeError with the process's last
     output if it exits or stays silent for ``timeout`` seconds. ``new_session`` starts the server in a session
     of its own, so a Ctrl-C in the caller's terminal reaches only the caller (which then stops the server).
+    ``die_with_parent`` (the default): the server stops when this process is gone, however it ends (see the
+    module docstring), so it lives no longer than this process.
     """
     argv = list(args)
     if "--port" not in argv and not any(a.startswith("--port=") for a in argv):
         argv += ["--port", "0"]
+    if die_with_parent:
+        argv += ["--parent-pid", str(os.getpid())]
     full_env = dict(os.environ if env is None else env)
     full_env.setdefault("PYTHONUNBUFFERED", "1")
     # Make this very dz_gym importable in the child even when it is not installed (a source checkout).
@@ -202,7 +212,7 @@ def start_server_process(
     log = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") if stderr == "capture" else None
     proc = subprocess.Popen(
         [python or sys.executable, "-m", "dz_gym.server", *argv],
-        stdin=subprocess.DEVNULL,
+        stdin=subprocess.PIPE if die_with_parent else subprocess.DEVNULL,  # the pipe: never written, held open
         stdout=subprocess.PIPE,
         stderr=log if log is not None else stderr,
         text=True,
@@ -219,6 +229,8 @@ def start_server_process(
         reader.join(5)
         if proc.stdout is not None and not reader.is_alive():
             proc.stdout.close()
+        if proc.stdin is not None:
+            proc.stdin.close()
         err = ""
         if log is not None:
             log.seek(0)
