@@ -212,3 +212,18 @@ def test_anytime_claims_follow_best_arm_selection_e_processes():
         assert anytime_claims(rounds, 0.05) == reached
         claimed += len(reached)
     assert claimed > 0
+
+
+def test_resume_locks_the_pairs_of_a_fixed_n_comparison_but_not_of_a_plain_run_or_a_race():
+    from dz_gym.eval.config import resume_conflicts
+
+    fixed = EvalConfig(backend="mujoco", num_envs=2, policy_b="hold", episodes=20)
+    (line,) = resume_conflicts(fixed, EvalConfig(backend="mujoco", num_envs=2, policy_b="hold", episodes=40))
+    assert line.startswith("episodes: a fixed-n comparison's pairs are fixed when it starts") and "--sequential" in line
+    arms = ["a=hold", "b=reference"]
+    assert resume_conflicts(EvalConfig(backend="mujoco", num_envs=2, arm_specs=arms, episodes=20),
+                            EvalConfig(backend="mujoco", num_envs=2, arm_specs=arms, episodes=40))  # fmt: skip
+    race = dict(backend="mujoco", num_envs=2, arm_specs=arms, select_best=True)
+    assert resume_conflicts(EvalConfig(**race, episodes=20), EvalConfig(**race, episodes=40)) == []
+    plain = dict(backend="mujoco", num_envs=2)
+    assert resume_conflicts(EvalConfig(**plain, episodes=20), EvalConfig(**plain, episodes=40)) == []

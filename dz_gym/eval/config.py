@@ -11,8 +11,9 @@ The config is saved as ``config.json`` in the run directory. ``--resume`` reload
 change how the work is done (``num_envs``, the servers' addresses, videos, timeouts, retries, progress) but
 not what is measured. :data:`RESULT_KEYS` lists the settings that change the episodes' outcomes;
 :func:`resume_conflicts` names every one that differs. ``episodes`` may grow on resume (the extra episodes get
-the next seeds), never shrink, and in a sequential run never change the test's budget of pairs: every setting
-that shapes the test (its design, ``max_episodes``, ``accept_lower_power``, the budget) is fixed when it starts.
+the next seeds), never shrink, in a sequential run never change the test's budget of pairs, and in a fixed-n
+comparison (A/B or arms without a race) not grow either: every setting that shapes the test (its design,
+``max_episodes``, ``accept_lower_power``, the budget, a fixed comparison's n) is fixed when it starts.
 """
 
 from __future__ import annotations
@@ -524,7 +525,7 @@ RESULT_KEYS = tuple(f.name for f in dataclasses.fields(EvalConfig) if f.metadata
 
 
 def resume_conflicts(saved: EvalConfig, wanted: EvalConfig) -> list[str]:
-    """One line per result-changing setting of ``wanted`` that differs from ``saved`` (and fewer episodes)."""
+    """One line per result-changing setting of ``wanted`` that differs from ``saved`` (fewer episodes; more for a fixed-n comparison)."""
     lines = []
     for key in RESULT_KEYS:
         if getattr(wanted, key) != getattr(saved, key):
@@ -541,5 +542,12 @@ def resume_conflicts(saved: EvalConfig, wanted: EvalConfig) -> list[str]:
         lines.append(
             f"episodes: --episodes {wanted.episodes} gives the sequential test {wanted.sequential_budget} pairs, the "
             f"run planned {saved.sequential_budget}; a sequential run's budget is fixed when it starts"
+        )
+    elif wanted.episodes > saved.episodes and (saved.ab or saved.armed) and not (saved.sequential or saved.select_best):
+        # A fixed-n comparison's level holds for the n chosen before any outcome was seen: growing it after a
+        # look is optional stopping. (A sequential test and a race are valid at any stop.)
+        lines.append(
+            f"episodes: a fixed-n comparison's pairs are fixed when it starts (the run planned {saved.episodes} per "
+            "scene; growing them after a look is optional stopping): start a new run, or use --sequential"
         )
     return lines
