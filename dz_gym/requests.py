@@ -8,8 +8,9 @@ joint and gripper positions as float64, zero cartesian position, prompt, session
 Other servers' requests follow their profile (:mod:`dz_gym.protocol.profiles`): its keys, its 360x640 views
 or one composite, its state vector.
 
-:func:`compose_views` builds FLUX 3 Action's 540x640 composite from three 360x640 views (numpy or torch, on
-the tensors' device): the wrist view on top, the two exteriors below at half size, left then right.
+:func:`compose_views` and :func:`composite_of` (:mod:`dz_gym.protocol.composite`, here for the adapter's
+callers) build FLUX 3 Action's 540x640 composite from three 360x640 views (numpy or torch, on the tensors'
+device): the wrist view on top, the two exteriors below at half size, left then right.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 
 from dz_gym.envs import droid
 from dz_gym.preprocess import is_torch_tensor, resize_with_pad, to_numpy
-from dz_gym.protocol.composite import compose_views
+from dz_gym.protocol.composite import compose_views, composite_of
 from dz_gym.protocol.profiles import PROFILES, ServerProfile
 from dz_gym.protocol.request_batch import RequestBatch
 
@@ -106,12 +107,6 @@ def resized_views(
         return gathered
     return {camera: to_numpy(blocks[0]) if len(blocks) == 1 else np.concatenate([to_numpy(b) for b in blocks])
             for camera, blocks in parts.items()}  # fmt: skip
-
-
-def composite_of(views: Mapping[str, Any]) -> Any:
-    """:func:`compose_views` of ``views`` keyed by camera (:data:`~dz_gym.envs.droid.CAMERA_KEYS`, as
-    :func:`resized_views` gives them): wrist_cam on top, external_cam (left) and external_cam_2 (right)."""
-    return compose_views(views["wrist_cam"], views["external_cam"], views["external_cam_2"])
 
 
 def views_bytes(policy: Mapping[str, Any], image_resolution: tuple[int, int] | None) -> int:

@@ -24,7 +24,7 @@ import numpy as np
 
 from dz_gym.envs import droid
 from dz_gym.protocol import build_infer_request, packb
-from dz_gym.protocol.composite import compose_views
+from dz_gym.protocol.composite import composite_of
 from dz_gym.protocol.profiles import PROFILES, ServerProfile
 
 __all__ = [
@@ -163,9 +163,7 @@ def profile_images(profile: ServerProfile, triple: Sequence[np.ndarray]) -> dict
     one composite (:mod:`dz_gym.protocol.composite`)."""
     views = dict(zip(droid.CAMERA_KEYS, triple))
     if profile.composite:
-        return {
-            profile.composite_key: compose_views(views["wrist_cam"], views["external_cam"], views["external_cam_2"])
-        }
+        return {profile.composite_key: composite_of(views)}
     return {key: views[camera] for camera, key in profile.image_keys}
 
 

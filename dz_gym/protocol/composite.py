@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["COMPOSITE_SHAPE", "VIEW_SHAPE", "compose_views", "halve", "split_composite"]
+__all__ = ["COMPOSITE_SHAPE", "VIEW_SHAPE", "compose_views", "composite_of", "halve", "split_composite"]
 
 VIEW_SHAPE = (360, 640)
 COMPOSITE_SHAPE = (540, 640)
@@ -62,6 +62,12 @@ def compose_views(wrist, left, right):
     out[..., height:, : width // 2, :] = halve(left)
     out[..., height:, width // 2 :, :] = halve(right)
     return out
+
+
+def composite_of(views):
+    """:func:`compose_views` of ``views`` keyed by DROID camera (``wrist_cam`` on top, ``external_cam`` the left
+    exterior and ``external_cam_2`` the right one below), as the request adapter and the bench hold them."""
+    return compose_views(views["wrist_cam"], views["external_cam"], views["external_cam_2"])
 
 
 def split_composite(composite: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
