@@ -25,7 +25,7 @@ import numpy as np
 from dz_gym.protocol.composite import split_composite
 from dz_gym.protocol.profiles import PROFILES, ServerProfile
 
-__all__ = ["request_profile", "request_proprio", "request_views"]
+__all__ = ["last_row", "request_profile", "request_proprio", "request_views"]
 
 _FAMILIES = ("dreamzero", "flux3-bfl", "sglang")  # openpi and vLLM-Omni take DreamZero's request
 
@@ -75,17 +75,23 @@ def request_views(request: Mapping[str, Any], profile: ServerProfile) -> dict[st
     return views
 
 
+def last_row(value: Any, key: str, size: int, dtype: Any = np.float64) -> np.ndarray:
+    """``value`` as ``size`` finite numbers of ``dtype``: a vector, or a history whose last row is the current
+    one (as the FLUX servers read their state); ``ValueError`` naming ``key`` otherwise."""
+    try:
+        array = np.asarray(value, dtype=dtype)
+    except (TypeError, ValueError):
+        raise ValueError(f"{key}: expected {size} numbers, got {type(value).__name__}") from None
+    array = array.reshape(-1, array.shape[-1])[-1] if array.ndim > 1 else array.reshape(-1)
+    if array.size != size or not np.isfinite(array).all():
+        raise ValueError(f"{key}: expected {size} finite numbers, got shape {np.shape(value)}")
+    return array
+
+
 def _values(request: Mapping[str, Any], key: str | None, size: int) -> np.ndarray:
     if key is None or key not in request:
         raise ValueError(f"{key}: missing from the request")
-    try:
-        value = np.asarray(request[key], dtype=np.float64)
-    except (TypeError, ValueError):
-        raise ValueError(f"{key}: expected {size} numbers, got {type(request[key]).__name__}") from None
-    value = value.reshape(-1, value.shape[-1])[-1] if value.ndim > 1 else value.reshape(-1)  # a history: its last row
-    if value.size != size or not np.isfinite(value).all():
-        raise ValueError(f"{key}: expected {size} finite numbers, got shape {np.shape(request[key])}")
-    return value
+    return last_row(request[key], key, size)
 
 
 def request_proprio(request: Mapping[str, Any], profile: ServerProfile) -> tuple[np.ndarray, float]:

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from dz_gym.protocol.composite import COMPOSITE_SHAPE, VIEW_SHAPE, compose_views
+from dz_gym.protocol.observation import last_row
 from dz_gym.protocol.profiles import PROFILES
 
 __all__ = [
@@ -98,16 +99,6 @@ def _bfl_uint8(value: Any, key: str) -> np.ndarray:
     return image if image.dtype == np.uint8 else np.clip(image, 0, 255).astype(np.uint8)
 
 
-def _state(value: Any, key: str, size: int) -> np.ndarray:
-    array = np.asarray(value, dtype=np.float32)
-    array = array.reshape(-1, array.shape[-1])[-1] if array.ndim > 1 else array.reshape(-1)
-    if array.size != size:
-        raise ValueError(f"{key}: expected {size} values, got shape {np.shape(value)}")
-    if not np.isfinite(array).all():
-        raise ValueError(f"{key}: expected finite values")
-    return array
-
-
 def _compose_checked(wrist: np.ndarray, left: np.ndarray, right: np.ndarray) -> np.ndarray:
     for name, view in (("wrist", wrist), ("left", left), ("right", right)):
         if view.shape[:2] != VIEW_SHAPE:
@@ -129,8 +120,8 @@ def bfl_observation(request: Mapping[str, Any]) -> dict:
     gripper = np.asarray(request[BFL.gripper_key], dtype=np.float32).reshape(-1)[-1:]
     return {
         BFL.composite_key: composite,
-        BFL.joint_key: _state(request[BFL.joint_key], BFL.joint_key, 7),
-        BFL.gripper_key: _state(gripper, BFL.gripper_key, 1),
+        BFL.joint_key: last_row(request[BFL.joint_key], BFL.joint_key, 7, np.float32),
+        BFL.gripper_key: last_row(gripper, BFL.gripper_key, 1, np.float32),
         "prompt": str(request.get("prompt", "")),
     }
 
@@ -172,7 +163,7 @@ def sglang_observation(request: Mapping[str, Any]) -> dict:
         raise ValueError("state: missing (expected 8 values: 7 joints and the gripper)")
     return {
         SGLANG.composite_key: composite,
-        SGLANG.state_key: _state(state, "state", 8),
+        SGLANG.state_key: last_row(state, "state", 8, np.float32),
         "prompt": str(request.get("prompt") or request.get("task") or ""),
     }
 
