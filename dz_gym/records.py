@@ -145,6 +145,12 @@ class StepRecord:
     errors: np.ndarray  # (N,) object: None or the failure's one-line text
     events: np.ndarray  # (N,) object: None or an INTEGRITY_EVENTS name
 
+    def info_columns(self) -> dict[str, np.ndarray]:
+        """The step's ``info`` columns this record fills, under the wrapper's names."""
+        return {"policy_called": self.called, "chunk_received": self.delivered, "chunk_latency_s": self.latency_s,
+                "chunk_sent_at": self.sent_at, "chunk_received_at": self.received_at, "policy_error": self.errors,
+                "integrity_event": self.events}  # fmt: skip
+
     @classmethod
     def empty(cls, n: int) -> StepRecord:
         nan = np.full(n, np.nan)

@@ -107,11 +107,11 @@ from dz_gym.envs import droid
 from dz_gym.envs.adapter import as_wrappable
 from dz_gym.envs.episodes import resolve_env_ids
 from dz_gym.envs.vector_info import with_final, with_masks
-from dz_gym.errors import DzGymError, HandshakeError, ProtocolError, RequestTimeout, SessionRefused
+from dz_gym.errors import DzGymError, ProtocolError, RequestTimeout, SessionRefused
 from dz_gym.policy_client import Outcome, PolicyClient
+from dz_gym.policy_source import DEFAULT_SERVER, open_client, server_urls
 from dz_gym.protocol import ServerMetadata
-from dz_gym.protocol.contract import PolicyContract, expected_horizon, resolve_horizon
-from dz_gym.protocol.profiles import ServerProfile, chunk_rows, detect_profile, resolve_server_kind
+from dz_gym.protocol.profiles import resolve_server_kind
 from dz_gym.records import INTEGRITY_EVENTS, EpisodeCounters, EpisodeStats, StepRecord, event_of
 from dz_gym.requests import (
     build_requests,
@@ -125,7 +125,8 @@ from dz_gym.requests import (
     validate_policy_obs,
     views_bytes,
 )
-from dz_gym.transport import TransportConfig, open_pool
+from dz_gym.server_terms import agree_terms
+from dz_gym.transport import TransportConfig
 from dz_gym.transport.rules import breaks_connection
 
 __all__ = [
@@ -140,7 +141,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_SERVER = "ws://127.0.0.1:8000/v1/realtime/robot/openpi"
 
 # "due": render only the envs that send a request at their next step (the wrapper reads no other images);
 # "all": render every env every step (a recorder that reads every frame).
@@ -203,19 +203,8 @@ class DreamZeroPolicyWrapper(gym.Wrapper, VectorEnv):
         base = env.unwrapped
         self.num_envs = int(base.num_envs)
         self.max_episode_length = int(getattr(base, "max_episode_length", droid.MAX_EPISODE_LENGTH))
-        if client is not None and (server is not None or transport is not None):
-            raise ValueError("client: pass either client= or server=/transport=, not both")
-        if policy is not None and (server is not None or client is not None):
-            raise ValueError("policy: pass either policy= (an embedded server) or server=/client=, not both")
+        servers = server_urls(server, client, policy, transport, self.num_envs)
         self.embedded_server = None
-        if client is None:
-            servers = [DEFAULT_SERVER] if server is None else [server] if isinstance(server, str) else list(server)
-            if not servers or not all(isinstance(url, str) and url for url in servers):
-                raise ValueError(f"server: expected a ws:// or wss:// URL or a list of them, got {server!r}")
-        elif not isinstance(client, PolicyClient):
-            raise TypeError(f"client: expected a dz_gym.policy_client.PolicyClient, got {type(client).__name__}")
-        elif client.num_sessions != self.num_envs:
-            raise ValueError(f"client: expected {self.num_envs} sessions (one per env), got {client.num_sessions}")
         self.prompts = resolve_prompts(prompt, env, self.num_envs)
         self.server_kind = resolve_server_kind(server_kind)
         if latency_honest_hz is not None and not float(latency_honest_hz) > 0:
@@ -251,16 +240,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper, VectorEnv):
         self.server_notes: list[str] = []  # warnings about the servers, also issued with warnings.warn
         self._used = np.zeros(self.num_envs, dtype=bool)  # the current episode sent a request
 
-        if policy is not None:
-            from dz_gym.server.embedded import EmbeddedServer  # the server's machinery only when asked for
-
-            self.embedded_server = EmbeddedServer(policy, in_process=not isinstance(policy, str)).start()
-            servers = [self.embedded_server.url]
-        try:
-            self._client = client if client is not None else open_pool(servers, self.num_envs, transport)
-        except BaseException:
-            self._stop_embedded()
-            raise
+        self._client, self.embedded_server = open_client(servers, client, policy, transport, self.num_envs)
         try:
             self.server_metadata: list[ServerMetadata] = self._client.connect()
             urls = [self._client.url(i) for i in range(self.num_envs)]
@@ -269,12 +249,15 @@ class DreamZeroPolicyWrapper(gym.Wrapper, VectorEnv):
             self._unjudged = set(self.servers)  # servers whose first reply has not been seen
             for env_id, meta in enumerate(self.server_metadata):
                 check_handshake(meta, urls[env_id])
-            self.profile = self._resolve_profile(urls)
-            horizon = self._resolve_horizon(open_loop_horizon, urls)
-            if horizon != self.open_loop_horizon:
-                self._schedule = schedule(horizon)
-                self.open_loop_horizon = horizon
-            self.image_resolution = self._resolve_resolution(image_resolution)
+            shape = getattr(self.single_action_space, "shape", None)
+            terms = agree_terms(self.server_metadata, urls, server_kind=self.server_kind,
+                                open_loop_horizon=open_loop_horizon, image_resolution=image_resolution,
+                                action_dim=int(shape[-1]) if shape else droid.ACTION_DIM)  # fmt: skip
+            self.profile, self._reply_rows = terms.profile, terms.reply_rows
+            if terms.open_loop_horizon != self.open_loop_horizon:
+                self._schedule = schedule(terms.open_loop_horizon)
+                self.open_loop_horizon = terms.open_loop_horizon
+            self.image_resolution = terms.image_resolution
         except BaseException:
             self._client.close()
             self._stop_embedded()
@@ -282,46 +265,6 @@ class DreamZeroPolicyWrapper(gym.Wrapper, VectorEnv):
         config, bound = self._client.config or TransportConfig(), self._client.reply_bound
         self._reply_bound = float(config.request_bound() if bound is None else bound)
         self._admission = Admission(config)
-
-    def _resolve_profile(self, urls: list[str]) -> ServerProfile:
-        """The servers' profile (:mod:`dz_gym.protocol.profiles`), from each handshake or ``server_kind``;
-        one line naming what a server sent when its handshake matches none, or when servers differ."""
-        found = {url: detect_profile(meta.raw, url=url, server_kind=self.server_kind)
-                 for url, meta in zip(urls, self.server_metadata)}  # fmt: skip
-        names = sorted({profile.name for profile in found.values()})
-        if len(names) != 1:
-            raise HandshakeError(f"servers are of different kinds ({', '.join(names)}); run one kind at a time")
-        return next(iter(found.values()))
-
-    def _resolve_horizon(self, requested: int | None, urls: list[str]) -> int:
-        """The open-loop horizon, checked against each server's announced contract and fixed chunk geometry
-        (see the module doc); by default the actions the profile executes of each chunk."""
-        contracts: dict[str, PolicyContract] = {}
-        for url, meta in zip(urls, self.server_metadata):
-            contracts.setdefault(url, meta.contract)
-        rows = chunk_rows(self.profile, self.server_metadata[0].raw)
-        self._reply_rows = {url: expected_horizon(contract) or rows for url, contract in contracts.items()}
-        shape = getattr(self.single_action_space, "shape", None)
-        action_dim = int(shape[-1]) if shape else droid.ACTION_DIM
-        default = self.profile.executed_actions or droid.DEFAULT_OPEN_LOOP_HORIZON
-        horizon = resolve_horizon(contracts, requested, default, action_dim)
-        if rows is not None and horizon > rows:
-            raise HorizonError(horizon, rows, f"server {urls[0]}, {self.profile.name}")
-        return horizon
-
-    def _resolve_resolution(self, image_resolution) -> tuple[int, int] | None:
-        if image_resolution != "server":
-            if image_resolution is None:
-                return None
-            height, width = (int(v) for v in image_resolution)
-            return height, width
-        if self.profile.image_resolution is not None:
-            return self.profile.image_resolution
-        resolutions = {meta.image_resolution for meta in self.server_metadata}
-        if len(resolutions) != 1:
-            raise HandshakeError(f"servers disagree on image_resolution: {sorted(map(str, resolutions))}")
-        resolution = resolutions.pop()
-        return None if resolution is None else (int(resolution[0]), int(resolution[1]))
 
     # -- Gymnasium API --------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
@@ -362,19 +305,8 @@ class DreamZeroPolicyWrapper(gym.Wrapper, VectorEnv):
         ended = [np.asarray(to_numpy(flags), dtype=bool).reshape(-1) for flags in (terminated, truncated)]
         done = ended[0] | ended[1]
         info = dict(info)
-        info.update(
-            policy_called=record.called,
-            chunk_received=record.delivered,
-            chunk_latency_s=record.latency_s,
-            chunk_sent_at=record.sent_at,
-            chunk_received_at=record.received_at,
-            session_id=session_ids,
-            policy_action=proposal.actions,
-            policy_held=~proposal.active,
-            policy_error=record.errors,
-            integrity_event=record.events,
-            episode_flagged=self.episode_flagged.copy(),
-        )
+        info.update(record.info_columns(), session_id=session_ids, policy_action=proposal.actions,
+                    policy_held=~proposal.active, episode_flagged=self.episode_flagged.copy())  # fmt: skip
         done_ids = np.flatnonzero(done)
         if done_ids.size:
             ended = {int(i): self.episode_stats(int(i)) for i in done_ids}
