@@ -70,6 +70,7 @@ import numpy as np
 
 from dz_gym.envs import droid
 from dz_gym.envs.vector_info import entries
+from dz_gym.eval.attempts import Attempts
 from dz_gym.eval.episode import EpisodeInProgress as _Episode
 from dz_gym.eval.episode import measures, step_columns
 from dz_gym.eval.plan import PlanEntry
@@ -216,15 +217,8 @@ class SceneRunner:
         self._writer: EpisodeWriter | None = None
         self._waiting: set[int] = set()  # slots whose episode waits to start again (admission or retry)
         self.episode_retries = int(episode_retries)
-        self._retried: dict[tuple[int, str | None], list[str]] = {}  # (episode, arm) -> events of attempts re-run
-        # (episode, arm) -> the request delays its last attempt run again drew: a latency-honest rerun replays them
-        self._drawn: dict[tuple[int, str | None], list[int]] = {}
-        for record in run_dir.read_attempts():
-            if record.get("scene") == self.scene and (record.get("episode"), record.get("arm")) in self._todo:
-                key = (int(record["episode"]), record.get("arm"))
-                self._retried.setdefault(key, []).append(str(record.get("error_event")))
-                if isinstance(record.get("request_delays"), list):
-                    self._drawn[key] = [int(d) for d in record["request_delays"]]
+        self._attempts = Attempts(run_dir.read_attempts(), self.scene, self._todo, self.episode_retries,
+                                  run_dir.append_attempt)  # fmt: skip
         self.hold_starts = False  # True: the caller runs refill() after each step (scenes side by side)
         self._ended: list[tuple[int, bool]] = []  # slots whose episode ended at the last step, and autoreset
         self._idle_due = False
@@ -424,17 +418,13 @@ class SceneRunner:
         the request ``delays`` it drew), drop the attempt (no row) and start the episode again from its reset;
         whether it did."""
         ep = self._current[slot]
-        events = self._retried.setdefault((ep.episode, ep.arm), [])
-        if len(events) >= self.episode_retries:
+        attempt = self._attempts.retry(scene=ep.scene, episode=ep.episode, arm=ep.arm, seed=ep.seed,
+                                       steps=self._steps(slot), error_event=event, error=error,
+                                       started_at=_iso(ep.started_at), delays=delays)  # fmt: skip
+        if attempt is None:
             return False
-        events.append(str(event))
-        self._drawn[(ep.episode, ep.arm)] = [int(d) for d in delays]
-        self.run_dir.append_attempt({"scene": ep.scene, "episode": ep.episode, "arm": ep.arm, "seed": ep.seed,
-                                     "attempt": len(events), "steps": self._steps(slot), "error_event": event,
-                                     "error": error, "started_at": _iso(ep.started_at),
-                                     "request_delays": [int(d) for d in delays]})  # fmt: skip
         logger.info("scene %d episode %d%s: %s; running it again from its reset (retry %d of %d)", ep.scene,
-                    ep.episode, f" arm {ep.arm}" if ep.arm else "", error, len(events), self.episode_retries)  # fmt: skip
+                    ep.episode, f" arm {ep.arm}" if ep.arm else "", error, attempt, self.episode_retries)  # fmt: skip
         self._requeue(slot)
         return True
 
@@ -528,7 +518,7 @@ class SceneRunner:
         )
         self._live[slot] = True
         self._log.start([slot])
-        drawn = self._drawn.get((episode, arm))
+        drawn = self._attempts.delays(episode, arm)
         if drawn and getattr(self.wrapper, "latency_honest_hz", None) is not None:
             self.wrapper.replay_delays(slot, drawn)  # a rerun takes the delays its earlier attempt measured
 
@@ -577,7 +567,7 @@ class SceneRunner:
                             wait_steps=int(stats.wait_steps),
                             stale_steps=int(stats.stale_steps), reconnects=int(stats.reconnects),
                             retries=int(stats.retries))  # fmt: skip
-        retried = self._retried.get((ep.episode, ep.arm), [])
+        retried = self._attempts.events(ep.episode, ep.arm)
         row = EpisodeRow.of(
             ep.entry,
             attempts=1 + len(retried),
