@@ -79,13 +79,9 @@ def renderer(backend: str) -> dict[str, Any]:
 
 def simulator_versions(version=importlib.metadata.version) -> dict[str, str | None]:
     """The installed version of each of :data:`SIMULATOR_PACKAGES`, None where it is not installed."""
-    out: dict[str, str | None] = {}
-    for name in SIMULATOR_PACKAGES:
-        try:
-            out[name] = version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = None
-    return out
+    from dz_gym.eval.summary import package_versions
+
+    return package_versions(SIMULATOR_PACKAGES, version)
 
 
 def dz_gym_source(run=_run) -> dict[str, Any]:

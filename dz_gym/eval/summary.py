@@ -20,7 +20,7 @@ from dz_gym.eval.config import EvalConfig
 from dz_gym.eval.results import summarize
 from dz_gym.eval.rundir import RunDir
 
-__all__ = ["build_summary", "metadata_dict", "pair_tracker", "versions"]
+__all__ = ["build_summary", "metadata_dict", "package_versions", "pair_tracker", "versions"]
 
 # After an adaptive stop the per-scene and per-arm rates and their Wilson intervals are descriptive.
 ADAPTIVE_RATES = {
@@ -30,14 +30,22 @@ ADAPTIVE_RATES = {
 }
 
 
-def versions() -> dict[str, str]:
-    """Versions of Python, the platform and the packages that shape results."""
-    out = {"python": platform.python_version(), "platform": platform.platform()}
-    for name in ("dz-gym", "numpy", "gymnasium", "websockets", "msgpack", "mujoco", "torch", "isaaclab", "imageio"):
+def package_versions(names: Sequence[str], version=importlib_metadata.version) -> dict[str, str | None]:
+    """The installed version of each package of ``names`` (distribution names), None where it is not."""
+    out: dict[str, str | None] = {}
+    for name in names:
         try:
-            out[name] = importlib_metadata.version(name)
+            out[name] = version(name)
         except importlib_metadata.PackageNotFoundError:
-            continue
+            out[name] = None
+    return out
+
+
+def versions() -> dict[str, str]:
+    """Versions of Python, the platform and the packages that shape results (those installed)."""
+    out = {"python": platform.python_version(), "platform": platform.platform()}
+    names = ("dz-gym", "numpy", "gymnasium", "websockets", "msgpack", "mujoco", "torch", "isaaclab", "imageio")
+    out.update({name: v for name, v in package_versions(names).items() if v is not None})
     return out
 
 
