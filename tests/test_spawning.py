@@ -1,5 +1,6 @@
 """dz_gym.spawning: dz-gym's spawn-context workers do not run the caller's script again, so a script without
-an ``if __name__ == "__main__":`` guard (or one that launches an app at its top) starts them once."""
+an ``if __name__ == "__main__":`` guard (or one that launches an app at its top) starts them once; what a start
+sets in this process (the worker's variables, a blocked SIGINT) lasts the start only."""
 
 from __future__ import annotations
 
@@ -77,3 +78,36 @@ def test_the_callers_main_is_back_after_the_start_and_after_a_failed_one():
     with pytest.raises(OSError, match="no processes left"):
         start_worker(Refusing())
     assert sys.modules["__main__"] is main
+
+
+CHILD_CHECK = (
+    "__import__('os')._exit(0 if __import__('os').environ.get('DZ_GYM_SPAWN_CHECK') == 'set' and "
+    "__import__('signal').SIGINT in __import__('signal').pthread_sigmask(__import__('signal').SIG_BLOCK, []) "
+    "else 3)"
+)
+
+
+def test_the_worker_inherits_its_variables_and_a_blocked_sigint_and_this_process_gets_both_back(monkeypatch):
+    """What a start does to this process lasts the start only: the worker sees ``environ`` and SIGINT blocked;
+    afterwards this process's environment and signal mask are what they were."""
+    import signal
+
+    monkeypatch.delenv("DZ_GYM_SPAWN_CHECK", raising=False)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    process = multiprocessing.get_context("spawn").Process(target=eval, args=(CHILD_CHECK,), daemon=True)
+    start_worker(process, {"DZ_GYM_SPAWN_CHECK": "set"})
+    process.join(60)
+    assert process.exitcode == 0
+    assert "DZ_GYM_SPAWN_CHECK" not in os.environ
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask
+
+    class Refusing:
+        def start(self):
+            assert os.environ["DZ_GYM_SPAWN_CHECK"] == "set"
+            raise OSError("no processes left")
+
+    monkeypatch.setenv("DZ_GYM_SPAWN_CHECK", "the user's")
+    with pytest.raises(OSError, match="no processes left"):
+        start_worker(Refusing(), {"DZ_GYM_SPAWN_CHECK": "set"})
+    assert os.environ["DZ_GYM_SPAWN_CHECK"] == "the user's"
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
-import os
 import signal
 import traceback
 from multiprocessing import shared_memory
@@ -136,33 +135,20 @@ class WorkerPool:
         context = mp.get_context(start_method)
         self.conns: list[Connection] = []
         self.procs: list[mp.process.BaseProcess] = []
-        saved = {key: os.environ.get(key) for key in worker_env}
-        os.environ.update(worker_env)  # spawned children inherit the environment at start()
-        # Start the children with SIGINT blocked (the mask survives fork and exec): a Ctrl-C in the terminal
-        # reaches the whole process group, and a worker still importing its site packages would die with a
-        # KeyboardInterrupt traceback. worker_main then ignores it; this process gets its own copy when the
-        # mask is restored.
-        masked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
-            for k, config in enumerate(configs):
-                parent, child = context.Pipe()
-                proc = context.Process(
-                    target=worker_main,
-                    args=(child, config, buffers.fields, buffers.name),
-                    name=f"dz-gym-mujoco-{k}",
-                    daemon=True,
-                )
-                start_worker(proc)  # the caller's script is not run again in the worker
-                child.close()
-                self.conns.append(parent)
-                self.procs.append(proc)
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, masked)
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+        for k, config in enumerate(configs):
+            parent, child = context.Pipe()
+            proc = context.Process(
+                target=worker_main,
+                args=(child, config, buffers.fields, buffers.name),
+                name=f"dz-gym-mujoco-{k}",
+                daemon=True,
+            )
+            # the caller's script is not run again in the worker, which inherits worker_env and starts with
+            # SIGINT blocked (worker_main then ignores it)
+            start_worker(proc, worker_env)
+            child.close()
+            self.conns.append(parent)
+            self.procs.append(proc)
         try:
             replies = self._gather(timeout=300.0)
         except WorkerError as exc:
