@@ -356,16 +356,17 @@ def test_auto_processes_grows_with_the_sessions_within_the_cores():
 
 
 def test_the_evaluator_chooses_its_worker_processes_when_none_are_given(monkeypatch):
-    """``transport_processes`` None (the default): ``auto_processes`` of each pool's envs on this machine's
-    cores, shared by an A/B run's two pools; an explicit count, 0 included, is kept; config.json keeps None."""
-    from dz_gym.eval import config as config_module
+    """``transport_processes`` None (the default, TransportConfig's): ``auto_processes`` of each pool's envs on
+    this machine's cores, shared by an A/B run's two pools; an explicit count, 0 included, is kept; config.json
+    keeps None."""
     from dz_gym.eval.config import EvalConfig
     from dz_gym.eval.scene import policy_client
+    from dz_gym.transport import config as config_module
 
     monkeypatch.setattr(config_module, "usable_cores", lambda: 16)
     assert EvalConfig.default("transport_processes") is None
     big = EvalConfig(num_envs=1024, backend="mujoco")
-    assert big.transport_process_count() == big.transport_config().processes == 8
+    assert big.transport_process_count() == big.transport_config().process_count(1024) == 8
     assert EvalConfig.from_dict(big.to_dict()).transport_processes is None
     ab = EvalConfig(num_envs=1024, backend="mujoco", policy_b="hold")
     assert ab.transport_process_count() == 8  # 512 envs a pool, 8 cores a pool

@@ -223,16 +223,17 @@ def build_client(
     """The evaluator's client: websocket pools (one per arm behind an :class:`ArmRouter` when ``servers_b``,
     or per named arm of ``arm_servers``, in order), wrapped in :class:`RequestFields` when a sampling field is
     sent. Each pool is :func:`~dz_gym.transport.open_pool`'s: in this process, or over
-    ``transport.processes`` worker processes."""
+    ``transport.process_count`` worker processes (the pools sharing the cores)."""
     client: PolicyClient
     if arm_servers:
-        per = int(num_envs) // len(arm_servers)
-        client = ArmRouter({arm: open_pool(list(urls), per, transport) for arm, urls in arm_servers.items()})
+        per, pools = int(num_envs) // len(arm_servers), len(arm_servers)
+        client = ArmRouter({arm: open_pool(list(urls), per, transport, pools=pools)
+                            for arm, urls in arm_servers.items()})  # fmt: skip
     elif servers_b:
         half = int(num_envs) // 2
         client = ArmRouter({
-            "a": open_pool(list(servers), half, transport),
-            "b": open_pool(list(servers_b), half, transport),
+            "a": open_pool(list(servers), half, transport, pools=2),
+            "b": open_pool(list(servers_b), half, transport, pools=2),
         })  # fmt: skip
     else:
         client = open_pool(list(servers), int(num_envs), transport)

@@ -27,10 +27,8 @@ from dz_gym.cli_types import field_default
 from dz_gym.envs import backends, droid
 from dz_gym.eval.plan import is_url
 from dz_gym.protocol.profiles import AUTO, SERVER_KINDS
-from dz_gym.spawning import usable_cores
 from dz_gym.stats.comparison import ARMS
 from dz_gym.transport import TransportConfig, validate_url
-from dz_gym.transport.config import auto_processes
 
 CONFIG_VERSION = 1
 BACKENDS = backends.NAMES  # "auto" and every backend of dz_gym.envs.backends
@@ -117,7 +115,8 @@ class EvalConfig:
     server_max_sessions: int = 64  # vLLM-Omni's resident session capacity (MAX_DREAMZERO_SESSIONS)
     server_idle_timeout: float = 30.0  # vLLM-Omni closes a connection idle this long; 0: the servers have none
     auth_env: str | None = None  # NAME of the environment variable holding the servers' API token
-    transport_processes: int | None = None  # worker processes per pool (0: all in this process; None: auto_processes)
+    # worker processes per pool (0: all in this process; None: TransportConfig's default, auto_processes)
+    transport_processes: int | None = field_default(TransportConfig, "processes")
     servers_b: list[str] = dataclasses.field(default_factory=list)  # A/B: arm B's servers (arm A: servers)
     policy_b: str | None = _result(None)  # A/B on the embedded servers: arm B's policy (arm A: policy)
     arm_specs: list[str] = _result(default_factory=list)  # K >= 2 named arms: "NAME=POLICY_OR_URL" (--arm)
@@ -453,20 +452,18 @@ class EvalConfig:
         return float(self.control_hz) if self.latency_honest else None
 
     def transport_process_count(self) -> int:
-        """The worker processes each connection pool spreads its sessions over: ``transport_processes``,
-        or when that is None :func:`~dz_gym.transport.config.auto_processes` of one pool's sessions on this
-        machine's cores, shared by the pools (an A/B or ``--arm`` run has one pool per arm). On a Ray shard
-        ``num_envs`` is the shard's, so each shard sizes its own.
+        """The worker processes each connection pool spreads its sessions over
+        (:meth:`TransportConfig.process_count <dz_gym.transport.config.TransportConfig.process_count>` of one
+        pool's sessions, the pools sharing this machine's cores: an A/B or ``--arm`` run has one pool per arm).
+        On a Ray shard ``num_envs`` is the shard's, so each shard sizes its own.
 
         >>> EvalConfig(num_envs=8, backend="mujoco").transport_process_count()
         0
         >>> EvalConfig(num_envs=1024, backend="mujoco", transport_processes=3).transport_process_count()
         3
         """
-        if self.transport_processes is not None:
-            return self.transport_processes
         pools = max(1, len(self.arms))
-        return auto_processes(self.num_envs // pools, cores=usable_cores() // pools)
+        return self.transport_config().process_count(self.num_envs // pools, pools=pools)
 
     def transport_config(self) -> TransportConfig:
         """The :class:`TransportConfig` of every connection of the run (its own rules validate the values)."""
@@ -474,7 +471,7 @@ class EvalConfig:
             "request_timeout": self.request_timeout,
             "retry_server_errors": self.retry_server_errors,
             "auth_env": self.auth_env,
-            "processes": self.transport_process_count(),
+            "processes": self.transport_processes,
         }
         try:
             return TransportConfig(**fields)

@@ -14,7 +14,8 @@ This is the I/O edge of dz-gym, in layers (each usable on its own, each importin
   over worker processes (requests handed over in shared memory, :mod:`~dz_gym.transport.arena`; each worker's
   handle in this process :mod:`~dz_gym.transport.worker_handle`, the worker itself
   :mod:`~dz_gym.transport.worker_process`, what they say to each other :mod:`~dz_gym.transport.messages`);
-  :func:`open_pool` picks one of the two by ``TransportConfig.processes``.
+  :func:`open_pool` picks one of the two by ``TransportConfig.processes`` (None, the default: by the sessions
+  and the cores, :func:`~dz_gym.transport.config.auto_processes`).
 
 Every request comes back as a :class:`~dz_gym.policy_client.Outcome` (re-exported here).
 
@@ -24,7 +25,7 @@ What the bytes mean is left to :mod:`dz_gym.protocol`; this package only calls i
 from __future__ import annotations
 
 from dz_gym.policy_client import Outcome
-from dz_gym.transport.config import TransportConfig, validate_url
+from dz_gym.transport.config import TransportConfig, check_pool_args, validate_url
 from dz_gym.transport.loop import LoopThread
 from dz_gym.transport.pool import PartialConnectError, SessionPool
 from dz_gym.transport.processes import ProcessSessionPool
@@ -46,12 +47,17 @@ __all__ = [
 
 
 def open_pool(
-    urls: list[str] | str, num_sessions: int, config: TransportConfig | None = None
+    urls: list[str] | str,
+    num_sessions: int,
+    config: TransportConfig | None = None,
+    *,
+    pools: int = 1,
 ) -> SessionPool | ProcessSessionPool:
-    """The pool of ``num_sessions`` sessions over ``urls`` that ``config.processes`` asks for: a
-    :class:`SessionPool` in this process (0, the default) or a :class:`ProcessSessionPool` of that many
-    worker processes."""
-    config = config if config is not None else TransportConfig()
-    if isinstance(config, TransportConfig) and config.processes > 0:
-        return ProcessSessionPool(urls, num_sessions, config, processes=config.processes)
+    """The pool of ``num_sessions`` sessions over ``urls`` that ``config`` asks for
+    (:meth:`TransportConfig.process_count`, ``pools`` pools of this process sharing its cores): a
+    :class:`SessionPool` in this process (0) or a :class:`ProcessSessionPool` of that many worker processes."""
+    urls, config = check_pool_args(urls, num_sessions, config)
+    processes = config.process_count(num_sessions, pools=pools)
+    if processes > 0:
+        return ProcessSessionPool(urls, num_sessions, config, processes=processes)
     return SessionPool(urls, num_sessions, config)

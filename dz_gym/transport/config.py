@@ -81,9 +81,11 @@ class TransportConfig:
         processes: worker processes the sessions are spread over
             (:class:`~dz_gym.transport.processes.ProcessSessionPool`, built by
             :func:`~dz_gym.transport.open_pool`): many sessions of large requests (hundreds of 0.5 MB requests
-            a round) then no longer share this process's interpreter lock. ``0``, the default: every session
-            in this process (:class:`~dz_gym.transport.SessionPool`). Not with ``ssl_context`` (a TLS context
-            cannot be handed to another process).
+            a round) then no longer share this process's interpreter lock. ``0``: every session in this
+            process (:class:`~dz_gym.transport.SessionPool`). ``None``, the default: :func:`auto_processes`
+            of the pool's sessions (:meth:`process_count`), for the wrapper, ``open_pool`` and the evaluator
+            alike. Not with ``ssl_context`` (a TLS context cannot be handed to another process; ``None`` then
+            means 0).
     """
 
     open_timeout: float = 10.0
@@ -105,7 +107,7 @@ class TransportConfig:
     admission_backoff_max: float = 8.0
     admission_wait: float = 900.0
     ssl_context: ssl.SSLContext | None = dataclasses.field(default=None, repr=False, compare=False)
-    processes: int = 0
+    processes: int | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -127,9 +129,10 @@ class TransportConfig:
             ("retry_server_errors", 0),
             ("max_frame_bytes", 1),
             ("connect_concurrency", 1),
-            ("processes", 0),
         ):
             _int_at_least(name, getattr(self, name), low)
+        if self.processes is not None:
+            _int_at_least("processes", self.processes, 0)
         if self.auth_env is not None and (not isinstance(self.auth_env, str) or not _ENV_NAME.match(self.auth_env)):
             raise ValueError(
                 f"TransportConfig.auth_env: expected the NAME of an environment variable (letters, digits, _), "
@@ -152,6 +155,20 @@ class TransportConfig:
                 "TransportConfig.processes: expected 0 with an ssl_context (a TLS context cannot be handed to "
                 f"worker processes), got {self.processes}"
             )
+
+    def process_count(self, num_sessions: int, *, pools: int = 1) -> int:
+        """The worker processes a pool of ``num_sessions`` sessions is spread over: ``processes``, or where
+        that is None :func:`auto_processes` of them on this process's cores, shared by ``pools`` pools (an
+        A/B run's arms each have one); 0 with an ``ssl_context``.
+
+        >>> TransportConfig(processes=3).process_count(1024), TransportConfig().process_count(8)
+        (3, 0)
+        """
+        if self.processes is not None:
+            return self.processes
+        if self.ssl_context is not None:
+            return 0
+        return auto_processes(num_sessions, cores=usable_cores() // max(1, int(pools)))
 
     def backoff(self, attempt: int) -> float:
         """The wait before connect retry ``attempt + 1`` (0-based)."""
@@ -204,14 +221,10 @@ AUTO_PROCESSES_MIN_CORES = 4
 
 def auto_processes(num_sessions: int, *, cores: int | None = None) -> int:
     """The worker processes a pool of ``num_sessions`` sessions is spread over when nobody chose
-    (``TransportConfig.processes``; the evaluator's ``--transport-processes`` left out): 0 (every session in
-    this process) below 128 sessions or 4 cores, else one per 64 sessions, at most one per core and 8.
-
-    What the rule rests on (benchmarks/README.md, Isaac Lab on one H200 host, the evaluator on 8 of its
-    cores and the servers on the other 8, 0.5 MB requests): at N = 1024 the synchronous rate was
-    48.5-54.8 % of its bound with every session in one process, 55-70 % with 4 worker processes and 62-73 %
-    with 8 (8 beside the stepping process on 8 cores: a worker waits on its sockets most of a round); at
-    N = 256, 78.2 % in one process and 81.8 % with 4."""
+    (``TransportConfig.processes`` None, the default; the evaluator's ``--transport-processes`` left out): 0
+    (every session in this process) below 128 sessions or 4 cores, else one per 64 sessions, at most one per
+    core and 8. Below that many sessions one process's interpreter lock keeps up with the requests; above it,
+    the measured rate grew with the workers up to 8 beside a simulator's process (benchmarks/README.md)."""
     cores = usable_cores() if cores is None else int(cores)
     if cores < AUTO_PROCESSES_MIN_CORES:
         return 0
