@@ -20,7 +20,7 @@ temporary worktree, its own child process), interleaved with this tree's runs, a
 ``--heap-objects M`` makes the child hold M objects the garbage collector tracks before the runs, as a
 simulator's process does (Isaac Lab's holds about 1.3 million); ``full gc ms`` and ``full gcs`` are the
 collector's full (generation 2) passes from the env's first reset to its close. ``--freeze-ab`` compares this
-tree with itself, the collector's freeze (:mod:`dz_gym.eval.collector`) turned off in the baseline's child.
+tree with itself, the collector's freeze (``freeze_collector``, :mod:`dz_gym.host_process`) turned off in the baseline's child.
 
 Usage::
 
@@ -166,17 +166,16 @@ def measure(
 
 
 def _child(args) -> int:
+    from dz_gym import host_process
     from dz_gym.server.launch import start_server_process
 
+    settings = host_process.HostProcessSettings()  # the evaluator's, which it would apply itself
     if args.no_freeze:  # the same tree without the collector's freeze (--freeze-ab's baseline)
-        import dz_gym.eval.scene
-
-        dz_gym.eval.scene.freeze_heap = lambda **_: lambda: None
-
+        settings = settings.without("freeze_collector")
     serve = ["--policy", "hold", "--workers", "8", "--quiet"]
     # a simulator's process holds many objects the collector tracks (Isaac Lab's: about 1.3 million)
     held = [[i] for i in range(args.heap_objects)]  # noqa: F841 - held for the collector to walk
-    with start_server_process(serve) as server:
+    with start_server_process(serve) as server, host_process.applied(settings):
         url = server.url + "/v1/realtime/robot/openpi"
         results = {n: measure(url, n, args.max_steps, args.cprofile if n == args.cprofile_n else None,
                               args.prefetch, args.simulated_delay) for n in args.sizes}  # fmt: skip

@@ -7,8 +7,8 @@ compares ``packb`` with msgpack's own packer and dz_gym's array hook (``packb``'
 of it before the fast path of :mod:`dz_gym.protocol.packer`).
 
 ``--round N`` instead encodes N distinct requests (views of (N, 180, 320, 3) camera batches, as a batched env
-gives them) and keeps them all, as one ``SessionPool.submit_many`` round does, with the heap setting the pool
-makes for such a round (``--default-trim``: the 256 MiB trim threshold a pool had before it raised it), and
+gives them) and keeps them all, as one ``SessionPool.submit_many`` round does, with the heap setting a pool of
+a process opted in to ``heap_thresholds`` (:mod:`dz_gym.host_process`, as the evaluator is) makes for such a round (``--default-trim``: the 256 MiB trim threshold a pool had before it raised it), and
 prints the median per-request time and the page faults per request of each encoder. Each encoder runs its
 rounds in a block of its own: interleaved, one encoder's leftovers pin the heap's top and hide the trimming.
 
@@ -27,8 +27,8 @@ import uuid
 import msgpack
 import numpy as np
 
+from dz_gym import host_process
 from dz_gym.protocol import build_infer_request, codec, packb, unpackb
-from dz_gym.transport import heap
 
 CAMERAS = ("observation/exterior_image_0_left", "observation/exterior_image_1_left", "observation/wrist_image_left")
 
@@ -67,8 +67,9 @@ def encode_round(num: int, rounds: int, default_trim: bool) -> None:
         for i in range(num)
     ]  # fmt: skip
     size = len(packb(requests[0]))
-    heap.keep_freed_buffers(at_least=0 if default_trim else 2 * num * size)  # what a SessionPool does
-    print(f"round of {num} requests ({num * size / 2**20:.0f} MiB), trim threshold {heap.trim_threshold() >> 20} MiB")
+    host_process.keep_round(0 if default_trim else 2 * num * size)  # what a SessionPool of an opted-in process does
+    trim = host_process.trim_threshold() >> 20
+    print(f"round of {num} requests ({num * size / 2**20:.0f} MiB), trim threshold {trim} MiB")
     times: dict[str, list[float]] = {"packb": [], "msgpack path": []}
     faults: dict[str, list[float]] = {"packb": [], "msgpack path": []}
     for name, encode in (("packb", packb), ("msgpack path", msgpack_path)):  # not interleaved: see below
@@ -94,7 +95,8 @@ def main() -> int:
     parser.add_argument("--default-trim", action="store_true", help="--round with the 256 MiB trim threshold")
     args = parser.parse_args()
     if args.round:  # alone: the heap setting it makes would change the openpi baseline's page faults
-        encode_round(args.round, args.rounds, args.default_trim)
+        with host_process.applied(host_process.HostProcessSettings()):  # the evaluator's heap thresholds
+            encode_round(args.round, args.rounds, args.default_trim)
         return 0
     try:
         from openpi_client import msgpack_numpy

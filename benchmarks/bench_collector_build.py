@@ -1,5 +1,5 @@
 """The garbage collector's full passes while a simulator's process imports and builds, with and without the
-growing freeze (``freeze_heap(as_it_grows=True)``, :mod:`dz_gym.eval.collector`) that a scene's batch holds
+growing freeze (``freeze_collector(as_it_grows=True)``, :mod:`dz_gym.host_process`) that a scene's batch holds
 while its env is built.
 
 Each run is a fresh interpreter (a child of this script) that imports ``--modules`` in order and, with
@@ -19,6 +19,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import os
@@ -40,11 +41,13 @@ def child(arm: str, modules: list[str], build: int) -> dict:
     import gc
     import importlib
 
-    from dz_gym.eval.collector import CollectorPauses, freeze_heap
+    from dz_gym import host_process
+    from dz_gym.eval.collector import CollectorPauses
 
+    frozen = dataclasses.replace(host_process.UNTOUCHED, freeze_collector=arm == ARMS[1])
     started = time.perf_counter()
-    with CollectorPauses() as pauses:
-        release = freeze_heap(as_it_grows=True) if arm == ARMS[1] else None
+    with CollectorPauses() as pauses, host_process.applied(frozen):
+        release = host_process.freeze_collector(as_it_grows=True)
         for name in modules:
             importlib.import_module(name)
         if build:
@@ -59,8 +62,7 @@ def child(arm: str, modules: list[str], build: int) -> dict:
     wall = time.perf_counter() - started
     if build:
         env.close()
-    if release is not None:
-        release()
+    release()
     return {"full_passes": pauses.passes[2], "full_s": pauses.seconds[2], "young_s": sum(pauses.seconds[:2]),
             "tracked": tracked, "wall_s": wall}  # fmt: skip
 

@@ -47,7 +47,7 @@ render kernels), ``--override env.KEY=VALUE`` any field of the task's config (an
 checked against the config's fields: e.g. ``env.sim.physics.bvh_constructor_geometry=sah``, the mesh BVH the
 renderer casts against), ``--transport-processes P`` spreads the evaluator's sessions over P processes (``auto``:
 the evaluator's default), ``--no-collector-freeze`` turns the evaluator's freeze of the collector's heap off (an
-A/B of :mod:`dz_gym.eval.collector`).
+A/B of ``freeze_collector``, :mod:`dz_gym.host_process`).
 
 Usage (the GPU host; Isaac Lab 3.0 installed by ``scripts/setup_isaac3.sh``)::
 
@@ -410,7 +410,7 @@ def main() -> int:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="the evaluator's freeze of the collector's heap while a scene is built and steps "
-        "(dz_gym.eval.collector); --no-collector-freeze for an A/B",
+        "(freeze_collector of dz_gym.host_process); --no-collector-freeze for an A/B",
     )
     parser.add_argument("--cycles", type=int, default=3, help="8-step cycles timed for s_N")
     parser.add_argument("--device", default="cuda:0")
@@ -446,11 +446,13 @@ def main() -> int:
     parser.add_argument("--num-envs", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        if not args.collector_freeze:  # the A/B's baseline: the evaluator as it was before it froze the heap
-            import dz_gym.eval.scene
+        from dz_gym import host_process
 
-            dz_gym.eval.scene.freeze_heap = lambda **_: lambda: None
-        result = child(args)
+        settings = host_process.HostProcessSettings()  # the evaluator's, which it would apply itself
+        if not args.collector_freeze:  # the A/B's baseline: the evaluator without its freeze of the collector
+            settings = settings.without("freeze_collector")
+        with host_process.applied(settings):
+            result = child(args)
         print(RESULT + json.dumps(result), flush=True)
         os._exit(0)  # skip Isaac Lab's and Warp's teardown
     t0 = time.perf_counter()

@@ -48,17 +48,3 @@ def test_pool_submit_many_in_order_with_a_bad_request():
         assert [o.ok for o in outcomes] == [True, False, True]
         assert "expected a dict or encoded bytes" in str(outcomes[1].error)
         np.testing.assert_allclose(outcomes[0].reply.actions[0, :7], 0.2, rtol=1e-6)
-
-
-def test_a_round_larger_than_the_trim_threshold_raises_it():
-    """A round holding more bytes than the heap's trim threshold raises the threshold to twice the round (so
-    the next round reuses the freed buffers instead of faulting them in); nothing needs to be connected."""
-    from dz_gym.transport import heap
-
-    if not heap.keep_freed_buffers():
-        return  # not glibc, or the user set the thresholds
-    payload = bytes(100 * 2**20)
-    with SessionPool("ws://127.0.0.1:1", 2) as pool:
-        outcomes = [f.result(30) for f in pool.submit_many([(0, payload), (1, payload)])]
-    assert not any(o.ok for o in outcomes)  # never connected
-    assert heap.trim_threshold() >= min(heap.TRIM_CAP, 400 * 2**20)

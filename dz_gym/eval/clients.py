@@ -16,6 +16,7 @@ from __future__ import annotations
 import concurrent.futures
 from collections.abc import Mapping, Sequence
 
+from dz_gym.host_process import HostProcessSettings
 from dz_gym.policy_client import Outcome, PolicyClient
 from dz_gym.protocol import ServerMetadata
 from dz_gym.protocol.messages import sampling_fields
@@ -219,24 +220,26 @@ def build_client(
     policy_seed: bool = False,
     num_inference_steps: int | None = None,
     arm_servers: Mapping[str, Sequence[str]] | None = None,
+    host: HostProcessSettings | None = None,
 ) -> PolicyClient:
     """The evaluator's client: websocket pools (one per arm behind an :class:`ArmRouter` when ``servers_b``,
     or per named arm of ``arm_servers``, in order), wrapped in :class:`RequestFields` when a sampling field is
     sent. Each pool is :func:`~dz_gym.transport.open_pool`'s: in this process, or over
-    ``transport.process_count`` worker processes (the pools sharing the cores)."""
+    ``transport.process_count`` worker processes (the pools sharing the cores), with ``host``'s settings of
+    the pools' memory (:mod:`dz_gym.host_process`; None: nothing done to this process)."""
     client: PolicyClient
     if arm_servers:
         per, pools = int(num_envs) // len(arm_servers), len(arm_servers)
-        client = ArmRouter({arm: open_pool(list(urls), per, transport, pools=pools)
+        client = ArmRouter({arm: open_pool(list(urls), per, transport, host=host, pools=pools)
                             for arm, urls in arm_servers.items()})  # fmt: skip
     elif servers_b:
         half = int(num_envs) // 2
         client = ArmRouter({
-            "a": open_pool(list(servers), half, transport, pools=2),
-            "b": open_pool(list(servers_b), half, transport, pools=2),
+            "a": open_pool(list(servers), half, transport, host=host, pools=2),
+            "b": open_pool(list(servers_b), half, transport, host=host, pools=2),
         })  # fmt: skip
     else:
-        client = open_pool(list(servers), int(num_envs), transport)
+        client = open_pool(list(servers), int(num_envs), transport, host=host)
     if policy_seed or num_inference_steps is not None:
         client = RequestFields(client, policy_seed=policy_seed, num_inference_steps=num_inference_steps)
     return client

@@ -1,85 +1,17 @@
-"""The cyclic garbage collector while a scene steps: what the process held is kept out of its full passes, and
-``--profile`` counts the pauses it still takes.
+"""The cyclic garbage collector's pauses while a scene steps, which ``--profile`` reports (``collector`` in
+``profile.json``): :class:`CollectorPauses` counts the passes per generation and the time they stopped the
+interpreter (all threads wait for a pass).
 
-A process that has built Isaac Lab holds about 1.3 million objects that the collector tracks (torch, Warp,
-Newton, USD, the task's managers). Each full (generation 2) collection walks all of them. On the H200 host
-that took 0.6-0.75 s, about once per N = 1024 run, and the pause landed on whatever allocated last: a
-request round's packing (``encode`` 62-75 ms a round in the profile) or the episodes' bookkeeping. Those
-objects live as long as the scene's batch. So :func:`~dz_gym.eval.scene.scene_batch` calls
-:func:`freeze_heap` once the batch is built, which moves them to the permanent generation
-(:func:`gc.freeze`), and releases it after the batch is closed. Meanwhile collections walk only what the run
-itself made. Reference counting still frees a frozen object as soon as nothing refers to it; only reference
-cycles among them wait for the thaw. After the thaw the next full pass walks them once more, outside the
-stepping.
-
-Building that heap costs full passes too: the collector starts one each time the objects that survived its
-younger generations grow by a quarter of what the last full pass kept, so importing and building Isaac Lab
-walks the growing heap again and again (16 full passes, 6.7 s of the first 57 s at N = 1024 on the H200).
-``freeze_heap(as_it_grows=True)`` also freezes the survivors at the end of each full pass while it is held:
-the next full pass then walks only what came since. :func:`~dz_gym.eval.scene.scene_batch` holds it while the
-simulator is built, then takes the plain hold before it lets go of that one.
-
-Scenes stepped side by side in one process nest: the last release thaws (:func:`gc.unfreeze`). A process
-whose owner had frozen objects before the first freeze is never thawed here; that freeze is the owner's.
-
-:class:`CollectorPauses` counts the passes per generation and the time they stopped the interpreter (all
-threads wait for a pass); ``--profile`` reports them for the scene's stepping (``collector`` in
-``profile.json``).
+A process that has built a simulator holds many objects the collector tracks (about 1.3 million for Isaac
+Lab), and each full (generation 2) pass walks all of them; the evaluator keeps them out of those passes
+(``freeze_collector`` of :mod:`dz_gym.host_process`), and these counts show what passes are left.
 """
 
 from __future__ import annotations
 
 import gc
-import threading
 import time
-from collections.abc import Callable
 from typing import Any
-
-_lock = threading.Lock()
-_holders = 0  # freezes not yet released
-_owner_froze = False  # objects were frozen before the first of them: never unfreeze
-_growing = 0  # holds that also freeze the survivors of each full pass
-
-
-def _freeze_after_full_pass(phase: str, info: dict[str, Any]) -> None:
-    # runs in the collector's "stop" callback: the pass is over, its survivors are the old generation
-    if phase == "stop" and info.get("generation") == 2 and _growing:
-        gc.freeze()
-
-
-def freeze_heap(*, as_it_grows: bool = False) -> Callable[[], None]:
-    """Freeze every object the collector tracks now (:func:`gc.freeze`); returns the release, which thaws
-    them once no other freeze is held (a second call of the same release does nothing).
-
-    ``as_it_grows``: until the release, also freeze what survives each full pass (for a heap being built)."""
-    global _holders, _owner_froze, _growing
-    with _lock:
-        if _holders == 0:
-            _owner_froze = gc.get_freeze_count() > 0
-        _holders += 1
-        gc.freeze()
-        if as_it_grows:
-            _growing += 1
-            if _growing == 1:
-                gc.callbacks.append(_freeze_after_full_pass)
-    released = False
-
-    def release() -> None:
-        nonlocal released
-        global _holders, _growing
-        with _lock:
-            if released:
-                return
-            released = True
-            if as_it_grows:
-                _growing -= 1
-                if _growing == 0:
-                    gc.callbacks.remove(_freeze_after_full_pass)
-            _holders -= 1
-            if _holders == 0 and not _owner_froze:
-                gc.unfreeze()
-
-    return release
 
 
 class CollectorPauses:

@@ -5,8 +5,9 @@ point of a run (which also chooses a process per scene, starts the embedded serv
 directory): it takes an :class:`EvalConfig`, a run directory and the policy servers' URLs, makes the run plan
 (:mod:`dz_gym.eval.plan`) and runs it as one run segment (:mod:`dz_gym.eval.segment`) with the in-process
 executor, :class:`InProcess`: one env batch per scene (the scenes side by side, stepped in turn:
-:mod:`dz_gym.eval.sidebyside`), each wrapped in :class:`~dz_gym.wrapper.DreamZeroPolicyWrapper`, whose
-:class:`~dz_gym.eval.runner.SceneRunner` runs the plan's entries that have no row yet. The segment always (also
+:mod:`dz_gym.eval.sidebyside`, this process opted in to :mod:`dz_gym.host_process`'s settings meanwhile), each
+wrapped in :class:`~dz_gym.wrapper.DreamZeroPolicyWrapper`, whose :class:`~dz_gym.eval.runner.SceneRunner` runs
+the plan's entries that have no row yet. The segment always (also
 on Ctrl-C, an exhausted error budget or a crash) rewrites ``summary.json`` from every row of
 ``episodes.jsonl``. With ``ray_options`` the same plan runs as shards on Ray
 (:func:`dz_gym.eval.shards.driver.evaluate_sharded`). It warns (through ``log``) when more envs share a server
@@ -41,6 +42,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from dz_gym import host_process
 from dz_gym.eval.config import EvalConfig
 from dz_gym.eval.plan import plan_of
 from dz_gym.eval.rundir import RunDir
@@ -79,19 +81,20 @@ class InProcess:
             chosen = " (chosen for the envs and cores; --transport-processes 0: none)"
             segment.say(f"transport: {processes} worker processes a connection pool"
                         + (chosen if config.transport_processes is None else ""))  # fmt: skip
-        result = run_side_by_side(
-            config,
-            scenes,
-            todo.servers_of(),
-            env_factory=self.env_factory,
-            env_kwargs=self.env_kwargs,
-            server_metadata=segment.server_metadata,
-            run_dir=segment.run_dir,
-            control=segment.control,
-            recorder=self.recorder,
-            progress=segment.bars,
-            pairs=segment.pairs,
-        )
+        with host_process.applied():  # the evaluator's opt-in (or the settings this process chose already)
+            result = run_side_by_side(
+                config,
+                scenes,
+                todo.servers_of(),
+                env_factory=self.env_factory,
+                env_kwargs=self.env_kwargs,
+                server_metadata=segment.server_metadata,
+                run_dir=segment.run_dir,
+                control=segment.control,
+                recorder=self.recorder,
+                progress=segment.bars,
+                pairs=segment.pairs,
+            )
         segment.dropped.extend(result.dropped)
         segment.add_time(result.wall_s, result.env_steps, result.busy_s)
 

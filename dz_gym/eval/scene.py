@@ -7,10 +7,11 @@ one :class:`~dz_gym.eval.clients.ArmRouter`; a run that sends sampling fields th
 :class:`~dz_gym.eval.clients.RequestFields`), runs the slots' plan entries with
 :class:`~dz_gym.eval.runner.SceneRunner` and closes everything, also on failure. :func:`scene_batch` is the
 same batch held open, for an executor that steps several scenes' batches side by side
-(:mod:`dz_gym.eval.sidebyside`). While the batch is open, what the process held once it was built is kept out of
-the garbage collector's full passes (:func:`~dz_gym.eval.collector.freeze_heap`), and while it is built each
-full pass walks only what came since the one before; the thaw comes after the batch is closed, so that its
-objects can be collected.
+(:mod:`dz_gym.eval.sidebyside`). Where the process opted in to ``freeze_collector``
+(:mod:`dz_gym.host_process`; the executors do), what the process held once the batch was built is kept out of
+the garbage collector's full passes while the batch is open, and while it is built each full pass walks only
+what came since the one before; the thaw comes after the batch is closed, so that its objects can be
+collected. The pools of the batch get the host-process settings in effect (page-locking of their view memory).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from dz_gym.eval.collector import freeze_heap
+from dz_gym import host_process
 from dz_gym.eval.config import EvalConfig
 from dz_gym.eval.plan import PlanEntry
 from dz_gym.eval.runner import SceneRunner
@@ -65,7 +66,7 @@ def policy_client(config: EvalConfig, slot_servers: Sequence[str]):
     arm_a, arm_b = (by_arm["a"], by_arm["b"]) if config.ab else (servers, [])
     return build_client(arm_a, arm_b, len(servers), config.transport_config(), policy_seed=config.policy_seed,
                         num_inference_steps=config.num_inference_steps,
-                        arm_servers=by_arm if config.arm_specs else None)  # fmt: skip
+                        arm_servers=by_arm if config.arm_specs else None, host=host_process.in_effect())  # fmt: skip
 
 
 def _wrapper(env, config: EvalConfig, slot_servers: Sequence[str], client, profiler=None):
@@ -108,7 +109,8 @@ def scene_batch(
     if any(e.arm not in (None, *arms) for q in queues for e in q):
         raise ValueError(f"queues: expected arms in {arms}")
     factory = env_factory or default_env_factory
-    building = freeze_heap(as_it_grows=True)  # while the simulator imports and builds, a full pass walks the new
+    # while the simulator imports and builds, a full pass walks only what came since the last one
+    building = host_process.freeze_collector(as_it_grows=True)
     try:
         env = factory(scene, config, **dict(env_kwargs or {}))
     except BaseException:
@@ -136,7 +138,8 @@ def scene_batch(
                 runner = SceneRunner(wrapper, scene=scene, queues=queues, max_steps=config.max_steps,
                                      backend=config.backend, on_episode_start=getattr(client, "begin_episode", None),
                                      episode_retries=config.episode_retries, **runner_kwargs)  # fmt: skip
-        thaw = freeze_heap()  # the simulator's objects, out of the collector's full passes while the batch steps
+        # the simulator's objects, out of the collector's full passes while the batch steps
+        thaw = host_process.freeze_collector()
         building()
         # --profile: the span is this batch's whole stepping (with scenes side by side the process's CPU time
         # in it is every scene's)

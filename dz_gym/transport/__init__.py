@@ -24,6 +24,7 @@ What the bytes mean is left to :mod:`dz_gym.protocol`; this package only calls i
 
 from __future__ import annotations
 
+from dz_gym.host_process import HostProcessSettings
 from dz_gym.policy_client import Outcome
 from dz_gym.transport.config import TransportConfig, check_pool_args, validate_url
 from dz_gym.transport.loop import LoopThread
@@ -51,11 +52,13 @@ def open_pool(
     num_sessions: int,
     config: TransportConfig | None = None,
     *,
+    host: HostProcessSettings | None = None,
     pools: int = 1,
 ) -> SessionPool | ProcessSessionPool:
     """The pool of ``num_sessions`` sessions over ``urls`` that ``config`` asks for
     (:meth:`TransportConfig.process_count`, ``pools`` pools of this process sharing its cores): a
-    :class:`SessionPool` in this process (0) or a :class:`ProcessSessionPool` of that many worker processes."""
+    :class:`SessionPool` in this process (0) or a :class:`ProcessSessionPool` of that many worker processes,
+    its memory set up as ``host`` says (:mod:`dz_gym.host_process`; None: nothing done to this process)."""
     urls, config = check_pool_args(urls, num_sessions, config)
     processes = config.process_count(num_sessions, pools=pools)
     if processes > 0:

@@ -28,6 +28,7 @@ import time
 import weakref
 from collections.abc import Iterable
 
+from dz_gym import host_process
 from dz_gym.errors import DzGymError, PartialConnectError, RequestTimeout
 from dz_gym.policy_client import Outcome
 from dz_gym.protocol import ServerMetadata
@@ -35,7 +36,6 @@ from dz_gym.protocol.contract import releases_sessions
 from dz_gym.protocol.request_batch import BatchItems
 from dz_gym.transport.base import PoolBase
 from dz_gym.transport.config import TransportConfig, check_pool_args
-from dz_gym.transport.heap import TRIM_THRESHOLD, keep_freed_buffers
 from dz_gym.transport.loop import LoopThread
 from dz_gym.transport.session import AsyncSession, encode_request
 
@@ -62,7 +62,6 @@ class SessionPool(PoolBase):
         loop: LoopThread | None = None,
     ):
         urls, self._config = check_pool_args(urls, num_sessions, config)
-        keep_freed_buffers()  # request-sized buffers are reused, not mapped and faulted in each time
         self._owns_loop = loop is None
         self._loop = loop if loop is not None else LoopThread()
         self._sessions = [AsyncSession(urls[i % len(urls)], self._config) for i in range(num_sessions)]
@@ -159,8 +158,9 @@ class SessionPool(PoolBase):
         (one wake-up instead of one per request: with hundreds of sessions the two threads otherwise trade
         the interpreter lock at every request).
 
-        The heap keeps at least twice the bytes encoded here when they are freed (this round and one more in
-        flight, see :mod:`dz_gym.transport.heap`), so the next round does not fault its buffers in again."""
+        Where this process opted in to ``heap_thresholds`` (:mod:`dz_gym.host_process`), the heap keeps at
+        least twice the bytes encoded here when they are freed (this round and one more in flight), so that the
+        next round does not fault its buffers in again."""
         profiler = self._profiler
         futures: list[concurrent.futures.Future[Outcome] | None] = []
         coros, slots = [], []
@@ -185,8 +185,7 @@ class SessionPool(PoolBase):
             slots.append(len(futures))
             futures.append(None)
             coros.append(session.send(payload, index=i))
-        if encoded > TRIM_THRESHOLD // 2:
-            keep_freed_buffers(at_least=2 * encoded)
+        host_process.keep_round(2 * encoded)
         start = time.perf_counter()
         for slot, future in zip(slots, self._loop.submit_many(coros)):
             futures[slot] = future

@@ -34,6 +34,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from dz_gym import host_process
 from dz_gym.envs.backends import traits
 from dz_gym.envs.devices import GpuPin, pin_gpu, place_options
 from dz_gym.eval.config import EvalConfig
@@ -310,10 +311,11 @@ class ShardWorker:
                 wait_at_start_line(collector, shard, control.stop)
 
         try:
-            result = run_scene(config, spec["scene"], queues, list(spec["servers"]), env_kwargs=env_kwargs,
-                               server_metadata=out["server_metadata"], before_connect=built,
-                               run_dir=ShardRunDir(root, outbox), control=control, recorder=recorder,
-                               progress=_Tally(outbox), placement=placement)  # fmt: skip
+            with host_process.applied():  # the evaluator's opt-in, as in the in-process executor
+                result = run_scene(config, spec["scene"], queues, list(spec["servers"]), env_kwargs=env_kwargs,
+                                   server_metadata=out["server_metadata"], before_connect=built,
+                                   run_dir=ShardRunDir(root, outbox), control=control, recorder=recorder,
+                                   progress=_Tally(outbox), placement=placement)  # fmt: skip
             out.update(env_steps=result.env_steps, wall_s=result.wall_s, busy_s=dict(result.busy_s),
                        stopped=result.stopped, loop_end=time.time())  # fmt: skip
         finally:
