@@ -10,12 +10,13 @@ whoever calls it; why each one is on there is measured in benchmarks/README.md
 and all off in :data:`UNTOUCHED`:
 
 - ``heap_thresholds``: glibc's mmap threshold raised to 64 MiB and its trim threshold to 256 MiB
-  (``mallopt``; what ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_`` do). Each request is about
-  0.5 MB (three 180x320 views): its msgpack bytes, its websocket frame and the frame's masked copy are each
-  one allocation above glibc's default threshold, so each would be mapped, faulted in page by page and
-  unmapped again; with the thresholds they are reused from the heap. While they are in effect a pool that
-  holds a large round of requests raises the trim threshold to cover it (:func:`keep_round`, up to
-  :data:`TRIM_CAP`), so the heap is not trimmed between rounds. The price: the process keeps up to the trim
+  (``mallopt``; what ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_`` do), once a pool of this
+  process sends its first round of requests (:func:`keep_round`; the simulator was built by then). Each
+  request is about 0.5 MB (three 180x320 views): its msgpack bytes, its websocket frame and the frame's
+  masked copy are each one allocation above glibc's default threshold, so each would be mapped, faulted in
+  page by page and unmapped again; with the thresholds they are reused from the heap. A round larger than
+  the trim threshold raises it to cover the round (up to :data:`TRIM_CAP`), so the heap is not trimmed
+  between rounds. The price: the process keeps up to the trim
   threshold of freed memory. Only on glibc, and never where either variable is set (the user decided). A
   :class:`~dz_gym.transport.ProcessSessionPool` given this setting has its worker processes set the same
   thresholds in their own process.
@@ -128,13 +129,15 @@ def applied(settings: HostProcessSettings | None = None) -> Iterator[HostProcess
         if not isinstance(settings, HostProcessSettings):
             raise ValueError(f"settings: expected a HostProcessSettings, got {type(settings).__name__}")
         _stack.append(settings)
-        _set_heap_thresholds(settings.heap_thresholds)
+        if not settings.heap_thresholds:
+            _set_heap_thresholds(False)
     try:
         yield settings
     finally:
         with _lock:
             _stack.pop()
-            _set_heap_thresholds((_stack[-1] if _stack else UNTOUCHED).heap_thresholds)
+            if not (_stack[-1] if _stack else UNTOUCHED).heap_thresholds:
+                _set_heap_thresholds(False)
 
 
 # -- heap thresholds ---------------------------------------------------------------------------------------
@@ -173,8 +176,8 @@ def _mallopt() -> Any:
 
 
 def set_heap_thresholds() -> bool:
-    """Set the heap thresholds in this process now, whatever :func:`applied` says (a transport worker
-    process whose pool was given ``heap_thresholds``); whether they are in effect."""
+    """Set the heap thresholds in this process now, whatever :func:`applied` says (what a transport worker
+    process whose pool was given ``heap_thresholds`` does at its start); whether they are in effect."""
     with _lock:
         return _set_heap_thresholds(True)
 
@@ -204,15 +207,16 @@ def trim_threshold() -> int:
 
 
 def keep_round(nbytes: int) -> None:
-    """Where the heap thresholds are in effect, raise the trim threshold to at least ``nbytes`` (up to
-    :data:`TRIM_CAP`; never lowered): a pool holding a round of ``nbytes`` of requests calls it, so that the
-    heap keeps them when they are freed and the next round does not fault its buffers in again. Nothing
-    otherwise."""
+    """What a pool calls before it sends a round of ``nbytes`` of requests from this process: where
+    ``heap_thresholds`` is in effect, the thresholds are set (the first time) and the trim threshold raised
+    to at least ``nbytes`` (up to :data:`TRIM_CAP`; never lowered), so that the heap keeps the round's buffers
+    when they are freed and the next round does not fault them in again. Nothing otherwise."""
     global _trim
-    if not _trim or nbytes <= _trim or _trim >= TRIM_CAP:  # (read without the lock: the common case)
-        return
+    stack = _stack
+    if not (stack and stack[-1].heap_thresholds) or (_trim and (nbytes <= _trim or _trim >= TRIM_CAP)):
+        return  # (read without the lock: the common case)
     with _lock:
-        if not _trim or nbytes <= _trim:
+        if not in_effect().heap_thresholds or not _set_heap_thresholds(True) or nbytes <= _trim:
             return
         wanted = min(TRIM_CAP, max(nbytes, 2 * _trim))  # doubling: few calls as a run grows
         mallopt = _mallopt()

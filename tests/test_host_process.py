@@ -81,16 +81,25 @@ def test_applied_nests_keeps_an_outer_choice_and_puts_back_what_was_in_effect():
 
 
 # ------------------------------------------------------------------------------------------ heap thresholds
-def test_the_heap_thresholds_are_set_while_applied_and_put_back_after():
-    """On glibc mallopt accepts them (its result, not a timing, says so); they go back to glibc's initial
-    values on the way out, and an arm without them sets none."""
+def test_the_heap_thresholds_are_set_at_a_pools_first_round_while_applied_and_put_back_after():
+    """On glibc mallopt accepts them (its result, not a timing, says so); they are set when a pool sends its
+    first round (the simulator is built by then), go back to glibc's initial values on the way out, and an
+    arm without them sets none."""
+    on = host_process.TRIM_THRESHOLD if GLIBC else 0
     assert host_process.trim_threshold() == 0
     with applied(HostProcessSettings()):
-        assert host_process.trim_threshold() == (host_process.TRIM_THRESHOLD if GLIBC else 0)
+        assert host_process.trim_threshold() == 0  # nothing sent yet
+        host_process.keep_round(0)
+        assert host_process.trim_threshold() == on
         with applied(HostProcessSettings().without("heap_thresholds")):
             assert host_process.trim_threshold() == 0
-        assert host_process.trim_threshold() == (host_process.TRIM_THRESHOLD if GLIBC else 0)
+            host_process.keep_round(2**30)
+            assert host_process.trim_threshold() == 0
+        host_process.keep_round(0)
+        assert host_process.trim_threshold() == on
     assert host_process.trim_threshold() == 0
+    assert host_process.set_heap_thresholds() == GLIBC  # a transport worker's, whatever is applied
+    assert host_process.trim_threshold() == on
 
 
 def test_a_large_round_raises_the_trim_threshold_up_to_the_cap_only_where_opted_in():
