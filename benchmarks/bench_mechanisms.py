@@ -21,8 +21,11 @@ The mechanisms (what turning one off does here, in this process, on the tree as 
   set, so "off" is close to, not exactly, a process that never set them);
 - ``collector_freeze``: the built simulator's objects out of the collector's full passes -- off: no freeze;
 - ``page_lock``: the view memory page-locked for CUDA (one DMA copy from the GPU) -- off: pageable;
-- ``populate_views``: the view memory's pages mapped ahead (``madvise``) while the env resets -- off: the
-  first copies fault them in.
+- ``populate_views``: the view memory made and its pages mapped ahead (``madvise``) while the env resets --
+  off: the first batch makes it and its first copy faults the pages in.
+
+The last four are the settings of :mod:`dz_gym.host_process` (``collector_freeze`` is ``freeze_collector``):
+a configuration applies the evaluator's settings with that one turned off, which the evaluator then keeps.
 
 A mechanism *pays* at a size and mode when its runs' range lies wholly above the runs' range without it;
 it *costs* when wholly below; otherwise its gain is within the run-to-run spread. Ratios are on/off of the
@@ -38,8 +41,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
-import ctypes.util
 import json
 import math
 import os
@@ -67,17 +68,9 @@ MECHANISMS = (
 )
 MODES = {"sync": (0, None), "locked": (4, 4)}
 RESULT = "BENCH_RESULT "
-_GLIBC_DEFAULT = 128 * 1024
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-
-
-def _mallopt(param: int, value: int) -> None:
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        libc.mallopt.argtypes, libc.mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-        libc.mallopt(param, value)
-    except (OSError, AttributeError, TypeError):
-        pass
+HOST_SETTINGS = {"heap_thresholds": "heap_thresholds", "collector_freeze": "freeze_collector",
+                 "page_lock": "page_lock", "populate_views": "populate_views"}  # fmt: skip
+"""Each mechanism that is a setting of dz_gym.host_process, and its name there."""
 
 
 @contextlib.contextmanager
@@ -94,9 +87,13 @@ def _patched(owner, name: str, value):
 def mechanism_off(name: str):
     """Turn one mechanism off for the duration (see the module docstring); ``worker_processes`` is the
     config's, handled by the caller."""
-    from dz_gym.transport import heap, host_views, pool, processes
+    from dz_gym import host_process
+    from dz_gym.transport import processes
 
-    if name == "host_views":
+    if name in HOST_SETTINGS:  # the evaluator's settings with this one off; evaluate() keeps them
+        with host_process.applied(host_process.HostProcessSettings().without(HOST_SETTINGS[name])):
+            yield
+    elif name == "host_views":
         init = processes.ProcessSessionPool.__init__
 
         def without_views(self, *args, **kwargs):
@@ -107,27 +104,6 @@ def mechanism_off(name: str):
             yield
     elif name == "worker_framing":
         with _patched(processes.ProcessSessionPool, "_template_messages", lambda self, items: "framing off"):
-            yield
-    elif name == "heap_thresholds":
-        heap.keep_freed_buffers()  # in effect from here on; off: glibc's initial values while inside
-        _mallopt(_M_MMAP_THRESHOLD, _GLIBC_DEFAULT)
-        _mallopt(_M_TRIM_THRESHOLD, _GLIBC_DEFAULT)
-        try:
-            with _patched(pool, "keep_freed_buffers", lambda at_least=0: False):
-                yield
-        finally:
-            _mallopt(_M_MMAP_THRESHOLD, heap.MMAP_THRESHOLD)
-            _mallopt(_M_TRIM_THRESHOLD, max(heap.trim_threshold(), heap.TRIM_THRESHOLD))
-    elif name == "collector_freeze":
-        import dz_gym.eval.scene
-
-        with _patched(dz_gym.eval.scene, "freeze_heap", lambda **_: lambda: None):
-            yield
-    elif name == "page_lock":
-        with _patched(host_views, "_page_lock", lambda *args, **kwargs: False):
-            yield
-    elif name == "populate_views":
-        with _patched(host_views, "_MADVISE", None):
             yield
     else:
         yield
