@@ -71,7 +71,7 @@ def contiguous_runs(env_ids: Sequence[int]) -> list[tuple[int, int]]:
 
 HostMemory = Callable[[int], "np.ndarray | None"]
 """Where GPU views may be copied to: ``nbytes`` -> a writable uint8 array of that size, or None (no room);
-e.g. :meth:`dz_gym.transport.host_views.HostViews.alloc`, memory the transport's workers read directly."""
+e.g. :meth:`dz_gym.transport.workers.views.HostViews.alloc`, memory the transport's workers read directly."""
 
 
 def resized_views(

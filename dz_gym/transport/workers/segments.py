@@ -1,6 +1,6 @@
 """Where requests lie in a shared-memory arena: :class:`Extents`, a first-fit allocator of byte ranges (no I/O).
 
-:class:`~dz_gym.transport.processes.ProcessSessionPool` encodes each request straight into a segment shared
+:class:`~dz_gym.transport.workers.pool.ProcessSessionPool` encodes each request straight into a segment shared
 with the worker process that sends it, and frees the range when the worker reports the request done (until
 then the worker may re-send it on a fresh connection). Requests of different sessions end out of order, so
 freed ranges are kept sorted and merged with their neighbours; a round that has ended leaves one free range

@@ -22,8 +22,8 @@ from dz_gym.profiling import StageProfiler
 from dz_gym.protocol import packb
 from dz_gym.testing.servers import ServerThread, replying
 from dz_gym.transport import ProcessSessionPool, TransportConfig
-from dz_gym.transport.host_views import FIRST_VIEWS_SEGMENT_BYTES, HostViews
-from dz_gym.transport.worker_handle import create_segment
+from dz_gym.transport.workers.handle import create_segment
+from dz_gym.transport.workers.views import FIRST_VIEWS_SEGMENT_BYTES, HostViews
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -155,7 +155,7 @@ def test_a_reserve_that_does_not_wait_maps_the_pages_on_a_thread_and_the_next_al
     lock); the segment is announced only once taken, by the next alloc, which waits for those pages."""
     import threading
 
-    import dz_gym.transport.host_views as host_views
+    import dz_gym.transport.workers.views as host_views
 
     started, release, announced = threading.Event(), threading.Event(), []
     populate = host_views._populate
@@ -189,7 +189,7 @@ def test_a_reserve_that_does_not_wait_page_locks_on_its_thread_on_the_callers_de
     ``cudaHostRegister`` binding leaves the interpreter lock while the driver pins the pages)."""
     import threading
 
-    import dz_gym.transport.host_views as host_views
+    import dz_gym.transport.workers.views as host_views
 
     calls: list[tuple[str, str, object]] = []
 
@@ -224,7 +224,7 @@ def test_a_reserve_whose_thread_had_no_cuda_page_locks_when_taken_once_cuda_is_u
     takes it, on its own thread."""
     import threading
 
-    import dz_gym.transport.host_views as host_views
+    import dz_gym.transport.workers.views as host_views
 
     calls: list[str] = []
 
@@ -254,7 +254,7 @@ def test_a_segment_that_cannot_be_set_up_is_unlinked_and_gives_no_room(monkeypat
     import errno
     import os
 
-    import dz_gym.transport.host_views as host_views
+    import dz_gym.transport.workers.views as host_views
 
     made: list[str] = []
 

@@ -10,7 +10,7 @@ sends it; the caller only encodes.
 How the bytes move (no pickle for anything per request):
 
 - The caller encodes each request straight into a shared-memory segment of its worker
-  (:mod:`multiprocessing.shared_memory`; the ranges are kept by :class:`~dz_gym.transport.arena.Extents`) and
+  (:mod:`multiprocessing.shared_memory`; the ranges are kept by :class:`~dz_gym.transport.workers.segments.Extents`) and
   sends a small msgpack descriptor (session, segment, offset, length, token) with ``Connection.send_bytes``;
   the worker sends a ``memoryview`` of the segment. A range is reused once the worker reports the request
   done (its outcome: until then it may re-send the request on a fresh connection). A worker's segments grow
@@ -62,9 +62,8 @@ from dz_gym.protocol.packer import fast_parts, pieces_of, pieces_size
 from dz_gym.protocol.request_batch import BatchItems
 from dz_gym.transport.base import PoolBase
 from dz_gym.transport.config import TransportConfig, check_pool_args
-from dz_gym.transport.host_views import VIEWS_BYTES, HostViews
 from dz_gym.transport.session import request_pieces
-from dz_gym.transport.worker_handle import (
+from dz_gym.transport.workers.handle import (
     ARENA_BYTES,
     BY_REFERENCE_BYTES,
     FIRST_SEGMENT_BYTES,
@@ -75,6 +74,7 @@ from dz_gym.transport.worker_handle import (
     create_segment,
     process_cpu_s,
 )
+from dz_gym.transport.workers.views import VIEWS_BYTES, HostViews
 
 __all__ = ["ARENA_BYTES", "FIRST_SEGMENT_BYTES", "PARALLEL_COPY_BYTES", "START_TIMEOUT_S", "ProcessSessionPool"]
 
@@ -194,18 +194,18 @@ class ProcessSessionPool(PoolBase):
     @property
     def host_views(self) -> HostViews | None:
         """Shared memory for GPU views that the workers read directly (see
-        :mod:`dz_gym.transport.host_views`); None with ``views_bytes=0``. A request whose large pieces lie in
+        :mod:`dz_gym.transport.workers.views`); None with ``views_bytes=0``. A request whose large pieces lie in
         its blocks is not copied by :meth:`submit_many`: its worker joins the frame from them."""
         return self._views
 
     @property
     def host_memory(self):
-        """:meth:`HostViews.alloc <dz_gym.transport.host_views.HostViews.alloc>` of :attr:`host_views` (the
+        """:meth:`HostViews.alloc <dz_gym.transport.workers.views.HostViews.alloc>` of :attr:`host_views` (the
         wrapper copies GPU views there), or None without view memory."""
         return None if self._views is None else self._views.alloc
 
     def reserve_host_memory(self, nbytes: int, *, wait: bool = True) -> bool:
-        """:meth:`HostViews.reserve <dz_gym.transport.host_views.HostViews.reserve>` of :attr:`host_views`
+        """:meth:`HostViews.reserve <dz_gym.transport.workers.views.HostViews.reserve>` of :attr:`host_views`
         (False without view memory)."""
         return False if self._views is None else self._views.reserve(nbytes, wait=wait)
 

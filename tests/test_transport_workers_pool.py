@@ -26,10 +26,10 @@ from dz_gym.server.policies import load_policy
 from dz_gym.testing.gated import GatedPolicy
 from dz_gym.testing.servers import ServerThread, free_port, gather, good, replying
 from dz_gym.transport import ProcessSessionPool, SessionPool, TransportConfig, open_pool
-from dz_gym.transport.arena import Extents
-from dz_gym.transport.messages import error_fields, rebuild_error
-from dz_gym.transport.processes import PARALLEL_COPY_BYTES
 from dz_gym.transport.session import request_pieces
+from dz_gym.transport.workers.messages import error_fields, rebuild_error
+from dz_gym.transport.workers.pool import PARALLEL_COPY_BYTES
+from dz_gym.transport.workers.segments import Extents
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,7 +1,7 @@
 """This process's side of one transport worker (:class:`WorkerHandle`, for
 :class:`~dz_gym.transport.ProcessSessionPool`): the process and its pipe, its shared-memory segments and their
 extents, the requests in flight and its sessions' connected flags; the worker process itself is
-:mod:`dz_gym.transport.worker_process`.
+:mod:`dz_gym.transport.workers.process`.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from dz_gym.policy_client import Outcome
 from dz_gym.protocol import parse_metadata
 from dz_gym.protocol.packer import pieces_size, write_pieces
 from dz_gym.spawning import start_worker
-from dz_gym.transport.arena import Extents
 from dz_gym.transport.config import TransportConfig
-from dz_gym.transport.host_views import HostViews
-from dz_gym.transport.messages import config_fields, pack_message, rebuild_error, reply_outcome, unpack_message
-from dz_gym.transport.worker_process import worker_main
+from dz_gym.transport.workers.messages import config_fields, pack_message, rebuild_error, reply_outcome, unpack_message
+from dz_gym.transport.workers.process import worker_main
+from dz_gym.transport.workers.segments import Extents
+from dz_gym.transport.workers.views import HostViews
 
 __all__ = [
     "ARENA_BYTES",

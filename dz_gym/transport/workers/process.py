@@ -1,6 +1,6 @@
 """A transport worker process (spawned by :class:`~dz_gym.transport.ProcessSessionPool`): its sessions on one
 asyncio loop, the requests read from the parent's shared-memory segments, the outcomes sent back over the pipe
-(:mod:`dz_gym.transport.messages`).
+(:mod:`dz_gym.transport.workers.messages`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from dz_gym.protocol import packb
 from dz_gym.protocol.request_batch import frame_of
 from dz_gym.transport.config import TransportConfig
 from dz_gym.transport.heap import keep_freed_buffers
-from dz_gym.transport.messages import error_fields, pack_message, unpack_message
 from dz_gym.transport.session import AsyncSession
+from dz_gym.transport.workers.messages import error_fields, pack_message, unpack_message
 
 __all__ = ["worker_main"]
 

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from dz_gym.transport.arena import Extents
+from dz_gym.transport.workers.segments import Extents
 
 __all__ = ["FIRST_VIEWS_SEGMENT_BYTES", "VIEWS_BYTES", "HostViews", "address_of"]
 
