@@ -23,7 +23,33 @@ from dz_gym.protocol import parse_metadata
 from dz_gym.protocol.packer import pieces_size, write_pieces
 from dz_gym.spawning import start_worker
 from dz_gym.transport.config import TransportConfig
-from dz_gym.transport.workers.messages import config_fields, pack_message, rebuild_error, reply_outcome, unpack_message
+from dz_gym.transport.workers.messages import (
+    CLOSE,
+    CLOSED,
+    CONN,
+    CONNECT,
+    INIT,
+    OUT,
+    READY,
+    RESET,
+    RESET_DONE,
+    SEG,
+    SEND,
+    SENDB,
+    SENDT,
+    SENDV,
+    TO_PARENT,
+    TOOK,
+    VSEG,
+    Kind,
+    MessageError,
+    config_fields,
+    pack_message,
+    read_message,
+    rebuild_error,
+    reply_outcome,
+    unpack_message,
+)
 from dz_gym.transport.workers.process import worker_main
 from dz_gym.transport.workers.segments import Extents
 from dz_gym.transport.workers.views import HostViews
@@ -85,7 +111,7 @@ def create_segment(size: int) -> shared_memory.SharedMemory:
 class _Pending:
     """A request of this process's that a worker has not answered yet."""
 
-    kind: str  # "out" (infer), "conn", "reset", "closed", "hold" (a batch's view blocks, until the worker took them)
+    kind: Kind  # the answer it waits for: OUT (infer), CONN, RESET_DONE, CLOSED, TOOK (a batch's view blocks)
     future: concurrent.futures.Future
     index: int
     extent: tuple[int, int] | None = None  # (segment, offset) to free when it is answered
@@ -134,14 +160,14 @@ class WorkerHandle:
                               daemon=True)  # fmt: skip
         start_worker(process)  # the caller's script is not run again in the worker
         child_conn.close()  # only the child holds its end now: its death is our EOF
-        init = {
-            "config": config_fields(self.config),
-            "sessions": [[i, url] for i, url in self.sessions],
-            "concurrency": self.concurrency,
-            "segments": [[k, s.name] for k, s in enumerate(self.segments)],
-            "views": [] if self.views is None else [[k, name] for k, name in self.views.names],
-        }
-        parent_conn.send_bytes(pack_message(["init", init]))
+        init = INIT(
+            config_fields(self.config),
+            [[i, url] for i, url in self.sessions],
+            self.concurrency,
+            [[k, s.name] for k, s in enumerate(self.segments)],
+            [] if self.views is None else [[k, name] for k, name in self.views.names],
+        )
+        parent_conn.send_bytes(pack_message(init))
         self.process, self.conn = process, parent_conn
 
     def wait_ready(self) -> None:
@@ -150,6 +176,11 @@ class WorkerHandle:
         try:
             ready = conn.poll(self.start_timeout)
             batch = unpack_message(conn.recv_bytes()) if ready else None
+            if batch is not None and read_message(batch[0], TO_PARENT)[0] is not READY:
+                raise MessageError(f"expected {READY.name} first, got {batch[0][0]!r}")
+        except MessageError as exc:
+            self._discard_process()
+            raise WorkerError(f"transport worker {self.number} did not start: {exc}") from None
         except (EOFError, OSError):
             process.join(STOP_GRACE_S)
             self._discard_process()
@@ -198,8 +229,8 @@ class WorkerHandle:
             alive = self.alive
         if alive:
             closed: concurrent.futures.Future = concurrent.futures.Future()
-            token = self._register(_Pending("closed", closed, -1))
-            if token is not None and self._write(["close", token]):
+            token = self._register(_Pending(CLOSED, closed, -1))
+            if token is not None and self._write(CLOSE(token)):
                 try:
                     closed.result(close_timeout + STOP_GRACE_S)
                 except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
@@ -251,25 +282,28 @@ class WorkerHandle:
     def _read(self, conn: Any, generation: int) -> None:
         while True:
             try:
-                batch = unpack_message(conn.recv_bytes())
+                for message in unpack_message(conn.recv_bytes()):
+                    self._deliver(*read_message(message, TO_PARENT))
             except (EOFError, OSError):
                 break
-            for message in batch:
-                self._deliver(message)
+            except MessageError as exc:  # a bug of the worker's: it goes, and what it had pending fails
+                logger.error("transport worker %d: %s; stopping it", self.number, exc)
+                if self.process is not None:
+                    self.process.kill()
+                break
         self._died(generation)
 
-    def _deliver(self, message: list[Any]) -> None:
-        kind = message[0]
-        if kind == "ready":
+    def _deliver(self, kind: Kind, fields: list[Any]) -> None:
+        if kind is READY:
             return
-        token = message[1]
-        if kind == "took":  # the worker joined the request's (or the batch's) view ranges into its frames
+        token = fields[0]
+        if kind is TOOK:  # the worker joined the request's (or the batch's) view ranges into its frames
             with self.lock:
                 pending = self.pending.get(token)
                 holds = None if pending is None else pending.holds
                 if pending is not None:
                     pending.holds = None
-                    if pending.kind == "hold":
+                    if pending.kind is TOOK:
                         del self.pending[token]
             self._release_views(holds)
             return
@@ -281,12 +315,12 @@ class WorkerHandle:
             if pending.extent is not None:
                 seg, offset = pending.extent
                 self.extents[seg].free(offset)
-            if kind in ("out", "conn", "reset"):
-                self.connected[pending.index] = bool(message[-1])
+            if kind is not CLOSED:
+                self.connected[pending.index] = bool(fields[-1])
         self._release_views(holds)
         future = pending.future
-        if kind == "out":
-            _, _, index, frame, stamps, error, send_s, _ = message
+        if kind is OUT:
+            _, index, frame, stamps, error, send_s, _ = fields
             start = time.perf_counter()
             outcome = reply_outcome(index, frame, stamps, error)
             profiler = self.profiler
@@ -295,8 +329,8 @@ class WorkerHandle:
                 if outcome.reply is not None:
                     profiler.add("receive_decode", time.perf_counter() - start)
             future.set_result(outcome)
-        elif kind == "conn":
-            _, _, index, meta, error, _ = message
+        elif kind is CONN:
+            _, index, meta, error, _ = fields
             if error is not None:
                 future.set_result((None, rebuild_error(error)))
             else:
@@ -304,9 +338,10 @@ class WorkerHandle:
                     future.set_result((parse_metadata(meta), None))
                 except DzGymError as exc:
                     future.set_result((None, exc))
-        elif kind == "reset":
-            future.set_result(None if message[3] is None else rebuild_error(message[3]))
-        elif kind == "closed":
+        elif kind is RESET_DONE:
+            error = fields[2]
+            future.set_result(None if error is None else rebuild_error(error))
+        else:  # CLOSED
             future.set_result(None)
 
     def _died(self, generation: int) -> None:
@@ -345,11 +380,11 @@ class WorkerHandle:
                         self.extents[seg].free(offset)
         for item in pending:
             error = ConnectionLost(f"session {item.index}: {why}") if item.index >= 0 else None
-            if item.kind == "out":
+            if item.kind is OUT:
                 item.future.set_result(Outcome.failed(item.index, error, request_bytes=item.request_bytes))
-            elif item.kind == "conn":
+            elif item.kind is CONN:
                 item.future.set_result((None, error))
-            elif item.kind == "reset":
+            elif item.kind is RESET_DONE:
                 item.future.set_result(error)
             else:
                 item.future.set_result(None)
@@ -372,13 +407,13 @@ class WorkerHandle:
                 seg, offset = spot
                 # written under the lock: a range is never handed out again while it is being written
                 write_pieces(pieces, self.segments[seg].buf, offset)
-                self.pending[token] = _Pending("out", future, index, spot, nbytes)
+                self.pending[token] = _Pending(OUT, future, index, spot, nbytes)
                 batch.append([token, index, seg, offset, nbytes])
                 return
-            self.pending[token] = _Pending("out", future, index, None, nbytes)
+            self.pending[token] = _Pending(OUT, future, index, None, nbytes)
         self.send_descriptors(batch)
         batch.clear()
-        self._write(["sendb", token, index, b"".join(pieces)])
+        self._write(SENDB(token, index, b"".join(pieces)))
 
     def _alloc(self, nbytes: int) -> tuple[int, int] | None:
         """(segment, offset) of room for ``nbytes`` (caller holds the lock); a new segment when the arena
@@ -401,7 +436,7 @@ class WorkerHandle:
         self.segments.append(segment)
         self.extents.append(Extents(size))
         seg = len(self.segments) - 1
-        self._write(["seg", seg, segment.name])  # before any descriptor that names it
+        self._write(SEG(seg, segment.name))  # before any descriptor that names it
         return seg, self.extents[seg].alloc(nbytes)
 
     def _warn_no_room(self, why: str) -> None:
@@ -422,7 +457,7 @@ class WorkerHandle:
         for index, pieces, future, split in entries:
             if split is None:
                 if by_reference:
-                    self._write(["sendv", by_reference])
+                    self._write(SENDV(by_reference))
                     by_reference = []
                 self.place(index, pieces, future, batch)
                 continue
@@ -432,7 +467,7 @@ class WorkerHandle:
             self._place_by_reference(index, *split, future, by_reference)
         self.send_descriptors(batch)
         if by_reference:
-            self._write(["sendv", by_reference])
+            self._write(SENDV(by_reference))
 
     def by_reference(self, parts: list) -> tuple[list[Any], list[tuple[int, int]], int] | None:
         """``(parts, holds, nbytes)`` of a request's packed parts (:func:`dz_gym.protocol.packer.fast_parts`):
@@ -448,7 +483,7 @@ class WorkerHandle:
         with self.lock:
             if self.alive:
                 token = next(TOKENS)
-                self.pending[token] = _Pending("out", future, index, None, nbytes, holds)
+                self.pending[token] = _Pending(OUT, future, index, None, nbytes, holds)
                 batch.append([token, index, parts])
                 return
         self._release_views(holds)
@@ -467,12 +502,12 @@ class WorkerHandle:
         with self.lock:
             if self.alive:
                 token = next(TOKENS)
-                self.pending[token] = _Pending("hold", concurrent.futures.Future(), -1, holds=holds)
+                self.pending[token] = _Pending(TOOK, concurrent.futures.Future(), -1, holds=holds)
                 for index, row, strings, future, nbytes in rows:
                     request_token = next(TOKENS)
-                    self.pending[request_token] = _Pending("out", future, index, None, nbytes)
+                    self.pending[request_token] = _Pending(OUT, future, index, None, nbytes)
                     message_rows.append([request_token, index, row, *strings])
-                return ["sendt", token, parts, columns, message_rows]
+                return SENDT(token, parts, columns, message_rows)
         self._release_views(holds)
         why = f" (its transport worker exited: {self.death})" if self.death else ""
         for index, _, _, future, nbytes in rows:
@@ -487,25 +522,31 @@ class WorkerHandle:
     def announce_views(self, k: int, name: str) -> None:
         """Tell the worker to map view segment ``k`` (a dead one maps them all when it is started again)."""
         if self.conn is not None:  # also while a restart starts (mapping twice is harmless)
-            self._write(["vseg", k, name])
+            self._write(VSEG(k, name))
 
     def send_descriptors(self, descriptors: list[list]) -> None:
         if descriptors:
-            self._write(["send", descriptors])
+            self._write(SEND(descriptors))
 
-    def request(self, kind: str, index: int, message: list[Any]) -> concurrent.futures.Future:
-        """Send a ``connect`` or ``reset`` for session ``index``; a future of its answer."""
+    def connect(self, index: int) -> concurrent.futures.Future:
+        """(Re)connect session ``index``; a future of ``(metadata, None)`` or ``(None, error)``."""
+        return self._ask(CONN, index, lambda token: CONNECT([[token, index]]))
+
+    def reset(self, index: int, session_id: str) -> concurrent.futures.Future:
+        """Send a ``reset`` naming ``session_id`` on session ``index``'s connection; a future of None or the
+        error."""
+        return self._ask(RESET_DONE, index, lambda token: RESET(token, index, session_id))
+
+    def _ask(self, answer: Kind, index: int, message: Any) -> concurrent.futures.Future:
+        """Register a future for the worker's ``answer`` and send ``message(token)``."""
         future: concurrent.futures.Future = concurrent.futures.Future()
-        token = self._register(_Pending(kind, future, index))
+        token = self._register(_Pending(answer, future, index))
         if token is None:
             why = f" (its transport worker exited: {self.death})" if self.death else ""
             error = ConnectionLost(f"session {index} is not connected{why}")
-            future.set_result((None, error) if kind == "conn" else error)
+            future.set_result((None, error) if answer is CONN else error)
             return future
-        if kind == "conn":
-            self._write(["connect", [[token, index]]])
-        else:
-            self._write(["reset", token, index, *message])
+        self._write(message(token))
         return future
 
 

@@ -239,7 +239,7 @@ class ProcessSessionPool(PoolBase):
             except DzGymError as exc:
                 errors[i] = exc
                 continue
-            futures[i] = worker.request("conn", i, [])
+            futures[i] = worker.connect(i)
         per_worker = max((sum(1 for i in futures if self._worker(i) is w) for w in self._workers), default=0)
         concurrency = self._workers[0].concurrency
         bound = self._config.connect_bound() * math.ceil(per_worker / concurrency) + 5.0
@@ -265,7 +265,7 @@ class ProcessSessionPool(PoolBase):
         worker.ensure_alive()
         bound = self._config.connect_bound() + 5.0
         try:
-            metadata, error = worker.request("conn", i, []).result(bound)
+            metadata, error = worker.connect(i).result(bound)
         except concurrent.futures.TimeoutError:
             raise RequestTimeout(f"session {i}: reconnect did not finish within {bound:g} s") from None
         if error is not None:
@@ -422,7 +422,7 @@ class ProcessSessionPool(PoolBase):
     def release(self, i: int, session_id: str) -> concurrent.futures.Future[None]:
         """Ask session ``i``'s server to free ``session_id`` (a ``reset`` naming it) without waiting; best
         effort, as :meth:`SessionPool.release <dz_gym.transport.SessionPool.release>`."""
-        answer = self._worker(i).request("reset", i, [session_id])
+        answer = self._worker(i).reset(i, session_id)
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
 
         def settle(future: concurrent.futures.Future) -> None:
