@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from dz_gym.requests import _to_host
-from dz_gym.transport.workers.handle import create_segment
+from dz_gym.transport.workers.segments import create_segment
 from dz_gym.transport.workers.views import HostViews
 
 CAMERAS = ("external_cam", "external_cam_2", "wrist_cam")

@@ -28,7 +28,6 @@ from dz_gym.testing.servers import ServerThread, free_port, gather, good, replyi
 from dz_gym.transport import ProcessSessionPool, SessionPool, TransportConfig, open_pool
 from dz_gym.transport.session import request_pieces
 from dz_gym.transport.workers.pool import PARALLEL_COPY_BYTES
-from dz_gym.transport.workers.segments import Extents
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -85,15 +84,6 @@ def test_pieces_written_into_a_buffer_are_packb_bytes(value):
     assert bytes(buffer[37:end]) == packb(value) and end - 37 == len(packb(value))
     with pytest.raises(ValueError, match="buffer"):
         write_pieces(pieces, bytearray(3))
-
-
-def test_extents_merge_out_of_order_frees():
-    extents = Extents(64 * 10)
-    starts = [extents.alloc(64) for _ in range(10)]
-    assert extents.alloc(1) is None
-    for k in (3, 1, 2, 9, 0, 8, 4, 6, 5, 7):
-        extents.free(starts[k])
-    assert extents.free_bytes == 640 and extents.allocated == 0 and extents.alloc(640) == 0
 
 
 @pytest.mark.parametrize("arena_bytes", [None, 0])  # the arena, or (no room at all) the pipe

@@ -22,7 +22,7 @@ from dz_gym.profiling import StageProfiler
 from dz_gym.protocol import packb
 from dz_gym.testing.servers import ServerThread, replying
 from dz_gym.transport import ProcessSessionPool, TransportConfig
-from dz_gym.transport.workers.handle import create_segment
+from dz_gym.transport.workers.segments import create_segment
 from dz_gym.transport.workers.views import FIRST_VIEWS_SEGMENT_BYTES, HostViews
 
 pytestmark = pytest.mark.timeout(120)
@@ -212,7 +212,7 @@ def test_a_reserve_that_does_not_wait_page_locks_on_its_thread_on_the_callers_de
         assert views.reserve(nbytes, wait=False)
         block = views.alloc(nbytes)
         assert block is not None and views.pinned
-        size = views._segments[0].size
+        size = views._shared.segments[0].size
         assert calls == [("device", "dz-gym-view-pages", 3), ("register", "dz-gym-view-pages", (size, 0))]
     finally:
         views.close()
@@ -298,7 +298,7 @@ def test_requests_whose_views_lie_in_the_view_memory_are_sent_by_reference():
         futures = pool.submit_many(list(requests.items()))
         concurrent.futures.wait(futures, timeout=BOUND_S)
         assert all(f.done() and f.result().ok for f in futures)
-        assert all(not w.segments for w in pool._workers), "nothing went through an arena"
+        assert all(not w.arena for w in pool._workers), "nothing went through an arena"
         assert all(f.result().request_bytes == len(packb(requests[k])) for k, f in enumerate(futures))
         assert views.blocks == 1  # the caller still holds its arrays
         del block, images, requests
@@ -326,7 +326,7 @@ def test_by_reference_and_copied_requests_keep_one_sessions_order():
         futures = pool.submit_many([(0, r) for r in order])
         concurrent.futures.wait(futures, timeout=BOUND_S)
         assert all(f.result().ok for f in futures)
-        assert len(pool._workers[0].segments) == 1, "the own-memory request went through the arena"
+        assert len(pool._workers[0].arena) == 1, "the own-memory request went through the arena"
     assert frames == [packb(r) for r in order]
 
 
@@ -370,7 +370,7 @@ def test_a_batchs_requests_are_framed_from_its_template(processes, in_view_memor
             assert all(o.ok for o in outcomes) and [o.index for o in outcomes] == env_ids
             assert [o.request_bytes for o in outcomes] == [len(want[k]) for k in env_ids]
             if processes:
-                arenas = [w.segments for w in pool._workers]
+                arenas = [len(w.arena) for w in pool._workers]
                 assert all(not a for a in arenas) if in_view_memory else any(arenas)
                 as_dicts = profiler.report(1.0)["batches_as_dicts"]  # the profile says why a batch went as dicts
                 assert as_dicts == ({} if in_view_memory else {"views outside the view memory": 1})
@@ -430,7 +430,7 @@ def test_the_wrapper_builds_the_pool_its_transport_asks_for_and_its_views_go_by_
             assert pool.host_views.names == reserved, "the steps found it ready"
             stats = [env.episode_stats(i) for i in range(4)]
             assert all(s.chunks >= 1 and not s.flagged for s in stats)
-            assert all(not w.segments for w in pool._workers), "the views went by reference, not through an arena"
+            assert all(not w.arena for w in pool._workers), "the views went by reference, not through an arena"
             assert pool.host_views.names
         finally:
             env.close()
@@ -510,4 +510,4 @@ def test_a_killed_workers_requests_fail_and_their_blocks_come_back(as_batch):
         again = pool.host_views.alloc(int(np.prod(VIEW)))
         again[:] = 5
         outcome = pool.submit(1, request(1, views_of(again, 1)[0])).result(BOUND_S)
-        assert outcome.ok and not pool._workers[1].segments
+        assert outcome.ok and not pool._workers[1].arena

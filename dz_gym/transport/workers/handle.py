@@ -1,7 +1,7 @@
 """This process's side of one transport worker (:class:`WorkerHandle`, for
-:class:`~dz_gym.transport.ProcessSessionPool`): the process and its pipe, its shared-memory segments and their
-extents, the requests in flight and its sessions' connected flags; the worker process itself is
-:mod:`dz_gym.transport.workers.process`.
+:class:`~dz_gym.transport.ProcessSessionPool`): the process and its pipe, its arena (shared-memory segments,
+:class:`~dz_gym.transport.workers.segments.SharedSegments`), the requests in flight and its sessions'
+connected flags; the worker process itself is :mod:`dz_gym.transport.workers.process`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import multiprocessing
 import os
 import threading
 import time
-from multiprocessing import shared_memory
 from typing import Any
 
 from dz_gym.errors import ConnectionLost, DzGymError, WorkerError
@@ -51,7 +50,7 @@ from dz_gym.transport.workers.messages import (
     unpack_message,
 )
 from dz_gym.transport.workers.process import worker_main
-from dz_gym.transport.workers.segments import Extents
+from dz_gym.transport.workers.segments import SharedSegments
 from dz_gym.transport.workers.views import HostViews
 
 __all__ = [
@@ -91,21 +90,6 @@ def process_cpu_s(pid: int | None) -> float | None:
         return None
 
 
-def create_segment(size: int) -> shared_memory.SharedMemory:
-    """A shared-memory segment with its pages reserved now: on a full /dev/shm (tmpfs) this raises OSError,
-    where an unreserved segment would crash the writer (SIGBUS) at the first page that finds no room."""
-    segment = shared_memory.SharedMemory(create=True, size=size)
-    fd = getattr(segment, "_fd", -1)
-    if fd >= 0 and hasattr(os, "posix_fallocate"):
-        try:
-            os.posix_fallocate(fd, 0, size)
-        except OSError:
-            segment.close()
-            segment.unlink()
-            raise
-    return segment
-
-
 # ================================================================================== the worker process side
 @dataclasses.dataclass
 class _Pending:
@@ -120,8 +104,8 @@ class _Pending:
 
 
 class WorkerHandle:
-    """This process's side of one worker process: the process, its pipe, its shared-memory segments and
-    extents, the requests in flight, and its sessions' connected flags. Holds no reference to the pool (so
+    """This process's side of one worker process: the process, its pipe, its arena of shared-memory
+    segments, the requests in flight, and its sessions' connected flags. Holds no reference to the pool (so
     a forgotten pool can be collected and its finalizer close the workers)."""
 
     def __init__(self, number: int, sessions: list[tuple[int, str]], config: TransportConfig, *, concurrency: int,
@@ -135,13 +119,19 @@ class WorkerHandle:
         self.arena_bytes = arena_bytes
         self.start_timeout = start_timeout
         self.restarts_left = max_restarts
-        self.lock = threading.Lock()  # pending, extents, segments, alive, connected
+        self.lock = threading.Lock()  # pending, arena, alive, connected
         self.send_lock = threading.Lock()  # one writer on the pipe at a time (taken inside ``lock``, never around)
         self.pending: dict[int, _Pending] = {}
-        self.segments: list[shared_memory.SharedMemory] = []
-        self.extents: list[Extents] = []
+        self.arena = SharedSegments(
+            arena_bytes,
+            FIRST_SEGMENT_BYTES,
+            doubling=True,
+            min_bytes=_MIN_SEGMENT_BYTES,
+            announce=self._announce_segment,
+            label="the arena's",
+            warning=f"transport worker {number}: %s; requests go through the pipe meanwhile",
+        )
         self.connected = {i: False for i, _ in sessions}
-        self.no_room_warned = False
         self.process: Any = None
         self.conn: Any = None
         self.reader: threading.Thread | None = None
@@ -164,7 +154,7 @@ class WorkerHandle:
             config_fields(self.config),
             [[i, url] for i, url in self.sessions],
             self.concurrency,
-            [[k, s.name] for k, s in enumerate(self.segments)],
+            [[k, name] for k, name in self.arena.names],
             [] if self.views is None else [[k, name] for k, name in self.views.names],
         )
         parent_conn.send_bytes(pack_message(init))
@@ -246,16 +236,8 @@ class WorkerHandle:
         if self.reader is not None and self.reader is not threading.current_thread():
             self.reader.join(STOP_GRACE_S)
         self._fail_pending("the pool was closed")
-        for segment in self.segments:
-            try:
-                segment.close()
-            except BufferError:
-                pass
-            try:
-                segment.unlink()
-            except FileNotFoundError:
-                pass
-        self.segments, self.extents = [], []
+        with self.lock:
+            self.arena.close()
 
     # -- the pipe -----------------------------------------------------------------------------------------
     def _write(self, message: list[Any]) -> bool:
@@ -313,8 +295,7 @@ class WorkerHandle:
                 return
             holds, pending.holds = pending.holds, None
             if pending.extent is not None:
-                seg, offset = pending.extent
-                self.extents[seg].free(offset)
+                self.arena.free(*pending.extent)
             if kind is not CLOSED:
                 self.connected[pending.index] = bool(fields[-1])
         self._release_views(holds)
@@ -375,9 +356,7 @@ class WorkerHandle:
                 holds, item.holds = item.holds, None
                 self._release_views(holds)
                 if item.extent is not None:
-                    seg, offset = item.extent
-                    if seg < len(self.extents):
-                        self.extents[seg].free(offset)
+                    self.arena.free(*item.extent)
         for item in pending:
             error = ConnectionLost(f"session {item.index}: {why}") if item.index >= 0 else None
             if item.kind is OUT:
@@ -401,12 +380,12 @@ class WorkerHandle:
                 error = ConnectionLost(f"session {index} is not connected{why}")
                 future.set_result(Outcome.failed(index, error, request_bytes=nbytes))
                 return
-            spot = self._alloc(nbytes)
+            spot = self.arena.alloc(nbytes)
             token = next(TOKENS)
             if spot is not None:
                 seg, offset = spot
                 # written under the lock: a range is never handed out again while it is being written
-                write_pieces(pieces, self.segments[seg].buf, offset)
+                write_pieces(pieces, self.arena.segments[seg].mapping, offset)
                 self.pending[token] = _Pending(OUT, future, index, spot, nbytes)
                 batch.append([token, index, seg, offset, nbytes])
                 return
@@ -415,34 +394,9 @@ class WorkerHandle:
         batch.clear()
         self._write(SENDB(token, index, b"".join(pieces)))
 
-    def _alloc(self, nbytes: int) -> tuple[int, int] | None:
-        """(segment, offset) of room for ``nbytes`` (caller holds the lock); a new segment when the arena
-        may grow; None when it is full."""
-        for seg, extents in enumerate(self.extents):
-            offset = extents.alloc(nbytes)
-            if offset is not None:
-                return seg, offset
-        have = sum(e.size for e in self.extents)
-        size = max(FIRST_SEGMENT_BYTES, have, 2 * nbytes)
-        size = min(size, self.arena_bytes - have)
-        if size < max(nbytes, _MIN_SEGMENT_BYTES):
-            self._warn_no_room(f"the arena's {self.arena_bytes} bytes are in use")
-            return None
-        try:
-            segment = create_segment(size)
-        except OSError as exc:
-            self._warn_no_room(f"a shared-memory segment of {size} bytes could not be made: {exc}")
-            return None
-        self.segments.append(segment)
-        self.extents.append(Extents(size))
-        seg = len(self.segments) - 1
-        self._write(SEG(seg, segment.name))  # before any descriptor that names it
-        return seg, self.extents[seg].alloc(nbytes)
-
-    def _warn_no_room(self, why: str) -> None:
-        if not self.no_room_warned:
-            self.no_room_warned = True
-            logger.warning("transport worker %d: %s; requests go through the pipe meanwhile", self.number, why)
+    def _announce_segment(self, k: int, name: str) -> None:
+        """Tell the worker to map the arena's new segment ``k`` (under ``lock``, before any request names it)."""
+        self._write(SEG(k, name))
 
     def place_many(self, entries: list[tuple[int, Any, concurrent.futures.Future, Any]]) -> None:
         """:meth:`place` each ``(index, pieces, future, split)`` in order, then send their descriptors at once

@@ -9,8 +9,8 @@ sends it; the caller only encodes.
 
 How the bytes move (no pickle for anything per request):
 
-- The caller encodes each request straight into a shared-memory segment of its worker
-  (:mod:`multiprocessing.shared_memory`; the ranges are kept by :class:`~dz_gym.transport.workers.segments.Extents`) and
+- The caller encodes each request straight into a shared-memory segment of its worker's arena
+  (:class:`~dz_gym.transport.workers.segments.SharedSegments` of :mod:`multiprocessing.shared_memory`) and
   sends a small msgpack descriptor (session, segment, offset, length, token) with ``Connection.send_bytes``;
   the worker sends a ``memoryview`` of the segment. A range is reused once the worker reports the request
   done (its outcome: until then it may re-send the request on a fresh connection). A worker's segments grow
@@ -71,9 +71,9 @@ from dz_gym.transport.workers.handle import (
     START_TIMEOUT_S,
     STOP_GRACE_S,
     WorkerHandle,
-    create_segment,
     process_cpu_s,
 )
+from dz_gym.transport.workers.segments import create_segment
 from dz_gym.transport.workers.views import VIEWS_BYTES, HostViews
 
 __all__ = ["ARENA_BYTES", "FIRST_SEGMENT_BYTES", "PARALLEL_COPY_BYTES", "START_TIMEOUT_S", "ProcessSessionPool"]
@@ -189,7 +189,7 @@ class ProcessSessionPool(PoolBase):
         """The names of the shared-memory segments the workers use now (under /dev/shm on Linux): their
         arenas and the view segments."""
         views = [] if self._views is None else [name for _, name in self._views.names]
-        return [s.name for w in self._workers for s in w.segments] + views
+        return [name for w in self._workers for _, name in w.arena.names] + views
 
     @property
     def host_views(self) -> HostViews | None:
