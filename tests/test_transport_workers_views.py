@@ -22,6 +22,7 @@ from dz_gym.profiling import StageProfiler
 from dz_gym.protocol import packb
 from dz_gym.testing.servers import ServerThread, replying
 from dz_gym.transport import ProcessSessionPool, TransportConfig
+from dz_gym.transport.workers.messages import TOOK
 from dz_gym.transport.workers.segments import create_segment
 from dz_gym.transport.workers.views import FIRST_VIEWS_SEGMENT_BYTES, HostViews
 
@@ -364,7 +365,7 @@ def test_a_batchs_requests_are_framed_from_its_template(processes, in_view_memor
             block = pool.host_views.alloc(3 * 5 * int(np.prod(VIEW))) if in_view_memory else None
             batch = batch_in(block, env_ids, 6)
             want = {k: packb(batch[k]) for k in env_ids}
-            futures = pool.submit_many(batch.items_of(env_ids))
+            futures = pool.submit_batch(batch, env_ids)
             concurrent.futures.wait(futures, timeout=BOUND_S)
             outcomes = [f.result() for f in futures]
             assert all(o.ok for o in outcomes) and [o.index for o in outcomes] == env_ids
@@ -374,7 +375,7 @@ def test_a_batchs_requests_are_framed_from_its_template(processes, in_view_memor
                 assert all(not a for a in arenas) if in_view_memory else any(arenas)
                 as_dicts = profiler.report(1.0)["batches_as_dicts"]  # the profile says why a batch went as dicts
                 assert as_dicts == ({} if in_view_memory else {"views outside the view memory": 1})
-                assert not any(p.kind == "hold" for w in pool._workers for p in w.pending.values()), "both took"
+                assert not any(p.kind is TOOK for w in pool._workers for p in w.pending.values()), "both took"
             if in_view_memory:
                 assert pool.host_views.blocks == 1  # the caller still holds its arrays
                 del block, batch
@@ -492,7 +493,7 @@ def test_a_killed_workers_requests_fail_and_their_blocks_come_back(as_batch):
         if as_batch:  # framed by the workers from the batch's template
             block = pool.host_views.alloc(3 * 4 * int(np.prod(VIEW)))
             images = batch_in(block, [0, 1, 2, 3], 4)
-            futures = pool.submit_many(images.items_of([0, 1, 2, 3]))
+            futures = pool.submit_batch(images, [0, 1, 2, 3])
         else:
             block = pool.host_views.alloc(4 * int(np.prod(VIEW)))
             images = views_of(block, 4)
