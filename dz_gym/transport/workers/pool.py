@@ -24,8 +24,8 @@ How the bytes move (no pickle for anything per request):
   builds) are not packed here at all where its views lie in the view memory: each worker gets one ``sendt``
   message -- the batch's frame template, where its columns lie (the views as their place in the view memory,
   the proprio inline) and per request its row and its packed prompt and session id -- and frames each request
-  itself, into the bytes ``packb`` gives its dict. The caller's work per request is then a few microseconds
-  of bookkeeping instead of packing it.
+  itself, into the bytes ``packb`` gives its dict. The caller's work per request is then bookkeeping
+  instead of packing it (``benchmarks/bench_processes.py`` measures both; benchmarks/README.md).
 - The worker answers with the raw reply frame and the outcome's stamps, counts and error (type name, message
   and the fields its class needs, rebuilt from :mod:`dz_gym.errors` here); this process parses the frame with
   the parser AsyncSession uses, so the reply is the one SessionPool gives.
@@ -335,8 +335,8 @@ class ProcessSessionPool(PoolBase):
         """:meth:`submit_many` of ``batch``'s requests of ``env_ids``, as the wrapper sends a batch step's.
 
         Where the batch's large columns (the views) lie in :attr:`host_views`, nothing is packed here: each
-        worker gets one ``sendt`` message (:meth:`_template_messages`) and frames its requests itself, and the
-        caller's work per request is a few microseconds of bookkeeping. Otherwise (no view memory, no frame
+        worker gets one ``sendt`` message (:meth:`_template_messages`) and frames its requests itself: the
+        caller's work per request is bookkeeping, not packing. Otherwise (no view memory, no frame
         template, a string that is not UTF-8, views elsewhere) the requests go as dicts through
         :meth:`submit_many`, the reason counted by the profiler (``batches_as_dicts``)."""
         env_ids = [int(i) for i in env_ids]

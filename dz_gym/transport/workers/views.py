@@ -14,9 +14,9 @@ plus its few small pieces inline, and the worker joins them into the frame it se
   CUDA (``cudaHostRegister``, so the copy from the GPU is one DMA transfer), and left pageable otherwise.
 - :meth:`HostViews.reserve` makes room for a batch ahead of time (the wrapper calls it at reset with a full
   round's views): a segment made then is also populated (its pages mapped in one call) before it is
-  page-locked, so the first request round pays neither (at N = 1024, 1 GiB: about half a second on the
-  2-core development machine, which the first request round's copy would pay otherwise). With ``wait=False`` the pages
-  are mapped on a thread of their own (the kernel's work, outside the interpreter lock) while the caller
+  page-locked, so the first request round pays neither: mapping and page-locking a GiB is kernel and
+  driver work that grows with the segment, which the first round's copy would otherwise wait on
+  (benchmarks/README.md has the measurements). With ``wait=False`` the pages are mapped on a thread of their own (the kernel's work, outside the interpreter lock) while the caller
   goes on, and page-locked there too, on the caller's current CUDA device; the wrapper starts it from the
   observation space before the env's reset, which then overlaps it, and the next :meth:`alloc` or
   :meth:`reserve` takes the segment (page-locking it on the caller's thread only if CUDA came up since).
@@ -311,17 +311,21 @@ class HostViews:
             self._shared.close()  # each mapping goes with the last block that views it
 
 
-_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23 if sys.platform == "linux" else None)
-"""Linux's advice that maps every page of a range now, writable, in one call (kernel 5.14+; Python 3.11's
-mmap module lacks the name)."""
+_LINUX_MADV_POPULATE_WRITE = 23
+"""The value of ``MADV_POPULATE_WRITE`` in Linux's ``<asm-generic/mman-common.h>`` (kernel 5.14+), for a
+Python whose :mod:`mmap` module lacks the name (3.11 does)."""
+_MADV_POPULATE_WRITE = getattr(
+    mmap, "MADV_POPULATE_WRITE", _LINUX_MADV_POPULATE_WRITE if sys.platform == "linux" else None
+)
+"""Linux's advice that maps every page of a range now, writable, in one call (None off Linux)."""
 
 
 class _Preparing:
     """A segment whose pages a thread maps (:meth:`HostViews.reserve` with ``wait=False``) and, where the
     caller has CUDA (``device``: its current device), page-locks on the caller's device. Both are the
-    kernel's and the driver's work, outside the interpreter lock (``cudaHostRegister`` of 1 GiB took about
-    120 ms on the caller's thread at the first reset of N = 1024 envs on the H200), so the env's reset
-    overlaps them."""
+    kernel's and the driver's work, outside the interpreter lock, and both grow with the segment (a GiB at
+    N = 1024 envs; benchmarks/README.md has the measurements), so the env's reset overlaps them instead of
+    the caller's thread waiting on them."""
 
     def __init__(self, segment: _ViewSegment, device: int | None = None):
         self.segment = segment
