@@ -22,24 +22,8 @@ from dz_gym.protocol import parse_metadata
 from dz_gym.protocol.packer import pieces_size, write_pieces
 from dz_gym.spawning import start_worker
 from dz_gym.transport.config import TransportConfig
+from dz_gym.transport.workers import messages as msg
 from dz_gym.transport.workers.messages import (
-    CLOSE,
-    CLOSED,
-    CONN,
-    CONNECT,
-    INIT,
-    OUT,
-    READY,
-    RESET,
-    RESET_DONE,
-    SEG,
-    SEND,
-    SENDB,
-    SENDT,
-    SENDV,
-    TO_PARENT,
-    TOOK,
-    VSEG,
     Kind,
     MessageError,
     config_fields,
@@ -150,7 +134,7 @@ class WorkerHandle:
                               daemon=True)  # fmt: skip
         start_worker(process)  # the caller's script is not run again in the worker
         child_conn.close()  # only the child holds its end now: its death is our EOF
-        init = INIT(
+        init = msg.INIT(
             config_fields(self.config),
             [[i, url] for i, url in self.sessions],
             self.concurrency,
@@ -166,8 +150,8 @@ class WorkerHandle:
         try:
             ready = conn.poll(self.start_timeout)
             batch = unpack_message(conn.recv_bytes()) if ready else None
-            if batch is not None and read_message(batch[0], TO_PARENT)[0] is not READY:
-                raise MessageError(f"expected {READY.name} first, got {batch[0][0]!r}")
+            if batch is not None and read_message(batch[0], msg.TO_PARENT)[0] is not msg.READY:
+                raise MessageError(f"expected {msg.READY.name} first, got {batch[0][0]!r}")
         except MessageError as exc:
             self._discard_process()
             raise WorkerError(f"transport worker {self.number} did not start: {exc}") from None
@@ -219,8 +203,8 @@ class WorkerHandle:
             alive = self.alive
         if alive:
             closed: concurrent.futures.Future = concurrent.futures.Future()
-            token = self._register(_Pending(CLOSED, closed, -1))
-            if token is not None and self._write(CLOSE(token)):
+            token = self._register(_Pending(msg.CLOSED, closed, -1))
+            if token is not None and self._write(msg.CLOSE(token)):
                 try:
                     closed.result(close_timeout + STOP_GRACE_S)
                 except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
@@ -265,7 +249,7 @@ class WorkerHandle:
         while True:
             try:
                 for message in unpack_message(conn.recv_bytes()):
-                    self._deliver(*read_message(message, TO_PARENT))
+                    self._deliver(*read_message(message, msg.TO_PARENT))
             except (EOFError, OSError):
                 break
             except MessageError as exc:  # a bug of the worker's: it goes, and what it had pending fails
@@ -276,16 +260,16 @@ class WorkerHandle:
         self._died(generation)
 
     def _deliver(self, kind: Kind, fields: list[Any]) -> None:
-        if kind is READY:
+        if kind is msg.READY:
             return
         token = fields[0]
-        if kind is TOOK:  # the worker joined the request's (or the batch's) view ranges into its frames
+        if kind is msg.TOOK:  # the worker joined the request's (or the batch's) view ranges into its frames
             with self.lock:
                 pending = self.pending.get(token)
                 holds = None if pending is None else pending.holds
                 if pending is not None:
                     pending.holds = None
-                    if pending.kind is TOOK:
+                    if pending.kind is msg.TOOK:
                         del self.pending[token]
             self._release_views(holds)
             return
@@ -296,11 +280,11 @@ class WorkerHandle:
             holds, pending.holds = pending.holds, None
             if pending.extent is not None:
                 self.arena.free(*pending.extent)
-            if kind is not CLOSED:
+            if kind is not msg.CLOSED:
                 self.connected[pending.index] = bool(fields[-1])
         self._release_views(holds)
         future = pending.future
-        if kind is OUT:
+        if kind is msg.OUT:
             _, index, frame, stamps, error, send_s, _ = fields
             start = time.perf_counter()
             outcome = reply_outcome(index, frame, stamps, error)
@@ -310,7 +294,7 @@ class WorkerHandle:
                 if outcome.reply is not None:
                     profiler.add("receive_decode", time.perf_counter() - start)
             future.set_result(outcome)
-        elif kind is CONN:
+        elif kind is msg.CONN:
             _, index, meta, error, _ = fields
             if error is not None:
                 future.set_result((None, rebuild_error(error)))
@@ -319,7 +303,7 @@ class WorkerHandle:
                     future.set_result((parse_metadata(meta), None))
                 except DzGymError as exc:
                     future.set_result((None, exc))
-        elif kind is RESET_DONE:
+        elif kind is msg.RESET_DONE:
             error = fields[2]
             future.set_result(None if error is None else rebuild_error(error))
         else:  # CLOSED
@@ -359,11 +343,11 @@ class WorkerHandle:
                     self.arena.free(*item.extent)
         for item in pending:
             error = ConnectionLost(f"session {item.index}: {why}") if item.index >= 0 else None
-            if item.kind is OUT:
+            if item.kind is msg.OUT:
                 item.future.set_result(Outcome.failed(item.index, error, request_bytes=item.request_bytes))
-            elif item.kind is CONN:
+            elif item.kind is msg.CONN:
                 item.future.set_result((None, error))
-            elif item.kind is RESET_DONE:
+            elif item.kind is msg.RESET_DONE:
                 item.future.set_result(error)
             else:
                 item.future.set_result(None)
@@ -386,17 +370,17 @@ class WorkerHandle:
                 seg, offset = spot
                 # written under the lock: a range is never handed out again while it is being written
                 write_pieces(pieces, self.arena.segments[seg].mapping, offset)
-                self.pending[token] = _Pending(OUT, future, index, spot, nbytes)
+                self.pending[token] = _Pending(msg.OUT, future, index, spot, nbytes)
                 batch.append([token, index, seg, offset, nbytes])
                 return
-            self.pending[token] = _Pending(OUT, future, index, None, nbytes)
+            self.pending[token] = _Pending(msg.OUT, future, index, None, nbytes)
         self.send_descriptors(batch)
         batch.clear()
-        self._write(SENDB(token, index, b"".join(pieces)))
+        self._write(msg.SENDB(token, index, b"".join(pieces)))
 
     def _announce_segment(self, k: int, name: str) -> None:
         """Tell the worker to map the arena's new segment ``k`` (under ``lock``, before any request names it)."""
-        self._write(SEG(k, name))
+        self._write(msg.SEG(k, name))
 
     def place_many(self, entries: list[tuple[int, Any, concurrent.futures.Future, Any]]) -> None:
         """:meth:`place` each ``(index, pieces, future, split)`` in order, then send their descriptors at once
@@ -411,7 +395,7 @@ class WorkerHandle:
         for index, pieces, future, split in entries:
             if split is None:
                 if by_reference:
-                    self._write(SENDV(by_reference))
+                    self._write(msg.SENDV(by_reference))
                     by_reference = []
                 self.place(index, pieces, future, batch)
                 continue
@@ -421,7 +405,7 @@ class WorkerHandle:
             self._place_by_reference(index, *split, future, by_reference)
         self.send_descriptors(batch)
         if by_reference:
-            self._write(SENDV(by_reference))
+            self._write(msg.SENDV(by_reference))
 
     def by_reference(self, parts: list) -> tuple[list[Any], list[tuple[int, int]], int] | None:
         """``(parts, holds, nbytes)`` of a request's packed parts (:func:`dz_gym.protocol.packer.fast_parts`):
@@ -437,7 +421,7 @@ class WorkerHandle:
         with self.lock:
             if self.alive:
                 token = next(TOKENS)
-                self.pending[token] = _Pending(OUT, future, index, None, nbytes, holds)
+                self.pending[token] = _Pending(msg.OUT, future, index, None, nbytes, holds)
                 batch.append([token, index, parts])
                 return
         self._release_views(holds)
@@ -456,12 +440,12 @@ class WorkerHandle:
         with self.lock:
             if self.alive:
                 token = next(TOKENS)
-                self.pending[token] = _Pending(TOOK, concurrent.futures.Future(), -1, holds=holds)
+                self.pending[token] = _Pending(msg.TOOK, concurrent.futures.Future(), -1, holds=holds)
                 for index, row, strings, future, nbytes in rows:
                     request_token = next(TOKENS)
-                    self.pending[request_token] = _Pending(OUT, future, index, None, nbytes)
+                    self.pending[request_token] = _Pending(msg.OUT, future, index, None, nbytes)
                     message_rows.append([request_token, index, row, *strings])
-                return SENDT(token, parts, columns, message_rows)
+                return msg.SENDT(token, parts, columns, message_rows)
         self._release_views(holds)
         why = f" (its transport worker exited: {self.death})" if self.death else ""
         for index, _, _, future, nbytes in rows:
@@ -476,20 +460,20 @@ class WorkerHandle:
     def announce_views(self, k: int, name: str) -> None:
         """Tell the worker to map view segment ``k`` (a dead one maps them all when it is started again)."""
         if self.conn is not None:  # also while a restart starts (mapping twice is harmless)
-            self._write(VSEG(k, name))
+            self._write(msg.VSEG(k, name))
 
     def send_descriptors(self, descriptors: list[list]) -> None:
         if descriptors:
-            self._write(SEND(descriptors))
+            self._write(msg.SEND(descriptors))
 
     def connect(self, index: int) -> concurrent.futures.Future:
         """(Re)connect session ``index``; a future of ``(metadata, None)`` or ``(None, error)``."""
-        return self._ask(CONN, index, lambda token: CONNECT([[token, index]]))
+        return self._ask(msg.CONN, index, lambda token: msg.CONNECT([[token, index]]))
 
     def reset(self, index: int, session_id: str) -> concurrent.futures.Future:
         """Send a ``reset`` naming ``session_id`` on session ``index``'s connection; a future of None or the
         error."""
-        return self._ask(RESET_DONE, index, lambda token: RESET(token, index, session_id))
+        return self._ask(msg.RESET_DONE, index, lambda token: msg.RESET(token, index, session_id))
 
     def _ask(self, answer: Kind, index: int, message: Any) -> concurrent.futures.Future:
         """Register a future for the worker's ``answer`` and send ``message(token)``."""
@@ -498,7 +482,7 @@ class WorkerHandle:
         if token is None:
             why = f" (its transport worker exited: {self.death})" if self.death else ""
             error = ConnectionLost(f"session {index} is not connected{why}")
-            future.set_result((None, error) if answer is CONN else error)
+            future.set_result((None, error) if answer is msg.CONN else error)
             return future
         self._write(message(token))
         return future

@@ -20,30 +20,8 @@ from dz_gym.protocol.request_batch import frame_of
 from dz_gym.transport.config import TransportConfig
 from dz_gym.transport.heap import keep_freed_buffers
 from dz_gym.transport.session import AsyncSession
-from dz_gym.transport.workers.messages import (
-    CLOSE,
-    CLOSED,
-    CONN,
-    CONNECT,
-    INIT,
-    OUT,
-    READY,
-    RESET,
-    RESET_DONE,
-    SEG,
-    SEND,
-    SENDB,
-    SENDT,
-    SENDV,
-    TO_WORKER,
-    TOOK,
-    VSEG,
-    MessageError,
-    error_fields,
-    pack_message,
-    read_message,
-    unpack_message,
-)
+from dz_gym.transport.workers import messages as msg
+from dz_gym.transport.workers.messages import MessageError, error_fields, pack_message, read_message, unpack_message
 
 __all__ = ["worker_main"]
 
@@ -81,12 +59,12 @@ class _Took:
     def __init__(self, loop: WorkerLoop, token: int, count: int):
         self.loop, self.token, self.left = loop, token, count
         if count == 0:
-            loop.post(TOOK(token))
+            loop.post(msg.TOOK(token))
 
     def one_done(self) -> None:
         self.left -= 1
         if self.left == 0:
-            self.loop.post(TOOK(self.token))
+            self.loop.post(msg.TOOK(self.token))
 
 
 class _Templated:
@@ -123,15 +101,15 @@ class WorkerLoop:
         self.tasks: set[asyncio.Task[None]] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.handlers = {
-            SEND: self._on_send,
-            SENDB: self._on_sendb,
-            SENDV: self._on_sendv,
-            SENDT: self._on_sendt,
-            SEG: self._attach,
-            VSEG: self._attach_views,
-            CONNECT: self._on_connect,
-            RESET: self._on_reset,
-            CLOSE: self._on_close,
+            msg.SEND: self._on_send,
+            msg.SENDB: self._on_sendb,
+            msg.SENDV: self._on_sendv,
+            msg.SENDT: self._on_sendt,
+            msg.SEG: self._attach,
+            msg.VSEG: self._attach_views,
+            msg.CONNECT: self._on_connect,
+            msg.RESET: self._on_reset,
+            msg.CLOSE: self._on_close,
         }
 
     def _attach(self, seg: int, name: str) -> None:
@@ -149,7 +127,7 @@ class WorkerLoop:
         self.semaphore = asyncio.Semaphore(self.concurrency)
         self.stopped = asyncio.Event()
         threading.Thread(target=self._read, name="dz-gym-worker-pipe", daemon=True).start()
-        self.post(READY(os.getpid()))
+        self.post(msg.READY(os.getpid()))
         await self.stopped.wait()
 
     def _read(self) -> None:
@@ -172,7 +150,7 @@ class WorkerLoop:
             self._spawn(self._close(None))
             return
         try:
-            kind, fields = read_message(unpack_message(data), TO_WORKER)
+            kind, fields = read_message(unpack_message(data), msg.TO_WORKER)
             self.handlers[kind](*fields)
         except MessageError as exc:  # a bug of the parent's: stop, and the parent fails what this worker had
             logger.error("transport worker: %s; closing", exc)
@@ -223,7 +201,7 @@ class WorkerLoop:
             for view in views:
                 if isinstance(view, memoryview):
                     view.release()
-            self.post(TOOK(token))
+            self.post(msg.TOOK(token))
 
     def _frame(self, templated: _Templated) -> bytes:
         """The frame of a ``sendt`` request: the template's parts, its row of each column (view ranges or
@@ -253,7 +231,7 @@ class WorkerLoop:
             except (KeyError, IndexError, TypeError, ValueError) as exc:  # only a bug of the parent's gets here
                 now = time.perf_counter()
                 error = DzGymError(f"session {index}: the request's views could not be read: {exc!r}")
-                self.post(OUT(token, index, None, [now, now, 0, 0, 0], error_fields(error), 0.0, session.connected))
+                self.post(msg.OUT(token, index, None, [now, now, 0, 0, 0], error_fields(error), 0.0, session.connected))
                 return
         try:
             outcome = await session.send(payload, index=index)
@@ -268,19 +246,19 @@ class WorkerLoop:
         frame = kept[1] if kept is not None else None
         error = None if outcome.error is None else error_fields(outcome.error)
         stamps = [outcome.sent_at, outcome.received_at, outcome.request_bytes, outcome.reconnects, outcome.retries]
-        self.post(OUT(token, index, frame, stamps, error, self.sends.take(), session.connected))
+        self.post(msg.OUT(token, index, frame, stamps, error, self.sends.take(), session.connected))
 
     async def _connect(self, token: int, index: int) -> None:
         session = self.sessions[index]
         try:
             async with self.semaphore:
                 metadata = await session.connect()
-            self.post(CONN(token, index, packb(metadata.raw), None, session.connected))
+            self.post(msg.CONN(token, index, packb(metadata.raw), None, session.connected))
         except DzGymError as exc:
-            self.post(CONN(token, index, None, error_fields(exc), session.connected))
+            self.post(msg.CONN(token, index, None, error_fields(exc), session.connected))
         except Exception as exc:  # noqa: BLE001 - stays with its session, as in SessionPool
             error = DzGymError(f"session {index}: connect failed: {type(exc).__name__}: {exc}")
-            self.post(CONN(token, index, None, error_fields(error), session.connected))
+            self.post(msg.CONN(token, index, None, error_fields(error), session.connected))
 
     async def _reset(self, token: int, index: int, session_id: str | None) -> None:
         session = self.sessions[index]
@@ -289,7 +267,7 @@ class WorkerLoop:
             error = None
         except DzGymError as exc:
             error = error_fields(exc)
-        self.post(RESET_DONE(token, index, error, session.connected))
+        self.post(msg.RESET_DONE(token, index, error, session.connected))
 
     async def _close(self, token: int | None) -> None:
         """Close every session (a request in flight ends with ConnectionLost and is reported), then stop."""
@@ -303,7 +281,7 @@ class WorkerLoop:
             except BufferError:  # a send still holds a view: the exit unmaps it
                 pass
         if token is not None:
-            self.post(CLOSED(token))
+            self.post(msg.CLOSED(token))
             self.flush()
         self.stopped.set()
 
@@ -330,9 +308,9 @@ def worker_main(conn: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the parent's to handle; it closes us
     keep_freed_buffers()  # frame-sized buffers (the masked copies) are reused, as in the parent
     try:
-        kind, fields = read_message(unpack_message(conn.recv_bytes()), TO_WORKER)
+        kind, fields = read_message(unpack_message(conn.recv_bytes()), msg.TO_WORKER)
     except (EOFError, OSError):
         return
-    if kind is not INIT:
-        raise MessageError(f"transport worker: expected an {INIT.name} message first, got {kind.name}")
+    if kind is not msg.INIT:
+        raise MessageError(f"transport worker: expected an {msg.INIT.name} message first, got {kind.name}")
     asyncio.run(WorkerLoop(conn, *fields).run())
