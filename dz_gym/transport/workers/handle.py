@@ -100,7 +100,6 @@ class WorkerHandle:
         self.sessions = sessions
         self.config = config
         self.concurrency = concurrency
-        self.arena_bytes = arena_bytes
         self.start_timeout = start_timeout
         self.restarts_left = max_restarts
         self.lock = threading.Lock()  # pending, arena, alive, connected

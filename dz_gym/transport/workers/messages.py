@@ -25,37 +25,10 @@ from dz_gym.policy_client import Outcome
 from dz_gym.transport.config import TransportConfig
 from dz_gym.transport.session import AsyncSession
 
-__all__ = [
-    "CLOSE",
-    "CLOSED",
-    "CONN",
-    "CONNECT",
-    "INIT",
-    "MESSAGES",
-    "OUT",
-    "READY",
-    "RESET",
-    "RESET_DONE",
-    "SEG",
-    "SEND",
-    "SENDB",
-    "SENDT",
-    "SENDV",
-    "TO_PARENT",
-    "TO_WORKER",
-    "TOOK",
-    "VSEG",
-    "Kind",
-    "MessageError",
-    "config_fields",
-    "error_fields",
-    "markdown_table",
-    "pack_message",
-    "read_message",
-    "rebuild_error",
-    "reply_outcome",
-    "unpack_message",
-]
+__all__ = ["CLOSE", "CLOSED", "CONN", "CONNECT", "INIT", "MESSAGES", "OUT", "READY", "RESET", "RESET_DONE", "SEG",
+           "SEND", "SENDB", "SENDT", "SENDV", "TO_PARENT", "TO_WORKER", "TOOK", "VSEG", "Kind", "MessageError",
+           "config_fields", "error_fields", "markdown_table", "pack_message", "read_message", "rebuild_error",
+           "reply_outcome", "unpack_message"]  # fmt: skip
 
 TO_WORKER = "parent -> worker"
 TO_PARENT = "worker -> parent"
@@ -85,77 +58,46 @@ class Kind:
         return [self.name, *values]
 
 
+# fmt: off
 INIT = Kind("init", TO_WORKER, ("config", "sessions", "concurrency", "segments", "views"),
             "the first message: the transport config's fields, the worker's sessions `[session, url]`, how many "
-            "connect at once, the arena's and the view memory's segments `[k, name]` to map")  # fmt: skip
-SEND = Kind(
-    "send",
-    TO_WORKER,
-    ("requests",),
-    "send requests that lie in the worker's arena, each `[token, session, segment, offset, length]`",
-)
-SENDB = Kind(
-    "sendb", TO_WORKER, ("token", "session", "frame"), "send one request given as its bytes (no room in the arena)"
-)
-SENDV = Kind(
-    "sendv",
-    TO_WORKER,
-    ("requests",),
-    "send requests whose views lie in the view memory, each `[token, session, parts]`: the worker "
-    "joins the frame from the parts (bytes inline, `[segment, offset, length]` of the view memory)",
-)
-SENDT = Kind(
-    "sendt",
-    TO_WORKER,
-    ("token", "parts", "columns", "rows"),
-    "send a batch's requests, each framed by the worker from the batch's frame template: the "
-    "template's parts, its columns (`[segment, offset, row bytes]` of the view memory or `[bytes, 0, "
-    "row bytes]` inline) and per request `[token, session, row, *strings]`",
-)
+            "connect at once, the arena's and the view memory's segments `[k, name]` to map")
+SEND = Kind("send", TO_WORKER, ("requests",),
+            "send requests that lie in the worker's arena, each `[token, session, segment, offset, length]`")
+SENDB = Kind("sendb", TO_WORKER, ("token", "session", "frame"),
+             "send one request given as its bytes (no room in the arena)")
+SENDV = Kind("sendv", TO_WORKER, ("requests",),
+             "send requests whose views lie in the view memory, each `[token, session, parts]`: the worker joins "
+             "the frame from the parts (bytes inline, `[segment, offset, length]` of the view memory)")
+SENDT = Kind("sendt", TO_WORKER, ("token", "parts", "columns", "rows"),
+             "send a batch's requests, each framed by the worker from the batch's frame template: the template's "
+             "parts, its columns (`[segment, offset, row bytes]` of the view memory or `[bytes, 0, row bytes]` "
+             "inline) and per request `[token, session, row, *strings]`")
 SEG = Kind("seg", TO_WORKER, ("k", "name"), "map the arena's new segment `k` (before a request names it)")
 VSEG = Kind("vseg", TO_WORKER, ("k", "name"), "map the view memory's new segment `k` (before a request names it)")
 CONNECT = Kind("connect", TO_WORKER, ("sessions",), "(re)connect sessions, each `[token, session]`")
-RESET = Kind(
-    "reset",
-    TO_WORKER,
-    ("token", "session", "session_id"),
-    "send a `reset` naming `session_id` on the session's connection",
-)
+RESET = Kind("reset", TO_WORKER, ("token", "session", "session_id"),
+             "send a `reset` naming `session_id` on the session's connection")
 CLOSE = Kind("close", TO_WORKER, ("token",), "close every session, answer `closed`, exit")
 READY = Kind("ready", TO_PARENT, ("pid",), "the worker has read `init` and runs")
-OUT = Kind(
-    "out",
-    TO_PARENT,
-    ("token", "session", "frame", "stamps", "error", "send_s", "connected"),
-    "a request's outcome: the raw reply frame or the error's fields, its stamps `[sent_at, received_at, "
-    "request bytes, reconnects, retries]`, the worker's send seconds since its last outcome, whether "
-    "the session is connected; the request's arena range is free again",
-)
-CONN = Kind(
-    "conn",
-    TO_PARENT,
-    ("token", "session", "metadata", "error", "connected"),
-    "a connect's answer: the handshake's metadata (packed) or the error's fields",
-)
-RESET_DONE = Kind(
-    "reset_done",
-    TO_PARENT,
-    ("token", "session", "error", "connected"),
-    "a `reset`'s answer: None or the error's fields",
-)
-TOOK = Kind(
-    "took",
-    TO_PARENT,
-    ("token",),
-    "the worker has joined the view ranges of a `sendv` request (or of every request of a `sendt` "
-    "batch) into frames: their blocks are free as far as it is concerned",
-)
+OUT = Kind("out", TO_PARENT, ("token", "session", "frame", "stamps", "error", "send_s", "connected"),
+           "a request's outcome: the raw reply frame or the error's fields, its stamps `[sent_at, received_at, "
+           "request bytes, reconnects, retries]`, the worker's send seconds since its last outcome, whether the "
+           "session is connected; the request's arena range is free again")
+CONN = Kind("conn", TO_PARENT, ("token", "session", "metadata", "error", "connected"),
+            "a connect's answer: the handshake's metadata (packed) or the error's fields")
+RESET_DONE = Kind("reset_done", TO_PARENT, ("token", "session", "error", "connected"),
+                  "a `reset`'s answer: None or the error's fields")
+TOOK = Kind("took", TO_PARENT, ("token",),
+            "the worker has joined the view ranges of a `sendv` request (or of every request of a `sendt` batch) "
+            "into frames: their blocks are free as far as it is concerned")
 CLOSED = Kind("closed", TO_PARENT, ("token",), "the worker has closed its sessions and exits")
 
 MESSAGES: tuple[Kind, ...] = (
     INIT, SEND, SENDB, SENDV, SENDT, SEG, VSEG, CONNECT, RESET, CLOSE,
     READY, OUT, CONN, RESET_DONE, TOOK, CLOSED,
-)  # fmt: skip
+)
+# fmt: on
 """Every kind of pipe message, in both directions."""
 
 _BY_NAME = {
