@@ -7,7 +7,8 @@ of a pool spread over worker processes that send their requests.
   process's side of one worker: its process, pipe, shared memory and requests in flight;
 - :mod:`~dz_gym.transport.workers.process` -- the worker process itself (its sessions on one asyncio loop);
 - :mod:`~dz_gym.transport.workers.messages` -- what the two sides say to each other over the pipe (no I/O);
-- :mod:`~dz_gym.transport.workers.segments` -- where requests lie in a shared segment (no I/O);
+- :mod:`~dz_gym.transport.workers.segments` -- :class:`~dz_gym.transport.workers.segments.SharedSegments`,
+  the one allocator of growing shared-memory segments (each worker's arena, the view memory);
 - :mod:`~dz_gym.transport.workers.views` -- :class:`~dz_gym.transport.workers.views.HostViews`, the shared
   memory a GPU batch's views are copied to, which every worker reads directly.
 """
