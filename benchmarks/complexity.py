@@ -50,7 +50,9 @@ main(["--help"])
 
 def _modules(tree: Path) -> list[Path]:
     return sorted(
-        p for p in (tree / "dz_gym").rglob("*.py") if not any(p.relative_to(tree).as_posix().startswith(s) for s in SKIP)
+        p
+        for p in (tree / "dz_gym").rglob("*.py")
+        if not any(p.relative_to(tree).as_posix().startswith(s) for s in SKIP)
     )
 
 
