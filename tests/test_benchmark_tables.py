@@ -41,3 +41,12 @@ def test_a_changed_result_changes_its_table(tmp_path, monkeypatch):
     changed = tables.rendered_readme(text)
     assert changed != text
     assert f"| {base['requests_per_s']:.0f} |" in changed
+
+
+def test_every_benchmark_script_has_its_section():
+    """One current table per script: a ``### `NAME.py``` section for every script of benchmarks/ (the two tools
+    that render and count are not benchmarks)."""
+    text = tables.README.read_text()
+    scripts = {path.name for path in BENCHMARKS.glob("*.py")} - {"tables.py", "complexity.py"}
+    missing = sorted(name for name in scripts if f"### `{name}`" not in text)
+    assert not missing, f"benchmarks/README.md: no section for {missing}"
