@@ -2,9 +2,10 @@
 ``--profile`` counts the pauses it still takes.
 
 A process that has built Isaac Lab holds about 1.3 million objects that the collector tracks (torch, Warp,
-Newton, USD, the task's managers). Each full (generation 2) collection walks all of them. On the H200 host
-that took 0.6-0.75 s, about once per N = 1024 run, and the pause landed on whatever allocated last: a
-request round's packing (``encode`` 62-75 ms a round in the profile) or the episodes' bookkeeping. Those
+Newton, USD, the task's managers). Each full (generation 2) collection walks all of them and stops every
+thread meanwhile, about once per N = 1024 run; the pause landed on whatever allocated last, a request round's
+packing or the episodes' bookkeeping, which then took many times their usual time in the profile
+(benchmarks/journal/isaac3.md). Those
 objects live as long as the scene's batch. So :func:`~dz_gym.eval.scene.scene_batch` calls
 :func:`freeze_heap` once the batch is built, which moves them to the permanent generation
 (:func:`gc.freeze`), and releases it after the batch is closed. Meanwhile collections walk only what the run
@@ -14,7 +15,8 @@ stepping.
 
 Building that heap costs full passes too: the collector starts one each time the objects that survived its
 younger generations grow by a quarter of what the last full pass kept, so importing and building Isaac Lab
-walks the growing heap again and again (16 full passes, 6.7 s of the first 57 s at N = 1024 on the H200).
+walks the growing heap again and again (16 full passes in the GPU benchmark's child at N = 1024;
+``benchmarks/bench_collector_build.py`` times them with and without the freeze, benchmarks/README.md).
 ``freeze_heap(as_it_grows=True)`` also freezes the survivors at the end of each full pass while it is held:
 the next full pass then walks only what came since. :func:`~dz_gym.eval.scene.scene_batch` holds it while the
 simulator is built, then takes the plain hold before it lets go of that one.

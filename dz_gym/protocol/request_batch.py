@@ -2,8 +2,8 @@
 
 The requests of a batch step's due envs differ only in their rows: the same keys in the same order, views of
 one shape, proprio of fixed size, and per env a prompt and a session id. Built one by one (a dict each, then
-msgpack-packed each), a request costs the calling thread some 60-90 µs of Python at N = 1024, most of a
-round's caller time (benchmarks/README.md, the Isaac Lab 3.0 sections). A :class:`RequestBatch` keeps the columns instead:
+msgpack-packed each), the requests of N = 1024 envs were most of a request round's time in the calling thread
+(benchmarks/journal/isaac3.md). A :class:`RequestBatch` keeps the columns instead:
 
 - as a ``Mapping[int, dict]`` (env id -> the very dict :func:`~dz_gym.protocol.build_infer_request` builds,
   made when asked for), so any client takes it as before (what ``PolicyClient.submit_batch`` sends by
