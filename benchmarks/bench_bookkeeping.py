@@ -4,7 +4,7 @@
 runner's per-step record of the batch, the finished episodes' rows and trajectories and the episode writer's
 thread (which shares the interpreter lock); ``write_tail`` is the wait for that thread at the end (before it
 had its own stage, bookkeeping held it). On a GPU simulator at N = 1024 it
-was about 35 ms per batch step. To see it without a simulator's cost, :class:`FastDroidEnv` produces DROID
+was a large part of each batch step (benchmarks/journal/isaac3.md). To see it without a simulator's cost, :class:`FastDroidEnv` produces DROID
 observations of the real shapes (three 180x320x3 uint8 views, joints, gripper) from preallocated arrays, and
 the evaluator runs through its public path (:func:`dz_gym.eval.evaluate.evaluate` with ``profile=True``,
 trajectories written, videos off) against a ``hold`` server in another process. Every env runs one episode

@@ -1,5 +1,5 @@
 """The GPU-to-host copy of one request round's views: into PyTorch's page-locked memory (the baseline) vs into a
-:class:`~dz_gym.transport.host_views.HostViews` block (shared memory, page-locked with ``cudaHostRegister``,
+:class:`~dz_gym.transport.workers.views.HostViews` block (shared memory, page-locked with ``cudaHostRegister``,
 what a :class:`~dz_gym.transport.ProcessSessionPool`'s workers read directly) vs into pageable memory.
 
 Each is :func:`dz_gym.requests._to_host` of N envs' three 180x320x3 uint8 views on the GPU (as the wrapper calls
@@ -18,8 +18,8 @@ import time
 import numpy as np
 
 from dz_gym.requests import _to_host
-from dz_gym.transport.host_views import HostViews
-from dz_gym.transport.worker_handle import create_segment
+from dz_gym.transport.workers.segments import create_segment
+from dz_gym.transport.workers.views import HostViews
 
 CAMERAS = ("external_cam", "external_cam_2", "wrist_cam")
 

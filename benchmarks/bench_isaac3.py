@@ -103,7 +103,7 @@ def bound(
     s_render)`` for N envs of T-step episodes: the server's latency and the simulator only, R being the
     simulator's own reset of the batch (:func:`measure_reset`), which the evaluator's span of a one-episode
     run holds too (0, the default, leaves it out, as older tables did). For long episodes it approaches
-    ``8N / (ceil(N/W) L + 8 s_N)``, the per-round bound of the older tables in benchmarks/README.md, which counted a
+    ``8N / (ceil(N/W) L + 8 s_N)``, the per-round bound of the older tables in benchmarks/journal/isaac3.md, which counted a
     render per request, also the one after the episode's end that the evaluator does not take (a 16-step run
     of the embedded backend read 110.9 % of it)."""
     rounds = math.ceil(steps / HORIZON)
@@ -309,7 +309,7 @@ BREAKDOWN = ("env_step", "physics", "render", "gpu_to_host", "build", "encode", 
 
 def report(results: list[dict], args) -> bool | None:
     """The throughput table and the targets: against s_N (the evaluator's render pattern: the bound the
-    evaluator can reach) and, for the anchor and as the issue first measured it, against s_N all (every view
+    evaluator can reach) and, for the anchor and as a simulator benchmark measures it, against s_N all (every view
     at every step). The prefetch targets are checked on the better of the two prefetching modes run. None
     when no run has targets (only scene 1 at N = 256 and 1024 has)."""
     latency = args.latency_ms / 1000.0

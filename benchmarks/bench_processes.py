@@ -54,10 +54,11 @@ def requests_for(num: int, round_k: int) -> list[tuple[int, dict]]:
     ]
 
 
-def one_round(pool, items) -> tuple[float, float, float]:
-    """(caller thread CPU, process CPU, wall) of one round, in seconds."""
+def one_round(pool, items, batch: bool = False) -> tuple[float, float, float]:
+    """(caller thread CPU, process CPU, wall) of one round, in seconds: ``items`` as ``(i, dict)`` pairs
+    (``submit_many``), or with ``batch`` a RequestBatch of the wrapper's (``submit_batch``)."""
     thread0, cpu0, wall0 = time.thread_time(), time.process_time(), time.perf_counter()
-    futures = pool.submit_many(items)
+    futures = pool.submit_batch(items, items.env_ids) if batch else pool.submit_many(items)
     outcomes = [f.result(300) for f in futures]
     thread, cpu, wall = time.thread_time() - thread0, time.process_time() - cpu0, time.perf_counter() - wall0
     failed = [o for o in outcomes if not o.ok]
@@ -84,7 +85,7 @@ def into_view_memory(pool: ProcessSessionPool, items: list[tuple[int, dict]]) ->
 
 def as_batch(pool, items: list[tuple[int, dict]]):
     """The round as the wrapper builds it: a RequestBatch whose views lie in one block of the pool's view memory
-    (where the pool has one), framed from its template (by the workers); its items for ``submit_many``."""
+    (where the pool has one), framed from its template (by the workers), for ``submit_batch``."""
     from dz_gym.envs import droid
     from dz_gym.requests import assemble_requests
 
@@ -100,7 +101,7 @@ def as_batch(pool, items: list[tuple[int, dict]]):
     gripper = np.stack([request["observation/gripper_position"] for _, request in items])
     batch = assemble_requests(dict(zip(droid.CAMERA_KEYS, cams)), joints, gripper, range(num),
                               prompts=[r["prompt"] for _, r in items], session_ids=[r["session_id"] for _, r in items])  # fmt: skip
-    return batch.items_of(range(num))
+    return batch
 
 
 def measure(url: str, num: int, processes: int, rounds: int, shared: bool = False, batch: bool = False) -> dict:
@@ -117,7 +118,7 @@ def measure(url: str, num: int, processes: int, rounds: int, shared: bool = Fals
             if batch:
                 items = as_batch(pool, items)
             copy_s = into_view_memory(pool, items) if shared else time.perf_counter() - start
-            result = one_round(pool, items)
+            result = one_round(pool, items, batch)
             del items  # the views' block is free once the workers took it and these are gone
             if k >= WARMUP_ROUNDS:
                 totals += result

@@ -2,9 +2,9 @@
 and :class:`Outcome`, what every one of its requests comes back as.
 
 The wrapper asks a :class:`PolicyClient` for everything it needs from the policy, per env slot ``env_id``:
-send an infer request and get a future of its :class:`Outcome` (a reply or a typed error, with timing and
-recovery counts), the URL it talks to, whether the slot's connection is usable, and a bounded reconnect
-that returns the new handshake. It is what openpi-client's ``BasePolicy`` is to its ``ActionChunkBroker``,
+send an infer request (or a batch step's requests, :meth:`PolicyClient.submit_batch`) and get a future of
+its :class:`Outcome` (a reply or a typed error, with timing and recovery counts), the URL it talks to,
+whether the slot's connection is usable, and a bounded reconnect that returns the new handshake. It is what openpi-client's ``BasePolicy`` is to its ``ActionChunkBroker``,
 with the batch, the futures and the failure types that a vectorized evaluator needs; the chunk bookkeeping
 stays in :mod:`dz_gym.chunks` and the wrapper.
 
@@ -13,8 +13,8 @@ stays in :mod:`dz_gym.chunks` and the wrapper.
 - :class:`dz_gym.testing.memory_client.MemoryPolicyClient` runs a policy object in this process through the
   protocol's codec, with no sockets (tests, notebooks, a policy that lives in the same process).
 
-A client of your own subclasses :class:`PolicyClient` and implements the abstract methods; ``end_session``,
-``config`` and ``reply_bound`` have defaults. This module imports nothing of the transport, so the transport
+A client of your own subclasses :class:`PolicyClient` and implements the abstract methods; ``submit_many``,
+``submit_batch``, ``end_session``, ``config`` and ``reply_bound`` have defaults. This module imports nothing of the transport, so the transport
 can build its outcomes here.
 """
 
@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from dz_gym.protocol.request_batch import RequestBatch
 
 from dz_gym.errors import DzGymError
 from dz_gym.protocol import InferReply, ServerMetadata
@@ -116,6 +118,12 @@ class PolicyClient(abc.ABC):
     def submit_many(self, items: Sequence[tuple[int, dict]]) -> list[concurrent.futures.Future[Outcome]]:
         """:meth:`submit` for each ``(env_id, request)``, in order (a client may hand them over at once)."""
         return [self.submit(env_id, request) for env_id, request in items]
+
+    def submit_batch(self, batch: RequestBatch, env_ids: Sequence[int]) -> list[concurrent.futures.Future[Outcome]]:
+        """The requests of ``env_ids`` of one batch step (a :class:`~dz_gym.protocol.request_batch.RequestBatch`,
+        what the wrapper sends), in order. By default :meth:`submit_many` of their request dicts; a client
+        that can frame them from the batch's columns does so instead (the transport's pools)."""
+        return self.submit_many([(env_id, batch[env_id]) for env_id in env_ids])
 
     @abc.abstractmethod
     def reconnect(self, env_id: int) -> ServerMetadata:

@@ -24,8 +24,8 @@ Three implementations, picked by ``method``:
 ``"torch"``
     torch's own antialiased bilinear kernel (``F.interpolate(..., antialias=True)``). On CPU it runs on
     uint8: PIL's algorithm with 16-bit instead of 22-bit weights, identical output when the scale factors
-    are powers of two (720x1280 -> 180x320 among them), at most one level off otherwise, and about 8x
-    faster than the PIL loop on a 2-core CPU. On an accelerator it runs in float32 and rounds once (at
+    are powers of two (720x1280 -> 180x320 among them), at most one level off otherwise, and several times
+    faster than the PIL loop on a CPU (``benchmarks/bench_preprocess.py``, benchmarks/README.md). On an accelerator it runs in float32 and rounds once (at
     most one level off).
 ``"auto"`` (default)
     ``"torch"`` for numpy arrays and CPU tensors when torch is importable, ``"exact"`` otherwise (numpy
@@ -235,7 +235,7 @@ def _single_threaded_blas():
     """Context in which BLAS runs on one thread.
 
     The band products are many medium-sized calls; with its own threads OpenBLAS spins between them, and
-    on a busy machine (a simulator and a server sharing the cores) that made the numpy path 25x slower.
+    on a busy machine (a simulator and a server sharing the cores) that made the numpy path many times slower.
     The work is split over our own threads instead (:func:`_parallel`), which block rather than spin.
     """
     controller = _blas_controller()

@@ -27,7 +27,7 @@ from dz_gym.protocol.profiles import PROFILES, ServerProfile
 from dz_gym.protocol.request_batch import RequestBatch
 
 __all__ = ["assemble_requests", "build_requests", "compose_views", "composite_of", "contiguous_runs", "hold_actions", "profile_image_keys", "is_torch_tensor", "proprio", "resized_views", "views_bytes",
-           "request_items", "resolve_prompts", "to_numpy", "validate_policy_obs", "checked_actions", "env_actions"]  # fmt: skip
+           "resolve_prompts", "to_numpy", "validate_policy_obs", "checked_actions", "env_actions"]  # fmt: skip
 
 
 def validate_policy_obs(policy: Mapping[str, Any], num_envs: int) -> None:
@@ -71,7 +71,7 @@ def contiguous_runs(env_ids: Sequence[int]) -> list[tuple[int, int]]:
 
 HostMemory = Callable[[int], "np.ndarray | None"]
 """Where GPU views may be copied to: ``nbytes`` -> a writable uint8 array of that size, or None (no room);
-e.g. :meth:`dz_gym.transport.host_views.HostViews.alloc`, memory the transport's workers read directly."""
+e.g. :meth:`dz_gym.transport.workers.views.HostViews.alloc`, memory the transport's workers read directly."""
 
 
 def resized_views(
@@ -240,14 +240,6 @@ def assemble_requests(
     return RequestBatch(views, joints, gripper, env_ids, prompts=prompts, session_ids=session_ids,
                         image_keys={camera: image_keys[camera] for camera in droid.CAMERA_KEYS},
                         profile=profile)  # fmt: skip
-
-
-def request_items(requests: Mapping[int, dict], env_ids: Sequence[int]) -> Sequence[tuple[int, dict]]:
-    """``(env_id, request)`` of ``env_ids`` for a client's ``submit_many``: a :class:`RequestBatch`'s own
-    items (a client may frame them from the batch's template), else pairs of the mapping's dicts."""
-    if isinstance(requests, RequestBatch):
-        return requests.items_of(env_ids)
-    return [(env_id, requests[env_id]) for env_id in env_ids]
 
 
 def build_requests(

@@ -3,7 +3,7 @@
 
 A ``spawn`` child of :mod:`multiprocessing` first imports the parent's ``__main__`` module (as
 ``__mp_main__``), so that objects defined there can be unpickled. For dz-gym's workers (the transport's,
-:mod:`dz_gym.transport.worker_handle`, and the embedded simulator's, :mod:`dz_gym.envs.mujoco.worker`) that
+:mod:`dz_gym.transport.workers.handle`, and the embedded simulator's, :mod:`dz_gym.envs.mujoco.worker`) that
 import is all cost and some danger: their targets and arguments live in dz-gym, but the caller's script runs
 again in every worker, down to its ``if __name__ == "__main__":`` guard. An Isaac Lab script launches its app
 at the top of the file, a training script imports torch and builds its models there, and a script without

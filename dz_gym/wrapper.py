@@ -93,7 +93,7 @@ import dataclasses
 import logging
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -112,13 +112,13 @@ from dz_gym.policy_client import Outcome, PolicyClient
 from dz_gym.policy_source import DEFAULT_SERVER, open_client, server_urls
 from dz_gym.protocol import ServerMetadata
 from dz_gym.protocol.profiles import resolve_server_kind
+from dz_gym.protocol.request_batch import RequestBatch
 from dz_gym.records import INTEGRITY_EVENTS, EpisodeCounters, EpisodeStats, StepRecord, event_of
 from dz_gym.requests import (
     build_requests,
     checked_actions,
     env_actions,
     hold_actions,
-    request_items,
     resolve_prompts,
     space_views_bytes,
     to_numpy,
@@ -494,7 +494,7 @@ class DreamZeroPolicyWrapper(gym.Wrapper, VectorEnv):
             requests = self._requests(policy_obs, due)
             self._used[due] = True
             tokens = [self._schedule.mark_sent(env_id) for env_id in due]
-            futures = self._client.submit_many(request_items(requests, due))
+            futures = self._client.submit_batch(requests, due)
             for env_id, token, future in zip(due, tokens, futures):
                 self._in_flight[env_id] = _InFlight(token, future)
             record.called[due] = True
@@ -508,8 +508,8 @@ class DreamZeroPolicyWrapper(gym.Wrapper, VectorEnv):
         self._schedule.apply_arrivals()
         return record
 
-    def _requests(self, policy_obs, due: list[int]) -> Mapping[int, dict]:
-        """The requests of the ``due`` envs (keyed by env id)."""
+    def _requests(self, policy_obs, due: list[int]) -> RequestBatch:
+        """The requests of the ``due`` envs (at least one), keyed by env id."""
         return build_requests(policy_obs, due, prompts=self.prompts, session_ids=self._schedule.session_ids,
                               image_resolution=self.image_resolution,
                               image_keys=getattr(self.env.unwrapped, "request_image_keys", None),

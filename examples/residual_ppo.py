@@ -104,8 +104,8 @@ def run(server_url: str, args: argparse.Namespace) -> None:
     from dz_gym.stats import PairedCounts, paired_difference_interval
 
     torch.manual_seed(args.seed)
-    # The networks are small: one thread is faster than several competing with the simulator's workers
-    # (on a loaded 2-core machine a PPO minibatch step took 150 ms with 2 threads, 5 ms with 1).
+    # The networks are small: one thread is many times faster than several competing with the simulator's
+    # workers for the cores.
     torch.set_num_threads(args.torch_threads)
     env = make_residual_env(
         1, args.num_envs, server=server_url, episode_length=args.episode_length, seed=args.seed,

@@ -54,7 +54,7 @@ def pair_time_power(design: SequentialDesign, pairs: int) -> float:
 
 
 def test_power_of_a_budget_below_the_cap_is_exact():
-    design = SequentialDesign.plan(0.1)  # the example: cap 567 pairs, 200 pairs give 0.47
+    design = SequentialDesign.plan(0.1)  # docs/compare.md's example: cap 567 pairs, 200 pairs give 0.47
     assert design.max_pairs == 567
     expected = pair_time_power(design, 200)
     assert design.power_at(200) == pytest.approx(expected, abs=1e-9) and 0.46 < expected < 0.48

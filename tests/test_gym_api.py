@@ -71,7 +71,7 @@ def test_bad_model_range_is_a_one_line_error(tmp_path):
         limits.joint_limits(model)
 
 
-@pytest.mark.slow  # 15-20 s each on the 2-core machine
+@pytest.mark.slow  # full episodes of the embedded simulator, three scenes
 @pytest.mark.parametrize("scene", [1, 2, 3])
 def test_make_vec_passes_checks_and_runs_under_record_episode_statistics(scene):
     env = gym.make_vec(registration.EMBEDDED_IDS[scene], num_envs=2, max_episode_steps=20, **SMALL)

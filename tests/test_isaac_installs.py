@@ -1,4 +1,4 @@
-"""The Isaac backend on real installs (issue: wheel/source versions, the 3.0.0 release vs develop, in-place
+"""The Isaac backend on real installs (wheel and source versions, the 3.0.0 release vs develop, in-place
 termination buffers, sim-evals' per-scene layout and MILA tasks), against the stand-in modules."""
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ from dz_gym.envs import droid
 from dz_gym.profile_hooks import encoded_size
 from dz_gym.protocol import InvalidRequest, build_infer_request, packb
 from dz_gym.protocol.packer import fast_template, join_template, pack_fast, str_bytes
-from dz_gym.protocol.request_batch import BatchItems, RequestBatch
-from dz_gym.requests import assemble_requests, request_items
+from dz_gym.protocol.request_batch import RequestBatch
+from dz_gym.requests import assemble_requests
 
 NUM_ENVS = 6
 
@@ -70,11 +70,7 @@ def test_the_batch_is_the_mapping_of_its_request_dicts():
         request = batch[env_id]
         assert list(request) == list(want[env_id])
         assert np.shares_memory(request["observation/exterior_image_0_left"], views["external_cam"])  # not copied
-    items = request_items(batch, [2, 4])
-    assert isinstance(items, BatchItems) and len(items) == 2 and items.env_ids == [2, 4]
-    assert [(i, packb(r)) for i, r in items] == [(i, packb(want[i])) for i in (2, 4)]
-    assert [i for i, _ in items[:1]] == [2]
-    assert request_items(dict(want), [1]) == [(1, want[1])]  # a plain mapping: its pairs
+    assert [packb(batch[i]) for i in (2, 4)] == [packb(want[i]) for i in (2, 4)]
     assert batch.array_bytes() == encoded_size(want)
     assert encoded_size(batch) == encoded_size(want)
 

@@ -1,4 +1,4 @@
-"""Re-sending and retrying (issue: idle-closed connections lose episodes; transient server errors).
+"""Re-sending and retrying, so that idle-closed connections and transient server errors lose no episode.
 
 A request the server cannot have processed is re-sent on a fresh connection and counted in
 ``Outcome.reconnects``; a request that got a server error is retried only up to ``retry_server_errors`` and

@@ -179,7 +179,7 @@ def test_an_arm_erroring_on_its_failures_is_not_named_best():
 
 
 def test_outcome_dependent_errors_name_a_wrong_best_arm_at_most_alpha():
-    # The case: an arm at 0.5 whose server errors on 60% of its failures against an arm at 0.6.
+    # bench_errors.py's race: an arm at 0.5 whose server errors on 60% of its failures against an arm at 0.6.
     kwargs = dict(runs=60, rounds=120, seed=11)
     errors = [ErrorModel(on_failure=0.6), ErrorModel()]
     bounded = race_wrong_best([0.5, 0.6], errors, **kwargs)

@@ -1,8 +1,8 @@
 """Finished episodes are written on a background thread: the trajectory file, then the row, in order.
 
 At the end of an episode the runner used to compress the trajectory (``np.savez_compressed``; the writer now
-stores it, :mod:`dz_gym.eval.npz`) and append and ``fsync`` the row on the stepping thread: about 2 ms an episode, which at N = 256 envs ending on the same step
-stalled every env for half a second per episode. :class:`EpisodeWriter` takes them off that thread. It keeps
+stores it, :mod:`dz_gym.eval.npz`) and append and ``fsync`` the row on the stepping thread, so when N envs
+ended on the same step every env waited until all N were on disk. :class:`EpisodeWriter` takes them off that thread. It keeps
 the run directory's order (a row is appended only after its trajectory is on disk, rows in the order the
 episodes finished) and its bound: at most ``max_pending`` episodes wait; a full queue makes the runner wait for
 the disk. The writer takes every episode waiting at once (up to :data:`MAX_BATCH`): their trajectories, then
@@ -42,7 +42,7 @@ class EpisodeWriter:
     def submit(self, scene: int, episode: int, arm: str | None, arrays: Arrays, row: dict[str, Any]) -> None:
         """Queue one finished episode (``row["trajectory"]`` must be its ``trajectory_relpath``). ``arrays`` may
         be the function that packs them: it runs on the writer's thread (at N = 1024 envs ending on the same
-        step the runner packed 1024 trajectories, about 30 us each, before the next step could start); an
+        step the runner would pack 1024 trajectories before the next step could start); an
         error it raises is a write error."""
         self._raise_pending_error()
         if self._closed:

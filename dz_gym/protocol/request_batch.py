@@ -1,16 +1,17 @@
-"""One batch step's infer requests as columns (pure, no I/O): :class:`RequestBatch` and :class:`BatchItems`.
+"""One batch step's infer requests as columns (pure, no I/O): :class:`RequestBatch`.
 
 The requests of a batch step's due envs differ only in their rows: the same keys in the same order, views of
 one shape, proprio of fixed size, and per env a prompt and a session id. Built one by one (a dict each, then
-msgpack-packed each), a request costs the calling thread some 60-90 µs of Python at N = 1024, most of a
-round's caller time (benchmarks/README.md, the Isaac Lab 3.0 sections). A :class:`RequestBatch` keeps the columns instead:
+msgpack-packed each), the requests of N = 1024 envs were most of a request round's time in the calling thread
+(benchmarks/journal/isaac3.md). A :class:`RequestBatch` keeps the columns instead:
 
 - as a ``Mapping[int, dict]`` (env id -> the very dict :func:`~dz_gym.protocol.build_infer_request` builds,
-  made when asked for), so any client takes it as before;
+  made when asked for), so any client takes it as before (what ``PolicyClient.submit_batch`` sends by
+  default);
 - through :meth:`RequestBatch.frame_template`, the msgpack frame of all its requests at once: one template
   (:func:`~dz_gym.protocol.packer.fast_template`) whose slots are the columns' rows and each request's two
-  packed strings. A client that frames the requests elsewhere (the transport's worker processes) is handed
-  the template once and per request its row and strings; :func:`frame_of` joins one frame, the bytes of
+  packed strings (the transport's pools' ``submit_batch``). A client that frames the requests elsewhere (the
+  transport's worker processes) is handed the template once and per request its row and strings; :func:`frame_of` joins one frame, the bytes of
   ``packb(batch[env_id])`` exactly.
 
 Everything :func:`build_infer_request` checks is checked when the batch is made, with its messages: the first
@@ -35,7 +36,7 @@ from dz_gym.protocol.messages import DEFAULT_PROFILE, build_infer_request
 from dz_gym.protocol.packer import fast_template, join_template, str_bytes
 from dz_gym.protocol.profiles import ServerProfile
 
-__all__ = ["BatchItems", "FrameTemplate", "RequestBatch", "frame_of"]
+__all__ = ["FrameTemplate", "RequestBatch", "frame_of"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,10 +132,6 @@ class RequestBatch(Mapping):
             profile=self.profile,
         )
 
-    def items_of(self, env_ids: Sequence[int]) -> BatchItems:
-        """``(env_id, request)`` of ``env_ids`` (each one of this batch), for a client's ``submit_many``."""
-        return BatchItems(self, [int(i) for i in env_ids])
-
     def array_bytes(self) -> int:
         """The bytes of every request's arrays (the views and proprio), without building the requests."""
         views = sum(int(column.nbytes) for column in self._views.values())
@@ -191,21 +188,3 @@ class RequestBatch(Mapping):
             return None
         row = self._row[env_id]
         return frame_of(template.parts, [column[row] for column in template.columns], strings)
-
-
-class BatchItems(Sequence):
-    """``(env_id, request)`` pairs of a :class:`RequestBatch` (what ``submit_many`` takes): a client that
-    iterates them gets request dicts, made as it goes; one that knows the batch (``.batch``, ``.env_ids``)
-    may frame them from its template instead."""
-
-    def __init__(self, batch: RequestBatch, env_ids: list[int]):
-        self.batch, self.env_ids = batch, env_ids
-
-    def __len__(self) -> int:
-        return len(self.env_ids)
-
-    def __getitem__(self, k):
-        if isinstance(k, slice):
-            return [(i, self.batch[i]) for i in self.env_ids[k]]
-        env_id = self.env_ids[k]
-        return env_id, self.batch[env_id]

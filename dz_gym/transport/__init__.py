@@ -10,10 +10,9 @@ This is the I/O edge of dz-gym, in layers (each usable on its own, each importin
 - :mod:`~dz_gym.transport.base` -- :class:`~dz_gym.transport.base.PoolBase`, what the two pools below share;
 - :mod:`~dz_gym.transport.pool` -- :class:`SessionPool`, the synchronous facade: the wrapper's default
   :class:`~dz_gym.policy_client.PolicyClient`;
-- :mod:`~dz_gym.transport.processes` -- :class:`ProcessSessionPool`, the same facade with the sessions spread
-  over worker processes (requests handed over in shared memory, :mod:`~dz_gym.transport.arena`; each worker's
-  handle in this process :mod:`~dz_gym.transport.worker_handle`, the worker itself
-  :mod:`~dz_gym.transport.worker_process`, what they say to each other :mod:`~dz_gym.transport.messages`);
+- :mod:`~dz_gym.transport.workers` -- :class:`ProcessSessionPool`, the same facade with the sessions spread
+  over worker processes (its own subpackage: the pool, each worker's handle in this process, the worker
+  itself, what they say to each other, the shared memory the requests are handed over in);
   :func:`open_pool` picks one of the two by ``TransportConfig.processes`` (None, the default: by the sessions
   and the cores, :func:`~dz_gym.transport.config.auto_processes`).
 
@@ -29,9 +28,9 @@ from dz_gym.policy_client import Outcome
 from dz_gym.transport.config import TransportConfig, check_pool_args, validate_url
 from dz_gym.transport.loop import LoopThread
 from dz_gym.transport.pool import PartialConnectError, SessionPool
-from dz_gym.transport.processes import ProcessSessionPool
 from dz_gym.transport.rules import SessionState
 from dz_gym.transport.session import AsyncSession
+from dz_gym.transport.workers import ProcessSessionPool
 
 __all__ = [
     "AsyncSession",

@@ -79,7 +79,7 @@ class TransportConfig:
             refusals in a row it gives up and the failure is reported.
         ssl_context: TLS settings for ``wss://``; ``None`` uses Python's default (system CAs, hostname check).
         processes: worker processes the sessions are spread over
-            (:class:`~dz_gym.transport.processes.ProcessSessionPool`, built by
+            (:class:`~dz_gym.transport.workers.pool.ProcessSessionPool`, built by
             :func:`~dz_gym.transport.open_pool`): many sessions of large requests (hundreds of 0.5 MB requests
             a round) then no longer share this process's interpreter lock. ``0``: every session in this
             process (:class:`~dz_gym.transport.SessionPool`). ``None``, the default: :func:`auto_processes`

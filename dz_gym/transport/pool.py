@@ -26,14 +26,15 @@ import logging
 import math
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from dz_gym import host_process
 from dz_gym.errors import DzGymError, PartialConnectError, RequestTimeout
 from dz_gym.policy_client import Outcome
 from dz_gym.protocol import ServerMetadata
 from dz_gym.protocol.contract import releases_sessions
-from dz_gym.protocol.request_batch import BatchItems
+from dz_gym.protocol.request_batch import RequestBatch
 from dz_gym.transport.base import PoolBase
 from dz_gym.transport.config import TransportConfig, check_pool_args
 from dz_gym.transport.loop import LoopThread
@@ -153,7 +154,7 @@ class SessionPool(PoolBase):
         """
         return self.submit_many([(i, request)])[0]
 
-    def submit_many(self, items) -> list[concurrent.futures.Future[Outcome]]:
+    def submit_many(self, items: Iterable[tuple[int, dict | bytes]]) -> list[concurrent.futures.Future[Outcome]]:
         """:meth:`submit` for each ``(i, request)``: all encoded here, then handed to the loop thread at once
         (one wake-up instead of one per request: with hundreds of sessions the two threads otherwise trade
         the interpreter lock at every request).
@@ -161,19 +162,25 @@ class SessionPool(PoolBase):
         Where this process opted in to ``heap_thresholds`` (:mod:`dz_gym.host_process`), the heap keeps at
         least twice the bytes encoded here when they are freed (this round and one more in flight), so that the
         next round does not fault its buffers in again."""
+        return self._send_all(items, lambda i, request: encode_request(request))
+
+    def submit_batch(self, batch: RequestBatch, env_ids: Sequence[int]) -> list[concurrent.futures.Future[Outcome]]:
+        """:meth:`submit_many` of ``batch``'s requests of ``env_ids``, each framed from the batch's template
+        (:meth:`RequestBatch.frame <dz_gym.protocol.request_batch.RequestBatch.frame>`) where it has one, else
+        encoded from its dict."""
+        return self._send_all(((int(i), batch) for i in env_ids), _frame_of)
+
+    def _send_all(self, items: Iterable[tuple[int, Any]], encode: Callable[[int, Any], bytes]):
+        """Encode each ``(i, item)`` here (``encode(i, item)``), then hand them all to the loop thread."""
         profiler = self._profiler
         futures: list[concurrent.futures.Future[Outcome] | None] = []
         coros, slots = [], []
         encoded = 0
-        batch = items.batch if isinstance(items, BatchItems) else None  # framed from its template where it has one
-        pairs = [(i, None) for i in items.env_ids] if batch is not None else items
-        for i, request in pairs:
+        for i, item in items:
             session = self._session(i)
             start = time.perf_counter()
             try:
-                payload = None if batch is None else batch.frame(i)
-                if payload is None:
-                    payload = encode_request(batch[i] if request is None else request)
+                payload = encode(i, item)
             except DzGymError as exc:
                 done: concurrent.futures.Future[Outcome] = concurrent.futures.Future()
                 done.set_result(Outcome.failed(i, exc))
@@ -191,7 +198,7 @@ class SessionPool(PoolBase):
             futures[slot] = future
         if profiler is not None:
             profiler.add("submit", time.perf_counter() - start)
-        return futures  # type: ignore[return-value]
+        return futures
 
     def set_profiler(self, profiler) -> None:
         """Time this pool's encoding and hand-offs, and its sessions' sends and reply parsing, into
@@ -244,6 +251,12 @@ class SessionPool(PoolBase):
     def close(self) -> None:
         """Close every connection (and the loop thread if the pool made it); idempotent."""
         self._finalizer()
+
+
+def _frame_of(i: int, batch: RequestBatch) -> bytes:
+    """Request ``i``'s frame from ``batch``'s template, else encoded from its dict."""
+    frame = batch.frame(i)
+    return encode_request(batch[i]) if frame is None else frame
 
 
 def _close_pool(loop: LoopThread, sessions: list[AsyncSession], owns_loop: bool, close_timeout: float) -> None:

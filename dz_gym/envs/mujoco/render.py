@@ -2,9 +2,9 @@
 
 ``mujoco.Renderer`` reads every view back with its own ``glReadPixels``, which waits until the GPU has drawn
 that view: one pipeline drain per view and, with several processes on one GPU, one switch between their
-contexts per view. Measured on one H200 with EGL (``benchmarks/bench_render.py``), 1, 4 or 16 processes
-together drew 3700-4000 views/s that way, so shards sharing the GPU could not render in parallel; with one
-read-back per page, 5000 views/s in one process and 8000-8200 in 4 or 16.
+contexts per view. With EGL on one GPU, 4 or 16 processes together drew no more views that way than one
+process alone, so shards sharing the GPU could not render in parallel; with one read-back per page they drew
+about twice as many (``benchmarks/bench_render.py``; its latest run is in benchmarks/README.md).
 
 :class:`BatchRenderer` draws each view exactly as ``mujoco.Renderer`` does (same scene options, at the origin
 of MuJoCo's offscreen buffer, same viewport), then copies it on the GPU with ``glBlitFramebuffer`` (pixel for

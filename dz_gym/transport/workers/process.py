@@ -1,6 +1,6 @@
 """A transport worker process (spawned by :class:`~dz_gym.transport.ProcessSessionPool`): its sessions on one
 asyncio loop, the requests read from the parent's shared-memory segments, the outcomes sent back over the pipe
-(:mod:`dz_gym.transport.messages`).
+(:mod:`dz_gym.transport.workers.messages`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from dz_gym.protocol import packb
 from dz_gym.protocol.request_batch import frame_of
 from dz_gym.transport.config import TransportConfig
 from dz_gym.transport.heap import keep_freed_buffers
-from dz_gym.transport.messages import error_fields, pack_message, unpack_message
 from dz_gym.transport.session import AsyncSession
+from dz_gym.transport.workers import messages as msg
+from dz_gym.transport.workers.messages import MessageError, error_fields, pack_message, read_message, unpack_message
 
 __all__ = ["worker_main"]
 
@@ -58,45 +59,58 @@ class _Took:
     def __init__(self, loop: WorkerLoop, token: int, count: int):
         self.loop, self.token, self.left = loop, token, count
         if count == 0:
-            loop.post(["took", token])
+            loop.post(msg.TOOK(token))
 
     def one_done(self) -> None:
         self.left -= 1
         if self.left == 0:
-            self.loop.post(["took", self.token])
+            self.loop.post(msg.TOOK(self.token))
 
 
 class _Templated:
     """One request of a ``sendt`` batch before it is framed: the template's parts, the batch's columns, its
     row and its packed strings."""
 
-    __slots__ = ("columns", "parts", "row", "strings", "took")
+    __slots__ = ("columns", "countdown", "parts", "row", "strings")
 
-    def __init__(self, parts: list, columns: list, row: int, strings: list[bytes], took: _Took):
-        self.parts, self.columns, self.row, self.strings, self.took = parts, columns, row, strings, took
+    def __init__(self, parts: list, columns: list, row: int, strings: list[bytes], countdown: _Took):
+        self.parts, self.columns, self.row, self.strings, self.countdown = parts, columns, row, strings, countdown
 
 
 class WorkerLoop:
     """The worker process: its sessions on one asyncio loop, fed by a thread reading the parent's pipe."""
 
-    def __init__(self, conn: Any, init: dict[str, Any]):
+    def __init__(self, conn: Any, config: dict[str, Any], sessions: list, concurrency: int, segments: list,
+                 views: list):  # fmt: skip
+        """The fields of the parent's ``init`` message."""
         self.conn = conn
-        config = TransportConfig(**init["config"])
-        self.close_timeout = config.close_timeout
-        self.sessions = {int(i): FrameKeepingSession(url, config) for i, url in init["sessions"]}
+        transport = TransportConfig(**config)
+        self.close_timeout = transport.close_timeout
+        self.sessions = {int(i): FrameKeepingSession(url, transport) for i, url in sessions}
         self.sends = SendClock()  # the sends' time, reported with each outcome (the parent's --profile)
         for session in self.sessions.values():
             session.profiler = self.sends
-        self.concurrency = int(init["concurrency"])
+        self.concurrency = int(concurrency)
         self.segments: dict[int, shared_memory.SharedMemory] = {}
-        for seg, name in init["segments"]:
+        for seg, name in segments:
             self._attach(seg, name)
         self.views: dict[int, shared_memory.SharedMemory] = {}  # the pool's view segments (every worker's)
-        for seg, name in init.get("views", []):
+        for seg, name in views:
             self._attach_views(seg, name)
         self.outbox: list[Any] = []
         self.tasks: set[asyncio.Task[None]] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.handlers = {
+            msg.SEND: self._on_send,
+            msg.SENDB: self._on_sendb,
+            msg.SENDV: self._on_sendv,
+            msg.SENDT: self._on_sendt,
+            msg.SEG: self._attach,
+            msg.VSEG: self._attach_views,
+            msg.CONNECT: self._on_connect,
+            msg.RESET: self._on_reset,
+            msg.CLOSE: self._on_close,
+        }
 
     def _attach(self, seg: int, name: str) -> None:
         # Attaching registers the name with the resource tracker that spawn shares with the parent (a set: the
@@ -113,7 +127,7 @@ class WorkerLoop:
         self.semaphore = asyncio.Semaphore(self.concurrency)
         self.stopped = asyncio.Event()
         threading.Thread(target=self._read, name="dz-gym-worker-pipe", daemon=True).start()
-        self.post(["ready", os.getpid()])
+        self.post(msg.READY(os.getpid()))
         await self.stopped.wait()
 
     def _read(self) -> None:
@@ -135,35 +149,41 @@ class WorkerLoop:
         if data is None:  # the parent is gone: nobody is left to answer
             self._spawn(self._close(None))
             return
-        message = unpack_message(data)
-        kind = message[0]
-        if kind == "send":
-            for token, index, seg, offset, length in message[1]:
-                payload = self.segments[seg].buf[offset : offset + length]
-                self._spawn(self._send(token, index, payload))
-        elif kind == "sendb":
-            _, token, index, payload = message
+        try:
+            kind, fields = read_message(unpack_message(data), msg.TO_WORKER)
+            self.handlers[kind](*fields)
+        except MessageError as exc:  # a bug of the parent's: stop, and the parent fails what this worker had
+            logger.error("transport worker: %s; closing", exc)
+            self._spawn(self._close(None))
+
+    def _on_send(self, requests: list) -> None:
+        for token, index, seg, offset, length in requests:
+            payload = self.segments[seg].buf[offset : offset + length]
             self._spawn(self._send(token, index, payload))
-        elif kind == "sendv":  # large pieces in the view segments, small ones inline: joined by the send
-            for token, index, parts in message[1]:
-                self._spawn(self._send(token, index, parts))
-        elif kind == "sendt":  # one batch's requests, each framed here from its template (RequestBatch)
-            _, token, parts, columns, rows = message
-            took = _Took(self, token, len(rows))
-            for request_token, index, row, *strings in rows:
-                self._spawn(self._send(request_token, index, _Templated(parts, columns, row, strings, took)))
-        elif kind == "seg":
-            self._attach(message[1], message[2])
-        elif kind == "vseg":
-            self._attach_views(message[1], message[2])
-        elif kind == "connect":
-            for token, index in message[1]:
-                self._spawn(self._connect(token, index))
-        elif kind == "reset":
-            _, token, index, session_id = message
-            self._spawn(self._reset(token, index, session_id))
-        elif kind == "close":
-            self._spawn(self._close(message[1]))
+
+    def _on_sendb(self, token: int, index: int, frame: bytes) -> None:
+        self._spawn(self._send(token, index, frame))
+
+    def _on_sendv(self, requests: list) -> None:
+        """Large pieces in the view segments, small ones inline: joined by the send."""
+        for token, index, parts in requests:
+            self._spawn(self._send(token, index, parts))
+
+    def _on_sendt(self, token: int, parts: list, columns: list, rows: list) -> None:
+        """One batch's requests, each framed here from its template (RequestBatch)."""
+        took = _Took(self, token, len(rows))
+        for request_token, index, row, *strings in rows:
+            self._spawn(self._send(request_token, index, _Templated(parts, columns, row, strings, took)))
+
+    def _on_connect(self, sessions: list) -> None:
+        for token, index in sessions:
+            self._spawn(self._connect(token, index))
+
+    def _on_reset(self, token: int, index: int, session_id: str | None) -> None:
+        self._spawn(self._reset(token, index, session_id))
+
+    def _on_close(self, token: int) -> None:
+        self._spawn(self._close(token))
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -181,7 +201,7 @@ class WorkerLoop:
             for view in views:
                 if isinstance(view, memoryview):
                     view.release()
-            self.post(["took", token])
+            self.post(msg.TOOK(token))
 
     def _frame(self, templated: _Templated) -> bytes:
         """The frame of a ``sendt`` request: the template's parts, its row of each column (view ranges or
@@ -201,7 +221,7 @@ class WorkerLoop:
             for view in rows:
                 if isinstance(view, memoryview):
                     view.release()
-            templated.took.one_done()
+            templated.countdown.one_done()
 
     async def _send(self, token: int, index: int, payload: Any) -> None:
         session = self.sessions[index]
@@ -211,8 +231,7 @@ class WorkerLoop:
             except (KeyError, IndexError, TypeError, ValueError) as exc:  # only a bug of the parent's gets here
                 now = time.perf_counter()
                 error = DzGymError(f"session {index}: the request's views could not be read: {exc!r}")
-                self.post(["out", token, index, None, [now, now, 0, 0, 0], error_fields(error), 0.0,
-                           session.connected])  # fmt: skip
+                self.post(msg.OUT(token, index, None, [now, now, 0, 0, 0], error_fields(error), 0.0, session.connected))
                 return
         try:
             outcome = await session.send(payload, index=index)
@@ -227,19 +246,19 @@ class WorkerLoop:
         frame = kept[1] if kept is not None else None
         error = None if outcome.error is None else error_fields(outcome.error)
         stamps = [outcome.sent_at, outcome.received_at, outcome.request_bytes, outcome.reconnects, outcome.retries]
-        self.post(["out", token, index, frame, stamps, error, self.sends.take(), session.connected])
+        self.post(msg.OUT(token, index, frame, stamps, error, self.sends.take(), session.connected))
 
     async def _connect(self, token: int, index: int) -> None:
         session = self.sessions[index]
         try:
             async with self.semaphore:
                 metadata = await session.connect()
-            self.post(["conn", token, index, packb(metadata.raw), None, session.connected])
+            self.post(msg.CONN(token, index, packb(metadata.raw), None, session.connected))
         except DzGymError as exc:
-            self.post(["conn", token, index, None, error_fields(exc), session.connected])
+            self.post(msg.CONN(token, index, None, error_fields(exc), session.connected))
         except Exception as exc:  # noqa: BLE001 - stays with its session, as in SessionPool
             error = DzGymError(f"session {index}: connect failed: {type(exc).__name__}: {exc}")
-            self.post(["conn", token, index, None, error_fields(error), session.connected])
+            self.post(msg.CONN(token, index, None, error_fields(error), session.connected))
 
     async def _reset(self, token: int, index: int, session_id: str | None) -> None:
         session = self.sessions[index]
@@ -248,7 +267,7 @@ class WorkerLoop:
             error = None
         except DzGymError as exc:
             error = error_fields(exc)
-        self.post(["reset", token, index, error, session.connected])
+        self.post(msg.RESET_DONE(token, index, error, session.connected))
 
     async def _close(self, token: int | None) -> None:
         """Close every session (a request in flight ends with ConnectionLost and is reported), then stop."""
@@ -262,7 +281,7 @@ class WorkerLoop:
             except BufferError:  # a send still holds a view: the exit unmaps it
                 pass
         if token is not None:
-            self.post(["closed", token])
+            self.post(msg.CLOSED(token))
             self.flush()
         self.stopped.set()
 
@@ -289,9 +308,9 @@ def worker_main(conn: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the parent's to handle; it closes us
     keep_freed_buffers()  # frame-sized buffers (the masked copies) are reused, as in the parent
     try:
-        message = unpack_message(conn.recv_bytes())
+        kind, fields = read_message(unpack_message(conn.recv_bytes()), msg.TO_WORKER)
     except (EOFError, OSError):
         return
-    if not (isinstance(message, list) and message and message[0] == "init"):
-        return
-    asyncio.run(WorkerLoop(conn, message[1]).run())
+    if kind is not msg.INIT:
+        raise MessageError(f"transport worker: expected an {msg.INIT.name} message first, got {kind.name}")
+    asyncio.run(WorkerLoop(conn, *fields).run())

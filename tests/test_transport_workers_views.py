@@ -22,8 +22,9 @@ from dz_gym.profiling import StageProfiler
 from dz_gym.protocol import packb
 from dz_gym.testing.servers import ServerThread, replying
 from dz_gym.transport import ProcessSessionPool, TransportConfig
-from dz_gym.transport.host_views import FIRST_VIEWS_SEGMENT_BYTES, HostViews
-from dz_gym.transport.worker_handle import create_segment
+from dz_gym.transport.workers.messages import TOOK
+from dz_gym.transport.workers.segments import create_segment
+from dz_gym.transport.workers.views import FIRST_VIEWS_SEGMENT_BYTES, HostViews
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -155,7 +156,7 @@ def test_a_reserve_that_does_not_wait_maps_the_pages_on_a_thread_and_the_next_al
     lock); the segment is announced only once taken, by the next alloc, which waits for those pages."""
     import threading
 
-    import dz_gym.transport.host_views as host_views
+    import dz_gym.transport.workers.views as host_views
 
     started, release, announced = threading.Event(), threading.Event(), []
     populate = host_views._populate
@@ -189,7 +190,7 @@ def test_a_reserve_that_does_not_wait_page_locks_on_its_thread_on_the_callers_de
     ``cudaHostRegister`` binding leaves the interpreter lock while the driver pins the pages)."""
     import threading
 
-    import dz_gym.transport.host_views as host_views
+    import dz_gym.transport.workers.views as host_views
 
     calls: list[tuple[str, str, object]] = []
 
@@ -212,7 +213,7 @@ def test_a_reserve_that_does_not_wait_page_locks_on_its_thread_on_the_callers_de
         assert views.reserve(nbytes, wait=False)
         block = views.alloc(nbytes)
         assert block is not None and views.pinned
-        size = views._segments[0].size
+        size = views._shared.segments[0].size
         assert calls == [("device", "dz-gym-view-pages", 3), ("register", "dz-gym-view-pages", (size, 0))]
     finally:
         views.close()
@@ -224,7 +225,7 @@ def test_a_reserve_whose_thread_had_no_cuda_page_locks_when_taken_once_cuda_is_u
     takes it, on its own thread."""
     import threading
 
-    import dz_gym.transport.host_views as host_views
+    import dz_gym.transport.workers.views as host_views
 
     calls: list[str] = []
 
@@ -254,7 +255,7 @@ def test_a_segment_that_cannot_be_set_up_is_unlinked_and_gives_no_room(monkeypat
     import errno
     import os
 
-    import dz_gym.transport.host_views as host_views
+    import dz_gym.transport.workers.views as host_views
 
     made: list[str] = []
 
@@ -298,7 +299,7 @@ def test_requests_whose_views_lie_in_the_view_memory_are_sent_by_reference():
         futures = pool.submit_many(list(requests.items()))
         concurrent.futures.wait(futures, timeout=BOUND_S)
         assert all(f.done() and f.result().ok for f in futures)
-        assert all(not w.segments for w in pool._workers), "nothing went through an arena"
+        assert all(not w.arena for w in pool._workers), "nothing went through an arena"
         assert all(f.result().request_bytes == len(packb(requests[k])) for k, f in enumerate(futures))
         assert views.blocks == 1  # the caller still holds its arrays
         del block, images, requests
@@ -326,7 +327,7 @@ def test_by_reference_and_copied_requests_keep_one_sessions_order():
         futures = pool.submit_many([(0, r) for r in order])
         concurrent.futures.wait(futures, timeout=BOUND_S)
         assert all(f.result().ok for f in futures)
-        assert len(pool._workers[0].segments) == 1, "the own-memory request went through the arena"
+        assert len(pool._workers[0].arena) == 1, "the own-memory request went through the arena"
     assert frames == [packb(r) for r in order]
 
 
@@ -364,17 +365,17 @@ def test_a_batchs_requests_are_framed_from_its_template(processes, in_view_memor
             block = pool.host_views.alloc(3 * 5 * int(np.prod(VIEW))) if in_view_memory else None
             batch = batch_in(block, env_ids, 6)
             want = {k: packb(batch[k]) for k in env_ids}
-            futures = pool.submit_many(batch.items_of(env_ids))
+            futures = pool.submit_batch(batch, env_ids)
             concurrent.futures.wait(futures, timeout=BOUND_S)
             outcomes = [f.result() for f in futures]
             assert all(o.ok for o in outcomes) and [o.index for o in outcomes] == env_ids
             assert [o.request_bytes for o in outcomes] == [len(want[k]) for k in env_ids]
             if processes:
-                arenas = [w.segments for w in pool._workers]
+                arenas = [len(w.arena) for w in pool._workers]
                 assert all(not a for a in arenas) if in_view_memory else any(arenas)
                 as_dicts = profiler.report(1.0)["batches_as_dicts"]  # the profile says why a batch went as dicts
                 assert as_dicts == ({} if in_view_memory else {"views outside the view memory": 1})
-                assert not any(p.kind == "hold" for w in pool._workers for p in w.pending.values()), "both took"
+                assert not any(p.kind is TOOK for w in pool._workers for p in w.pending.values()), "both took"
             if in_view_memory:
                 assert pool.host_views.blocks == 1  # the caller still holds its arrays
                 del block, batch
@@ -430,7 +431,7 @@ def test_the_wrapper_builds_the_pool_its_transport_asks_for_and_its_views_go_by_
             assert pool.host_views.names == reserved, "the steps found it ready"
             stats = [env.episode_stats(i) for i in range(4)]
             assert all(s.chunks >= 1 and not s.flagged for s in stats)
-            assert all(not w.segments for w in pool._workers), "the views went by reference, not through an arena"
+            assert all(not w.arena for w in pool._workers), "the views went by reference, not through an arena"
             assert pool.host_views.names
         finally:
             env.close()
@@ -492,7 +493,7 @@ def test_a_killed_workers_requests_fail_and_their_blocks_come_back(as_batch):
         if as_batch:  # framed by the workers from the batch's template
             block = pool.host_views.alloc(3 * 4 * int(np.prod(VIEW)))
             images = batch_in(block, [0, 1, 2, 3], 4)
-            futures = pool.submit_many(images.items_of([0, 1, 2, 3]))
+            futures = pool.submit_batch(images, [0, 1, 2, 3])
         else:
             block = pool.host_views.alloc(4 * int(np.prod(VIEW)))
             images = views_of(block, 4)
@@ -510,4 +511,4 @@ def test_a_killed_workers_requests_fail_and_their_blocks_come_back(as_batch):
         again = pool.host_views.alloc(int(np.prod(VIEW)))
         again[:] = 5
         outcome = pool.submit(1, request(1, views_of(again, 1)[0])).result(BOUND_S)
-        assert outcome.ok and not pool._workers[1].segments
+        assert outcome.ok and not pool._workers[1].arena

@@ -9,8 +9,8 @@ sends it; the caller only encodes.
 
 How the bytes move (no pickle for anything per request):
 
-- The caller encodes each request straight into a shared-memory segment of its worker
-  (:mod:`multiprocessing.shared_memory`; the ranges are kept by :class:`~dz_gym.transport.arena.Extents`) and
+- The caller encodes each request straight into a shared-memory segment of its worker's arena
+  (:class:`~dz_gym.transport.workers.segments.SharedSegments` of :mod:`multiprocessing.shared_memory`) and
   sends a small msgpack descriptor (session, segment, offset, length, token) with ``Connection.send_bytes``;
   the worker sends a ``memoryview`` of the segment. A range is reused once the worker reports the request
   done (its outcome: until then it may re-send the request on a fresh connection). A worker's segments grow
@@ -24,8 +24,8 @@ How the bytes move (no pickle for anything per request):
   builds) are not packed here at all where its views lie in the view memory: each worker gets one ``sendt``
   message -- the batch's frame template, where its columns lie (the views as their place in the view memory,
   the proprio inline) and per request its row and its packed prompt and session id -- and frames each request
-  itself, into the bytes ``packb`` gives its dict. The caller's work per request is then a few microseconds
-  of bookkeeping instead of packing it.
+  itself, into the bytes ``packb`` gives its dict. The caller's work per request is then bookkeeping
+  instead of packing it (``benchmarks/bench_processes.py`` measures both; benchmarks/README.md).
 - The worker answers with the raw reply frame and the outcome's stamps, counts and error (type name, message
   and the fields its class needs, rebuilt from :mod:`dz_gym.errors` here); this process parses the frame with
   the parser AsyncSession uses, so the reply is the one SessionPool gives.
@@ -51,7 +51,7 @@ import math
 import threading
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from dz_gym.errors import DzGymError, PartialConnectError, RequestTimeout
@@ -59,12 +59,11 @@ from dz_gym.policy_client import Outcome
 from dz_gym.protocol import ServerMetadata
 from dz_gym.protocol.contract import releases_sessions
 from dz_gym.protocol.packer import fast_parts, pieces_of, pieces_size
-from dz_gym.protocol.request_batch import BatchItems
+from dz_gym.protocol.request_batch import RequestBatch
 from dz_gym.transport.base import PoolBase
 from dz_gym.transport.config import TransportConfig, check_pool_args
-from dz_gym.transport.host_views import VIEWS_BYTES, HostViews
 from dz_gym.transport.session import request_pieces
-from dz_gym.transport.worker_handle import (
+from dz_gym.transport.workers.handle import (
     ARENA_BYTES,
     BY_REFERENCE_BYTES,
     FIRST_SEGMENT_BYTES,
@@ -72,9 +71,10 @@ from dz_gym.transport.worker_handle import (
     START_TIMEOUT_S,
     STOP_GRACE_S,
     WorkerHandle,
-    create_segment,
     process_cpu_s,
 )
+from dz_gym.transport.workers.segments import create_segment
+from dz_gym.transport.workers.views import VIEWS_BYTES, HostViews
 
 __all__ = ["ARENA_BYTES", "FIRST_SEGMENT_BYTES", "PARALLEL_COPY_BYTES", "START_TIMEOUT_S", "ProcessSessionPool"]
 
@@ -189,23 +189,23 @@ class ProcessSessionPool(PoolBase):
         """The names of the shared-memory segments the workers use now (under /dev/shm on Linux): their
         arenas and the view segments."""
         views = [] if self._views is None else [name for _, name in self._views.names]
-        return [s.name for w in self._workers for s in w.segments] + views
+        return [name for w in self._workers for _, name in w.arena.names] + views
 
     @property
     def host_views(self) -> HostViews | None:
         """Shared memory for GPU views that the workers read directly (see
-        :mod:`dz_gym.transport.host_views`); None with ``views_bytes=0``. A request whose large pieces lie in
+        :mod:`dz_gym.transport.workers.views`); None with ``views_bytes=0``. A request whose large pieces lie in
         its blocks is not copied by :meth:`submit_many`: its worker joins the frame from them."""
         return self._views
 
     @property
     def host_memory(self):
-        """:meth:`HostViews.alloc <dz_gym.transport.host_views.HostViews.alloc>` of :attr:`host_views` (the
+        """:meth:`HostViews.alloc <dz_gym.transport.workers.views.HostViews.alloc>` of :attr:`host_views` (the
         wrapper copies GPU views there), or None without view memory."""
         return None if self._views is None else self._views.alloc
 
     def reserve_host_memory(self, nbytes: int, *, wait: bool = True) -> bool:
-        """:meth:`HostViews.reserve <dz_gym.transport.host_views.HostViews.reserve>` of :attr:`host_views`
+        """:meth:`HostViews.reserve <dz_gym.transport.workers.views.HostViews.reserve>` of :attr:`host_views`
         (False without view memory)."""
         return False if self._views is None else self._views.reserve(nbytes, wait=wait)
 
@@ -239,7 +239,7 @@ class ProcessSessionPool(PoolBase):
             except DzGymError as exc:
                 errors[i] = exc
                 continue
-            futures[i] = worker.request("conn", i, [])
+            futures[i] = worker.connect(i)
         per_worker = max((sum(1 for i in futures if self._worker(i) is w) for w in self._workers), default=0)
         concurrency = self._workers[0].concurrency
         bound = self._config.connect_bound() * math.ceil(per_worker / concurrency) + 5.0
@@ -265,7 +265,7 @@ class ProcessSessionPool(PoolBase):
         worker.ensure_alive()
         bound = self._config.connect_bound() + 5.0
         try:
-            metadata, error = worker.request("conn", i, []).result(bound)
+            metadata, error = worker.connect(i).result(bound)
         except concurrent.futures.TimeoutError:
             raise RequestTimeout(f"session {i}: reconnect did not finish within {bound:g} s") from None
         if error is not None:
@@ -279,7 +279,7 @@ class ProcessSessionPool(PoolBase):
         :class:`Outcome` carries the reply or the error. A dict is encoded here, into the worker's arena."""
         return self.submit_many([(i, request)])[0]
 
-    def submit_many(self, items) -> list[concurrent.futures.Future[Outcome]]:
+    def submit_many(self, items: Iterable[tuple[int, dict | bytes]]) -> list[concurrent.futures.Future[Outcome]]:
         """:meth:`submit` for each ``(i, request)``: each encoded here (into its worker's arena, or as references
         to its views), then one descriptor message per worker.
 
@@ -290,20 +290,6 @@ class ProcessSessionPool(PoolBase):
         the packing is ``encode`` and the copies and hand-off are ``submit``."""
         profiler = self._profiler
         start = time.perf_counter()
-        if isinstance(items, BatchItems) and self._views is not None:
-            messages = self._template_messages(items)
-            if isinstance(messages, str):
-                if profiler is not None:
-                    profiler.batch_as_dicts(messages)
-            else:
-                futures, messages = messages
-                placed = time.perf_counter()
-                for worker, message in messages:
-                    worker.send_message(message)
-                if profiler is not None:
-                    profiler.add("encode", placed - start)
-                    profiler.add("submit", time.perf_counter() - placed)
-                return futures
         futures: list[concurrent.futures.Future[Outcome]] = []
         entries: dict[int, list[tuple[int, Any, concurrent.futures.Future, Any]]] = {}
         copy_bytes = 0
@@ -345,28 +331,54 @@ class ProcessSessionPool(PoolBase):
             profiler.add("submit", time.perf_counter() - placed)
         return futures
 
-    def _template_messages(self, items: BatchItems) -> tuple[list[concurrent.futures.Future[Outcome]],
-                                                              list[tuple[WorkerHandle, list]]] | str:  # fmt: skip
+    def submit_batch(self, batch: RequestBatch, env_ids: Sequence[int]) -> list[concurrent.futures.Future[Outcome]]:
+        """:meth:`submit_many` of ``batch``'s requests of ``env_ids``, as the wrapper sends a batch step's.
+
+        Where the batch's large columns (the views) lie in :attr:`host_views`, nothing is packed here: each
+        worker gets one ``sendt`` message (:meth:`_template_messages`) and frames its requests itself: the
+        caller's work per request is bookkeeping, not packing. Otherwise (no view memory, no frame
+        template, a string that is not UTF-8, views elsewhere) the requests go as dicts through
+        :meth:`submit_many`, the reason counted by the profiler (``batches_as_dicts``)."""
+        env_ids = [int(i) for i in env_ids]
+        if self._views is not None:
+            profiler = self._profiler
+            start = time.perf_counter()
+            try:
+                futures, messages = self._template_messages(batch, env_ids)
+            except _AsDicts as why:
+                if profiler is not None:
+                    profiler.batch_as_dicts(str(why))
+            else:
+                placed = time.perf_counter()
+                for worker, message in messages:
+                    worker.send_message(message)
+                if profiler is not None:
+                    profiler.add("encode", placed - start)
+                    profiler.add("submit", time.perf_counter() - placed)
+                return futures
+        return self.submit_many((i, batch[i]) for i in env_ids)
+
+    def _template_messages(self, batch: RequestBatch, env_ids: list[int]) -> tuple[
+            list[concurrent.futures.Future[Outcome]], list[tuple[WorkerHandle, list]]]:  # fmt: skip
         """The futures and each worker's ``sendt`` message of a batch's requests, to be framed by the workers
         from the batch's template (:meth:`RequestBatch.frame_template
         <dz_gym.protocol.request_batch.RequestBatch.frame_template>`): a large column (the views) goes as its
         place in :attr:`host_views`, a small one (the proprio) inline, each request as its row and its two
-        packed strings. Where the batch has no template, some string is no UTF-8 or a large column lies
-        outside the view memory, the requests go as dicts: then why, in words."""
-        batch = items.batch
+        packed strings. :class:`_AsDicts`, saying why in words, where the batch has no template, some string
+        is no UTF-8 or a large column lies outside the view memory."""
         template = batch.frame_template()
         if template is None:
-            return "no frame template"
-        strings = [batch.strings(env_id) for env_id in items.env_ids]
+            raise _AsDicts("no frame template")
+        strings = [batch.strings(env_id) for env_id in env_ids]
         if any(s is None for s in strings):
-            return "a prompt or session id that is not UTF-8"
+            raise _AsDicts("a prompt or session id that is not UTF-8")
         sizes = [template.row_bytes(j) for j in range(len(template.columns))]
         large = [j for j, size in enumerate(sizes) if size >= BY_REFERENCE_BYTES]
         inline = {j: template.columns[j].tobytes() for j in range(len(sizes)) if j not in large}
         per_worker: dict[int, list] = {}
         futures: list[concurrent.futures.Future[Outcome]] = []
         row_bytes = template.fixed_bytes + sum(sizes)
-        for env_id, packed in zip(items.env_ids, strings):
+        for env_id, packed in zip(env_ids, strings):
             worker = self._worker(env_id)
             future: concurrent.futures.Future[Outcome] = concurrent.futures.Future()
             futures.append(future)
@@ -377,7 +389,7 @@ class ProcessSessionPool(PoolBase):
             for _, keys in found:
                 for key in keys:
                     self._views.release(key)
-            return "views outside the view memory"
+            raise _AsDicts("views outside the view memory")
         messages = []
         for (number, rows), (spots, keys) in zip(per_worker.items(), found):
             where = dict(zip(large, spots))
@@ -422,7 +434,7 @@ class ProcessSessionPool(PoolBase):
     def release(self, i: int, session_id: str) -> concurrent.futures.Future[None]:
         """Ask session ``i``'s server to free ``session_id`` (a ``reset`` naming it) without waiting; best
         effort, as :meth:`SessionPool.release <dz_gym.transport.SessionPool.release>`."""
-        answer = self._worker(i).request("reset", i, [session_id])
+        answer = self._worker(i).reset(i, session_id)
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
 
         def settle(future: concurrent.futures.Future) -> None:
@@ -444,6 +456,10 @@ class ProcessSessionPool(PoolBase):
     def close(self) -> None:
         """Close every connection, join the workers and unlink their shared memory; idempotent."""
         self._finalizer()
+
+
+class _AsDicts(Exception):
+    """A batch that cannot be framed by the workers from its template; its message says why."""
 
 
 def _close_workers(

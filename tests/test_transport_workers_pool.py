@@ -26,10 +26,8 @@ from dz_gym.server.policies import load_policy
 from dz_gym.testing.gated import GatedPolicy
 from dz_gym.testing.servers import ServerThread, free_port, gather, good, replying
 from dz_gym.transport import ProcessSessionPool, SessionPool, TransportConfig, open_pool
-from dz_gym.transport.arena import Extents
-from dz_gym.transport.messages import error_fields, rebuild_error
-from dz_gym.transport.processes import PARALLEL_COPY_BYTES
 from dz_gym.transport.session import request_pieces
+from dz_gym.transport.workers.pool import PARALLEL_COPY_BYTES
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -86,15 +84,6 @@ def test_pieces_written_into_a_buffer_are_packb_bytes(value):
     assert bytes(buffer[37:end]) == packb(value) and end - 37 == len(packb(value))
     with pytest.raises(ValueError, match="buffer"):
         write_pieces(pieces, bytearray(3))
-
-
-def test_extents_merge_out_of_order_frees():
-    extents = Extents(64 * 10)
-    starts = [extents.alloc(64) for _ in range(10)]
-    assert extents.alloc(1) is None
-    for k in (3, 1, 2, 9, 0, 8, 4, 6, 5, 7):
-        extents.free(starts[k])
-    assert extents.free_bytes == 640 and extents.allocated == 0 and extents.alloc(640) == 0
 
 
 @pytest.mark.parametrize("arena_bytes", [None, 0])  # the arena, or (no room at all) the pipe
@@ -226,16 +215,6 @@ def test_server_errors_come_back_as_in_process_and_touch_no_other_session():
     assert isinstance(errors["procs"][2], ProtocolError)
 
 
-def test_error_fields_rebuild_every_dz_gym_error():
-    for error in (
-        ServerError("Traceback\nboom", fatal=True, code="x"),
-        ConnectionLost("gone", code=1011, reason="bye"),
-        ProtocolError("bad frame"),
-    ):
-        again = rebuild_error(error_fields(error))
-        assert type(again) is type(error) and str(again) == str(error) and vars(again) == vars(error)
-
-
 # --------------------------------------------------------------------------------------- dead workers
 def test_a_killed_worker_fails_its_requests_at_once_and_the_others_complete():
     gated = GatedPolicy(load_policy("hold"), free=0)
@@ -261,6 +240,26 @@ def test_a_killed_worker_fails_its_requests_at_once_and_the_others_complete():
         assert pool.submit(1, dz_request(1)).result(BOUND_S).ok
         pool.reconnect(3)
         assert pool.submit(3, dz_request(3)).result(BOUND_S).ok
+
+
+def test_a_message_the_table_does_not_declare_stops_its_worker_and_only_its_sessions():
+    """A worker that reads a message of an undeclared kind logs why and exits: its requests fail as a dead
+    worker's do, the other worker's go on, and a reconnect starts it again."""
+    gated = GatedPolicy(load_policy("hold"), free=0)
+    with start_server_thread(gated) as server, ProcessSessionPool(server.url, 2, FAST, processes=2) as pool:
+        pool.connect()
+        futures = pool.submit_many([(i, dz_request(i)) for i in range(2)])
+        gated.held.wait(BOUND_S)
+        worker = pool._workers[1]
+        worker.send_message(["sendx", 1])  # what no parent of this code sends
+        worker.reader.join(BOUND_S)  # the worker exited and its reader saw the pipe close
+        assert pool.worker_pid(1) is None and not pool.is_connected(1)
+        assert isinstance(futures[1].result(BOUND_S).error, ConnectionLost)  # its connection closed as it went
+        assert not futures[0].done() and pool.is_connected(0)
+        gated.open()
+        assert futures[0].result(BOUND_S).ok
+        pool.reconnect(1)
+        assert pool.submit(1, dz_request(1)).result(BOUND_S).ok
 
 
 def test_restarts_are_bounded():

@@ -14,9 +14,9 @@ plus its few small pieces inline, and the worker joins them into the frame it se
   CUDA (``cudaHostRegister``, so the copy from the GPU is one DMA transfer), and left pageable otherwise.
 - :meth:`HostViews.reserve` makes room for a batch ahead of time (the wrapper calls it at reset with a full
   round's views): a segment made then is also populated (its pages mapped in one call) before it is
-  page-locked, so the first request round pays neither (at N = 1024, 1 GiB: about half a second on the
-  2-core development machine, which the first request round's copy would pay otherwise). With ``wait=False`` the pages
-  are mapped on a thread of their own (the kernel's work, outside the interpreter lock) while the caller
+  page-locked, so the first request round pays neither: mapping and page-locking a GiB is kernel and
+  driver work that grows with the segment, which the first round's copy would otherwise wait on
+  (benchmarks/README.md has the measurements). With ``wait=False`` the pages are mapped on a thread of their own (the kernel's work, outside the interpreter lock) while the caller
   goes on, and page-locked there too, on the caller's current CUDA device; the wrapper starts it from the
   observation space before the env's reset, which then overlaps it, and the next :meth:`alloc` or
   :meth:`reserve` takes the segment (page-locking it on the caller's thread only if CUDA came up since).
@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from dz_gym.transport.arena import Extents
+from dz_gym.transport.workers.segments import Segment, SharedSegments
 
 __all__ = ["FIRST_VIEWS_SEGMENT_BYTES", "VIEWS_BYTES", "HostViews", "address_of"]
 
@@ -62,33 +62,16 @@ def address_of(array: np.ndarray) -> int:
     return array.__array_interface__["data"][0]
 
 
-class _Segment:
-    """One shared-memory segment of views: its name (for the workers and the unlink), this process's mapping of
-    it, its extents and its page-lock state.
-
-    The blocks view a mapping of this process's own (``mmap`` of the segment's file), never closed explicitly:
-    it is unmapped when the last array of it goes, so a caller's array outlives :meth:`HostViews.close`
-    safely (and no close ever meets an array still exporting it)."""
+class _ViewSegment(Segment):
+    """A :class:`~dz_gym.transport.workers.segments.Segment` of views: also its mapping's address and its
+    page-lock state (its pages populated first where asked)."""
 
     def __init__(self, memory: Any, pin: bool, populate: bool = False):
-        self.name = memory.name
-        self.size = memory.size
-        fd = getattr(memory, "_fd", -1)
-        self.mapping: Any = mmap.mmap(fd, self.size) if fd >= 0 else memory.buf  # (no descriptor: its own)
-        self.memory = memory
-        if fd >= 0:
-            memory.close()  # its own mapping has no views: the segment lives on in ours and in its name
-        self.extents = Extents(self.size)
+        super().__init__(memory)
         self.address = address_of(np.frombuffer(self.mapping, np.uint8))
         if populate:
             _populate(self.address, self.size)
         self.pinned = _page_lock(self.address, self.size) if pin else False
-
-    def unlink(self) -> None:
-        try:
-            self.memory.unlink()  # (after close, as SharedMemory allows)
-        except FileNotFoundError:
-            pass
 
 
 class HostViews:
@@ -101,15 +84,14 @@ class HostViews:
 
     def __init__(self, create: Callable[[int], Any], announce: Callable[[int, str], None], *,
                  capacity: int = VIEWS_BYTES):  # fmt: skip
-        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 0:
-            raise ValueError(f"capacity: expected an int >= 0, got {capacity!r}")
-        self._create, self._announce, self.capacity = create, announce, capacity
+        self._shared = SharedSegments(capacity, FIRST_VIEWS_SEGMENT_BYTES, create=create, announce=self._added,
+                                      label="the view segments'",
+                                      warning="%s; views go through this process's own memory meanwhile")  # fmt: skip
+        self._announce, self.capacity = announce, capacity
         self._lock = threading.RLock()  # a finalizer may run in any thread, also one that holds the lock
-        self._segments: list[_Segment] = []
         self._holds: dict[tuple[int, int], int] = {}  # (segment, start) -> caller's hold + workers' holds
         self._lengths: dict[tuple[int, int], int] = {}  # (segment, start) -> bytes of each handed-out block
         self._closed = False
-        self._no_room_warned = False
         self._preparing: _Preparing | None = None  # a segment whose pages a thread is mapping (reserve)
 
     # -- introspection ------------------------------------------------------------------------------------
@@ -117,13 +99,14 @@ class HostViews:
     def names(self) -> list[tuple[int, str]]:
         """``(k, name)`` of every segment (a worker started now maps these)."""
         with self._lock:
-            return [(k, s.name) for k, s in enumerate(self._segments)]
+            return self._shared.names
 
     @property
     def pinned(self) -> bool:
         """Whether every segment is page-locked (False before the first)."""
         with self._lock:
-            return bool(self._segments) and all(s.pinned for s in self._segments)
+            segments = self._shared.segments
+            return bool(segments) and all(s.pinned for s in segments)
 
     @property
     def blocks(self) -> int:
@@ -141,55 +124,30 @@ class HostViews:
             if self._closed:
                 return None
             self._adopt()
-            spot = self._find(nbytes) or self._grow(nbytes)
+            spot = self._shared.alloc(nbytes, self._opener())
             if spot is None:
                 return None
             k, start = spot
             # its own array of the mapping, so that every view of it keeps it (not the segment's) alive
-            block = np.frombuffer(self._segments[k].mapping, np.uint8, nbytes, start)
+            block = np.frombuffer(self._shared.segments[k].mapping, np.uint8, nbytes, start)
             self._holds[spot] = 1
             self._lengths[spot] = nbytes
             weakref.finalize(block, self._give_back, spot)
             return block
 
-    def _find(self, nbytes: int) -> tuple[int, int] | None:
-        for k, segment in enumerate(self._segments):
-            start = segment.extents.alloc(nbytes)
-            if start is not None:
-                return k, start
-        return None
+    @staticmethod
+    def _opener(*, pin: bool | None = None, populate: bool = False) -> Callable[[Any], _ViewSegment]:
+        """What opens a new segment: page-locked (``pin`` None: where this process has CUDA now), its pages
+        populated first where asked."""
+        pin = _cudart() is not None if pin is None else pin
+        return lambda memory: _ViewSegment(memory, pin=pin, populate=populate)
 
-    def _grow(self, nbytes: int, populate: bool = False) -> tuple[int, int] | None:
-        segment = self._new_segment(nbytes, pin=_cudart() is not None, populate=populate)
-        return None if segment is None else (self._add(segment), segment.extents.alloc(nbytes))
-
-    def _new_segment(self, nbytes: int, *, pin: bool, populate: bool) -> _Segment | None:
-        """A segment for a block of ``nbytes`` (twice that, at least the first segment's size, within the
-        capacity), not yet added; None (warned once) when it cannot be made."""
-        have = sum(s.size for s in self._segments)
-        size = min(max(FIRST_VIEWS_SEGMENT_BYTES, 2 * nbytes), self.capacity - have)
-        if size < nbytes:
-            self._warn_no_room(f"the view segments' {self.capacity} bytes are in use")
-            return None
-        memory = None
-        try:
-            memory = self._create(size)
-            return _Segment(memory, pin=pin, populate=populate)
-        except OSError as exc:
-            if memory is not None:
-                _discard(memory)
-            self._warn_no_room(f"a shared-memory segment of {size} bytes could not be made: {exc}")
-            return None
-
-    def _add(self, segment: _Segment) -> int:
-        """Add ``segment`` (announced to the workers); its index."""
-        self._segments.append(segment)
-        k = len(self._segments) - 1
-        self._announce(k, segment.name)
-        if not segment.pinned:
+    def _added(self, k: int, name: str) -> None:
+        """A segment was added: announced to the workers."""
+        self._announce(k, name)
+        if not self._shared.segments[k].pinned:
             logger.info("view segment %d is not page-locked (no CUDA here, or it refused); copies to it from a "
                         "GPU are staged", k)  # fmt: skip
-        return k
 
     def reserve(self, nbytes: int, *, wait: bool = True) -> bool:
         """Make room for a block of ``nbytes`` now, not at the first :meth:`alloc` that needs it: a segment
@@ -204,19 +162,18 @@ class HostViews:
                 return False
             if wait:
                 self._adopt()
-            spot = self._find(nbytes)
+            spot = self._shared.find(nbytes)
             if spot is None and not wait:
                 if self._preparing is None:
-                    segment = self._new_segment(nbytes, pin=False, populate=False)
+                    segment = self._shared.make(nbytes, self._opener(pin=False))
                     if segment is None:
                         return False
                     self._preparing = _Preparing(segment, _cuda_device())
                 return True
-            spot = spot or self._grow(nbytes, populate=True)
+            spot = spot or self._shared.alloc(nbytes, self._opener(populate=True))
             if spot is None:
                 return False
-            k, start = spot
-            self._segments[k].extents.free(start)
+            self._shared.free(*spot)
             return True
 
     def _adopt(self) -> None:
@@ -227,18 +184,12 @@ class HostViews:
             return
         segment, error = preparing.result()
         if error is not None:
-            segment.mapping = None
-            segment.unlink()
-            self._warn_no_room(f"a shared-memory segment of {segment.size} bytes could not be made: {error}")
+            segment.discard()
+            self._shared.warn(f"a shared-memory segment of {segment.size} bytes could not be made: {error}")
             return
         if preparing.device is None and _cudart() is not None:  # CUDA came up after the thread started
             segment.pinned = _page_lock(segment.address, segment.size)
-        self._add(segment)
-
-    def _warn_no_room(self, why: str) -> None:
-        if not self._no_room_warned:
-            self._no_room_warned = True
-            logger.warning("%s; views go through this process's own memory meanwhile", why)
+        self._shared.add(segment)
 
     def refer(self, parts: list, min_bytes: int) -> tuple[list[Any], list[tuple[int, int]], int] | None:
         """A request as a worker joins it, from its packed parts (:func:`dz_gym.protocol.packer.fast_parts`):
@@ -313,10 +264,10 @@ class HostViews:
         None (caller holds the lock); ``last`` is tried first (a request's views share one block)."""
         if last is not None:
             k, start, end = last
-            offset = address - self._segments[k].address
+            offset = address - self._shared.segments[k].address
             if start <= offset and offset + size <= end:
                 return k, offset, last
-        for k, segment in enumerate(self._segments):
+        for k, segment in enumerate(self._shared.segments):
             offset = address - segment.address
             if 0 <= offset and offset + size <= segment.size:
                 for (seg, start), length in self._lengths.items():
@@ -340,8 +291,7 @@ class HostViews:
             del self._holds[key]
             self._lengths.pop(key, None)
             if not self._closed:
-                k, start = key
-                self._segments[k].extents.free(start)
+                self._shared.free(*key)
 
     # -- teardown -----------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -351,29 +301,33 @@ class HostViews:
                 return
             self._closed = True
             self._adopt()
-            segments, self._segments = self._segments, []
+            segments = list(self._shared.segments)
             self._holds.clear()
             self._lengths.clear()
         for segment in segments:
             if segment.pinned:
                 _page_unlock(segment.address)
-            segment.mapping = None  # the mapping goes with the last block that views it
-            segment.unlink()
+        with self._lock:
+            self._shared.close()  # each mapping goes with the last block that views it
 
 
-_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23 if sys.platform == "linux" else None)
-"""Linux's advice that maps every page of a range now, writable, in one call (kernel 5.14+; Python 3.11's
-mmap module lacks the name)."""
+_LINUX_MADV_POPULATE_WRITE = 23
+"""The value of ``MADV_POPULATE_WRITE`` in Linux's ``<asm-generic/mman-common.h>`` (kernel 5.14+), for a
+Python whose :mod:`mmap` module lacks the name (3.11 does)."""
+_MADV_POPULATE_WRITE = getattr(
+    mmap, "MADV_POPULATE_WRITE", _LINUX_MADV_POPULATE_WRITE if sys.platform == "linux" else None
+)
+"""Linux's advice that maps every page of a range now, writable, in one call (None off Linux)."""
 
 
 class _Preparing:
     """A segment whose pages a thread maps (:meth:`HostViews.reserve` with ``wait=False``) and, where the
     caller has CUDA (``device``: its current device), page-locks on the caller's device. Both are the
-    kernel's and the driver's work, outside the interpreter lock (``cudaHostRegister`` of 1 GiB took about
-    120 ms on the caller's thread at the first reset of N = 1024 envs on the H200), so the env's reset
-    overlaps them."""
+    kernel's and the driver's work, outside the interpreter lock, and both grow with the segment (a GiB at
+    N = 1024 envs; benchmarks/README.md has the measurements), so the env's reset overlaps them instead of
+    the caller's thread waiting on them."""
 
-    def __init__(self, segment: _Segment, device: int | None = None):
+    def __init__(self, segment: _ViewSegment, device: int | None = None):
         self.segment = segment
         self.device = device
         self._error: OSError | None = None
@@ -389,7 +343,7 @@ class _Preparing:
         if self.device is not None:
             self.segment.pinned = _page_lock(self.segment.address, self.segment.size, device=self.device)
 
-    def result(self) -> tuple[_Segment, OSError | None]:
+    def result(self) -> tuple[_ViewSegment, OSError | None]:
         """The segment and the error of mapping its pages (None when they are mapped), once done."""
         self._thread.join()  # (the kernel maps the pages and returns: no wait on anything outside)
         return self.segment, self._error
@@ -417,18 +371,6 @@ def _populate(address: int, size: int) -> None:
         code = ctypes.get_errno()
         if code not in (errno.EINVAL, errno.ENOSYS):  # (an older kernel: nothing to do)
             raise OSError(code, os.strerror(code))
-
-
-def _discard(memory: Any) -> None:
-    """Close and unlink a segment that could not be set up."""
-    try:
-        memory.close()
-    except (BufferError, OSError):
-        pass
-    try:
-        memory.unlink()
-    except FileNotFoundError:
-        pass
 
 
 def _cudart() -> Any:

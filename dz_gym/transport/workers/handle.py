@@ -1,7 +1,7 @@
 """This process's side of one transport worker (:class:`WorkerHandle`, for
-:class:`~dz_gym.transport.ProcessSessionPool`): the process and its pipe, its shared-memory segments and their
-extents, the requests in flight and its sessions' connected flags; the worker process itself is
-:mod:`dz_gym.transport.worker_process`.
+:class:`~dz_gym.transport.ProcessSessionPool`): the process and its pipe, its arena (shared-memory segments,
+:class:`~dz_gym.transport.workers.segments.SharedSegments`), the requests in flight and its sessions'
+connected flags; the worker process itself is :mod:`dz_gym.transport.workers.process`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import multiprocessing
 import os
 import threading
 import time
-from multiprocessing import shared_memory
 from typing import Any
 
 from dz_gym.errors import ConnectionLost, DzGymError, WorkerError
@@ -22,11 +21,21 @@ from dz_gym.policy_client import Outcome
 from dz_gym.protocol import parse_metadata
 from dz_gym.protocol.packer import pieces_size, write_pieces
 from dz_gym.spawning import start_worker
-from dz_gym.transport.arena import Extents
 from dz_gym.transport.config import TransportConfig
-from dz_gym.transport.host_views import HostViews
-from dz_gym.transport.messages import config_fields, pack_message, rebuild_error, reply_outcome, unpack_message
-from dz_gym.transport.worker_process import worker_main
+from dz_gym.transport.workers import messages as msg
+from dz_gym.transport.workers.messages import (
+    Kind,
+    MessageError,
+    config_fields,
+    pack_message,
+    read_message,
+    rebuild_error,
+    reply_outcome,
+    unpack_message,
+)
+from dz_gym.transport.workers.process import worker_main
+from dz_gym.transport.workers.segments import SharedSegments
+from dz_gym.transport.workers.views import HostViews
 
 __all__ = [
     "ARENA_BYTES",
@@ -65,27 +74,12 @@ def process_cpu_s(pid: int | None) -> float | None:
         return None
 
 
-def create_segment(size: int) -> shared_memory.SharedMemory:
-    """A shared-memory segment with its pages reserved now: on a full /dev/shm (tmpfs) this raises OSError,
-    where an unreserved segment would crash the writer (SIGBUS) at the first page that finds no room."""
-    segment = shared_memory.SharedMemory(create=True, size=size)
-    fd = getattr(segment, "_fd", -1)
-    if fd >= 0 and hasattr(os, "posix_fallocate"):
-        try:
-            os.posix_fallocate(fd, 0, size)
-        except OSError:
-            segment.close()
-            segment.unlink()
-            raise
-    return segment
-
-
 # ================================================================================== the worker process side
 @dataclasses.dataclass
 class _Pending:
     """A request of this process's that a worker has not answered yet."""
 
-    kind: str  # "out" (infer), "conn", "reset", "closed", "hold" (a batch's view blocks, until the worker took them)
+    kind: Kind  # the answer it waits for: OUT (infer), CONN, RESET_DONE, CLOSED, TOOK (a batch's view blocks)
     future: concurrent.futures.Future
     index: int
     extent: tuple[int, int] | None = None  # (segment, offset) to free when it is answered
@@ -94,8 +88,8 @@ class _Pending:
 
 
 class WorkerHandle:
-    """This process's side of one worker process: the process, its pipe, its shared-memory segments and
-    extents, the requests in flight, and its sessions' connected flags. Holds no reference to the pool (so
+    """This process's side of one worker process: the process, its pipe, its arena of shared-memory
+    segments, the requests in flight, and its sessions' connected flags. Holds no reference to the pool (so
     a forgotten pool can be collected and its finalizer close the workers)."""
 
     def __init__(self, number: int, sessions: list[tuple[int, str]], config: TransportConfig, *, concurrency: int,
@@ -106,16 +100,21 @@ class WorkerHandle:
         self.sessions = sessions
         self.config = config
         self.concurrency = concurrency
-        self.arena_bytes = arena_bytes
         self.start_timeout = start_timeout
         self.restarts_left = max_restarts
-        self.lock = threading.Lock()  # pending, extents, segments, alive, connected
+        self.lock = threading.Lock()  # pending, arena, alive, connected
         self.send_lock = threading.Lock()  # one writer on the pipe at a time (taken inside ``lock``, never around)
         self.pending: dict[int, _Pending] = {}
-        self.segments: list[shared_memory.SharedMemory] = []
-        self.extents: list[Extents] = []
+        self.arena = SharedSegments(
+            arena_bytes,
+            FIRST_SEGMENT_BYTES,
+            doubling=True,
+            min_bytes=_MIN_SEGMENT_BYTES,
+            announce=self._announce_segment,
+            label="the arena's",
+            warning=f"transport worker {number}: %s; requests go through the pipe meanwhile",
+        )
         self.connected = {i: False for i, _ in sessions}
-        self.no_room_warned = False
         self.process: Any = None
         self.conn: Any = None
         self.reader: threading.Thread | None = None
@@ -134,14 +133,14 @@ class WorkerHandle:
                               daemon=True)  # fmt: skip
         start_worker(process)  # the caller's script is not run again in the worker
         child_conn.close()  # only the child holds its end now: its death is our EOF
-        init = {
-            "config": config_fields(self.config),
-            "sessions": [[i, url] for i, url in self.sessions],
-            "concurrency": self.concurrency,
-            "segments": [[k, s.name] for k, s in enumerate(self.segments)],
-            "views": [] if self.views is None else [[k, name] for k, name in self.views.names],
-        }
-        parent_conn.send_bytes(pack_message(["init", init]))
+        init = msg.INIT(
+            config_fields(self.config),
+            [[i, url] for i, url in self.sessions],
+            self.concurrency,
+            [[k, name] for k, name in self.arena.names],
+            [] if self.views is None else [[k, name] for k, name in self.views.names],
+        )
+        parent_conn.send_bytes(pack_message(init))
         self.process, self.conn = process, parent_conn
 
     def wait_ready(self) -> None:
@@ -150,6 +149,11 @@ class WorkerHandle:
         try:
             ready = conn.poll(self.start_timeout)
             batch = unpack_message(conn.recv_bytes()) if ready else None
+            if batch is not None and read_message(batch[0], msg.TO_PARENT)[0] is not msg.READY:
+                raise MessageError(f"expected {msg.READY.name} first, got {batch[0][0]!r}")
+        except MessageError as exc:
+            self._discard_process()
+            raise WorkerError(f"transport worker {self.number} did not start: {exc}") from None
         except (EOFError, OSError):
             process.join(STOP_GRACE_S)
             self._discard_process()
@@ -198,8 +202,8 @@ class WorkerHandle:
             alive = self.alive
         if alive:
             closed: concurrent.futures.Future = concurrent.futures.Future()
-            token = self._register(_Pending("closed", closed, -1))
-            if token is not None and self._write(["close", token]):
+            token = self._register(_Pending(msg.CLOSED, closed, -1))
+            if token is not None and self._write(msg.CLOSE(token)):
                 try:
                     closed.result(close_timeout + STOP_GRACE_S)
                 except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
@@ -215,16 +219,8 @@ class WorkerHandle:
         if self.reader is not None and self.reader is not threading.current_thread():
             self.reader.join(STOP_GRACE_S)
         self._fail_pending("the pool was closed")
-        for segment in self.segments:
-            try:
-                segment.close()
-            except BufferError:
-                pass
-            try:
-                segment.unlink()
-            except FileNotFoundError:
-                pass
-        self.segments, self.extents = [], []
+        with self.lock:
+            self.arena.close()
 
     # -- the pipe -----------------------------------------------------------------------------------------
     def _write(self, message: list[Any]) -> bool:
@@ -251,25 +247,28 @@ class WorkerHandle:
     def _read(self, conn: Any, generation: int) -> None:
         while True:
             try:
-                batch = unpack_message(conn.recv_bytes())
+                for message in unpack_message(conn.recv_bytes()):
+                    self._deliver(*read_message(message, msg.TO_PARENT))
             except (EOFError, OSError):
                 break
-            for message in batch:
-                self._deliver(message)
+            except MessageError as exc:  # a bug of the worker's: it goes, and what it had pending fails
+                logger.error("transport worker %d: %s; stopping it", self.number, exc)
+                if self.process is not None:
+                    self.process.kill()
+                break
         self._died(generation)
 
-    def _deliver(self, message: list[Any]) -> None:
-        kind = message[0]
-        if kind == "ready":
+    def _deliver(self, kind: Kind, fields: list[Any]) -> None:
+        if kind is msg.READY:
             return
-        token = message[1]
-        if kind == "took":  # the worker joined the request's (or the batch's) view ranges into its frames
+        token = fields[0]
+        if kind is msg.TOOK:  # the worker joined the request's (or the batch's) view ranges into its frames
             with self.lock:
                 pending = self.pending.get(token)
                 holds = None if pending is None else pending.holds
                 if pending is not None:
                     pending.holds = None
-                    if pending.kind == "hold":
+                    if pending.kind is msg.TOOK:
                         del self.pending[token]
             self._release_views(holds)
             return
@@ -279,14 +278,13 @@ class WorkerHandle:
                 return
             holds, pending.holds = pending.holds, None
             if pending.extent is not None:
-                seg, offset = pending.extent
-                self.extents[seg].free(offset)
-            if kind in ("out", "conn", "reset"):
-                self.connected[pending.index] = bool(message[-1])
+                self.arena.free(*pending.extent)
+            if kind is not msg.CLOSED:
+                self.connected[pending.index] = bool(fields[-1])
         self._release_views(holds)
         future = pending.future
-        if kind == "out":
-            _, _, index, frame, stamps, error, send_s, _ = message
+        if kind is msg.OUT:
+            _, index, frame, stamps, error, send_s, _ = fields
             start = time.perf_counter()
             outcome = reply_outcome(index, frame, stamps, error)
             profiler = self.profiler
@@ -295,8 +293,8 @@ class WorkerHandle:
                 if outcome.reply is not None:
                     profiler.add("receive_decode", time.perf_counter() - start)
             future.set_result(outcome)
-        elif kind == "conn":
-            _, _, index, meta, error, _ = message
+        elif kind is msg.CONN:
+            _, index, meta, error, _ = fields
             if error is not None:
                 future.set_result((None, rebuild_error(error)))
             else:
@@ -304,9 +302,10 @@ class WorkerHandle:
                     future.set_result((parse_metadata(meta), None))
                 except DzGymError as exc:
                     future.set_result((None, exc))
-        elif kind == "reset":
-            future.set_result(None if message[3] is None else rebuild_error(message[3]))
-        elif kind == "closed":
+        elif kind is msg.RESET_DONE:
+            error = fields[2]
+            future.set_result(None if error is None else rebuild_error(error))
+        else:  # CLOSED
             future.set_result(None)
 
     def _died(self, generation: int) -> None:
@@ -340,16 +339,14 @@ class WorkerHandle:
                 holds, item.holds = item.holds, None
                 self._release_views(holds)
                 if item.extent is not None:
-                    seg, offset = item.extent
-                    if seg < len(self.extents):
-                        self.extents[seg].free(offset)
+                    self.arena.free(*item.extent)
         for item in pending:
             error = ConnectionLost(f"session {item.index}: {why}") if item.index >= 0 else None
-            if item.kind == "out":
+            if item.kind is msg.OUT:
                 item.future.set_result(Outcome.failed(item.index, error, request_bytes=item.request_bytes))
-            elif item.kind == "conn":
+            elif item.kind is msg.CONN:
                 item.future.set_result((None, error))
-            elif item.kind == "reset":
+            elif item.kind is msg.RESET_DONE:
                 item.future.set_result(error)
             else:
                 item.future.set_result(None)
@@ -366,48 +363,23 @@ class WorkerHandle:
                 error = ConnectionLost(f"session {index} is not connected{why}")
                 future.set_result(Outcome.failed(index, error, request_bytes=nbytes))
                 return
-            spot = self._alloc(nbytes)
+            spot = self.arena.alloc(nbytes)
             token = next(TOKENS)
             if spot is not None:
                 seg, offset = spot
                 # written under the lock: a range is never handed out again while it is being written
-                write_pieces(pieces, self.segments[seg].buf, offset)
-                self.pending[token] = _Pending("out", future, index, spot, nbytes)
+                write_pieces(pieces, self.arena.segments[seg].mapping, offset)
+                self.pending[token] = _Pending(msg.OUT, future, index, spot, nbytes)
                 batch.append([token, index, seg, offset, nbytes])
                 return
-            self.pending[token] = _Pending("out", future, index, None, nbytes)
+            self.pending[token] = _Pending(msg.OUT, future, index, None, nbytes)
         self.send_descriptors(batch)
         batch.clear()
-        self._write(["sendb", token, index, b"".join(pieces)])
+        self._write(msg.SENDB(token, index, b"".join(pieces)))
 
-    def _alloc(self, nbytes: int) -> tuple[int, int] | None:
-        """(segment, offset) of room for ``nbytes`` (caller holds the lock); a new segment when the arena
-        may grow; None when it is full."""
-        for seg, extents in enumerate(self.extents):
-            offset = extents.alloc(nbytes)
-            if offset is not None:
-                return seg, offset
-        have = sum(e.size for e in self.extents)
-        size = max(FIRST_SEGMENT_BYTES, have, 2 * nbytes)
-        size = min(size, self.arena_bytes - have)
-        if size < max(nbytes, _MIN_SEGMENT_BYTES):
-            self._warn_no_room(f"the arena's {self.arena_bytes} bytes are in use")
-            return None
-        try:
-            segment = create_segment(size)
-        except OSError as exc:
-            self._warn_no_room(f"a shared-memory segment of {size} bytes could not be made: {exc}")
-            return None
-        self.segments.append(segment)
-        self.extents.append(Extents(size))
-        seg = len(self.segments) - 1
-        self._write(["seg", seg, segment.name])  # before any descriptor that names it
-        return seg, self.extents[seg].alloc(nbytes)
-
-    def _warn_no_room(self, why: str) -> None:
-        if not self.no_room_warned:
-            self.no_room_warned = True
-            logger.warning("transport worker %d: %s; requests go through the pipe meanwhile", self.number, why)
+    def _announce_segment(self, k: int, name: str) -> None:
+        """Tell the worker to map the arena's new segment ``k`` (under ``lock``, before any request names it)."""
+        self._write(msg.SEG(k, name))
 
     def place_many(self, entries: list[tuple[int, Any, concurrent.futures.Future, Any]]) -> None:
         """:meth:`place` each ``(index, pieces, future, split)`` in order, then send their descriptors at once
@@ -422,7 +394,7 @@ class WorkerHandle:
         for index, pieces, future, split in entries:
             if split is None:
                 if by_reference:
-                    self._write(["sendv", by_reference])
+                    self._write(msg.SENDV(by_reference))
                     by_reference = []
                 self.place(index, pieces, future, batch)
                 continue
@@ -432,7 +404,7 @@ class WorkerHandle:
             self._place_by_reference(index, *split, future, by_reference)
         self.send_descriptors(batch)
         if by_reference:
-            self._write(["sendv", by_reference])
+            self._write(msg.SENDV(by_reference))
 
     def by_reference(self, parts: list) -> tuple[list[Any], list[tuple[int, int]], int] | None:
         """``(parts, holds, nbytes)`` of a request's packed parts (:func:`dz_gym.protocol.packer.fast_parts`):
@@ -448,7 +420,7 @@ class WorkerHandle:
         with self.lock:
             if self.alive:
                 token = next(TOKENS)
-                self.pending[token] = _Pending("out", future, index, None, nbytes, holds)
+                self.pending[token] = _Pending(msg.OUT, future, index, None, nbytes, holds)
                 batch.append([token, index, parts])
                 return
         self._release_views(holds)
@@ -467,12 +439,12 @@ class WorkerHandle:
         with self.lock:
             if self.alive:
                 token = next(TOKENS)
-                self.pending[token] = _Pending("hold", concurrent.futures.Future(), -1, holds=holds)
+                self.pending[token] = _Pending(msg.TOOK, concurrent.futures.Future(), -1, holds=holds)
                 for index, row, strings, future, nbytes in rows:
                     request_token = next(TOKENS)
-                    self.pending[request_token] = _Pending("out", future, index, None, nbytes)
+                    self.pending[request_token] = _Pending(msg.OUT, future, index, None, nbytes)
                     message_rows.append([request_token, index, row, *strings])
-                return ["sendt", token, parts, columns, message_rows]
+                return msg.SENDT(token, parts, columns, message_rows)
         self._release_views(holds)
         why = f" (its transport worker exited: {self.death})" if self.death else ""
         for index, _, _, future, nbytes in rows:
@@ -487,25 +459,31 @@ class WorkerHandle:
     def announce_views(self, k: int, name: str) -> None:
         """Tell the worker to map view segment ``k`` (a dead one maps them all when it is started again)."""
         if self.conn is not None:  # also while a restart starts (mapping twice is harmless)
-            self._write(["vseg", k, name])
+            self._write(msg.VSEG(k, name))
 
     def send_descriptors(self, descriptors: list[list]) -> None:
         if descriptors:
-            self._write(["send", descriptors])
+            self._write(msg.SEND(descriptors))
 
-    def request(self, kind: str, index: int, message: list[Any]) -> concurrent.futures.Future:
-        """Send a ``connect`` or ``reset`` for session ``index``; a future of its answer."""
+    def connect(self, index: int) -> concurrent.futures.Future:
+        """(Re)connect session ``index``; a future of ``(metadata, None)`` or ``(None, error)``."""
+        return self._ask(msg.CONN, index, lambda token: msg.CONNECT([[token, index]]))
+
+    def reset(self, index: int, session_id: str) -> concurrent.futures.Future:
+        """Send a ``reset`` naming ``session_id`` on session ``index``'s connection; a future of None or the
+        error."""
+        return self._ask(msg.RESET_DONE, index, lambda token: msg.RESET(token, index, session_id))
+
+    def _ask(self, answer: Kind, index: int, message: Any) -> concurrent.futures.Future:
+        """Register a future for the worker's ``answer`` and send ``message(token)``."""
         future: concurrent.futures.Future = concurrent.futures.Future()
-        token = self._register(_Pending(kind, future, index))
+        token = self._register(_Pending(answer, future, index))
         if token is None:
             why = f" (its transport worker exited: {self.death})" if self.death else ""
             error = ConnectionLost(f"session {index} is not connected{why}")
-            future.set_result((None, error) if kind == "conn" else error)
+            future.set_result((None, error) if answer is msg.CONN else error)
             return future
-        if kind == "conn":
-            self._write(["connect", [[token, index]]])
-        else:
-            self._write(["reset", token, index, *message])
+        self._write(message(token))
         return future
 
 
