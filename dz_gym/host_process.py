@@ -42,9 +42,11 @@ Not settings, because every worker start needs them, and each is undone at once
 (:func:`dz_gym.spawning.start_worker`): dz-gym's worker processes (the transport's, the embedded simulator's)
 start from a ``spawn`` context (the process's default start method is never set), with the caller's
 ``__main__`` hidden, the variables the workers need in the environment and ``SIGINT`` blocked, each for the
-moment of the start. Besides, the embedded simulator sets ``MUJOCO_GL`` to ``egl`` where it is unset
-(:mod:`dz_gym.envs.mujoco.gl`: MuJoCo reads it at its import), and the evaluator's command line handles
-``SIGINT`` and ``SIGTERM`` while it runs (:mod:`dz_gym.eval.signals`).
+moment of the start. Besides, a GPU batch's views that go to an in-process pool are copied through PyTorch's
+own page-locked buffers (its host allocator's, which it reuses: :mod:`dz_gym.requests`), the embedded
+simulator sets ``MUJOCO_GL`` to ``egl`` where it is unset (:mod:`dz_gym.envs.mujoco.gl`: MuJoCo reads it at
+its import), and the evaluator's command line handles ``SIGINT`` and ``SIGTERM`` while it runs
+(:mod:`dz_gym.eval.signals`).
 
 :func:`applied` puts back the settings in effect before it on the way out. Freezes are thawed by their
 holders; page-locked and populated memory goes with its pool; the heap thresholds go back to glibc's initial

@@ -148,6 +148,23 @@ def test_a_session_pool_of_an_opted_in_process_keeps_its_rounds():
         assert host_process.trim_threshold() >= min(host_process.TRIM_CAP, 400 * 2**20)
 
 
+def test_a_process_pool_gets_the_settings_it_is_given_and_none_means_nothing():
+    """What a ProcessSessionPool does to this process (its view memory) and to its workers (their heap
+    thresholds, in the init message) is what ``host`` says; without it, nothing."""
+    from dz_gym.transport import ProcessSessionPool
+
+    with ProcessSessionPool("ws://127.0.0.1:1", 2, processes=1) as bare:
+        assert (bare.host_views.page_lock, bare.host_views.populate) == (False, False)
+        assert [w.heap_thresholds for w in bare._workers] == [False]
+    arm = HostProcessSettings().without("page_lock")
+    with ProcessSessionPool("ws://127.0.0.1:1", 2, processes=1, host=arm) as pool:
+        assert (pool.host_views.page_lock, pool.host_views.populate) == (False, True)
+        assert [w.heap_thresholds for w in pool._workers] == [True]
+    assert host_process.trim_threshold() == 0  # the workers', not this process's
+    with pytest.raises(ValueError, match="host: expected a HostProcessSettings or None, got bool"):
+        ProcessSessionPool("ws://127.0.0.1:1", 2, processes=1, host=True)
+
+
 # ------------------------------------------------------------------------------------- the collector's freeze
 def test_nothing_is_frozen_without_the_setting():
     release = freeze_collector()

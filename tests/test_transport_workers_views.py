@@ -4,7 +4,8 @@ A block lives while any view of it does and while a worker has not taken its byt
 packb's bytes for requests whose views lie in the pool's view memory, with nothing copied into an arena;
 requests by reference and by copy keep one session's order; a RequestBatch's requests are framed from its
 template (by the workers where its views lie in the view memory, in-process otherwise) into the same bytes;
-:meth:`HostViews.reserve` makes a populated segment ahead of time (the wrapper calls it at reset), and a segment
+:meth:`HostViews.reserve` makes a populated segment ahead of time where the pool was given ``populate_views``
+(the wrapper calls it at reset), and nothing without it (nor any page-locking without ``page_lock``); a segment
 that cannot be set up is unlinked; ``_to_host`` lands the views in the block it is given (host tensors stand
 in for CUDA ones: the copy and the layout are the same code), and the wrapper builds the pool its transport
 config asks for.
@@ -131,7 +132,7 @@ def mapped_kib(name: str) -> int | None:
 
 
 def test_reserve_makes_a_populated_segment_ahead_of_the_first_alloc():
-    views = HostViews(create_segment, lambda k, name: None, capacity=2**30)
+    views = HostViews(create_segment, lambda k, name: None, capacity=2**30, populate=True)
     try:
         nbytes = FIRST_VIEWS_SEGMENT_BYTES  # a segment of twice its size
         assert views.reserve(nbytes) and views.blocks == 0 and len(views.names) == 1
@@ -167,7 +168,7 @@ def test_a_reserve_that_does_not_wait_maps_the_pages_on_a_thread_and_the_next_al
         populate(address, size)
 
     monkeypatch.setattr(host_views, "_populate", slow_populate)
-    views = HostViews(create_segment, lambda k, name: announced.append(name), capacity=2**30)
+    views = HostViews(create_segment, lambda k, name: announced.append(name), capacity=2**30, populate=True)
     try:
         nbytes = FIRST_VIEWS_SEGMENT_BYTES
         assert views.reserve(nbytes, wait=False) and started.wait(BOUND_S)
@@ -207,7 +208,7 @@ def test_a_reserve_that_does_not_wait_page_locks_on_its_thread_on_the_callers_de
     monkeypatch.setattr(host_views, "_cuda_device", lambda: 3)
     monkeypatch.setattr(host_views, "_set_device",
                         lambda device: calls.append(("device", threading.current_thread().name, device)))  # fmt: skip
-    views = HostViews(create_segment, lambda k, name: None, capacity=2**30)
+    views = HostViews(create_segment, lambda k, name: None, capacity=2**30, page_lock=True, populate=True)
     try:
         nbytes = FIRST_VIEWS_SEGMENT_BYTES
         assert views.reserve(nbytes, wait=False)
@@ -237,7 +238,7 @@ def test_a_reserve_whose_thread_had_no_cuda_page_locks_when_taken_once_cuda_is_u
         def cudaHostUnregister(self, address):  # noqa: N802
             return 0
 
-    views = HostViews(create_segment, lambda k, name: None, capacity=2**30)
+    views = HostViews(create_segment, lambda k, name: None, capacity=2**30, page_lock=True, populate=True)
     try:
         assert views.reserve(FIRST_VIEWS_SEGMENT_BYTES, wait=False)  # no CUDA here yet
         monkeypatch.setattr(host_views, "_cudart", lambda: Runtime())
@@ -245,6 +246,26 @@ def test_a_reserve_whose_thread_had_no_cuda_page_locks_when_taken_once_cuda_is_u
         assert calls == [threading.current_thread().name]
     finally:
         views.close()
+
+
+def test_without_the_settings_nothing_is_made_ahead_or_page_locked(monkeypatch):
+    """``populate`` and ``page_lock`` off (a pool whose process did not opt in, dz_gym.host_process): a reserve
+    makes nothing, the first alloc makes the segment, and CUDA's registration is never called, CUDA up or not."""
+    import dz_gym.transport.workers.views as host_views
+
+    class Runtime:
+        def cudaHostRegister(self, address, size, flags):  # noqa: N802
+            raise AssertionError("page-locked without page_lock")
+
+    monkeypatch.setattr(host_views, "_cudart", lambda: Runtime())
+    views = HostViews(create_segment, lambda k, name: None, capacity=2**30)
+    try:
+        assert views.reserve(FIRST_VIEWS_SEGMENT_BYTES) and views.reserve(FIRST_VIEWS_SEGMENT_BYTES, wait=False)
+        assert views.names == [] and views._preparing is None
+        assert views.alloc(1000) is not None and len(views.names) == 1 and not views.pinned
+    finally:
+        views.close()
+    assert not views.reserve(1000)
 
 
 @pytest.mark.parametrize("wait", [True, False])
@@ -268,7 +289,7 @@ def test_a_segment_that_cannot_be_set_up_is_unlinked_and_gives_no_room(monkeypat
         raise OSError(errno.ENOMEM, "no memory to populate")
 
     monkeypatch.setattr(host_views, "_populate", refuse)
-    views = HostViews(create, lambda k, name: None, capacity=2**30)
+    views = HostViews(create, lambda k, name: None, capacity=2**30, populate=True)
     try:
         with caplog.at_level("WARNING", logger="dz_gym.transport"):
             assert views.reserve(1000, wait=wait) is not wait
@@ -410,25 +431,33 @@ def test_to_host_lands_every_camera_in_the_given_block_and_falls_back_without_ro
         assert not np.shares_memory(array, given[0])
 
 
-def test_the_wrapper_builds_the_pool_its_transport_asks_for_and_its_views_go_by_reference():
+@pytest.mark.parametrize("opted_in", [False, True])
+def test_the_wrapper_builds_the_pool_its_transport_asks_for_and_its_views_go_by_reference(opted_in):
+    """The wrapper's own pool (nothing done to this process) makes its view memory at the first step; a pool
+    given the evaluator's settings (dz_gym.host_process) makes it ready at reset."""
     pytest.importorskip("torch")
+    from dz_gym.host_process import HostProcessSettings
     from dz_gym.server.launch import start_server_thread
     from dz_gym.testing.isaac_standin import IsaacDroidStandIn
+    from dz_gym.transport import open_pool
     from dz_gym.wrapper import DreamZeroPolicyWrapper
 
     config = TransportConfig(open_timeout=5, request_timeout=30, close_timeout=2, connect_retries=0, processes=2)
     with start_server_thread("hold") as server:
         url = server.url + "/v1/realtime/robot/openpi"  # a per-session server (vLLM-Omni's path)
-        env = DreamZeroPolicyWrapper(IsaacDroidStandIn(scene=1, num_envs=4), server=url, transport=config)
+        source = {"client": open_pool(url, 4, config, host=HostProcessSettings())} if opted_in else {
+            "server": url, "transport": config}  # fmt: skip
+        env = DreamZeroPolicyWrapper(IsaacDroidStandIn(scene=1, num_envs=4), **source)
         try:
             pool = env.client
             assert type(pool) is ProcessSessionPool and pool.processes == 2 and pool.host_memory is not None
             env.reset(seed=0)
+            assert bool(pool.host_views.names) == opted_in and pool.host_views.blocks == 0, "ready at reset"
+            env.step()
             reserved = pool.host_views.names
-            assert reserved and pool.host_views.blocks == 0, "reset made the view memory ready"
-            for _ in range(3):
+            for _ in range(2):
                 env.step()
-            assert pool.host_views.names == reserved, "the steps found it ready"
+            assert reserved and pool.host_views.names == reserved, "the steps found it ready"
             stats = [env.episode_stats(i) for i in range(4)]
             assert all(s.chunks >= 1 and not s.flagged for s in stats)
             assert all(not w.arena for w in pool._workers), "the views went by reference, not through an arena"

@@ -61,5 +61,5 @@ def open_pool(
     urls, config = check_pool_args(urls, num_sessions, config)
     processes = config.process_count(num_sessions, pools=pools)
     if processes > 0:
-        return ProcessSessionPool(urls, num_sessions, config, processes=processes)
+        return ProcessSessionPool(urls, num_sessions, config, processes=processes, host=host)
     return SessionPool(urls, num_sessions, config)

@@ -55,6 +55,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from dz_gym.errors import DzGymError, PartialConnectError, RequestTimeout
+from dz_gym.host_process import UNTOUCHED, HostProcessSettings
 from dz_gym.policy_client import Outcome
 from dz_gym.protocol import ServerMetadata
 from dz_gym.protocol.contract import releases_sessions
@@ -93,6 +94,8 @@ class ProcessSessionPool(PoolBase):
     ``processes``: how many workers (at most one per session). ``arena_bytes``: the most shared memory of one
     worker. ``views_bytes``: the most shared memory of :attr:`host_views` (0: none). ``start_timeout``: bound
     on a worker's start-up. ``max_restarts``: how often a dead worker is restarted by ``connect``/``reconnect``.
+    ``host``: what the pool may do to this process and its workers' (:mod:`dz_gym.host_process`: page-locked
+    and populated view memory here, the heap thresholds in the workers); None: nothing.
     """
 
     def __init__(
@@ -106,8 +109,12 @@ class ProcessSessionPool(PoolBase):
         views_bytes: int = VIEWS_BYTES,
         start_timeout: float = START_TIMEOUT_S,
         max_restarts: int = MAX_RESTARTS,
+        host: HostProcessSettings | None = None,
     ):
         urls, self._config = check_pool_args(urls, num_sessions, config)
+        host = UNTOUCHED if host is None else host
+        if not isinstance(host, HostProcessSettings):
+            raise ValueError(f"host: expected a HostProcessSettings or None, got {type(host).__name__}")
         if not isinstance(processes, int) or isinstance(processes, bool) or processes < 1:
             raise ValueError(f"processes: expected an int >= 1, got {processes!r}")
         if not isinstance(arena_bytes, int) or isinstance(arena_bytes, bool) or arena_bytes < 0:
@@ -126,7 +133,10 @@ class ProcessSessionPool(PoolBase):
             for worker in workers:
                 worker.announce_views(k, name)
 
-        self._views = HostViews(create_segment, announce, capacity=views_bytes) if views_bytes > 0 else None
+        self._views = None
+        if views_bytes > 0:
+            self._views = HostViews(create_segment, announce, capacity=views_bytes, page_lock=host.page_lock,
+                                    populate=host.populate_views)  # fmt: skip
         workers += [
             WorkerHandle(
                 w,
@@ -137,6 +147,7 @@ class ProcessSessionPool(PoolBase):
                 start_timeout=start_timeout,
                 max_restarts=max_restarts,
                 views=self._views,
+                heap_thresholds=host.heap_thresholds,
             )  # fmt: skip
             for w in range(count)
         ]

@@ -14,11 +14,11 @@ import time
 from multiprocessing import shared_memory
 from typing import Any
 
+from dz_gym import host_process
 from dz_gym.errors import DzGymError
 from dz_gym.protocol import packb
 from dz_gym.protocol.request_batch import frame_of
 from dz_gym.transport.config import TransportConfig
-from dz_gym.transport.heap import keep_freed_buffers
 from dz_gym.transport.session import AsyncSession
 from dz_gym.transport.workers import messages as msg
 from dz_gym.transport.workers.messages import MessageError, error_fields, pack_message, read_message, unpack_message
@@ -82,7 +82,8 @@ class WorkerLoop:
 
     def __init__(self, conn: Any, config: dict[str, Any], sessions: list, concurrency: int, segments: list,
                  views: list):  # fmt: skip
-        """The fields of the parent's ``init`` message."""
+        """The fields of the parent's ``init`` message but the last (``heap_thresholds``, which
+        :func:`worker_main` applies)."""
         self.conn = conn
         transport = TransportConfig(**config)
         self.close_timeout = transport.close_timeout
@@ -306,11 +307,13 @@ class WorkerLoop:
 def worker_main(conn: Any) -> None:
     """Entry point of a worker process (spawned): read the init message, run the loop until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the parent's to handle; it closes us
-    keep_freed_buffers()  # frame-sized buffers (the masked copies) are reused, as in the parent
     try:
         kind, fields = read_message(unpack_message(conn.recv_bytes()), msg.TO_WORKER)
     except (EOFError, OSError):
         return
     if kind is not msg.INIT:
         raise MessageError(f"transport worker: expected an {msg.INIT.name} message first, got {kind.name}")
+    *fields, heap_thresholds = fields
+    if heap_thresholds:  # frame-sized buffers (the masked copies) are reused, as in an opted-in parent
+        host_process.set_heap_thresholds()
     asyncio.run(WorkerLoop(conn, *fields).run())

@@ -10,16 +10,19 @@ plus its few small pieces inline, and the worker joins them into the frame it se
 
 - :meth:`HostViews.alloc` hands out a uint8 array of one batch's bytes (None when there is no room: the
   caller then uses memory of its own and the requests go through the arenas as before). A segment is made
-  when none has room, up to ``capacity`` bytes in all; each is page-locked for CUDA when this process has
-  CUDA (``cudaHostRegister``, so the copy from the GPU is one DMA transfer), and left pageable otherwise.
-- :meth:`HostViews.reserve` makes room for a batch ahead of time (the wrapper calls it at reset with a full
-  round's views): a segment made then is also populated (its pages mapped in one call) before it is
-  page-locked, so the first request round pays neither: mapping and page-locking a GiB is kernel and
-  driver work that grows with the segment, which the first round's copy would otherwise wait on
-  (benchmarks/README.md has the measurements). With ``wait=False`` the pages are mapped on a thread of their own (the kernel's work, outside the interpreter lock) while the caller
-  goes on, and page-locked there too, on the caller's current CUDA device; the wrapper starts it from the
+  when none has room, up to ``capacity`` bytes in all. With ``page_lock`` (the ``page_lock`` setting of
+  :mod:`dz_gym.host_process`, which the pool is given) each is page-locked for CUDA when this process has
+  CUDA (``cudaHostRegister``, so the copy from the GPU is one DMA transfer); it is left pageable otherwise.
+- With ``populate`` (the ``populate_views`` setting), :meth:`HostViews.reserve` makes room for a batch ahead
+  of time (the wrapper calls it at reset with a full round's views): a segment made then is also populated
+  (its pages mapped in one call) before it is page-locked, so the first request round pays neither: mapping
+  and page-locking a GiB is kernel and driver work that grows with the segment, which the first round's copy
+  would otherwise wait on (benchmarks/README.md has the measurements). With ``wait=False`` the pages are
+  mapped on a thread of their own (the kernel's work, outside the interpreter lock) while the caller goes on,
+  and page-locked there too, on the caller's current CUDA device; the wrapper starts it from the
   observation space before the env's reset, which then overlaps it, and the next :meth:`alloc` or
   :meth:`reserve` takes the segment (page-locking it on the caller's thread only if CUDA came up since).
+  Without ``populate`` nothing is made ahead: the first :meth:`alloc` that needs a segment makes it.
 - A block is given back once the caller's arrays of it are gone (a ``weakref.finalize`` on the block's
   array, which every view of it keeps alive) and every worker that was handed a reference to it has said it
   took its bytes (:meth:`refer`, which also tells where a request's views lie,
@@ -79,11 +82,13 @@ class HostViews:
 
     ``create``: makes a segment of a given size (raises ``OSError`` when it cannot); ``announce(k, name)`` is
     called with each new segment before :meth:`alloc` returns its first block, so that every worker maps it
-    before any request names it.
+    before any request names it. ``page_lock``, ``populate``: see the module docstring (both off: nothing
+    done to this process beyond mapping the segments).
     """
 
     def __init__(self, create: Callable[[int], Any], announce: Callable[[int, str], None], *,
-                 capacity: int = VIEWS_BYTES):  # fmt: skip
+                 capacity: int = VIEWS_BYTES, page_lock: bool = False, populate: bool = False):  # fmt: skip
+        self.page_lock, self.populate = bool(page_lock), bool(populate)
         self._shared = SharedSegments(capacity, FIRST_VIEWS_SEGMENT_BYTES, create=create, announce=self._added,
                                       label="the view segments'",
                                       warning="%s; views go through this process's own memory meanwhile")  # fmt: skip
@@ -117,7 +122,7 @@ class HostViews:
     # -- blocks -------------------------------------------------------------------------------------------
     def alloc(self, nbytes: int) -> np.ndarray | None:
         """A writable uint8 array of ``nbytes`` in shared memory, or None when there is no room (or after
-        :meth:`close`). A new segment is page-locked when this process has CUDA initialised."""
+        :meth:`close`). A new segment is page-locked with ``page_lock`` when this process has CUDA initialised."""
         if not isinstance(nbytes, int) or nbytes <= 0:
             raise ValueError(f"nbytes: expected an int > 0, got {nbytes!r}")
         with self._lock:
@@ -135,31 +140,35 @@ class HostViews:
             weakref.finalize(block, self._give_back, spot)
             return block
 
-    @staticmethod
-    def _opener(*, pin: bool | None = None, populate: bool = False) -> Callable[[Any], _ViewSegment]:
-        """What opens a new segment: page-locked (``pin`` None: where this process has CUDA now), its pages
-        populated first where asked."""
-        pin = _cudart() is not None if pin is None else pin
+    def _opener(self, *, pin: bool | None = None, populate: bool = False) -> Callable[[Any], _ViewSegment]:
+        """What opens a new segment: page-locked (``pin`` None: with ``page_lock``, where this process has CUDA
+        now), its pages populated first where asked."""
+        pin = self._can_lock() if pin is None else pin
         return lambda memory: _ViewSegment(memory, pin=pin, populate=populate)
+
+    def _can_lock(self) -> bool:
+        """Whether a segment made now is page-locked: ``page_lock`` and CUDA initialised in this process."""
+        return self.page_lock and _cudart() is not None
 
     def _added(self, k: int, name: str) -> None:
         """A segment was added: announced to the workers."""
         self._announce(k, name)
-        if not self._shared.segments[k].pinned:
+        if self.page_lock and not self._shared.segments[k].pinned:
             logger.info("view segment %d is not page-locked (no CUDA here, or it refused); copies to it from a "
                         "GPU are staged", k)  # fmt: skip
 
     def reserve(self, nbytes: int, *, wait: bool = True) -> bool:
-        """Make room for a block of ``nbytes`` now, not at the first :meth:`alloc` that needs it: a segment
-        made here has its pages populated (and page-locked, as every segment with CUDA), so that the first
-        copy into it is as fast as the later ones. Whether there is room (False after :meth:`close`, or
-        when none can be made); nothing stays handed out. ``wait=False``: a segment that must be made has
-        its pages mapped by a thread (see the module docstring); True once that has started."""
+        """With ``populate``, make room for a block of ``nbytes`` now, not at the first :meth:`alloc` that
+        needs it: a segment made here has its pages populated (and page-locked, as every segment with
+        ``page_lock`` and CUDA), so that the first copy into it is as fast as the later ones. Whether there is
+        room (False after :meth:`close`, or when none can be made); nothing stays handed out. ``wait=False``:
+        a segment that must be made has its pages mapped by a thread (see the module docstring); True once
+        that has started. Without ``populate`` nothing is made (True until :meth:`close`)."""
         if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
             raise ValueError(f"nbytes: expected an int > 0, got {nbytes!r}")
         with self._lock:
-            if self._closed:
-                return False
+            if self._closed or not self.populate:
+                return not self._closed
             if wait:
                 self._adopt()
             spot = self._shared.find(nbytes)
@@ -168,7 +177,7 @@ class HostViews:
                     segment = self._shared.make(nbytes, self._opener(pin=False))
                     if segment is None:
                         return False
-                    self._preparing = _Preparing(segment, _cuda_device())
+                    self._preparing = _Preparing(segment, _cuda_device() if self.page_lock else None)
                 return True
             spot = spot or self._shared.alloc(nbytes, self._opener(populate=True))
             if spot is None:
@@ -177,8 +186,8 @@ class HostViews:
             return True
 
     def _adopt(self) -> None:
-        """Take the segment a :meth:`reserve` thread prepared, once its pages are mapped: page-locked where
-        this process has CUDA, and added (or discarded when mapping its pages failed)."""
+        """Take the segment a :meth:`reserve` thread prepared, once its pages are mapped: page-locked with
+        ``page_lock`` where this process has CUDA, and added (or discarded when mapping its pages failed)."""
         preparing, self._preparing = self._preparing, None
         if preparing is None:
             return
@@ -187,7 +196,7 @@ class HostViews:
             segment.discard()
             self._shared.warn(f"a shared-memory segment of {segment.size} bytes could not be made: {error}")
             return
-        if preparing.device is None and _cudart() is not None:  # CUDA came up after the thread started
+        if preparing.device is None and self._can_lock():  # CUDA came up after the thread started
             segment.pinned = _page_lock(segment.address, segment.size)
         self._shared.add(segment)
 
