@@ -88,7 +88,7 @@ def mechanism_off(name: str):
     """Turn one mechanism off for the duration (see the module docstring); ``worker_processes`` is the
     config's, handled by the caller."""
     from dz_gym import host_process
-    from dz_gym.transport import processes
+    from dz_gym.transport.workers import pool as processes
 
     if name in HOST_SETTINGS:  # the evaluator's settings with this one off; evaluate() keeps them
         with host_process.applied(host_process.HostProcessSettings().without(HOST_SETTINGS[name])):
@@ -103,7 +103,11 @@ def mechanism_off(name: str):
         with _patched(processes.ProcessSessionPool, "__init__", without_views):
             yield
     elif name == "worker_framing":
-        with _patched(processes.ProcessSessionPool, "_template_messages", lambda self, items: "framing off"):
+
+        def as_dicts(self, batch, env_ids):
+            raise processes._AsDicts("framing off")
+
+        with _patched(processes.ProcessSessionPool, "_template_messages", as_dicts):
             yield
     else:
         yield
