@@ -16,17 +16,16 @@ and all off in :data:`UNTOUCHED`:
   masked copy are each one allocation above glibc's default threshold, so each would be mapped, faulted in
   page by page and unmapped again; with the thresholds they are reused from the heap. A round larger than
   the trim threshold raises it to cover the round (up to :data:`TRIM_CAP`), so the heap is not trimmed
-  between rounds. The price: the process keeps up to the trim
-  threshold of freed memory. Only on glibc, and never where either variable is set (the user decided). A
-  :class:`~dz_gym.transport.ProcessSessionPool` given this setting has its worker processes set the same
-  thresholds in their own process.
+  between rounds. The price: the process keeps up to the trim threshold of freed memory. Only on glibc, and
+  never where either variable is set (the user decided). A :class:`~dz_gym.transport.ProcessSessionPool`
+  given this setting has its worker processes set the same thresholds in their own process.
 - ``freeze_collector``: the objects a built simulator holds (about 1.3 million for Isaac Lab: torch, Warp,
   USD, the task's managers) kept out of the cyclic garbage collector's full passes while a scene's batch
   steps (:func:`freeze_collector`: :func:`gc.freeze`), and while it is built the survivors of each full pass
   as well, so that a full pass walks only what came since. Reference counting still frees a frozen object as
   soon as nothing refers to it; only reference cycles among them wait for the thaw, after the batch is
   closed. A freeze the process's owner made before is never thawed here.
-- ``page_lock``: the transport's view memory (:class:`~dz_gym.transport.host_views.HostViews`, where a GPU
+- ``page_lock``: the transport's view memory (:class:`~dz_gym.transport.workers.views.HostViews`, where a GPU
   batch's views are copied for the worker processes) registered with CUDA as page-locked
   (``cudaHostRegister``) where this process has CUDA initialised, so that the copy from the GPU is one DMA
   transfer; unregistered when the pool closes. Off: the memory stays pageable and CUDA stages the copy.
@@ -35,8 +34,9 @@ and all off in :data:`UNTOUCHED`:
   the first request round's copy finds them ready. Off: the first batch that needs a segment makes it and
   its first copy faults the pages in.
 
-The evaluator gives the settings in effect to the pools it builds (``open_pool(..., host=...)``); the
-transport itself never reads them from here.
+The evaluator gives the settings in effect to the pools it builds (``open_pool(..., host=...)``: a
+:class:`~dz_gym.transport.ProcessSessionPool`'s view memory and workers do what they say); the one thing the
+transport asks here is :func:`keep_round`, which does nothing in a process that did not opt in.
 
 Not settings, because every worker start needs them, and each is undone at once
 (:func:`dz_gym.spawning.start_worker`): dz-gym's worker processes (the transport's, the embedded simulator's)
