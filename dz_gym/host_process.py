@@ -165,16 +165,21 @@ TRIM_CAP = _trim_cap()
 _trim = 0  # the trim threshold set here while the thresholds are in effect, else 0
 
 
+_libc_mallopt: list[Any] = []  # the C library's mallopt (or None) once looked up
+
+
 def _mallopt() -> Any:
     """The C library's ``mallopt`` (None where there is none, or where the user set the thresholds)."""
     if "MALLOC_MMAP_THRESHOLD_" in os.environ or "MALLOC_TRIM_THRESHOLD_" in os.environ:
         return None
-    try:
-        function = ctypes.CDLL(ctypes.util.find_library("c")).mallopt
-    except (OSError, AttributeError, TypeError):
-        return None
-    function.argtypes, function.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    return function
+    if not _libc_mallopt:  # looked up once (finding the library may run ldconfig)
+        try:
+            function = ctypes.CDLL(ctypes.util.find_library("c")).mallopt
+            function.argtypes, function.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+        except (OSError, AttributeError, TypeError):
+            function = None
+        _libc_mallopt.append(function)
+    return _libc_mallopt[0]
 
 
 def set_heap_thresholds() -> bool:
