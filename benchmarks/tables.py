@@ -100,7 +100,18 @@ def _isaac3(record: dict) -> str:
     return _markdown(header, rows) + f"\n\nL = {latency * 1e3:.0f} ms, {steps}-step episodes, W = N."
 
 
+def _mechanisms(record: dict) -> str:
+    sys.path.insert(0, str(HERE))
+    from bench_mechanisms import decide, table  # the script's own verdicts
+
+    text, verdicts = table(record["result"])
+    runs = record["result"][0]["runs"]["all"]["sync"]
+    decisions = [f"`{name}` {decide(found)} ({', '.join(found)})" for name, found in verdicts.items()]
+    return text + f"\n\n{len(runs)} runs of each configuration and mode. Verdicts: " + "; ".join(decisions) + "."
+
+
 RENDERERS = {
+    "bench_mechanisms.py": _mechanisms,
     "bench_server_ceiling.py": _ceiling,
     "bench_preprocess.py": _preprocess,
     "bench_isaac3.py": _isaac3,

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from dz_gym.profiling import StageProfiler
+from dz_gym.protocol.profiles import ServerProfile
 from dz_gym.protocol.request_batch import RequestBatch
 from dz_gym.requests import HostMemory, assemble_requests, proprio, resized_views
 
@@ -63,15 +64,17 @@ def timed_requests(
     image_resolution: tuple[int, int] | None,
     image_keys: Mapping[str, str] | None,
     host_memory: HostMemory | None = None,
+    profile: ServerProfile | None = None,
 ) -> Mapping[int, dict]:
-    """:func:`dz_gym.requests.build_requests`, its parts timed (see the module docstring)."""
+    """:func:`dz_gym.requests.build_requests`, its parts timed (see the module docstring); ``profile`` is the
+    server's, as there."""
     with profiler.stage("gpu_to_host" if image_resolution is None else "preprocess"):
         views = resized_views(policy, env_ids, image_resolution, host_memory=host_memory)
     with profiler.stage("gpu_to_host"):
         joints, gripper = proprio(policy)
     with profiler.stage("build"):
         return assemble_requests(views, joints, gripper, env_ids, prompts=prompts, session_ids=session_ids,
-                                 image_keys=image_keys)  # fmt: skip
+                                 image_keys=image_keys, profile=profile)  # fmt: skip
 
 
 def _timed(profiler: StageProfiler, stage: str, call: Callable, sync, active: Callable[[], bool]) -> Callable:

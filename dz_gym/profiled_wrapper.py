@@ -117,7 +117,7 @@ class ProfiledPolicyWrapper(DreamZeroPolicyWrapper):
         requests = timed_requests(self.profiler, policy_obs, due, prompts=self.prompts,
                                   session_ids=self._schedule.session_ids, image_resolution=self.image_resolution,
                                   image_keys=getattr(self.env.unwrapped, "request_image_keys", None),
-                                  host_memory=self._client.host_memory)  # fmt: skip
+                                  host_memory=self._client.host_memory, profile=self.profile)  # fmt: skip
         self._sent_bytes += encoded_size(requests)
         return requests
 

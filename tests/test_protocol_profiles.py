@@ -216,3 +216,20 @@ def test_the_docs_table_is_generated_from_the_profiles():
     lines = table.splitlines()
     assert lines[0] == "| server | handshake | keys | chunk | executed | reset | errors |"
     assert len(lines) == 2 + len(PROFILES) and "32 of 32" in table and "8 of 24" in table
+
+
+@pytest.mark.parametrize("name", ["flux3-bfl", "sglang", "dreamzero"])
+def test_profiled_requests_follow_the_server_profile(name):
+    """``--profile`` times the same requests the wrapper sends: the server's keys, not DreamZero's."""
+    from dz_gym.profile_hooks import timed_requests
+    from dz_gym.profiling import StageProfiler
+
+    profile = PROFILES[name]
+    timed = timed_requests(StageProfiler(), _policy_obs(shape=(360, 640)), [0, 2], prompts=["put the cube in the bowl"] * 3,
+                           session_ids=["s-0", "s-1", "s-2"], image_resolution=profile.image_resolution,
+                           image_keys=None, profile=profile)  # fmt: skip
+    plain = _batch(profile, resolution=profile.image_resolution, shape=(360, 640))
+    for i in (0, 2):
+        assert sorted(timed[i]) == sorted(plain[i])
+        for key in plain[i]:
+            assert np.array_equal(np.asarray(timed[i][key]), np.asarray(plain[i][key])), key
