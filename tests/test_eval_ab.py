@@ -54,7 +54,7 @@ class RecordingPolicy(HoldPolicy):
 
 def toy_factory(env_cls=ToyDroidEnv):
     def factory(scene, cfg):
-        return env_cls(cfg.num_envs, scene=scene, max_episode_length=cfg.max_steps)
+        return env_cls(cfg.plan.num_envs, scene=scene, max_episode_length=cfg.plan.max_steps)
 
     return factory
 
@@ -374,7 +374,7 @@ def test_resume_keeps_a_run_ab_or_not(capsys, tmp_path):
         assert exc.value.code == 2 and needle in capsys.readouterr().err
     parser = cli.build_parser(isaac_args=False)
     config, _, _ = cli.resolve_config(parser, parser.parse_args(["--resume", str(ab.path), "--num-envs", "4"]))
-    assert config.ab and config.policy_b == "reference:skill=0.3" and config.num_envs == 4
+    assert config.ab and config.policies.policy_b == "reference:skill=0.3" and config.plan.num_envs == 4
 
 
 def test_pair_tracker_summary_futility_difference_and_arm_dependent_errors():

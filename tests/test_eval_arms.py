@@ -90,7 +90,7 @@ def test_three_arms_on_server_urls_write_rows_for_every_arm_and_a_ranking(tmp_pa
         config = EvalConfig(scenes=[1], num_envs=3, episodes=4, max_steps=5, video=False, report=False,
                             arm_specs=[f"{n}={u}" for n, u in urls.items()])  # fmt: skip
         run_dir = RunDir.create(tmp_path, config)
-        factory = lambda scene, cfg: ToyDroidEnv(cfg.num_envs, scene=scene, max_episode_length=cfg.max_steps)  # noqa: E731
+        factory = lambda scene, cfg: ToyDroidEnv(cfg.plan.num_envs, scene=scene, max_episode_length=cfg.plan.max_steps)  # noqa: E731
         summary = evaluate(config, run_dir, env_factory=factory, progress=False)
     rows = run_dir.read_rows()
     assert sorted((r["episode"], r["arm"]) for r in rows) == [(k, n) for k in range(4) for n in "xyz"]
@@ -175,7 +175,7 @@ def test_select_best_eliminates_the_worse_arms_and_stops_with_the_best(tmp_path)
                             arm_specs=specs, select_best=True)  # fmt: skip
         run_dir = RunDir.create(tmp_path, config)
         summary = evaluate(config, run_dir, progress=False,
-                           env_factory=lambda s, cfg: GripperToyEnv(cfg.num_envs, scene=s, max_episode_length=6))  # fmt: skip
+                           env_factory=lambda s, cfg: GripperToyEnv(cfg.plan.num_envs, scene=s, max_episode_length=6))  # fmt: skip
     selection = summary["selection"]
     assert selection["best"] == "x" and selection["stopped"], selection["why"]
     after = selection["eliminated_after_seeds"]

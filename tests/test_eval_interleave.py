@@ -36,7 +36,7 @@ NUM_ENVS = 4  # per scene: 2 pairs in flight in each scene's batch
 
 
 def factory(scene, cfg):
-    return GripperToyEnv(cfg.num_envs, scene=scene, max_episode_length=cfg.max_steps)
+    return GripperToyEnv(cfg.plan.num_envs, scene=scene, max_episode_length=cfg.plan.max_steps)
 
 
 @pytest.fixture(scope="module")

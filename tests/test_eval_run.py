@@ -21,7 +21,7 @@ def _config(**fields):
 
 
 def _toy(scene, cfg):
-    return StagedToyEnv(cfg.num_envs, scene)
+    return StagedToyEnv(cfg.plan.num_envs, scene)
 
 
 def test_a_server_that_does_not_answer_is_refused_before_anything_is_written(tmp_path):

@@ -181,7 +181,7 @@ def test_run_eval_and_eval_config_are_exported():
 def _documented_env_factory(scene, config, **env_kwargs):
     """docs/eval.md's factory: a registered id through gym.make_vec."""
     ids = {1: "dz_gym/DROID-CubeInBowl-v0", 2: "dz_gym/DROID-CanInMug-v0", 3: "dz_gym/DROID-BananaInBin-v0"}
-    return gym.make_vec(ids[scene], num_envs=config.num_envs, max_episode_steps=config.max_steps, seed=config.seed,
+    return gym.make_vec(ids[scene], num_envs=config.plan.num_envs, max_episode_steps=config.plan.max_steps, seed=config.plan.seed,
                         image_shape=(180, 320), **env_kwargs)  # fmt: skip
 
 

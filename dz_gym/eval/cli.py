@@ -119,7 +119,7 @@ def _main(
     from dz_gym.eval.run import run_eval
 
     if args.backend in (None, "auto") and args.resume is None and not args.only_scene:
-        _say(f"dz-gym-eval: backend {config.backend} (auto: {auto_reason(config.backend)})")
+        _say(f"dz-gym-eval: backend {config.plan.backend} (auto: {auto_reason(config.plan.backend)})")
     result = run_eval(
         config,
         run_dir=run_dir,
@@ -130,7 +130,7 @@ def _main(
         control=control,
         progress=args.progress,
         command=command,
-        env_kwargs={"app_args": args} if traits(config.backend).starts_app else None,
+        env_kwargs={"app_args": args} if traits(config.plan.backend).starts_app else None,
         only_scenes=args.only_scene,
         scene_processes=args.scene_processes,
         argv=argv,

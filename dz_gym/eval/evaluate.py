@@ -10,12 +10,12 @@ executor, :class:`InProcess`: one env batch per scene (the scenes side by side, 
 on Ctrl-C, an exhausted error budget or a crash) rewrites ``summary.json`` from every row of
 ``episodes.jsonl``. With ``ray_options`` the same plan runs as shards on Ray
 (:func:`dz_gym.eval.shards.driver.evaluate_sharded`). It warns (through ``log``) when more envs share a server
-than it keeps sessions resident (``config.server_max_sessions``) and, from the first replies, when an env may
-wait longer between requests than the servers' idle timeout (``config.server_idle_timeout``).
+than it keeps sessions resident (``config.transport.server_max_sessions``) and, from the first replies, when an env may
+wait longer between requests than the servers' idle timeout (``config.transport.server_idle_timeout``).
 
 An A/B run (``config.ab``: ``servers_b``, or ``policy_b`` on the embedded servers) runs every seed under both
 arms on neighbouring env slots, through one :class:`~dz_gym.eval.clients.ArmRouter` (``servers_b``: arm B's
-URLs); with ``config.sequential`` a :class:`~dz_gym.eval.ab.PairTracker` stops starting episodes once the
+URLs); with ``config.stats.sequential`` a :class:`~dz_gym.eval.ab.PairTracker` stops starting episodes once the
 sequential test decides. The summary then has ``arms`` (per arm, per scene and overall), ``comparison`` (the
 JSON of ``dz-gym-compare``) and ``sequential`` (the test's decision and why the run stopped).
 
@@ -68,17 +68,17 @@ class InProcess:
 
     def run(self, segment: RunSegment) -> None:
         config, todo = segment.config, segment.todo
-        self.recorder = VideoRecorder() if config.video else None
+        self.recorder = VideoRecorder() if config.outputs.video else None
         scenes = [(scene, todo.slot_queues(scene)) for scene in todo.scene_order()]
         for scene, queues in scenes:
-            segment.say(f"scene {scene}: {sum(len(q) for q in queues)} episode(s) on {config.num_envs} env(s)")
+            segment.say(f"scene {scene}: {sum(len(q) for q in queues)} episode(s) on {config.plan.num_envs} env(s)")
         if len(scenes) > 1:
             segment.say(f"scenes {', '.join(str(s) for s, _ in scenes)} side by side, a batch each")
         processes = config.transport_process_count()
         if processes:
             chosen = " (chosen for the envs and cores; --transport-processes 0: none)"
             segment.say(f"transport: {processes} worker processes a connection pool"
-                        + (chosen if config.transport_processes is None else ""))  # fmt: skip
+                        + (chosen if config.transport.processes is None else ""))  # fmt: skip
         result = run_side_by_side(
             config,
             scenes,
@@ -120,7 +120,7 @@ def evaluate(
 ) -> dict[str, Any]:
     """Run every episode of ``config`` that has no row in ``run_dir`` yet; returns the summary written.
 
-    ``servers`` are the policy servers' URLs (default ``config.servers``; the command line passes the
+    ``servers`` are the policy servers' URLs (default ``config.policies.servers``; the command line passes the
     embedded server's URL here);
     ``env_factory(scene, config, **env_kwargs)`` builds the batched env (default:
     :func:`default_env_factory`; ``env_kwargs`` go to the backend, e.g. Isaac Lab's ``app_args``);
@@ -131,19 +131,19 @@ def evaluate(
     ``command`` and ``server_info`` are recorded in the summary; ``log`` receives the lines for the user (default: above the
     progress bars, on stderr); ``ray_options`` (a :class:`~dz_gym.eval.shards.options.RayOptions`) runs the
     episodes as shards on a Ray cluster instead, with the same rows and the same run directory
-    (``docs/ray.md``); ``servers_b``: arm B's URLs of an A/B run (default ``config.servers_b``; the command
+    (``docs/ray.md``); ``servers_b``: arm B's URLs of an A/B run (default ``config.policies.servers_b``; the command
     line passes the second embedded server's); ``arm_servers``: per arm of a ``--arm`` run its URLs (default:
     the arms' own URLs; the command line passes the embedded servers' of the arms that name a policy).
 
     Raises what ended the run early (after writing the summary): ``KeyboardInterrupt`` on a repeated stop
     signal, or the simulator's/wrapper's error (the summary then says ``aborted``).
     """
-    if env_factory is None and only_scenes is None and ray_options is None and len(config.scenes) > 1:
+    if env_factory is None and only_scenes is None and ray_options is None and len(config.plan.scenes) > 1:
         from dz_gym.envs.backends import traits
 
-        if traits(config.backend).one_scene_per_process:
+        if traits(config.plan.backend).one_scene_per_process:
             logger.warning("backend %s needs a process per scene; evaluate() runs every scene in this one: "
-                           "dz_gym.eval.run.run_eval chooses the executor as dz-gym-eval does", config.backend)  # fmt: skip
+                           "dz_gym.eval.run.run_eval chooses the executor as dz-gym-eval does", config.plan.backend)  # fmt: skip
     if ray_options is not None:  # K shards on a Ray cluster (dz_gym.eval.shards); Ray is imported only there
         if env_factory is not None or only_scenes is not None:
             raise ValueError("ray_options: a sharded run builds its envs in its shards (no env_factory, only_scenes)")
@@ -151,23 +151,27 @@ def evaluate(
 
         return evaluate_sharded(config, run_dir, servers, ray_options, control=control, progress=progress,
                                 command=command, server_info=server_info, env_kwargs=env_kwargs, log=log)  # fmt: skip
-    if config.arm_specs:  # named arms: their URLs (an arm that names a policy needs its embedded server's)
+    if config.policies.arm_specs:  # named arms: their URLs (an arm that names a policy needs its embedded server's)
         named = plan_of(config, ["-"], arm_servers=arm_servers).slot_servers
         if "embedded" in named:
             raise ValueError("arm_servers: an arm that names a policy needs its server's URL (dz-gym-eval starts it)")
         servers = list(dict.fromkeys(named)) if servers is None else servers
-    servers = list(config.servers if servers is None else servers)
+    servers = list(config.policies.servers if servers is None else servers)
     if not servers:
-        raise ValueError("servers: expected at least one policy server URL (in config.servers or the servers argument)")
-    servers_b = list(config.servers_b if servers_b is None else servers_b)
+        raise ValueError(
+            "servers: expected at least one policy server URL (in config.policies.servers or the servers argument)"
+        )
+    servers_b = list(config.policies.servers_b if servers_b is None else servers_b)
     if config.ab and not servers_b:
-        raise ValueError("servers_b: an A/B run needs arm B's policy server URLs (in config.servers_b or servers_b)")
+        raise ValueError(
+            "servers_b: an A/B run needs arm B's policy server URLs (in config.policies.servers_b or servers_b)"
+        )
     plan = plan_of(config, servers, servers_b, arm_servers=arm_servers)
     if only_scenes is not None:
         plan = plan.only_scenes(only_scenes)
     segment = RunSegment(config, run_dir, plan, servers=servers, servers_b=servers_b if config.ab else (),
                          control=control, progress=progress, log=log, command=command, server_info=server_info,
-                         report=config.report and only_scenes is None)  # fmt: skip
+                         report=config.outputs.report and only_scenes is None)  # fmt: skip
     if only_scenes is not None and segment.pairs is not None:  # other processes run the other scenes at once
         segment.pairs = SharedTest(lambda rows: pair_tracker(config, rows), run_dir, only_scenes)
     return run_segment(segment, InProcess(env_factory, env_kwargs))

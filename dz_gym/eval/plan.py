@@ -282,14 +282,14 @@ def plan_of(
     ``arm_servers``: per named arm of a ``--arm`` run its URLs, default the config's: an arm's URL, or
     ``"embedded"`` for an arm whose embedded server is not started yet)."""
     named: list[tuple[str, Sequence[str]]] = []
-    if config.arm_specs:
+    if config.policies.arm_specs:
         given = dict(arm_servers or {})
         named = [(n, given.get(n) or ([v] if is_url(v) else ["embedded"])) for n, v in config.arm_table()]
     return build_plan(
-        scenes=config.scenes,
-        episodes=config.episodes,
-        num_envs=config.num_envs,
-        seed=config.seed,
+        scenes=config.plan.scenes,
+        episodes=config.plan.episodes,
+        num_envs=config.plan.num_envs,
+        seed=config.plan.seed,
         servers=servers,
         servers_b=servers_b if config.ab else (),
         arm_servers=named,

@@ -78,8 +78,8 @@ def preflight(config: EvalConfig, metadata: list | None = None) -> str | None:
     from dz_gym.eval.preflight import check_backend, check_servers
     from dz_gym.eval.tracking import log_problem
 
-    urls = config.servers + config.servers_b + [v for _, v in config.arm_table() if is_url(v)]
-    return (check_backend(config.backend) or log_problem(config.log)
+    urls = config.policies.servers + config.policies.servers_b + [v for _, v in config.arm_table() if is_url(v)]
+    return (check_backend(config.plan.backend) or log_problem(config.outputs.log)
             or check_servers(urls, config.transport_config(), metadata))  # fmt: skip
 
 
@@ -89,7 +89,7 @@ def _asked_resolution(config: EvalConfig, meta) -> tuple[int, int] | None:
     from dz_gym.protocol.profiles import detect_profile
 
     try:
-        profile = detect_profile(getattr(meta, "raw", None), server_kind=config.server_kind)
+        profile = detect_profile(getattr(meta, "raw", None), server_kind=config.policies.server_kind)
     except UnknownServer:
         return None
     return profile.render_resolution or getattr(meta, "image_resolution", None)
@@ -98,17 +98,17 @@ def _asked_resolution(config: EvalConfig, meta) -> tuple[int, int] | None:
 def render_shape_from_servers(config: EvalConfig, metadata: list) -> str | None:
     """A new run on the embedded simulator without ``--render-shape`` renders the views its servers ask for
     (:func:`~dz_gym.envs.render_shape.render_shape_for` of their profiles' or handshakes' ``image_resolution``) when they
-    all ask for the same size and it is not the default: sets ``config.render_shape`` and says so (a line), else
+    all ask for the same size and it is not the default: sets ``config.plan.render_shape`` and says so (a line), else
     None. DreamZero's 180x320 (and a handshake that names no size) leave the config as it was."""
     from dz_gym.envs.backends import traits
     from dz_gym.envs.render_shape import render_shape_for
 
-    if config.render_shape is not None or not traits(config.backend).render_shape_kwarg or not metadata:
+    if config.plan.render_shape is not None or not traits(config.plan.backend).render_shape_kwarg or not metadata:
         return None
     shapes = {render_shape_for(_asked_resolution(config, meta)) for meta in metadata}
     if len(shapes) != 1 or (shape := shapes.pop()) == tuple(droid.DEFAULT_EMBEDDED_IMAGE_SHAPE):
         return None
-    config.render_shape = list(shape)
+    config.plan.render_shape = list(shape)
     return f"the servers ask for {shape[0]}x{shape[1]} views: the embedded simulator renders at that size"
 
 
@@ -124,11 +124,11 @@ def _status(summary: Mapping[str, Any] | None) -> str:
 
 def _open_logs(config: EvalConfig, run_dir: RunDir, control: RunControl | None):
     """The ``--log`` trackers of this run segment, hooked on ``control``'s rows; None without ``--log``."""
-    if not config.log:
+    if not config.outputs.log:
         return None
     from dz_gym.eval.tracking import open_logs
 
-    log = open_logs(config.log, run_dir.path, dataclasses.asdict(config), config.log_project)
+    log = open_logs(config.outputs.log, run_dir.path, config.to_flat_dict(), config.outputs.log_project)
     if control is not None:
         log.attach(control)
     return log
@@ -173,9 +173,9 @@ def _scene_processes(config, run_dir: RunDir, argv, command: str, say, at_once: 
     from dz_gym.eval.processes import SceneProcesses
     from dz_gym.eval.segment import RunSegment, run_segment
 
-    plan = plan_of(config, config.servers or ["embedded"], config.servers_b or ["embedded"])
+    plan = plan_of(config, config.policies.servers or ["embedded"], config.policies.servers_b or ["embedded"])
     plain = lambda line: say(line.removeprefix("dz-gym-eval: "))  # noqa: E731 - the executor's lines name the command
-    segment = RunSegment(config, run_dir, plan, servers=config.servers, servers_b=config.servers_b, progress=False,
+    segment = RunSegment(config, run_dir, plan, servers=config.policies.servers, servers_b=config.policies.servers_b, progress=False,
                          log=plain, command=command, inherit=True)  # fmt: skip
     executor = SceneProcesses(argv, command, plain, at_once)
     summary = None
@@ -247,9 +247,9 @@ def run_eval(
     budget (default: a fresh one with ``config.error_budget``); ``progress``: bars (None: on a TTY);
     ``command``: what the summary records (default: this process's command line); ``env_factory``: builds
     each scene's env in this process, called as ``env_factory(scene, config, **env_kwargs)`` with the scene's
-    id and the run's :class:`~dz_gym.eval.config.EvalConfig`; it returns a batched env of ``config.num_envs``
+    id and the run's :class:`~dz_gym.eval.config.EvalConfig`; it returns a batched env of ``config.plan.num_envs``
     envs that follows :mod:`dz_gym.envs.base` (same-step autoreset, ``set_episode_seeds``; e.g.
-    ``gym.make_vec(id, num_envs=config.num_envs, max_episode_steps=config.max_steps, seed=config.seed)`` or
+    ``gym.make_vec(id, num_envs=config.plan.num_envs, max_episode_steps=config.plan.max_steps, seed=config.plan.seed)`` or
     :func:`~dz_gym.eval.scene.default_env_factory`, the default); ``env_kwargs``: more keyword arguments for it
     (Isaac Lab's ``app_args``); ``only_scenes``: this call runs these scenes only (a scene's child
     process); ``scene_processes``: how many scene processes run at once (default: all); ``argv``: the command line the scene processes repeat (the command line's own; from Python the
@@ -295,11 +295,11 @@ def _run(config, run_dir, output_root, serve_args, process_per_scene, ray_option
         return RunResult("interrupted", error="stopped before the run started; nothing was written")
     from dz_gym.envs.backends import traits
 
-    backend = traits(config.backend)
+    backend = traits(config.plan.backend)
     if process_per_scene and env_factory is not None:
         raise ValueError("process_per_scene: an env_factory cannot cross into a scene's process")
     per_process = backend.one_scene_per_process if process_per_scene is None else process_per_scene
-    if per_process and env_factory is None and not only_scenes and len(config.scenes) > 1 and ray_options is None:
+    if per_process and env_factory is None and not only_scenes and len(config.plan.scenes) > 1 and ray_options is None:
         opened, created = _open_run_dir(config, run_dir, output_root, False, say)
         child = list(argv) if argv is not None else _child_argv(serve_args, progress)
         result = _scene_processes(config, opened, child, command, say, scene_processes)

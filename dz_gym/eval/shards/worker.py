@@ -286,12 +286,12 @@ class ShardWorker:
 
         queues = [[PlanEntry(**e) for e in q] for q in spec["queues"]]
         config = dataclasses.replace(EvalConfig.from_dict(spec["config"]), num_envs=len(queues))
-        if config.auth_env and spec.get("auth_token") and not os.environ.get(config.auth_env):
-            os.environ[config.auth_env] = spec["auth_token"]
+        if config.transport.auth_env and spec.get("auth_token") and not os.environ.get(config.transport.auth_env):
+            os.environ[config.transport.auth_env] = spec["auth_token"]
         ship = spec.get("ship_files")
         shared = _sees_run_dir(spec["run_dir"], spec["token"]) if ship is None else not ship
         root = Path(spec["run_dir"]) if shared else Path(tempfile.mkdtemp(prefix=f"dz-gym-shard{spec['shard']}-"))
-        recorder = VideoRecorder() if config.video else None
+        recorder = VideoRecorder() if config.outputs.video else None
         shard = int(spec["shard"])
         placement = {"shard": shard, "node": self.node_id, "gpu": self.pin.gpu}
         outbox = Outbox(root, meta=placement, ship_files=not shared, recorder=recorder)
