@@ -32,9 +32,9 @@ OLD_FILES = sorted(OLD.glob("*.json"))
 
 def test_every_field_sits_in_one_section_and_every_flat_key_has_a_place():
     names = [f.name for cls in SECTIONS.values() for f in dataclasses.fields(cls)]
-    assert len(names) == len(set(names)) == len(PATHS) == len(FLAT_KEYS)
-    assert set(FLAT_KEYS.values()) == set(PATHS.values())
-    assert [f.name for f in dataclasses.fields(EvalConfig)] == [*SECTIONS, "version"]
+    assert len(names) == len(set(names)) == len(FLAT_KEYS)
+    assert set(FLAT_KEYS.values()) == {path for path in PATHS.values() if not path.startswith("execution.")}
+    assert [f.name for f in dataclasses.fields(EvalConfig)] == [*SECTIONS, "execution", "version"]
 
 
 def test_fields_are_set_by_section_dotted_path_or_name_alike():
@@ -98,3 +98,18 @@ def test_a_sequential_run_saved_before_budgets_were_checked_keeps_its_budget():
 def test_a_config_of_a_newer_dz_gym_is_a_one_line_error(data, needle):
     with pytest.raises(ValueError, match=needle):
         migrate(data)
+
+
+def test_how_this_process_runs_it_is_neither_saved_nor_compared(tmp_path):
+    def factory(scene, config):
+        raise AssertionError("not called")
+
+    config = EvalConfig(num_envs=2, backend="mujoco", env_factory=factory, progress=None, serve_args=("--x",))
+    assert config.execution.env_factory is factory and config.execution.serve_args == ["--x"]
+    assert config == EvalConfig(num_envs=2, backend="mujoco") and "execution" not in config.to_dict()
+    saved = RunDir.create(tmp_path, config).load_config()
+    assert saved == config and saved.execution.env_factory is None
+    with pytest.raises(ValueError, match="^process_per_scene: an env_factory cannot cross"):
+        EvalConfig(backend="mujoco", env_factory=factory, process_per_scene=True)
+    with pytest.raises(ValueError, match="^scene_processes: expected an integer >= 1, got 0"):
+        EvalConfig(backend="mujoco", scene_processes=0)

@@ -75,8 +75,8 @@ def _api_rows(root: Path, **options) -> list[dict]:
     from dz_gym.eval.run import run_eval
 
     config = EvalConfig(scenes=[1, 2], episodes=3, num_envs=2, max_steps=12, backend="mujoco", video=False,
-                        report=False)  # fmt: skip
-    result = run_eval(config, output_root=root, **options)
+                        report=False, **options)  # fmt: skip
+    result = run_eval(config, output_root=root)
     assert result.status == "complete" and result.error is None, result.error
     assert result.summary["complete"] and result.run_dir.path.parent == root
     return result.run_dir.read_rows()

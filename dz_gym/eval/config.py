@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dz_gym.cli_types import field_default
 from dz_gym.envs import backends, droid
@@ -37,6 +37,11 @@ from dz_gym.spawning import usable_cores
 from dz_gym.stats.comparison import ARMS
 from dz_gym.transport import TransportConfig, validate_url
 from dz_gym.transport.config import auto_processes
+
+if TYPE_CHECKING:
+    from dz_gym.eval.runner import RunControl
+    from dz_gym.eval.scene import EnvFactory
+    from dz_gym.eval.shards.options import RayOptions
 
 CONFIG_VERSION = 2  # 2: nested in sections; 1 (flat) still reads (migrate)
 BACKENDS = backends.NAMES  # "auto" and every backend of dz_gym.envs.backends
@@ -61,7 +66,7 @@ def _result(default: Any = dataclasses.MISSING, **kwargs: Any) -> Any:
 
 def _is_result(path: str) -> bool:
     section, name = path.split(".")
-    return next(f for f in dataclasses.fields(SECTIONS[section]) if f.name == name).metadata.get("result", False)
+    return next(f for f in dataclasses.fields(ALL_SECTIONS[section]) if f.name == name).metadata.get("result", False)
 
 
 def default_policy(backend: str) -> str:
@@ -173,7 +178,36 @@ class OutputSettings:
     log_project: str = "dz-gym"  # the W&B project of --log wandb
 
 
-# The sections of EvalConfig, in order: attribute name -> its dataclass.
+@dataclasses.dataclass
+class ExecutionSettings:
+    """How this process runs the plan (``config.execution``): none of it changes a row, none of it is saved in
+    ``config.json`` (a resume takes it from its own flags or call), and configs that differ only here are equal.
+
+    ``process_per_scene``: each scene in a ``dz-gym-eval`` child process (None: the backend's
+    ``one_scene_per_process``); ``scene_processes``: at most this many at once (None: all); ``ray``: shards on
+    Ray (:class:`~dz_gym.eval.shards.options.RayOptions`); ``serve_args``: extra ``dz-gym-serve`` arguments of the
+    embedded servers; ``progress``: bars (None: on a TTY, else a line every 30 s); ``command``: what the summary
+    records (None: this process's command line); ``argv``: the flags the scene processes repeat (None: made from
+    ``serve_args`` and ``progress``); ``only_scenes``: this process runs these scenes only (a scene's child);
+    ``env_factory``: builds each scene's env in this process, as ``env_factory(scene, config, **env_kwargs)``
+    (:func:`~dz_gym.eval.scene.default_env_factory` when None; it cannot cross into another process);
+    ``control``: the stop request and error budget (:class:`~dz_gym.eval.runner.RunControl`; None: a fresh one).
+    """
+
+    process_per_scene: bool | None = None
+    scene_processes: int | None = None
+    ray: RayOptions | None = None
+    serve_args: list[str] = dataclasses.field(default_factory=list)
+    progress: bool | None = False
+    command: str | None = None
+    argv: list[str] | None = None
+    only_scenes: list[int] | None = None
+    env_factory: EnvFactory | None = None
+    env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    control: RunControl | None = None
+
+
+# The saved sections of EvalConfig, in order: attribute name -> its dataclass.
 SECTIONS: dict[str, type] = {
     "plan": PlanSettings,
     "policies": PolicySettings,
@@ -184,7 +218,10 @@ SECTIONS: dict[str, type] = {
     "outputs": OutputSettings,
 }
 # Every field's dotted path by its name (the names are distinct across the sections).
-PATHS: dict[str, str] = {f.name: f"{name}.{f.name}" for name, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
+ALL_SECTIONS: dict[str, type] = {**SECTIONS, "execution": ExecutionSettings}  # the saved ones and how it runs
+PATHS: dict[str, str] = {
+    f.name: f"{name}.{f.name}" for name, cls in ALL_SECTIONS.items() for f in dataclasses.fields(cls)
+}
 DOTTED = frozenset(PATHS.values())
 # The flat layout of version 1 (config.json before the sections; summary.json's "config" keeps it), in its order:
 # each flat key and the dotted path it moved to.
@@ -291,20 +328,23 @@ class EvalConfig:
     errors: ErrorSettings
     stats: StatsSettings
     outputs: OutputSettings
+    execution: ExecutionSettings = dataclasses.field(compare=False, repr=False)
     version: int = CONFIG_VERSION
 
     def __init__(self, version: int = CONFIG_VERSION, **values: Any) -> None:
-        given: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
-        for key, value in sorted(values.items(), key=lambda item: item[0] not in SECTIONS):  # sections, then fields
-            if key in SECTIONS:
-                section = value if isinstance(value, Mapping) else dataclasses.asdict(value)
-                given[key].update(section)
+        given: dict[str, dict[str, Any]] = {name: {} for name in ALL_SECTIONS}
+        for key, value in sorted(values.items(), key=lambda item: item[0] not in ALL_SECTIONS):  # sections, then fields
+            if key in ALL_SECTIONS:  # a mapping, or the section's dataclass (shallow: a control stays itself)
+                fields = dataclasses.fields(value) if dataclasses.is_dataclass(value) else ()
+                given[key].update(
+                    value if isinstance(value, Mapping) else {f.name: getattr(value, f.name) for f in fields}
+                )
             elif key in PATHS or key in FLAT_KEYS or key in DOTTED:
                 section, name = _path(key).split(".")
                 given[section][name] = value
             else:
                 raise TypeError(f"EvalConfig: unexpected field {key!r}")
-        for name, cls in SECTIONS.items():
+        for name, cls in ALL_SECTIONS.items():
             try:
                 setattr(self, name, cls(**given[name]))
             except TypeError as exc:
@@ -317,7 +357,7 @@ class EvalConfig:
         """The default of field ``path`` (dotted, e.g. ``"schedule.prefetch"``, or its name): what ``--help`` and
         the docs show."""
         section, _, name = _path(path).partition(".")
-        return field_default(SECTIONS[section], name)
+        return field_default(ALL_SECTIONS[section], name)
 
     def get(self, path: str) -> Any:
         """The value of field ``path`` (dotted, or its name).
@@ -428,6 +468,19 @@ class EvalConfig:
                 f"(chosen from the envs and the cores), got {self.transport.processes!r}"
             )
         self.transport_config()
+        self._check_execution()
+
+    def _check_execution(self) -> None:
+        """How this process runs it: what cannot cross into another process stays in this one."""
+        run = self.execution
+        if run.scene_processes is not None and (not _is_int(run.scene_processes) or run.scene_processes < 1):
+            raise ValueError(f"scene_processes: expected an integer >= 1, got {run.scene_processes}")
+        if run.process_per_scene and run.env_factory is not None:
+            raise ValueError("process_per_scene: an env_factory cannot cross into a scene's process")
+        if run.ray is not None and (run.env_factory is not None or run.only_scenes is not None):
+            raise ValueError("ray: a sharded run builds its envs in its shards (no env_factory, only_scenes)")
+        run.serve_args = list(run.serve_args)
+        run.env_kwargs = dict(run.env_kwargs or {})
 
     @property
     def ab(self) -> bool:
@@ -702,7 +755,7 @@ class EvalConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The nested layout ``config.json`` holds (:data:`CONFIG_VERSION`); :meth:`from_dict` reads it back."""
-        return dataclasses.asdict(self)
+        return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS} | {"version": self.version}
 
     def to_flat_dict(self) -> dict[str, Any]:
         """The flat layout of version 1 (:data:`FLAT_KEYS`), which ``summary.json``'s ``config`` and the

@@ -68,7 +68,7 @@ SERVER_FLAGS = (
     Flag("--policy", "embedded server: its policy (a built-in name or module:factory)", field="policies.policy",
          metavar="NAME", shown=backends.per_backend(lambda t: t.embedded_policy)),
     Flag("--serve-arg", "embedded server: an extra dz-gym-serve argument, e.g. --serve-arg=--latency-ms=200 "
-         "(repeatable)", dest="serve_arg", action="append", default=[], metavar="ARG"),
+         "(repeatable)", field="execution.serve_args", dest="serve_arg", action="append", default=[], metavar="ARG"),
     AUTH_ENV.but(field="transport.auth_env", shown="none", doc=AUTH_ENV.help + "; only the variable's name is saved in config.json"),
     SERVER_KIND.but(field="policies.server_kind"),
     Flag("--server-max-sessions", "sessions one server keeps resident (vLLM-Omni: at most 64, fewer with a small "
@@ -141,11 +141,11 @@ SCALE = (
     Flag("--num-envs", "envs stepped together (slots); with --ray the total over all shards", field="plan.num_envs",
          type=integer, metavar="N"),
     Flag("--process-per-scene", "run each scene in a fresh process, the scenes' processes at the same time "
-         "(rebuilding an Isaac stage in one process can render wrong poses)", dest="process_per_scene", action=BOOL,
+         "(rebuilding an Isaac stage in one process can render wrong poses)", field="execution.process_per_scene", action=BOOL,
          shown=backends.per_backend(lambda t: "on" if t.one_scene_per_process else "off")),
     Flag("--scene-processes", "with a process per scene: at most P scene processes at the same time (each holds "
          "its simulator; on Isaac Lab an app on the GPU); a sequential test can stop early only once every scene "
-         "runs", dest="scene_processes", type=integer, metavar="P", shown="every scene's"),
+         "runs", field="execution.scene_processes", type=integer, metavar="P", shown="every scene's"),
     Flag("--transport-processes", "spread the policy sessions over P worker processes that send the requests "
          "(handed over in shared memory): for many sessions of large requests, e.g. --num-envs 256 or more on a "
          "GPU host, where one process's interpreter lock otherwise moves every request; 0: all in this process",
