@@ -127,7 +127,7 @@ def replicated_run(source: RunDir, target: Path, episodes: int) -> RunDir:
     rows = source.read_rows()
     target.mkdir(parents=True)
     config = json.loads((source.path / "config.json").read_text())
-    config.update(scenes=[1], episodes=episodes)
+    config["plan"].update(scenes=[1], episodes=episodes)
     (target / "config.json").write_text(json.dumps(config))
     scene1 = next(r for r in rows if r["scene"] == 1)  # every row becomes one of scene 1: its task and prompt
     out = []

@@ -185,7 +185,7 @@ def test_the_session_warning_counts_every_scene_side_by_side(tmp_path):
     lines = []
     for scenes, warned in (([1], False), ([1, 2], True)):
         cfg = EvalConfig(scenes=scenes, num_envs=40, episodes=1, backend="mujoco", video=False, report=False)
-        RunSegment(cfg, RunDir.create(tmp_path / str(len(scenes)), cfg), plan_of(cfg, ["ws://a"]),
+        RunSegment(cfg, RunDir.create(tmp_path / str(len(scenes)), cfg), plan_of(cfg).resolve(["ws://a"]),
                    servers=["ws://a"], progress=False, log=lines.append)  # fmt: skip
         assert any("80 envs share the server ws://a" in line for line in lines) == warned, lines
 

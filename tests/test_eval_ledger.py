@@ -38,7 +38,8 @@ def config(**kw) -> EvalConfig:
 
 
 def rows_of(cfg: EvalConfig, episodes, **kw) -> list[dict]:
-    plan = plan_of(cfg, cfg.policies.servers or ["embedded"])
+    stand_in = {arm: ["embedded"] for arm in cfg.arms}  # the rows name a server; none runs here
+    plan = plan_of(cfg).resolve(cfg.policies.servers or ["embedded"], arm_servers=stand_in)
     out = []
     for entry in plan.entries:
         if entry.episode in episodes:
@@ -122,14 +123,14 @@ def test_a_run_segment_holds_the_lock_until_it_closes(tmp_path, holder):
         RunSegment(
             cfg,
             run_dir,
-            plan_of(cfg, cfg.policies.servers),
+            plan_of(cfg).resolve(cfg.policies.servers),
             servers=cfg.policies.servers,
             progress=False,
             log=lambda _: None,
         )
     proc.kill()
     proc.wait(timeout=60)
-    segment = RunSegment(cfg, run_dir, plan_of(cfg, cfg.policies.servers), servers=cfg.policies.servers, progress=False,
+    segment = RunSegment(cfg, run_dir, plan_of(cfg).resolve(cfg.policies.servers), servers=cfg.policies.servers, progress=False,
                          log=lambda _: None)  # fmt: skip
     probe = [sys.executable, "-c", "import sys; from dz_gym.eval.runlock import RunLock; RunLock.acquire(sys.argv[1])",
              str(run_dir.path)]  # fmt: skip
@@ -313,7 +314,7 @@ def test_a_video_that_failed_is_deleted_and_unlinked_and_resume_never_links_an_u
     run_dir = RunDir.create(tmp_path / "runs", cfg)
 
     def segment() -> RunSegment:
-        return RunSegment(cfg, run_dir, plan_of(cfg, cfg.policies.servers), servers=cfg.policies.servers, progress=False,
+        return RunSegment(cfg, run_dir, plan_of(cfg).resolve(cfg.policies.servers), servers=cfg.policies.servers, progress=False,
                           log=lambda _: None)  # fmt: skip
 
     disk_full_for(monkeypatch, "ep0001")

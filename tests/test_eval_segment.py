@@ -49,7 +49,7 @@ class Rows:
 
 
 def segment(run_dir: RunDir, cfg: EvalConfig, **kw) -> RunSegment:
-    return RunSegment(cfg, run_dir, plan_of(cfg, ["ws://a"]), servers=["ws://a"], progress=False,
+    return RunSegment(cfg, run_dir, plan_of(cfg).resolve(["ws://a"]), servers=["ws://a"], progress=False,
                       log=lambda _: None, **kw)  # fmt: skip
 
 

@@ -76,7 +76,7 @@ def test_the_embedded_simulator_renders_a_servers_size_end_to_end(tmp_path):
             url = server.url + "/v1/realtime/robot/openpi"
             assert cli.main([*base, "--server", url, "--output-root", str(root)]) == 0
         (run,) = [p for p in root.iterdir() if p.is_dir()]
-        assert json.loads((run / "config.json").read_text())["render_shape"] == saved
+        assert json.loads((run / "config.json").read_text())["plan"]["render_shape"] == saved
         trajectory = np.load(run / "trajectories" / "scene1_ep0000.npz")
         assert len(trajectory["actions"]) == 4
 

@@ -25,6 +25,7 @@ network, never the simulator's start-up or the writing of the results.
 Example::
 
     from dz_gym.eval.config import EvalConfig
+from dz_gym.eval.executors import RAY_SHARDS, SCENE_PROCESSES, choose_executor
     from dz_gym.eval.evaluate import evaluate
     from dz_gym.eval.rundir import RunDir
 
@@ -36,13 +37,15 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dz_gym.eval.config import EvalConfig
-from dz_gym.eval.plan import plan_of
+from dz_gym.eval.executors import RAY_SHARDS, SCENE_PROCESSES, choose_executor
+from dz_gym.eval.plan import plan_of, servers_of_arms
 from dz_gym.eval.rundir import RunDir
 from dz_gym.eval.runner import RunControl
 from dz_gym.eval.scene import EnvFactory, default_env_factory
@@ -138,24 +141,24 @@ def evaluate(
     Raises what ended the run early (after writing the summary): ``KeyboardInterrupt`` on a repeated stop
     signal, or the simulator's/wrapper's error (the summary then says ``aborted``).
     """
-    if env_factory is None and only_scenes is None and ray_options is None and len(config.plan.scenes) > 1:
-        from dz_gym.envs.backends import traits
-
-        if traits(config.plan.backend).one_scene_per_process:
-            logger.warning("backend %s needs a process per scene; evaluate() runs every scene in this one: "
-                           "dz_gym.eval.run.run_eval chooses the executor as dz-gym-eval does", config.plan.backend)  # fmt: skip
-    if ray_options is not None:  # K shards on a Ray cluster (dz_gym.eval.shards); Ray is imported only there
-        if env_factory is not None or only_scenes is not None:
-            raise ValueError("ray_options: a sharded run builds its envs in its shards (no env_factory, only_scenes)")
+    given = {"env_factory": env_factory, "only_scenes": only_scenes, "ray": ray_options, "env_kwargs": env_kwargs}
+    given = {name: value for name, value in given.items() if value is not None}  # None: the config's
+    if given:
+        config = dataclasses.replace(config, execution=dataclasses.replace(config.execution, **given))
+    run = config.execution
+    executor = choose_executor(config)
+    if executor == SCENE_PROCESSES:
+        logger.warning("backend %s needs a process per scene; evaluate() runs every scene in this one: "
+                       "dz_gym.eval.run.run_eval starts the scene processes as dz-gym-eval does",
+                       config.plan.backend)  # fmt: skip
+    if executor == RAY_SHARDS:  # K shards on a Ray cluster (dz_gym.eval.shards); Ray is imported only there
         from dz_gym.eval.shards.driver import evaluate_sharded
 
-        return evaluate_sharded(config, run_dir, servers, ray_options, control=control, progress=progress,
-                                command=command, server_info=server_info, env_kwargs=env_kwargs, log=log)  # fmt: skip
-    if config.policies.arm_specs:  # named arms: their URLs (an arm that names a policy needs its embedded server's)
-        named = plan_of(config, ["-"], arm_servers=arm_servers).slot_servers
-        if "embedded" in named:
-            raise ValueError("arm_servers: an arm that names a policy needs its server's URL (dz-gym-eval starts it)")
-        servers = list(dict.fromkeys(named)) if servers is None else servers
+        return evaluate_sharded(config, run_dir, servers, run.ray, control=control, progress=progress,
+                                command=command, server_info=server_info, env_kwargs=run.env_kwargs, log=log)  # fmt: skip
+    named = servers_of_arms(config, arm_servers) if config.policies.arm_specs else {}  # per named arm, its URLs
+    if named and servers is None:
+        servers = list(dict.fromkeys(url for urls in named.values() for url in urls))
     servers = list(config.policies.servers if servers is None else servers)
     if not servers:
         raise ValueError(
@@ -166,15 +169,15 @@ def evaluate(
         raise ValueError(
             "servers_b: an A/B run needs arm B's policy server URLs (in config.policies.servers_b or servers_b)"
         )
-    plan = plan_of(config, servers, servers_b, arm_servers=arm_servers)
-    if only_scenes is not None:
-        plan = plan.only_scenes(only_scenes)
+    plan = plan_of(config).resolve(servers, servers_b if config.ab else (), arm_servers=named)
+    if run.only_scenes is not None:
+        plan = plan.only_scenes(run.only_scenes)
     segment = RunSegment(config, run_dir, plan, servers=servers, servers_b=servers_b if config.ab else (),
                          control=control, progress=progress, log=log, command=command, server_info=server_info,
-                         report=config.outputs.report and only_scenes is None)  # fmt: skip
-    if only_scenes is not None and segment.pairs is not None:  # other processes run the other scenes at once
-        segment.pairs = SharedTest(lambda rows: pair_tracker(config, rows), run_dir, only_scenes)
-    return run_segment(segment, InProcess(env_factory, env_kwargs))
+                         report=config.outputs.report and run.only_scenes is None)  # fmt: skip
+    if run.only_scenes is not None and segment.pairs is not None:  # other processes run the other scenes at once
+        segment.pairs = SharedTest(lambda rows: pair_tracker(config, rows), run_dir, run.only_scenes)
+    return run_segment(segment, InProcess(run.env_factory, run.env_kwargs))
 
 
 def python_command(argv: Sequence[str] | None = None) -> str:

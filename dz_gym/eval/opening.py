@@ -86,11 +86,7 @@ def _finished(config: EvalConfig, rows: list[dict[str, Any]]) -> bool:
     from dz_gym.eval.plan import plan_of
     from dz_gym.eval.segment import remaining
 
-    todo, _ = remaining(
-        config,
-        plan_of(config, config.policies.servers or ["embedded"], config.policies.servers_b or ["embedded"]),
-        rows,
-    )
+    todo, _ = remaining(config, plan_of(config), rows)
     return len(todo) == 0
 
 
@@ -107,8 +103,7 @@ def _finished_summary(config: EvalConfig, run_dir: RunDir, say: Callable[[str], 
         return summary
     previous = summary or {}
     servers = list(previous.get("servers") or config.policies.servers)
-    plan = plan_of(config, servers or ["embedded"], config.policies.servers_b or ["embedded"])
-    segment = RunSegment(config, run_dir, plan, servers=servers, servers_b=list(previous.get("servers_b") or []),
+    segment = RunSegment(config, run_dir, plan_of(config), servers=servers, servers_b=list(previous.get("servers_b") or []),
                          progress=False, log=say, command=str(previous.get("command", "")),
                          server_info=previous.get("server"), report=config.outputs.report)  # fmt: skip
     segment.video_errors.update(withdrawn)

@@ -173,7 +173,7 @@ def _scene_processes(config, run_dir: RunDir, argv, command: str, say, at_once: 
     from dz_gym.eval.processes import SceneProcesses
     from dz_gym.eval.segment import RunSegment, run_segment
 
-    plan = plan_of(config, config.policies.servers or ["embedded"], config.policies.servers_b or ["embedded"])
+    plan = plan_of(config)  # the children resolve its servers: their own embedded ones, or the config's
     plain = lambda line: say(line.removeprefix("dz-gym-eval: "))  # noqa: E731 - the executor's lines name the command
     segment = RunSegment(config, run_dir, plan, servers=config.policies.servers, servers_b=config.policies.servers_b, progress=False,
                          log=plain, command=command, inherit=True)  # fmt: skip
@@ -205,8 +205,7 @@ def _in_this_process(config, run_dir: RunDir, servers: EmbeddedServersLike, cont
     try:
         summary = evaluate(config, run_dir, servers.servers, servers_b=servers.servers_b,
                            arm_servers=servers.arm_servers, server_info=servers.info, control=control,
-                           progress=run.progress, command=run.command, only_scenes=run.only_scenes,
-                           env_factory=run.env_factory, env_kwargs=run.env_kwargs, ray_options=run.ray)  # fmt: skip
+                           progress=run.progress, command=run.command)  # fmt: skip
     except KeyboardInterrupt:
         summary = run_dir.read_summary() or {"interrupted": True}
         summary["interrupted"] = True
@@ -274,18 +273,10 @@ def _run(config: EvalConfig, run_dir, output_root, control: RunControl, say) -> 
         say(line)  # a resumed run keeps the render shape its config saved
     if control.stop.is_set():
         return RunResult("interrupted", error="stopped before the run started; nothing was written")
-    from dz_gym.envs.backends import traits
+    from dz_gym.eval.executors import SCENE_PROCESSES, choose_executor
 
     run = config.execution
-    backend = traits(config.plan.backend)
-    per_process = backend.one_scene_per_process if run.process_per_scene is None else run.process_per_scene
-    if (
-        per_process
-        and run.env_factory is None
-        and not run.only_scenes
-        and len(config.plan.scenes) > 1
-        and run.ray is None
-    ):
+    if choose_executor(config) == SCENE_PROCESSES:  # the children start their own embedded servers
         opened, created = _open_run_dir(config, run_dir, output_root, False, say)
         child = list(run.argv) if run.argv is not None else _child_argv(run.serve_args, run.progress)
         result = _scene_processes(config, opened, child, run.command, say, run.scene_processes)

@@ -463,7 +463,7 @@ def evaluate_sharded(
     owns_ray = connect(options)
     try:
         layout = cluster_layout(config, options)
-        plan = plan_of(config, servers, shards=layout.shards, servers_per_shard=options.servers_per_shard)
+        plan = plan_of(config, shards=layout.shards).resolve(servers, servers_per_shard=options.servers_per_shard)
         segment = RunSegment(config, run_dir, plan, servers=servers, control=control, progress=progress, log=log,
                              command=command, server_info=server_info)  # fmt: skip
         run = ShardedRun(config, run_dir, segment.todo, options, layout, env_kwargs=env_kwargs)
