@@ -17,12 +17,12 @@ from dz_gym.eval import cli
 from dz_gym.eval.ab import PairTracker, unpaired_rows
 from dz_gym.eval.clients import ArmRouter, RequestFields, arm_of_slot, policy_seed
 from dz_gym.eval.config import EvalConfig
+from dz_gym.eval.control import RunControl
 from dz_gym.eval.evaluate import evaluate
 from dz_gym.eval.plan import build_plan
 from dz_gym.eval.results import format_table, milestone_funnel
 from dz_gym.eval.row import PLACEMENT, VOLATILE
 from dz_gym.eval.rundir import RunDir
-from dz_gym.eval.runner import RunControl
 from dz_gym.server.launch import start_server_thread
 from dz_gym.server.policies import HoldPolicy
 from dz_gym.testing.memory_client import MemoryPolicyClient

@@ -23,10 +23,10 @@ from eval_process import BOUND_S, Evaluator  # noqa: E402
 
 from dz_gym.eval import cli, results  # noqa: E402
 from dz_gym.eval.config import EvalConfig  # noqa: E402
+from dz_gym.eval.control import RunControl  # noqa: E402
 from dz_gym.eval.evaluate import evaluate  # noqa: E402
 from dz_gym.eval.row import PLACEMENT, comparable  # noqa: E402
 from dz_gym.eval.rundir import RunDir  # noqa: E402
-from dz_gym.eval.runner import RunControl  # noqa: E402
 from dz_gym.server.launch import start_server_process, start_server_thread  # noqa: E402
 from dz_gym.server.policies import load_policy  # noqa: E402
 from dz_gym.testing.gated import GatedPolicy  # noqa: E402

@@ -18,12 +18,12 @@ from collections import Counter
 import pytest
 
 from dz_gym.eval.config import EvalConfig
+from dz_gym.eval.control import RunControl
 from dz_gym.eval.evaluate import evaluate
 from dz_gym.eval.plan import pair_order, plan_of
 from dz_gym.eval.processes import merge_segments
 from dz_gym.eval.row import comparable
 from dz_gym.eval.rundir import RunDir
-from dz_gym.eval.runner import RunControl
 from dz_gym.eval.segment import RunSegment
 from dz_gym.eval.shared import SharedTest
 from dz_gym.eval.summary import pair_tracker

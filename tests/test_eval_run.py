@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from dz_gym.eval.config import EvalConfig
+from dz_gym.eval.control import RunControl
 from dz_gym.eval.run import run_eval
-from dz_gym.eval.runner import RunControl
 from dz_gym.server.launch import start_server_thread
 from dz_gym.testing.toy_env import STAGED_LENGTH, StagedToyEnv
 

@@ -9,11 +9,11 @@ import pytest
 from dz_gym.envs import droid
 from dz_gym.eval import results
 from dz_gym.eval.config import EvalConfig
+from dz_gym.eval.control import RunControl
 from dz_gym.eval.evaluate import evaluate
 from dz_gym.eval.plan import PlanEntry
 from dz_gym.eval.row import PLACEMENT, comparable
 from dz_gym.eval.rundir import RunDir
-from dz_gym.eval.runner import RunControl
 from dz_gym.server.launch import start_server_thread
 from dz_gym.server.policies import HoldPolicy
 from dz_gym.testing.toy_env import ToyDroidEnv, expected_success

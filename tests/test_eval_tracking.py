@@ -13,9 +13,9 @@ import pytest
 from dz_gym import extras
 from dz_gym.eval import tracking
 from dz_gym.eval.config import EvalConfig
+from dz_gym.eval.control import RunControl
 from dz_gym.eval.evaluate import evaluate
 from dz_gym.eval.rundir import RunDir
-from dz_gym.eval.runner import RunControl
 from dz_gym.server.launch import start_server_thread
 from dz_gym.testing.toy_env import STAGED_LENGTH, StagedToyEnv
 

@@ -31,10 +31,10 @@ from eval_process import BOUND_S, Evaluator  # noqa: E402
 
 from dz_gym.eval import cli  # noqa: E402
 from dz_gym.eval.config import EvalConfig  # noqa: E402
+from dz_gym.eval.control import RunControl  # noqa: E402
 from dz_gym.eval.evaluate import evaluate  # noqa: E402
 from dz_gym.eval.row import EpisodeRow, comparable  # noqa: E402
 from dz_gym.eval.rundir import RunDir  # noqa: E402
-from dz_gym.eval.runner import RunControl  # noqa: E402
 from dz_gym.eval.shards.driver import actor_name, evaluate_sharded  # noqa: E402
 from dz_gym.eval.shards.options import RayOptions  # noqa: E402
 from dz_gym.eval.shards.worker import TOKEN_FILE  # noqa: E402

@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
 
             ray_options = ray_options_from_args(parser, args, config)
             logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+            from dz_gym.eval.control import RunControl
             from dz_gym.eval.evaluate import python_command
-            from dz_gym.eval.runner import RunControl
 
             command = os.environ.get(COMMAND_ENV) or python_command(["dz-gym-eval", *argv])
             control = RunControl(config.error_budget)

@@ -39,7 +39,7 @@ from dz_gym.transport import TransportConfig, validate_url
 from dz_gym.transport.config import auto_processes
 
 if TYPE_CHECKING:
-    from dz_gym.eval.runner import RunControl
+    from dz_gym.eval.control import RunControl
     from dz_gym.eval.scene import EnvFactory
     from dz_gym.eval.shards.options import RayOptions
 

@@ -44,10 +44,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dz_gym.eval.config import EvalConfig
+from dz_gym.eval.control import RunControl
 from dz_gym.eval.executors import RAY_SHARDS, SCENE_PROCESSES, choose_executor
 from dz_gym.eval.plan import plan_of, servers_of_arms
 from dz_gym.eval.rundir import RunDir
-from dz_gym.eval.runner import RunControl
 from dz_gym.eval.scene import EnvFactory, default_env_factory
 from dz_gym.eval.segment import RunSegment, run_segment
 from dz_gym.eval.shared import SharedTest

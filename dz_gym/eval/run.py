@@ -40,10 +40,10 @@ from typing import Any
 from dz_gym.envs import droid
 from dz_gym.errors import HorizonError, UnknownServer, first_line
 from dz_gym.eval.config import EvalConfig
+from dz_gym.eval.control import RunControl
 from dz_gym.eval.flag_table import DEFAULT_OUTPUT_ROOT
 from dz_gym.eval.opening import check_outputs, open_ledger
 from dz_gym.eval.rundir import RunDir
-from dz_gym.eval.runner import RunControl
 from dz_gym.eval.signals import interruptible
 
 __all__ = ["STATUSES", "RunResult", "run_eval"]

@@ -31,7 +31,12 @@ ones, so running an episode again draws no new delays for the requests already r
 
 The runner uses only the wrapper's public surface (``set_idle``, ``render_policy``, ``episode_stats``,
 ``server_url``, ``admission_retry_at``, ``session_ids``, ``last_obs``, ``replay_delays``, the step's ``info``);
-it never reconnects.
+it never reconnects. Its parts, a module each: what each slot runs next (:class:`~dz_gym.eval.slots.SlotQueues`:
+the queues, the waiting slots, the stop of an adaptive test), the retried attempts
+(:class:`~dz_gym.eval.attempts.Attempts`), the per-step values (:class:`~dz_gym.eval.steplog.StepLog`), an
+episode and its row (:class:`~dz_gym.eval.episode.EpisodeInProgress`), the writing off the loop
+(:class:`~dz_gym.eval.writer.EpisodeWriter`) and the stop request and error budget
+(:class:`~dz_gym.eval.control.RunControl`); the runner steps the batch and starts and ends the episodes.
 
 A/B runs (entries with an ``arm``): episode ``k`` runs twice, under arm A on slot ``2j`` and under arm B on
 slot ``2j + 1`` with ``j = k % (num_envs / 2)`` (the plan's): the two runs of a seed are on neighbouring slots,
@@ -56,13 +61,10 @@ on ``--resume``.
 
 from __future__ import annotations
 
-import datetime as _dt
 import functools
 import logging
 import sys
-import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -71,13 +73,13 @@ import numpy as np
 from dz_gym.envs import droid
 from dz_gym.envs.vector_info import entries
 from dz_gym.eval.attempts import Attempts
+from dz_gym.eval.control import RunControl
 from dz_gym.eval.episode import EpisodeInProgress as _Episode
-from dz_gym.eval.episode import measures, step_columns
+from dz_gym.eval.episode import iso_time, measures, step_columns
 from dz_gym.eval.plan import PlanEntry
 from dz_gym.eval.progress import Progress
-from dz_gym.eval.results import latency_stats
-from dz_gym.eval.row import EpisodeRow
 from dz_gym.eval.rundir import RunDir, episode_name
+from dz_gym.eval.slots import SlotQueues
 from dz_gym.eval.steplog import StepLog
 from dz_gym.eval.timing import SceneResult, union_seconds
 from dz_gym.eval.video import VideoRecorder, strip_frames
@@ -86,40 +88,6 @@ from dz_gym.records import SESSION_REFUSED, EpisodeStats
 from dz_gym.requests import proprio, to_numpy
 
 logger = logging.getLogger(__name__)
-
-
-class RunControl:
-    """What the command line and the runner share: the stop request and the error budget.
-
-    ``stop`` is set by Ctrl-C (or a test); ``record`` counts errored episodes and sets ``aborted`` (and
-    ``stop``) once more than ``error_budget`` have errored.
-    """
-
-    def __init__(self, error_budget: int | None = None, errored: int = 0):
-        self.stop = threading.Event()
-        self.error_budget = error_budget
-        self.errored = int(errored)
-        self.aborted: str | None = None
-        self.rows_written = 0
-        self.on_row: Callable[[dict], None] | None = None  # hook called with each finished episode's row
-
-    def record(self, row: Mapping[str, Any]) -> None:
-        self.rows_written += 1
-        if row["error"] is not None:
-            self.errored += 1
-            if self.error_budget is not None and self.errored > self.error_budget and self.aborted is None:
-                self.aborted = f"more than --max-errors={self.error_budget} errored episodes"
-                self.stop.set()
-        if self.on_row is not None:
-            self.on_row(dict(row))
-
-    @property
-    def interrupted(self) -> bool:
-        return self.stop.is_set() and self.aborted is None
-
-
-def _iso(timestamp: float) -> str:
-    return _dt.datetime.fromtimestamp(timestamp, _dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
 def _column(info: Mapping[str, Any], key: str) -> np.ndarray | None:
@@ -192,8 +160,8 @@ class SceneRunner:
             raise ValueError(f"queues: expected one entry list per env slot ({self.num_envs}), got {len(queues)}")
         if any(e.scene != self.scene for q in queues for e in q):
             raise ValueError(f"queues: expected entries of scene {self.scene} only")
-        self._todo = {(e.episode, e.arm) for q in queues for e in q}
-        self.episodes = sorted({k for k, _ in self._todo})
+        self.slots = SlotQueues(queues)  # what each slot runs next
+        self.episodes = sorted({k for k, _ in self.slots.todo})
         self.placement = dict(placement or {})
         self.max_steps = int(max_steps)
         self.backend = backend
@@ -201,7 +169,6 @@ class SceneRunner:
         self.control = control
         self.recorder = recorder
         self.progress = progress
-        self._queues: list[deque[PlanEntry]] = [deque(q) for q in queues]
         # slots with nothing queued run their last episode: their autoreset's frames are read by nobody
         self._set_last_episodes = getattr(self.base, "set_last_episodes", None)
         self._current: list[_Episode | None] = [None] * self.num_envs
@@ -211,13 +178,10 @@ class SceneRunner:
         self.pairs = pairs
         self.on_episode_start = on_episode_start
         self.task = task_name(self.scene)
-        self._started: set[tuple[int, str | None]] = set()
-        self._drain = False  # the sequential test stopped: start nothing new
         self._result: SceneResult | None = None
         self._writer: EpisodeWriter | None = None
-        self._waiting: set[int] = set()  # slots whose episode waits to start again (admission or retry)
         self.episode_retries = int(episode_retries)
-        self._attempts = Attempts(run_dir.read_attempts(), self.scene, self._todo, self.episode_retries,
+        self._attempts = Attempts(run_dir.read_attempts(), self.scene, self.slots.todo, self.episode_retries,
                                   run_dir.append_attempt)  # fmt: skip
         self.hold_starts = False  # True: the caller runs refill() after each step (scenes side by side)
         self._ended: list[tuple[int, bool]] = []  # slots whose episode ended at the last step, and autoreset
@@ -238,28 +202,27 @@ class SceneRunner:
         """Reset the batch and start each slot's first entry (:meth:`run` is begin, :meth:`tick` till False,
         :meth:`end`; an executor that runs several scenes side by side calls them itself)."""
         self._result, self._t0 = SceneResult(self.scene), time.perf_counter()
-        first = [i for i in range(self.num_envs) if self._queues[i]]
+        first = self.slots.first()
         if not first:
             return
         self._writer = EpisodeWriter(self.run_dir)
-        self.base.set_episode_seeds(first, [self._queues[i][0].seed for i in first])
+        self.base.set_episode_seeds(first, [self.slots.next_seed(i) for i in first])
         self.wrapper.render_policy = "all" if self.recorder is not None else "due"
         self._set_idle()
         self.wrapper.reset()
         for i in first:
-            self._start(i, self._queues[i].popleft())
+            self._start(i, self.slots.pop(i))
         self._set_idle()
 
     def tick(self) -> bool:
         """One step of the batch (or a wait for a refused session's retry); False once done or stopped."""
         result = self._result
-        if not (self._live.any() or self._waiting):
+        if not (self._live.any() or self.slots.waiting):
             return False
         if self.control.stop.is_set():
             result.stopped = True
             return False
-        if not self._drain and getattr(self.pairs, "stopped", False):  # another scene's row ended the test
-            self._drain = True
+        if not self.slots.draining and getattr(self.pairs, "stopped", False):  # another scene's row ended the test
             self._drop_unpaired()
         self._resume_waiting()
         if self._live.any():
@@ -279,7 +242,7 @@ class SceneRunner:
         if sys.exc_info()[1] is None:
             result.wall_s = time.perf_counter() - self._t0
             result.busy_s = {url: union_seconds(spans) for url, spans in result.intervals.items()}
-        self._waiting.clear()  # refused episodes not restarted yet run again on resume
+        self.slots.waiting.clear()  # refused episodes not restarted yet run again on resume
         for i, ep in enumerate(self._current):
             if ep is not None:  # stopped mid-episode: no row; it runs again on resume
                 if self.recorder is not None and ep.video_key is not None:
@@ -327,7 +290,7 @@ class SceneRunner:
                 self.recorder.add(self._current[i].video_key, frame)
 
         if self._set_last_episodes is not None:
-            self._set_last_episodes(np.fromiter((not q for q in self._queues), dtype=bool, count=self.num_envs))
+            self._set_last_episodes(self.slots.last_episodes())
         _, reward, terminated, truncated, info = wrapper.step()
 
         n = self.num_envs
@@ -391,11 +354,10 @@ class SceneRunner:
         test has stopped. With ``hold_starts`` the caller calls it, after every scene of a side-by-side run has
         stepped, so that a stop on any scene's row of that step comes before any new episode."""
         ended, self._ended = self._ended, []
-        if self._drain or (ended and getattr(self.pairs, "stopped", False)):  # the test stopped: nothing new
-            self._drain = True
+        if self.slots.draining or (ended and getattr(self.pairs, "stopped", False)):  # the test stopped: nothing new
             ended = []
             self._drop_unpaired()
-        starts = [(i, self._queues[i].popleft(), autoreset) for i, autoreset in ended if self._queues[i]]
+        starts = [(i, self.slots.pop(i), autoreset) for i, autoreset in ended if self.slots.has_next(i)]
         to_reset = [i for i, _, autoreset in starts if not autoreset]
         if to_reset:
             self.wrapper.reset(options={"env_ids": np.asarray(to_reset, dtype=np.int64)})
@@ -420,7 +382,7 @@ class SceneRunner:
         ep = self._current[slot]
         attempt = self._attempts.retry(scene=ep.scene, episode=ep.episode, arm=ep.arm, seed=ep.seed,
                                        steps=self._steps(slot), error_event=event, error=error,
-                                       started_at=_iso(ep.started_at), delays=delays)  # fmt: skip
+                                       started_at=iso_time(ep.started_at), delays=delays)  # fmt: skip
         if attempt is None:
             return False
         logger.info("scene %d episode %d%s: %s; running it again from its reset (retry %d of %d)", ep.scene,
@@ -434,25 +396,24 @@ class SceneRunner:
         ep = self._clear(slot)
         if self.recorder is not None and ep.video_key is not None:
             self.recorder.abort(ep.video_key)
-        self._started.discard((ep.episode, ep.arm))
-        self._queues[slot].appendleft(ep.entry)
-        self._waiting.add(slot)
+        self.slots.requeue(slot, ep.entry)
 
     def _resume_waiting(self) -> None:
         """Restart the waiting slots whose retry time has come; with nothing to step, sleep (<= 1 s) till one."""
-        if self._drain:
-            self._waiting.clear()
-        if not self._waiting:
+        waiting = self.slots.waiting
+        if self.slots.draining:
+            waiting.clear()
+        if not waiting:
             return
         now = time.monotonic()
-        retry = {i: self.wrapper.admission_retry_at(i) or now for i in self._waiting}
+        retry = {i: self.wrapper.admission_retry_at(i) or now for i in waiting}
         ready = sorted(i for i, at in retry.items() if at <= now)
         if not ready:
             if not self.stepping and not self.hold_starts:  # side by side, the caller waits (other scenes step)
                 self.control.stop.wait(min(min(retry.values()) - now, 1.0))
             return
-        self._waiting.difference_update(ready)
-        items = [(i, self._queues[i].popleft()) for i in ready]
+        waiting.difference_update(ready)
+        items = [(i, self.slots.pop(i)) for i in ready]
         self.base.set_episode_seeds(ready, [entry.seed for _, entry in items])
         self.wrapper.reset(options={"env_ids": np.asarray(ready, dtype=np.int64)})
         for i, item in items:
@@ -462,15 +423,13 @@ class SceneRunner:
     def _drop_unpaired(self) -> None:
         """After a sequential stop: clear every queue and drop each running episode whose twin has not
         started (it could never be paired); running pairs finish."""
-        for queue in self._queues:
-            queue.clear()
+        self.slots.drain()
         if not getattr(self.pairs, "pairs_twins", True):  # no twins to wait for (--select-best): running ones finish
             return
         for i, ep in enumerate(self._current):
             if ep is None or ep.arm is None:
                 continue
-            twin = (ep.episode, "b" if ep.arm == "a" else "a")
-            if twin in self._started or twin not in self._todo:  # running, finished, or done before a resume
+            if not self.slots.twin_pending(ep.episode, ep.arm):  # running, finished, or done before a resume
                 continue
             if self.recorder is not None and ep.video_key is not None:
                 self.recorder.abort(ep.video_key)
@@ -493,9 +452,9 @@ class SceneRunner:
     def _start(self, slot: int, entry: PlanEntry) -> None:
         """Begin ``entry`` on ``slot`` (its env was just reset) and queue the slot's next seed."""
         episode, arm = entry.episode, entry.arm
-        self._started.add((episode, arm))
-        if self._queues[slot]:
-            self.base.set_episode_seeds([slot], [self._queues[slot][0].seed])
+        self.slots.started(entry)
+        if self.slots.has_next(slot):
+            self.base.set_episode_seeds([slot], [self.slots.next_seed(slot)])
         if self.on_episode_start is not None:
             self.on_episode_start(slot, entry.seed)
         key = None
@@ -536,65 +495,16 @@ class SceneRunner:
         if self.recorder is not None:
             self.recorder.finish(ep.video_key)
             video = self.run_dir.video_relpath(self.scene, ep.episode, ep.arm)
-        row = self._row(
-            ep, steps, measures(columns, error is not None), error, event, ended_by, trajectory, video, stats
-        )
+        row = ep.row(steps=steps, seen=measures(columns, error is not None), error=error, event=event,
+                     ended_by=ended_by, trajectory_path=trajectory, video=video, stats=stats,
+                     retried=self._attempts.events(ep.episode, ep.arm), max_steps=self.max_steps,
+                     backend=self.backend, server=self.wrapper.server_url(ep.slot), placement=self.placement)  # fmt: skip
         self._writer.submit(self.scene, ep.episode, ep.arm, functools.partial(ep.arrays, columns), row)
         self.control.record(row)
         if self.pairs is not None and self.pairs.add(row):
-            self._drain = True
+            self.slots.draining = True  # refill() drops what is queued and the unpaired episodes
         out = getattr(self.pairs, "eliminated_arms", None)  # --select-best: drop the eliminated arms' entries
         if out:
-            for queue in self._queues:
-                kept = [e for e in queue if e.arm not in out]
-                if len(kept) != len(queue):
-                    queue.clear()
-                    queue.extend(kept)
+            self.slots.drop_arms(out)
         if self.progress is not None:
             self.progress.episode(row["success_at_end"], error is not None, unused_steps=self.max_steps - steps)
-
-    def _row(self, ep: _Episode, steps: int, seen: dict, error, event, ended_by, trajectory, video,
-             stats: EpisodeStats | None) -> dict:  # fmt: skip
-        """The episode's :class:`~dz_gym.eval.row.EpisodeRow` as the dict written to ``episodes.jsonl``
-        (``seen``: :func:`~dz_gym.eval.episode.measures` of its steps)."""
-        latencies = seen["latencies"]
-        milestones = None
-        if ep.milestones is not None:
-            milestones = {name: (step if step >= 0 else None) for name, step in ep.milestones.items()}
-        measured: dict[str, Any] = dict(seen.get("success", {}))
-        if stats is not None:
-            measured.update(chunk_delays=list(stats.delays), request_delays=list(stats.drawn_delays),
-                            wait_steps=int(stats.wait_steps),
-                            stale_steps=int(stats.stale_steps), reconnects=int(stats.reconnects),
-                            retries=int(stats.retries))  # fmt: skip
-        retried = self._attempts.events(ep.episode, ep.arm)
-        row = EpisodeRow.of(
-            ep.entry,
-            attempts=1 + len(retried),
-            retried_events=list(retried),
-            prompt=ep.prompt,
-            task=ep.task,
-            max_steps=self.max_steps,
-            backend=self.backend,
-            server=self.wrapper.server_url(ep.slot),  # where its requests went (the plan's server)
-            session_id=ep.session_id,
-            steps=steps,
-            ended_by=ended_by,
-            milestones=milestones,
-            server_calls=seen["server_calls"],
-            server_errors=ep.server_errors,
-            latency_ms=latency_stats(latencies),
-            latencies_ms=latencies,
-            error=error,
-            error_event=event,
-            env_seed=seen["env_seed"],
-            final_object_pos=seen["final_object_pos"],
-            final_container_pos=seen["final_container_pos"],
-            started_at=_iso(ep.started_at),
-            wall_s=round(time.perf_counter() - ep.t0, 4),
-            trajectory=trajectory,
-            video=video,
-            **self.placement,
-            **measured,
-        )
-        return row.to_dict()

@@ -36,13 +36,14 @@ from typing import Any, Protocol
 from dz_gym.errors import first_line
 from dz_gym.eval.capacity import IdleGapCheck, envs_per_server, session_warning
 from dz_gym.eval.config import EvalConfig
+from dz_gym.eval.control import RunControl
 from dz_gym.eval.ledger import check_ledger, spec_of
 from dz_gym.eval.plan import RunPlan
 from dz_gym.eval.progress import Progress
 from dz_gym.eval.provenance import provenance
 from dz_gym.eval.rundir import ROWS_FILE, RunDir
 from dz_gym.eval.runlock import RunLock
-from dz_gym.eval.runner import RunControl, task_name
+from dz_gym.eval.runner import task_name
 from dz_gym.eval.shared import summary_lock
 from dz_gym.eval.signals import shielded
 from dz_gym.eval.summary import build_summary, pair_tracker, versions

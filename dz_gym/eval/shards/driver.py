@@ -35,10 +35,11 @@ from typing import Any
 from dz_gym.envs.backends import traits
 from dz_gym.errors import first_line
 from dz_gym.eval.config import EvalConfig
+from dz_gym.eval.control import RunControl
 from dz_gym.eval.plan import PlanEntry, RunPlan, plan_of, row_key
 from dz_gym.eval.row import EpisodeRow
 from dz_gym.eval.rundir import RunDir
-from dz_gym.eval.runner import RunControl, task_name
+from dz_gym.eval.runner import task_name
 from dz_gym.eval.segment import RunSegment, run_segment
 from dz_gym.eval.shards import require_ray
 from dz_gym.eval.shards.collector import Collector

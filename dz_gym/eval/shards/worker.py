@@ -37,9 +37,9 @@ from typing import Any
 from dz_gym.envs.backends import traits
 from dz_gym.envs.devices import GpuPin, pin_gpu, place_options
 from dz_gym.eval.config import EvalConfig
+from dz_gym.eval.control import RunControl
 from dz_gym.eval.plan import PlanEntry
 from dz_gym.eval.rundir import RunDir, episode_name
-from dz_gym.eval.runner import RunControl
 from dz_gym.eval.scene import run_scene
 
 logger = logging.getLogger(__name__)
