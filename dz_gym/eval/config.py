@@ -102,6 +102,33 @@ class PlanSettings:
     # servers asking for other 16:9 views sets it from their handshake: dz_gym.envs.render_shape)
     render_shape: list[int] | None = _result(None)
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.scenes, (list, tuple)) or not self.scenes:
+            raise ValueError(f"scenes: expected a list of at least one scene id, got {self.scenes!r}")
+        try:
+            from dz_gym.envs.scenes import scene_key  # scenes 1-3 and named tasks' keys
+
+            self.scenes = [scene_key(s) for s in self.scenes]
+        except ValueError as exc:
+            raise _field_error("scenes", exc) from None
+        if len(set(self.scenes)) != len(self.scenes):
+            raise ValueError(f"scenes: expected distinct scene ids, got {self.scenes}")
+        for name in ("num_envs", "episodes", "max_steps"):  # episodes None: EvalConfig's default
+            value = getattr(self, name)
+            if (name != "episodes" or value is not None) and (not _is_int(value) or value < 1):
+                raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
+        if not _is_int(self.seed):
+            raise ValueError(f"seed: expected an integer, got {self.seed!r}")
+        self.backend = backends.resolve(self.backend)  # a one-line "backend: expected one of ..." if unknown
+        if self.render_shape is not None:  # a size the renderer takes, for a backend that renders at a chosen size
+            from dz_gym.envs.render_shape import check_render_shape
+
+            self.render_shape = list(check_render_shape(self.render_shape, "render_shape"))
+            traits = backends.traits(self.backend)
+            if not traits.render_shape_kwarg:
+                raise ValueError(f"render_shape: {traits.title} renders its own size (requests are resized to the "
+                                 "server's); only the embedded simulator (--backend mujoco) takes it")  # fmt: skip
+
 
 @dataclasses.dataclass
 class PolicySettings:
@@ -117,6 +144,66 @@ class PolicySettings:
     policy_seed: bool = _result(False)  # send a per-episode ``seed`` (derived from the episode's seed) in each request
     num_inference_steps: int | None = _result(None)  # send ``sampling_params: {num_inference_steps}`` in each request
 
+    def __post_init__(self) -> None:
+        self._check_arms()
+        if not isinstance(self.policy_seed, bool):
+            raise ValueError(f"policy_seed: expected true or false, got {self.policy_seed!r}")
+        steps = self.num_inference_steps
+        if steps is not None and (not _is_int(steps) or steps < 1):
+            raise ValueError(f"num_inference_steps: expected an integer >= 1, got {steps!r}")
+        if self.server_kind not in SERVER_KINDS:
+            raise ValueError(f"server_kind: expected one of {', '.join(SERVER_KINDS)}, got {self.server_kind!r}")
+        for name in ("servers", "servers_b"):
+            setattr(self, name, list(getattr(self, name)))
+            for url in getattr(self, name):
+                try:
+                    validate_url(url)
+                except ValueError as exc:
+                    raise _field_error(name, exc) from None
+        if self.servers:
+            if self.policy not in (None, EXTERNAL_POLICY):
+                raise ValueError("policy: only for the embedded server; an external server serves its own policy, "
+                                 f"got {self.policy!r}")  # fmt: skip
+            self.policy = EXTERNAL_POLICY
+        if self.servers_b:
+            if not self.servers:
+                raise ValueError("servers_b: an A/B run against external servers needs arm A's servers too (--server)")
+            if self.policy_b not in (None, EXTERNAL_POLICY):
+                raise ValueError("policy_b: only for the embedded servers; an external server serves its own policy, "
+                                 f"got {self.policy_b!r}")  # fmt: skip
+            self.policy_b = EXTERNAL_POLICY
+        elif self.policy_b is not None and self.servers:
+            raise ValueError(
+                "policy_b: only for the embedded servers; with --server give arm B's servers with --server-b"
+            )
+
+    def _check_arms(self) -> None:
+        """``--arm NAME=POLICY_OR_URL``: at least two, distinct short names, not mixed with the A/B flags."""
+        if not isinstance(self.arm_specs, (list, tuple)):
+            raise ValueError(f"arm_specs: expected a list of NAME=POLICY_OR_URL, got {self.arm_specs!r}")
+        self.arm_specs = list(self.arm_specs)
+        if not self.arm_specs:
+            return
+        names = []
+        for spec in self.arm_specs:
+            name, eq, value = str(spec).partition("=")
+            if not eq or not value or not _ARM_NAME.fullmatch(name):
+                raise ValueError(f"arm_specs: expected NAME=POLICY_OR_URL with NAME of 1-16 letters, digits, _ or - "
+                                 f"(starting with a letter), got {spec!r}")  # fmt: skip
+            if value.startswith(("ws://", "wss://")):
+                try:
+                    validate_url(value)
+                except ValueError as exc:
+                    raise _field_error("arm_specs", exc) from None
+            names.append(name)
+        if len(set(names)) != len(names):
+            raise ValueError(f"arm_specs: expected distinct arm names, got {names}")
+        if len(names) < 2:
+            raise ValueError(f"arm_specs: expected at least 2 arms (--arm NAME=POLICY_OR_URL, repeated), got {names}")
+        if self.servers or self.servers_b or self.policy_b is not None:
+            raise ValueError("arm_specs: --arm names every arm's policy or server; not with --server, --server-b or "
+                             "--policy-b")  # fmt: skip
+
 
 @dataclasses.dataclass
 class ScheduleSettings:
@@ -131,6 +218,27 @@ class ScheduleSettings:
     control_hz: float = _result(float(droid.CONTROL_HZ))  # the robot's control rate of a latency-honest run
     max_stale_steps: int | None = _result(None)  # rows past a chunk's window while its successor is late
 
+    def __post_init__(self) -> None:
+        # Types here; the ranges are the schedule's own rules (ChunkSchedule, below).
+        for name in ("open_loop_horizon", "prefetch", "simulated_delay", "max_stale_steps"):
+            value = getattr(self, name)
+            if not _is_int(value) and not (value is None and name != "prefetch"):
+                raise ValueError(f"{name}: expected an integer, got {value!r}")
+        if not isinstance(self.latency_honest, bool):
+            raise ValueError(f"latency_honest: expected true or false, got {self.latency_honest!r}")
+        if self.latency_honest and self.simulated_delay is not None:
+            raise ValueError("latency_honest: each chunk's delay is measured; pass --latency-honest or "
+                             "--simulated-delay, not both")  # fmt: skip
+        hz = self.control_hz
+        if isinstance(hz, bool) or not isinstance(hz, (int, float)) or not 0 < hz < float("inf"):
+            raise ValueError(f"control_hz: expected a control rate > 0 (Hz), got {hz!r}")
+        from dz_gym.chunks import ChunkSchedule
+
+        horizon = droid.DEFAULT_OPEN_LOOP_HORIZON if self.open_loop_horizon is None else self.open_loop_horizon
+        ChunkSchedule(1, horizon, lambda: "", prefetch=self.prefetch, max_stale_steps=self.max_stale_steps,
+                      simulated_delay=self.simulated_delay,
+                      control_period_s=1.0 / self.control_hz if self.latency_honest else None)  # fmt: skip
+
 
 @dataclasses.dataclass
 class TransportSettings:
@@ -144,6 +252,17 @@ class TransportSettings:
     server_max_sessions: int = 64  # vLLM-Omni's resident session capacity (MAX_DREAMZERO_SESSIONS)
     server_idle_timeout: float = 30.0  # vLLM-Omni closes a connection idle this long; 0: the servers have none
 
+    def __post_init__(self) -> None:
+        # request_timeout, retry_server_errors and auth_env: TransportConfig's rules (EvalConfig.transport_config)
+        if not _is_int(self.server_max_sessions) or self.server_max_sessions < 1:
+            raise ValueError(f"server_max_sessions: expected an integer >= 1, got {self.server_max_sessions!r}")
+        idle = self.server_idle_timeout
+        if isinstance(idle, bool) or not isinstance(idle, (int, float)) or not idle >= 0:
+            raise ValueError(f"server_idle_timeout: expected seconds >= 0 (0: the servers have none), got {idle!r}")
+        if self.processes is not None and (not _is_int(self.processes) or self.processes < 0):
+            raise ValueError(f"transport_processes: expected an integer >= 0 (0: every session in this process) or "
+                             f"None (chosen from the envs and the cores), got {self.processes!r}")  # fmt: skip
+
 
 @dataclasses.dataclass
 class ErrorSettings:
@@ -152,6 +271,13 @@ class ErrorSettings:
     max_errors: int | None = None  # None: 10 % of the planned episodes, at least 5
     # an episode that ended by an infrastructure error runs again from its reset on the same seed, this many times
     episode_retries: int = _result(DEFAULT_EPISODE_RETRIES)
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.episode_retries) or not 0 <= self.episode_retries <= MAX_EPISODE_RETRIES:
+            raise ValueError(f"episode_retries: expected an integer in [0, {MAX_EPISODE_RETRIES}], "
+                             f"got {self.episode_retries!r}")  # fmt: skip
+        if self.max_errors is not None and (not _is_int(self.max_errors) or self.max_errors < 0):
+            raise ValueError(f"max_errors: expected an integer >= 0, got {self.max_errors!r}")
 
 
 @dataclasses.dataclass
@@ -166,6 +292,42 @@ class StatsSettings:
     accept_lower_power: bool = _result(False)  # sequential: run a budget below the design's cap, at the power it has
     select_best: bool = _result(False)  # --arm: eliminate clearly worse arms as seeds come in (dz_gym.eval.race)
 
+    def __post_init__(self) -> None:
+        """Each setting in its range, and the sequential test's only with ``sequential`` (whether the run can
+        run one, A/B or named arms, is EvalConfig's rule)."""
+        for name in ("sequential", "select_best", "accept_lower_power"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: expected true or false, got {getattr(self, name)!r}")  # noqa: TRY004
+        alpha = self.alpha
+        if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not 0.0 < alpha < 1.0:
+            raise ValueError(f"alpha: expected a number in (0, 1), got {alpha!r}")
+        if alpha != DEFAULT_ALPHA and not (self.sequential or self.select_best):
+            raise ValueError("alpha: only with --sequential or --select-best (dz-gym-compare --alpha sets the "
+                             "verdicts' level)")  # fmt: skip
+        for name, default, low in (("min_difference", DEFAULT_MIN_DIFFERENCE, 0.0), ("power", DEFAULT_POWER, alpha)):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not low < value < 1.0:
+                raise ValueError(f"{name}: expected a number in ({low:g}, 1), got {value!r}")
+            if value != default and not self.sequential:
+                raise ValueError(f"{name}: only with --sequential (it plans the sequential test)")
+        if self.max_episodes is not None:
+            if not self.sequential:
+                raise ValueError("max_episodes: only with --sequential (--episodes sets the episodes of a fixed run)")
+            if not _is_int(self.max_episodes) or self.max_episodes < 1:
+                raise ValueError(f"max_episodes: expected an integer >= 1, got {self.max_episodes!r}")
+        if self.accept_lower_power and not self.sequential:
+            raise ValueError("accept_lower_power: only with --sequential (it accepts a budget below the design's cap)")
+
+    def design(self):
+        """The sequential test's :class:`~dz_gym.stats.design.SequentialDesign` (``min_difference``, ``power``,
+        ``alpha``)."""
+        from dz_gym.stats.design import SequentialDesign
+
+        try:
+            return SequentialDesign.plan(self.min_difference, alpha=self.alpha, power=self.power)
+        except ValueError as exc:
+            raise _field_error("min_difference", exc) from None
+
 
 @dataclasses.dataclass
 class OutputSettings:
@@ -176,6 +338,14 @@ class OutputSettings:
     profile: bool = False  # time every stage of the hot path, write profile.json (dz_gym.profiling)
     log: list[str] = dataclasses.field(default_factory=list)  # experiment logging: "wandb", "tensorboard"
     log_project: str = "dz-gym"  # the W&B project of --log wandb
+
+    def __post_init__(self) -> None:
+        self.log = list(self.log)
+        for choice in self.log:
+            if choice not in LOG_CHOICES:
+                raise ValueError(f"log: expected a list of {', '.join(LOG_CHOICES)}, got {choice!r}")
+        if not isinstance(self.log_project, str) or not self.log_project:
+            raise ValueError(f"log_project: expected a non-empty W&B project name, got {self.log_project!r}")
 
 
 @dataclasses.dataclass
@@ -205,6 +375,17 @@ class ExecutionSettings:
     env_factory: EnvFactory | None = None
     env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     control: RunControl | None = None
+
+    def __post_init__(self) -> None:
+        """What cannot cross into another process stays in this one."""
+        if self.scene_processes is not None and (not _is_int(self.scene_processes) or self.scene_processes < 1):
+            raise ValueError(f"scene_processes: expected an integer >= 1, got {self.scene_processes}")
+        if self.process_per_scene and self.env_factory is not None:
+            raise ValueError("process_per_scene: an env_factory cannot cross into a scene's process")
+        if self.ray is not None and (self.env_factory is not None or self.only_scenes is not None):
+            raise ValueError("ray: a sharded run builds its envs in its shards (no env_factory, only_scenes)")
+        self.serve_args = list(self.serve_args)
+        self.env_kwargs = dict(self.env_kwargs or {})
 
 
 # The saved sections of EvalConfig, in order: attribute name -> its dataclass.
@@ -369,118 +550,29 @@ class EvalConfig:
         return getattr(getattr(self, section), name)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.plan.scenes, (list, tuple)) or not self.plan.scenes:
-            raise ValueError(f"scenes: expected a list of at least one scene id, got {self.plan.scenes!r}")
-        try:
-            from dz_gym.envs.scenes import scene_key  # scenes 1-3 and named tasks' keys
-
-            self.plan.scenes = [scene_key(s) for s in self.plan.scenes]
-        except ValueError as exc:
-            raise _field_error("scenes", exc) from None
-        if len(set(self.plan.scenes)) != len(self.plan.scenes):
-            raise ValueError(f"scenes: expected distinct scene ids, got {self.plan.scenes}")
-        self._check_arms()
-        self._check_ab()
-        for name in ("num_envs", "episodes", "max_steps", "server_max_sessions"):
-            if name == "episodes" and self.plan.episodes is None:
-                self.plan.episodes = self._default_episodes()
-            value = self.get(name)
-            if not _is_int(value) or value < 1:
-                raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
+        """The rules that span sections (each section checked its own fields as it was made)."""
+        plan, policies, stats = self.plan, self.policies, self.stats
+        arms = len(self.arms)
+        if policies.arm_specs and plan.num_envs % arms:
+            raise ValueError(f"num_envs: a run of {arms} arms needs a multiple of {arms} envs "
+                             f"(slot {arms}j+i runs arm i), got {plan.num_envs}")  # fmt: skip
+        if stats.sequential and policies.arm_specs:
+            raise ValueError(
+                "sequential: only for A/B runs (--server-b/--policy-b); with --arm the summary ranks the arms"
+            )
+        if stats.sequential and not self.ab:
+            raise ValueError("sequential: only for A/B runs (give arm B with --server-b URL or --policy-b NAME)")
+        if stats.select_best and not policies.arm_specs:
+            raise ValueError("select_best: only for runs of named arms (give the arms with --arm NAME=POLICY_OR_URL)")
+        if self.ab and (plan.num_envs < 2 or plan.num_envs % 2):
+            raise ValueError("num_envs: an A/B run needs an even number of envs (slot 2j runs arm A, 2j+1 arm B), "
+                             f"got {plan.num_envs}")  # fmt: skip
+        if plan.episodes is None:
+            plan.episodes = self._default_episodes()
         self._check_budget()
-        # Types only for the chunk schedule's settings: their ranges are the schedule's rules (_check_schedule).
-        for name in ("seed", "open_loop_horizon", "prefetch", "simulated_delay", "max_stale_steps"):
-            value = self.get(name)
-            if not _is_int(value) and not (
-                value is None and name in ("open_loop_horizon", "simulated_delay", "max_stale_steps")
-            ):
-                raise ValueError(f"{name}: expected an integer, got {value!r}")
-        if not isinstance(self.schedule.latency_honest, bool):
-            raise ValueError(f"latency_honest: expected true or false, got {self.schedule.latency_honest!r}")
-        if self.schedule.latency_honest and self.schedule.simulated_delay is not None:
-            raise ValueError("latency_honest: each chunk's delay is measured; pass --latency-honest or "
-                             "--simulated-delay, not both")  # fmt: skip
-        hz = self.schedule.control_hz
-        if isinstance(hz, bool) or not isinstance(hz, (int, float)) or not 0 < hz < float("inf"):
-            raise ValueError(f"control_hz: expected a control rate > 0 (Hz), got {hz!r}")
-        if not _is_int(self.errors.episode_retries) or not 0 <= self.errors.episode_retries <= MAX_EPISODE_RETRIES:
-            raise ValueError(f"episode_retries: expected an integer in [0, {MAX_EPISODE_RETRIES}], "
-                             f"got {self.errors.episode_retries!r}")  # fmt: skip
-        if self.errors.max_errors is not None and (not _is_int(self.errors.max_errors) or self.errors.max_errors < 0):
-            raise ValueError(f"max_errors: expected an integer >= 0, got {self.errors.max_errors!r}")
-        self.plan.backend = backends.resolve(self.plan.backend)  # a one-line "backend: expected one of ..." if unknown
-        if self.policies.server_kind not in SERVER_KINDS:
-            raise ValueError(
-                f"server_kind: expected one of {', '.join(SERVER_KINDS)}, got {self.policies.server_kind!r}"
-            )
-        self._check_render_shape()
-        if (
-            not isinstance(self.transport.server_idle_timeout, (int, float))
-            or not self.transport.server_idle_timeout >= 0
-        ):
-            raise ValueError(
-                f"server_idle_timeout: expected seconds >= 0 (0: the servers have none), got {self.transport.server_idle_timeout!r}"
-            )
-        self.policies.servers = list(self.policies.servers)
-        for url in self.policies.servers:
-            try:
-                validate_url(url)
-            except ValueError as exc:
-                raise _field_error("servers", exc) from None
-        if self.policies.servers:
-            if self.policies.policy not in (None, EXTERNAL_POLICY):
-                raise ValueError(
-                    f"policy: only for the embedded server; an external server serves its own policy, got {self.policies.policy!r}"
-                )
-            self.policies.policy = EXTERNAL_POLICY
-        elif self.policies.policy is None:
-            self.policies.policy = default_policy(self.plan.backend)
-        self.policies.servers_b = list(self.policies.servers_b)
-        for url in self.policies.servers_b:
-            try:
-                validate_url(url)
-            except ValueError as exc:
-                raise _field_error("servers_b", exc) from None
-        if self.policies.servers_b:
-            if not self.policies.servers:
-                raise ValueError("servers_b: an A/B run against external servers needs arm A's servers too (--server)")
-            if self.policies.policy_b not in (None, EXTERNAL_POLICY):
-                raise ValueError(
-                    f"policy_b: only for the embedded servers; an external server serves its own policy, got {self.policies.policy_b!r}"
-                )
-            self.policies.policy_b = EXTERNAL_POLICY
-        elif self.policies.policy_b is not None and self.policies.servers:
-            raise ValueError(
-                "policy_b: only for the embedded servers; with --server give arm B's servers with --server-b"
-            )
-        self.outputs.log = list(self.outputs.log)
-        for choice in self.outputs.log:
-            if choice not in LOG_CHOICES:
-                raise ValueError(f"log: expected a list of {', '.join(LOG_CHOICES)}, got {choice!r}")
-        if not isinstance(self.outputs.log_project, str) or not self.outputs.log_project:
-            raise ValueError(f"log_project: expected a non-empty W&B project name, got {self.outputs.log_project!r}")
-        self._check_schedule()
-        if self.transport.processes is not None and (
-            not _is_int(self.transport.processes) or self.transport.processes < 0
-        ):
-            raise ValueError(
-                f"transport_processes: expected an integer >= 0 (0: every session in this process) or None "
-                f"(chosen from the envs and the cores), got {self.transport.processes!r}"
-            )
+        if policies.policy is None:
+            policies.policy = default_policy(plan.backend)
         self.transport_config()
-        self._check_execution()
-
-    def _check_execution(self) -> None:
-        """How this process runs it: what cannot cross into another process stays in this one."""
-        run = self.execution
-        if run.scene_processes is not None and (not _is_int(run.scene_processes) or run.scene_processes < 1):
-            raise ValueError(f"scene_processes: expected an integer >= 1, got {run.scene_processes}")
-        if run.process_per_scene and run.env_factory is not None:
-            raise ValueError("process_per_scene: an env_factory cannot cross into a scene's process")
-        if run.ray is not None and (run.env_factory is not None or run.only_scenes is not None):
-            raise ValueError("ray: a sharded run builds its envs in its shards (no env_factory, only_scenes)")
-        run.serve_args = list(run.serve_args)
-        run.env_kwargs = dict(run.env_kwargs or {})
 
     @property
     def ab(self) -> bool:
@@ -540,45 +632,9 @@ class EvalConfig:
             return {"a": str(self.policies.policy), "b": str(self.policies.policy_b)}
         return {None: str(self.policies.policy)}
 
-    def _check_arms(self) -> None:
-        """``--arm NAME=POLICY_OR_URL``: at least two, distinct short names, not mixed with the A/B flags."""
-        if not isinstance(self.policies.arm_specs, (list, tuple)):
-            raise ValueError(f"arm_specs: expected a list of NAME=POLICY_OR_URL, got {self.policies.arm_specs!r}")
-        self.policies.arm_specs = list(self.policies.arm_specs)
-        if not self.policies.arm_specs:
-            return
-        names = []
-        for spec in self.policies.arm_specs:
-            name, eq, value = str(spec).partition("=")
-            if not eq or not value or not _ARM_NAME.fullmatch(name):
-                raise ValueError(f"arm_specs: expected NAME=POLICY_OR_URL with NAME of 1-16 letters, digits, _ or - "
-                                 f"(starting with a letter), got {spec!r}")  # fmt: skip
-            if value.startswith(("ws://", "wss://")):
-                try:
-                    validate_url(value)
-                except ValueError as exc:
-                    raise _field_error("arm_specs", exc) from None
-            names.append(name)
-        if len(set(names)) != len(names):
-            raise ValueError(f"arm_specs: expected distinct arm names, got {names}")
-        if len(names) < 2:
-            raise ValueError(f"arm_specs: expected at least 2 arms (--arm NAME=POLICY_OR_URL, repeated), got {names}")
-        if self.policies.servers or self.policies.servers_b or self.policies.policy_b is not None:
-            raise ValueError("arm_specs: --arm names every arm's policy or server; not with --server, --server-b or "
-                             "--policy-b")  # fmt: skip
-        if _is_int(self.plan.num_envs) and self.plan.num_envs % len(names):
-            raise ValueError(f"num_envs: a run of {len(names)} arms needs a multiple of {len(names)} envs "
-                             f"(slot {len(names)}j+i runs arm i), got {self.plan.num_envs}")  # fmt: skip
-
     def sequential_design(self):
-        """The sequential test's :class:`~dz_gym.stats.design.SequentialDesign` (``min_difference``, ``power``,
-        ``alpha``); planned once per process."""
-        from dz_gym.stats.design import SequentialDesign
-
-        try:
-            return SequentialDesign.plan(self.stats.min_difference, alpha=self.stats.alpha, power=self.stats.power)
-        except ValueError as exc:
-            raise _field_error("min_difference", exc) from None
+        """The sequential test's :class:`~dz_gym.stats.design.SequentialDesign` (:meth:`StatsSettings.design`)."""
+        return self.stats.design()
 
     @property
     def sequential_max_pairs(self) -> int:
@@ -594,13 +650,7 @@ class EvalConfig:
     def _check_budget(self) -> None:
         """With ``sequential``, a budget below the design's cap would silently lose power: refused unless
         ``accept_lower_power`` (then the summary, the report and the table give the power it has)."""
-        if not isinstance(self.stats.accept_lower_power, bool):
-            raise ValueError(f"accept_lower_power: expected true or false, got {self.stats.accept_lower_power!r}")
         if not self.stats.sequential:
-            if self.stats.accept_lower_power:
-                raise ValueError(
-                    "accept_lower_power: only with --sequential (it accepts a budget below the design's cap)"
-                )
             return
         design, budget = self.sequential_design(), self.sequential_budget
         if budget >= design.max_pairs or self.stats.accept_lower_power:
@@ -628,78 +678,6 @@ class EvalConfig:
         if self.stats.sequential:
             return -(-self.sequential_max_pairs // len(self.plan.scenes))
         return self.plan.num_envs // max(1, len(self.arms))
-
-    def _check_ab(self) -> None:
-        """The A/B settings: an even number of envs, and the sequential flags only where they apply."""
-        for name in ("sequential", "policy_seed", "select_best"):
-            if not isinstance(self.get(name), bool):
-                raise ValueError(f"{name}: expected true or false, got {self.get(name)!r}")  # noqa: TRY004
-        if self.stats.sequential and self.policies.arm_specs:
-            raise ValueError(
-                "sequential: only for A/B runs (--server-b/--policy-b); with --arm the summary ranks the arms"
-            )
-        if self.stats.sequential and not self.ab:
-            raise ValueError("sequential: only for A/B runs (give arm B with --server-b URL or --policy-b NAME)")
-        if (
-            not isinstance(self.stats.alpha, (int, float))
-            or isinstance(self.stats.alpha, bool)
-            or not 0.0 < self.stats.alpha < 1.0
-        ):
-            raise ValueError(f"alpha: expected a number in (0, 1), got {self.stats.alpha!r}")
-        if self.stats.select_best and not self.policies.arm_specs:
-            raise ValueError("select_best: only for runs of named arms (give the arms with --arm NAME=POLICY_OR_URL)")
-        if self.stats.alpha != DEFAULT_ALPHA and not (self.stats.sequential or self.stats.select_best):
-            raise ValueError("alpha: only with --sequential or --select-best (dz-gym-compare --alpha sets the "
-                             "verdicts' level)")  # fmt: skip
-        for name, default, low in (
-            ("min_difference", DEFAULT_MIN_DIFFERENCE, 0.0),
-            ("power", DEFAULT_POWER, self.stats.alpha),
-        ):
-            value = self.get(name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not low < value < 1.0:
-                raise ValueError(f"{name}: expected a number in ({low:g}, 1), got {value!r}")
-            if value != default and not self.stats.sequential:
-                raise ValueError(f"{name}: only with --sequential (it plans the sequential test)")
-        if self.stats.max_episodes is not None:
-            if not self.stats.sequential:
-                raise ValueError("max_episodes: only with --sequential (--episodes sets the episodes of a fixed run)")
-            if not _is_int(self.stats.max_episodes) or self.stats.max_episodes < 1:
-                raise ValueError(f"max_episodes: expected an integer >= 1, got {self.stats.max_episodes!r}")
-        steps = self.policies.num_inference_steps
-        if steps is not None and (not _is_int(steps) or steps < 1):
-            raise ValueError(f"num_inference_steps: expected an integer >= 1, got {steps!r}")
-        if self.ab and _is_int(self.plan.num_envs) and (self.plan.num_envs < 2 or self.plan.num_envs % 2):
-            raise ValueError(
-                "num_envs: an A/B run needs an even number of envs (slot 2j runs arm A, 2j+1 arm B), "
-                f"got {self.plan.num_envs}"
-            )
-
-    def _check_render_shape(self) -> None:
-        """``render_shape``: None, or a size the renderer takes, for a backend that renders at a chosen size."""
-        if self.plan.render_shape is None:
-            return
-        from dz_gym.envs.render_shape import check_render_shape
-
-        self.plan.render_shape = list(check_render_shape(self.plan.render_shape, "render_shape"))
-        if not backends.traits(self.plan.backend).render_shape_kwarg:
-            raise ValueError(f"render_shape: {backends.traits(self.plan.backend).title} renders its own size (requests "
-                             "are resized to the server's); only the embedded simulator (--backend mujoco) takes it")  # fmt: skip
-
-    def _check_schedule(self) -> None:
-        """The chunk schedule's own rules (prefetch range, delays), checked by the schedule itself."""
-        from dz_gym.chunks import ChunkSchedule
-
-        ChunkSchedule(
-            1,
-            droid.DEFAULT_OPEN_LOOP_HORIZON
-            if self.schedule.open_loop_horizon is None
-            else self.schedule.open_loop_horizon,
-            lambda: "",
-            prefetch=self.schedule.prefetch,
-            max_stale_steps=self.schedule.max_stale_steps,
-            simulated_delay=self.schedule.simulated_delay,
-            control_period_s=1.0 / self.schedule.control_hz if self.schedule.latency_honest else None,
-        )
 
     @property
     def latency_honest_hz(self) -> float | None:
