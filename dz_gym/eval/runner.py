@@ -206,12 +206,12 @@ class SceneRunner:
         if not first:
             return
         self._writer = EpisodeWriter(self.run_dir)
-        self.base.set_episode_seeds(first, [self.slots.next_seed(i) for i in first])
+        self.base.set_episode_seeds(first, [self.slots.next_seed(slot) for slot in first])
         self.wrapper.render_policy = "all" if self.recorder is not None else "due"
         self._set_idle()
         self.wrapper.reset()
-        for i in first:
-            self._start(i, self.slots.pop(i))
+        for slot in first:
+            self._start(slot, self.slots.pop(slot))
         self._set_idle()
 
     def tick(self) -> bool:
@@ -243,11 +243,11 @@ class SceneRunner:
             result.wall_s = time.perf_counter() - self._t0
             result.busy_s = {url: union_seconds(spans) for url, spans in result.intervals.items()}
         self.slots.waiting.clear()  # refused episodes not restarted yet run again on resume
-        for i, ep in enumerate(self._current):
+        for slot, ep in enumerate(self._current):
             if ep is not None:  # stopped mid-episode: no row; it runs again on resume
                 if self.recorder is not None and ep.video_key is not None:
                     self.recorder.abort(ep.video_key)
-                self._clear(i)
+                self._clear(slot)
         self.wrapper.set_idle(np.zeros(self.num_envs, dtype=bool))
         if self._set_last_episodes is not None:
             self._set_last_episodes(None)
@@ -286,8 +286,8 @@ class SceneRunner:
         policy_obs = wrapper.last_obs[droid.POLICY_GROUP]
         joints, gripper = proprio(policy_obs)
         if self.recorder is not None:
-            for i, frame in strip_frames(policy_obs, active.tolist()).items():
-                self.recorder.add(self._current[i].video_key, frame)
+            for slot, frame in strip_frames(policy_obs, active.tolist()).items():
+                self.recorder.add(self._current[slot].video_key, frame)
 
         if self._set_last_episodes is not None:
             self._set_last_episodes(self.slots.last_episodes())
@@ -312,25 +312,25 @@ class SceneRunner:
 
         ends = active[failed[active] | done[active] | (self._log.steps(active) >= self.max_steps)]
         finished: list[tuple[int, str | None, str | None, str]] = []
-        for i in ends.tolist():  # an error first; else the env's end, else max_steps (the env's limit is longer)
-            if failed[i]:
-                self._current[i].server_errors += 1
-                finished.append((i, str(errors[i]), None if events[i] is None else str(events[i]), "error"))
+        for slot in ends.tolist():  # an error first; else the env's end, else max_steps (the env's limit is longer)
+            if failed[slot]:
+                self._current[slot].server_errors += 1
+                finished.append((slot, str(errors[slot]), None if events[slot] is None else str(events[slot]), "error"))
             else:
-                finished.append((i, None, None, "terminated" if terminated[i] else "time_limit"))
+                finished.append((slot, None, None, "terminated" if terminated[slot] else "time_limit"))
         milestones = _milestone_columns(info) if finished else None
-        columns = self._log.episodes([i for i, *_ in finished])
-        for (i, error, event, ended_by), episode_columns in zip(finished, columns, strict=True):
+        columns = self._log.episodes([slot for slot, *_ in finished])
+        for (slot, error, event, ended_by), episode_columns in zip(finished, columns, strict=True):
             # a done env's record comes with the step's info; one ended here is still the wrapper's current one
-            stats = EpisodeStats.from_info(info, i) if done[i] else wrapper.episode_stats(i)
-            if event == SESSION_REFUSED and self._defer(i):
+            stats = EpisodeStats.from_info(info, slot) if done[slot] else wrapper.episode_stats(slot)
+            if event == SESSION_REFUSED and self._defer(slot):
                 continue
-            if error is not None and event != SESSION_REFUSED and self._retry(i, error, event, stats.drawn_delays):
+            if error is not None and event != SESSION_REFUSED and self._retry(slot, error, event, stats.drawn_delays):
                 continue
             if milestones is not None:  # this step's info is the finished episode's (before any autoreset)
-                self._current[i].milestones = {name: int(steps[i]) for name, steps in milestones.items()}
-            self._finish(i, error, event, ended_by, episode_columns, stats)
-            self._ended.append((i, bool(done[i])))  # done: the env has already reset itself (autoreset)
+                self._current[slot].milestones = {name: int(steps[slot]) for name, steps in milestones.items()}
+            self._finish(slot, error, event, ended_by, episode_columns, stats)
+            self._ended.append((slot, bool(done[slot])))  # done: the env has already reset itself (autoreset)
         self._idle_due = self._idle_due or bool(finished)
         if not self.hold_starts:
             self.refill()
@@ -341,12 +341,12 @@ class SceneRunner:
         self._log.keep_first("object_start_pos", _column(info, "object_start_pos"), active)
         env_seed = _column(info, "episode_seed")
         new = self._log.keep_first("episode_seed", env_seed, active)
-        for i in [] if self._warned_seed else new.tolist():
-            ep = self._current[i]
-            if int(env_seed[i]) != ep.seed:
+        for slot in [] if self._warned_seed else new.tolist():
+            ep = self._current[slot]
+            if int(env_seed[slot]) != ep.seed:
                 self._warned_seed = True
                 logger.warning("scene %d episode %d: the env reports seed %d, the evaluator asked for %d",
-                               self.scene, ep.episode, int(env_seed[i]), ep.seed)  # fmt: skip
+                               self.scene, ep.episode, int(env_seed[slot]), ep.seed)  # fmt: skip
                 break
 
     def refill(self) -> None:
@@ -357,12 +357,12 @@ class SceneRunner:
         if self.slots.draining or (ended and getattr(self.pairs, "stopped", False)):  # the test stopped: nothing new
             ended = []
             self._drop_unpaired()
-        starts = [(i, self.slots.pop(i), autoreset) for i, autoreset in ended if self.slots.has_next(i)]
-        to_reset = [i for i, _, autoreset in starts if not autoreset]
+        starts = [(slot, self.slots.pop(slot), autoreset) for slot, autoreset in ended if self.slots.has_next(slot)]
+        to_reset = [slot for slot, _, autoreset in starts if not autoreset]
         if to_reset:
             self.wrapper.reset(options={"env_ids": np.asarray(to_reset, dtype=np.int64)})
-        for i, item, _ in starts:
-            self._start(i, item)
+        for slot, item, _ in starts:
+            self._start(slot, item)
         if self._idle_due:
             self._idle_due = False
             self._set_idle()
@@ -406,18 +406,18 @@ class SceneRunner:
         if not waiting:
             return
         now = time.monotonic()
-        retry = {i: self.wrapper.admission_retry_at(i) or now for i in waiting}
-        ready = sorted(i for i, at in retry.items() if at <= now)
+        retry = {slot: self.wrapper.admission_retry_at(slot) or now for slot in waiting}
+        ready = sorted(slot for slot, at in retry.items() if at <= now)
         if not ready:
             if not self.stepping and not self.hold_starts:  # side by side, the caller waits (other scenes step)
                 self.control.stop.wait(min(min(retry.values()) - now, 1.0))
             return
         waiting.difference_update(ready)
-        items = [(i, self.slots.pop(i)) for i in ready]
+        items = [(slot, self.slots.pop(slot)) for slot in ready]
         self.base.set_episode_seeds(ready, [entry.seed for _, entry in items])
         self.wrapper.reset(options={"env_ids": np.asarray(ready, dtype=np.int64)})
-        for i, item in items:
-            self._start(i, item)
+        for slot, item in items:
+            self._start(slot, item)
         self._set_idle()
 
     def _drop_unpaired(self) -> None:
@@ -426,17 +426,17 @@ class SceneRunner:
         self.slots.drain()
         if not getattr(self.pairs, "pairs_twins", True):  # no twins to wait for (--select-best): running ones finish
             return
-        for i, ep in enumerate(self._current):
+        for slot, ep in enumerate(self._current):
             if ep is None or ep.arm is None:
                 continue
             if not self.slots.twin_pending(ep.episode, ep.arm):  # running, finished, or done before a resume
                 continue
             if self.recorder is not None and ep.video_key is not None:
                 self.recorder.abort(ep.video_key)
-            self._clear(i)
+            self._clear(slot)
             if self._result is not None:
                 self._result.dropped.append({"scene": ep.scene, "episode": ep.episode, "seed": ep.seed, "arm": ep.arm,
-                                             "steps": self._steps(i)})  # fmt: skip
+                                             "steps": self._steps(slot)})  # fmt: skip
         self._set_idle()
 
     def _account_busy(self, result: SceneResult, info: Mapping[str, Any]) -> None:
@@ -444,9 +444,9 @@ class SceneRunner:
         ours is outstanding there (exact for a server that serves one request at a time)."""
         sent = np.asarray(info.get("chunk_sent_at", ()), dtype=np.float64)
         received = np.asarray(info.get("chunk_received_at", ()), dtype=np.float64)
-        for i in np.flatnonzero(np.isfinite(sent) & np.isfinite(received)):
-            url = self.wrapper.server_url(int(i))
-            result.intervals.setdefault(url, []).append((float(sent[i]), float(received[i])))
+        for slot in np.flatnonzero(np.isfinite(sent) & np.isfinite(received)):
+            url = self.wrapper.server_url(int(slot))
+            result.intervals.setdefault(url, []).append((float(sent[slot]), float(received[slot])))
 
     # -- episode boundaries ---------------------------------------------------------------------------
     def _start(self, slot: int, entry: PlanEntry) -> None:

@@ -5,8 +5,9 @@ next, which slots wait to start an episode again (a refused session's admission 
 episodes have started (an A/B pair's twin), and the stop of an adaptive test (nothing new starts once it has
 stopped; an eliminated arm's entries are dropped) are kept here, with no env, wrapper or I/O.
 
-A slot is the index of an env in the batch (``env`` in the rows): episode ``k`` of a scene runs on the slot the
-run plan gives it (:mod:`dz_gym.eval.plan`); each slot runs its entries in plan order.
+A slot is the index of an env in the batch, the evaluator's one name for it (``env`` in the rows; the wrapper's
+and the envs' API call it ``env_id``): episode ``k`` of a scene runs on the slot the run plan gives it
+(:mod:`dz_gym.eval.plan`); each slot runs its entries in plan order.
 
 >>> from dz_gym.eval.plan import build_plan
 >>> plan = build_plan(scenes=[1], episodes=3, num_envs=2, seed=0)
