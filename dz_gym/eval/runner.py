@@ -71,7 +71,6 @@ from typing import Any
 import numpy as np
 
 from dz_gym.envs import droid
-from dz_gym.envs.vector_info import entries
 from dz_gym.eval.attempts import Attempts
 from dz_gym.eval.control import RunControl
 from dz_gym.eval.episode import EpisodeInProgress as _Episode
@@ -80,35 +79,15 @@ from dz_gym.eval.plan import PlanEntry
 from dz_gym.eval.progress import Progress
 from dz_gym.eval.rundir import RunDir, episode_name
 from dz_gym.eval.slots import SlotQueues
+from dz_gym.eval.step_outcome import StepOutcome, info_column, milestone_columns
 from dz_gym.eval.steplog import StepLog
 from dz_gym.eval.timing import SceneResult, union_seconds
 from dz_gym.eval.video import VideoRecorder, strip_frames
 from dz_gym.eval.writer import EpisodeWriter
 from dz_gym.records import SESSION_REFUSED, EpisodeStats
-from dz_gym.requests import proprio, to_numpy
+from dz_gym.requests import proprio
 
 logger = logging.getLogger(__name__)
-
-
-def _column(info: Mapping[str, Any], key: str) -> np.ndarray | None:
-    value = info.get(key)
-    return None if value is None else to_numpy(value)
-
-
-def _flags(info: Mapping[str, Any], key: str, num_envs: int) -> np.ndarray:
-    """``info[key]`` as ``(N,)`` bools, all False where the env does not report it."""
-    value = _column(info, key)
-    return np.zeros(num_envs, dtype=bool) if value is None else np.asarray(value).astype(bool).reshape(-1)
-
-
-def _milestone_columns(info: Mapping[str, Any]) -> dict[str, np.ndarray] | None:
-    """``info["milestones"]`` as name -> ``(N,)`` int64 host arrays (None when the env reports none)."""
-    value = info.get("milestones")
-    if not isinstance(value, Mapping):
-        return None
-    return {
-        str(name): np.asarray(to_numpy(steps), dtype=np.int64).reshape(-1) for name, steps in entries(value).items()
-    }
 
 
 def task_name(scene: int) -> str | None:
@@ -293,16 +272,10 @@ class SceneRunner:
             self._set_last_episodes(self.slots.last_episodes())
         _, reward, terminated, truncated, info = wrapper.step()
 
-        n = self.num_envs
-        terminated = np.asarray(to_numpy(terminated), dtype=bool).reshape(-1)
-        done = terminated | np.asarray(to_numpy(truncated), dtype=bool).reshape(-1)
-        errors, events = info["policy_error"], info["integrity_event"]
-        failed = np.not_equal(np.asarray(errors, dtype=object), None)
-        received = np.asarray(info.get("chunk_received", info["policy_called"]), dtype=bool)
-        latency_ms = np.where(received | failed, np.asarray(info["chunk_latency_s"], dtype=np.float64) * 1e3, np.nan)
-        reward = np.asarray(to_numpy(reward), dtype=np.float64).reshape(-1)
-        success, success_any = _flags(info, "success", n), _flags(info, "success_any_step", n)
-        self._log.append(step_columns(info, joints, gripper, reward, latency_ms, success, success_any), active)
+        out = StepOutcome.read(reward, terminated, truncated, info, self.num_envs)
+        latency_ms = out.latency_ms
+        self._log.append(step_columns(info, joints, gripper, out.reward, latency_ms, out.success, out.success_any),
+                         active)  # fmt: skip
         self._keep_first_values(info, active)
         self._account_busy(result, info)
         result.env_steps += len(active)
@@ -310,19 +283,15 @@ class SceneRunner:
             seen = latency_ms[active][np.isfinite(latency_ms[active])]
             self.progress.steps(len(active), seen[-1] if seen.size else None)
 
-        ends = active[failed[active] | done[active] | (self._log.steps(active) >= self.max_steps)]
-        finished: list[tuple[int, str | None, str | None, str]] = []
-        for slot in ends.tolist():  # an error first; else the env's end, else max_steps (the env's limit is longer)
-            if failed[slot]:
-                self._current[slot].server_errors += 1
-                finished.append((slot, str(errors[slot]), None if events[slot] is None else str(events[slot]), "error"))
-            else:
-                finished.append((slot, None, None, "terminated" if terminated[slot] else "time_limit"))
-        milestones = _milestone_columns(info) if finished else None
+        ended = out.ends(active, self._log.steps(active), self.max_steps).tolist()
+        finished = [(slot, *out.end_of(slot)) for slot in ended]
+        for slot, *_ in finished:
+            self._current[slot].server_errors += int(out.failed[slot])
+        milestones = milestone_columns(info) if finished else None
         columns = self._log.episodes([slot for slot, *_ in finished])
         for (slot, error, event, ended_by), episode_columns in zip(finished, columns, strict=True):
             # a done env's record comes with the step's info; one ended here is still the wrapper's current one
-            stats = EpisodeStats.from_info(info, slot) if done[slot] else wrapper.episode_stats(slot)
+            stats = EpisodeStats.from_info(info, slot) if out.done[slot] else wrapper.episode_stats(slot)
             if event == SESSION_REFUSED and self._defer(slot):
                 continue
             if error is not None and event != SESSION_REFUSED and self._retry(slot, error, event, stats.drawn_delays):
@@ -330,7 +299,7 @@ class SceneRunner:
             if milestones is not None:  # this step's info is the finished episode's (before any autoreset)
                 self._current[slot].milestones = {name: int(steps[slot]) for name, steps in milestones.items()}
             self._finish(slot, error, event, ended_by, episode_columns, stats)
-            self._ended.append((slot, bool(done[slot])))  # done: the env has already reset itself (autoreset)
+            self._ended.append((slot, bool(out.done[slot])))  # done: the env has already reset itself (autoreset)
         self._idle_due = self._idle_due or bool(finished)
         if not self.hold_starts:
             self.refill()
@@ -338,8 +307,8 @@ class SceneRunner:
     def _keep_first_values(self, info: Mapping[str, Any], active: np.ndarray) -> None:
         """Keep each episode's first reported object start position and env seed (warn, once per scene, when
         the env's seed is not the one the evaluator asked for)."""
-        self._log.keep_first("object_start_pos", _column(info, "object_start_pos"), active)
-        env_seed = _column(info, "episode_seed")
+        self._log.keep_first("object_start_pos", info_column(info, "object_start_pos"), active)
+        env_seed = info_column(info, "episode_seed")
         new = self._log.keep_first("episode_seed", env_seed, active)
         for slot in [] if self._warned_seed else new.tolist():
             ep = self._current[slot]
