@@ -120,7 +120,7 @@ def measure(
     made: list[FastDroidEnv] = []
 
     def factory(scene_id, config, **_):
-        made.append(FastDroidEnv(config.num_envs, scene_id, max_episode_length=config.max_steps))
+        made.append(FastDroidEnv(config.plan.num_envs, scene_id, max_episode_length=config.plan.max_steps))
         return made[-1]
 
     config = EvalConfig(scenes=[1], episodes=num_envs, num_envs=num_envs, max_steps=max_steps, video=False,

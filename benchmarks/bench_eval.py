@@ -136,10 +136,10 @@ def evaluator(
     measured = []
 
     def factory(scene_id, config, **_):
-        env = make_env(config.num_envs, config.max_steps, scene_id)
+        env = make_env(config.plan.num_envs, config.plan.max_steps, scene_id)
         env.max_episode_length = 10_000  # the measurement must not hit a time-out
         measured.append(measure_batch_step(env))
-        env.max_episode_length = config.max_steps
+        env.max_episode_length = config.plan.max_steps
         return env
 
     config = EvalConfig(

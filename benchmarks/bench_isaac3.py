@@ -199,7 +199,7 @@ def child(args) -> dict:
            "cores": [len(client_cores), len(server_cores)]}  # fmt: skip
 
     def factory(scene_id, config, **_):
-        env.max_episode_length = config.max_steps
+        env.max_episode_length = config.plan.max_steps
         return env
 
     env.close = lambda: None  # both runs use this env (Isaac Lab builds one simulation per process)

@@ -158,7 +158,7 @@ def child(args) -> dict:
         scene = args.scene
 
     def factory(scene_id, config, **_):
-        env.max_episode_length = config.max_steps
+        env.max_episode_length = config.plan.max_steps
         return env
 
     env.close = lambda: None  # every run uses this env

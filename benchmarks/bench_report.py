@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 from dz_gym.eval import results
+from dz_gym.eval.config import migrate
 from dz_gym.eval.rundir import RunDir, episode_name
 from dz_gym.report import write_report
 
@@ -46,10 +47,10 @@ def replicate(source: Path, target: Path, episodes: int) -> Path:
     rows = src.read_rows()
     if not rows:
         raise SystemExit(f"--run-dir: {source} has no episodes")
-    config = json.loads((source / "config.json").read_text())
+    config = migrate(json.loads((source / "config.json").read_text()))  # nested, whichever dz-gym wrote it
     scenes = sorted({r["scene"] for r in rows})
     per_scene = -(-episodes // len(scenes))
-    config["episodes"] = per_scene
+    config["plan"]["episodes"] = per_scene
     target.mkdir(parents=True)
     (target / "config.json").write_text(json.dumps(config))
     (target / "trajectories").mkdir()

@@ -105,7 +105,7 @@ class Flag:
 
     name: str
     help: str
-    field: str | None = None  # the config field (and argparse dest); None: a flag of the command itself
+    field: str | None = None  # the config field (dotted in a nested config: "plan.seed"); None: the command's own
     type: Callable[[str], Any] | None = None
     metavar: str | None = None
     action: Any = None  # "append", "store_true", argparse.BooleanOptionalAction ...
@@ -113,13 +113,14 @@ class Flag:
     default: Any = None
     shown: str | Callable[[], str] | None = None  # the default shown, when not the field's (a callable: lazily)
     doc: str | None = None
-    dest: str | None = None  # when the flag sets no config field directly (e.g. --task -> tasks)
+    dest: str | None = None  # the argparse dest when not the field's name (e.g. --task -> tasks)
     required: bool = False
 
     @property
     def key(self) -> str:
-        """The argparse dest: the config field, else ``dest``, else the name without dashes."""
-        return self.field or self.dest or self.name.lstrip("-").replace("-", "_")
+        """The argparse dest: ``dest``, else the config field's name (its last dotted part), else the name without
+        dashes."""
+        return self.dest or (self.field and self.field.rsplit(".", 1)[-1]) or self.name.lstrip("-").replace("-", "_")
 
     def but(self, **changes: Any) -> Flag:
         """This flag with some attributes replaced (a tool's own help for a shared flag)."""
@@ -151,7 +152,10 @@ class Flag:
 
 
 def field_default(config_cls: type, name: str) -> Any:
-    """The default of dataclass field ``name`` of ``config_cls`` (a ``KeyError`` if it has none)."""
+    """The default of dataclass field ``name`` of ``config_cls`` (a ``KeyError`` if it has none); a config
+    with a ``default`` classmethod (a nested one, whose fields are dotted) answers itself."""
+    if callable(getattr(config_cls, "default", None)):
+        return config_cls.default(name)
     for f in dataclasses.fields(config_cls):
         if f.name == name:
             if f.default_factory is not dataclasses.MISSING:
@@ -194,7 +198,7 @@ def add_flags(group, flags: Iterable[Flag], config_cls: type | None = None, note
 
 def given_fields(args: argparse.Namespace, flags: Iterable[Flag]) -> dict[str, Any]:
     """The config fields the command line set: every flag with a field whose value is not None."""
-    return {f.field: getattr(args, f.field) for f in flags if f.field and getattr(args, f.field, None) is not None}
+    return {f.field: getattr(args, f.key) for f in flags if f.field and getattr(args, f.key, None) is not None}
 
 
 def flag_message(exc: Exception, flags: Iterable[Flag]) -> str:

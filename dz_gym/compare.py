@@ -59,7 +59,8 @@ def _run_horizon(run: Path) -> Any:
 
 
 def load_run(path: str | os.PathLike) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """``(config, rows)`` of a run directory; the config is the raw ``config.json`` dict."""
+    """``(config, rows)`` of a run directory; the config is ``config.json`` in its flat layout
+    (:func:`~dz_gym.eval.config.flat_layout`)."""
     run = Path(path)
     config_path = run / CONFIG_FILE
     if not config_path.is_file():
@@ -70,6 +71,9 @@ def load_run(path: str | os.PathLike) -> tuple[dict[str, Any], list[dict[str, An
         raise RunError(f"{config_path}: unreadable ({exc})") from None
     if not isinstance(config, dict):
         raise RunError(f"{config_path}: expected a JSON object")
+    from dz_gym.eval.config import flat_layout
+
+    config = flat_layout(config)  # one layout, whichever dz-gym wrote the run
     if "open_loop_horizon" in config and config["open_loop_horizon"] is None:  # the server profile's: as run
         config["open_loop_horizon"] = _run_horizon(run)
     # Same reader as the evaluator's resume (a truncated last line is skipped with a warning).

@@ -58,7 +58,7 @@ def toy_run(
     policy = FailOnSeed(fail_seed) if fail_seed is not None else HoldPolicy()
 
     def factory(scene, cfg):
-        return ToyDroidEnv(cfg.num_envs, scene=scene, max_episode_length=cfg.max_steps)
+        return ToyDroidEnv(cfg.plan.num_envs, scene=scene, max_episode_length=cfg.plan.max_steps)
 
     with start_server_thread(policy) as server:
         evaluate(
@@ -77,7 +77,7 @@ def toy_ab_run(root: Path, *, episodes: int = 4, num_envs: int = 2, max_steps: i
     """A finished A/B run (rows with ``arm``): arm A holds, arm B holds but fails every request of one seed."""
 
     def factory(scene, cfg):
-        return ToyDroidEnv(cfg.num_envs, scene=scene, max_episode_length=cfg.max_steps)
+        return ToyDroidEnv(cfg.plan.num_envs, scene=scene, max_episode_length=cfg.plan.max_steps)
 
     with start_server_thread(HoldPolicy()) as a, start_server_thread(FailOnSeed(fail_seed_b)) as b:
         config = EvalConfig(
@@ -106,7 +106,10 @@ def toy_arms_run(
         config = EvalConfig(scenes=[1], episodes=episodes, num_envs=len(urls), max_steps=6, video=video,
                             report=False, arm_specs=[f"{n}={u}" for n, u in urls.items()], select_best=select_best)  # fmt: skip
         run_dir = RunDir.create(root, config)
-        factory = lambda scene, cfg: GripperToyEnv(cfg.num_envs, scene=scene, max_episode_length=cfg.max_steps)  # noqa: E731
+
+        def factory(scene, cfg):
+            return GripperToyEnv(cfg.plan.num_envs, scene=scene, max_episode_length=cfg.plan.max_steps)
+
         evaluate(
             config, run_dir, env_factory=factory, progress=False, command="toy run of named arms for the report tests"
         )
@@ -124,7 +127,7 @@ def replicated_run(source: RunDir, target: Path, episodes: int) -> RunDir:
     rows = source.read_rows()
     target.mkdir(parents=True)
     config = json.loads((source.path / "config.json").read_text())
-    config.update(scenes=[1], episodes=episodes)
+    config["plan"].update(scenes=[1], episodes=episodes)
     (target / "config.json").write_text(json.dumps(config))
     scene1 = next(r for r in rows if r["scene"] == 1)  # every row becomes one of scene 1: its task and prompt
     out = []

@@ -68,8 +68,8 @@ def _config(**fields):
 
 
 def test_the_budget_defaults_to_the_design_cap_and_a_shorter_one_is_refused():
-    assert _config(min_difference=0.1).episodes == 567  # the whole cap, not a default of 200
-    assert _config(min_difference=0.1, scenes=[1, 2]).episodes == 284  # spread over the scenes
+    assert _config(min_difference=0.1).plan.episodes == 567  # the whole cap, not a default of 200
+    assert _config(min_difference=0.1, scenes=[1, 2]).plan.episodes == 284  # spread over the scenes
     power = pair_time_power(SequentialDesign.plan(0.1), 200)
     with pytest.raises(ValueError, match=r"^max_episodes: .*below the design's cap of 567 pairs") as exc:
         _config(min_difference=0.1, max_episodes=200)
@@ -83,7 +83,7 @@ def test_the_budget_defaults_to_the_design_cap_and_a_shorter_one_is_refused():
 
 
 def test_a_config_saved_before_budgets_were_checked_keeps_its_budget():
-    old = _config(min_difference=0.1, max_episodes=200, accept_lower_power=True).to_dict()
+    old = _config(min_difference=0.1, max_episodes=200, accept_lower_power=True).to_flat_dict()  # version 1
     del old["accept_lower_power"]
     assert EvalConfig.from_dict(old).sequential_budget == 200
     old["max_episodes"] = None  # the budget was 200 pairs by default then
@@ -134,7 +134,7 @@ def _gripper_run(root, specs=None, **fields):
         config = EvalConfig(scenes=[1], max_steps=4, video=False, report=False, **arms, **fields)
         run_dir = RunDir.create(root, config)
         summary = evaluate(config, run_dir, progress=False,
-                           env_factory=lambda s, cfg: GripperToyEnv(cfg.num_envs, scene=s, max_episode_length=4))  # fmt: skip
+                           env_factory=lambda s, cfg: GripperToyEnv(cfg.plan.num_envs, scene=s, max_episode_length=4))  # fmt: skip
     return summary, run_dir
 
 

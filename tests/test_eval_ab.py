@@ -17,12 +17,12 @@ from dz_gym.eval import cli
 from dz_gym.eval.ab import PairTracker, unpaired_rows
 from dz_gym.eval.clients import ArmRouter, RequestFields, arm_of_slot, policy_seed
 from dz_gym.eval.config import EvalConfig
+from dz_gym.eval.control import RunControl
 from dz_gym.eval.evaluate import evaluate
 from dz_gym.eval.plan import build_plan
 from dz_gym.eval.results import format_table, milestone_funnel
 from dz_gym.eval.row import PLACEMENT, VOLATILE
 from dz_gym.eval.rundir import RunDir
-from dz_gym.eval.runner import RunControl
 from dz_gym.server.launch import start_server_thread
 from dz_gym.server.policies import HoldPolicy
 from dz_gym.testing.memory_client import MemoryPolicyClient
@@ -54,7 +54,7 @@ class RecordingPolicy(HoldPolicy):
 
 def toy_factory(env_cls=ToyDroidEnv):
     def factory(scene, cfg):
-        return env_cls(cfg.num_envs, scene=scene, max_episode_length=cfg.max_steps)
+        return env_cls(cfg.plan.num_envs, scene=scene, max_episode_length=cfg.plan.max_steps)
 
     return factory
 
@@ -374,7 +374,7 @@ def test_resume_keeps_a_run_ab_or_not(capsys, tmp_path):
         assert exc.value.code == 2 and needle in capsys.readouterr().err
     parser = cli.build_parser(isaac_args=False)
     config, _, _ = cli.resolve_config(parser, parser.parse_args(["--resume", str(ab.path), "--num-envs", "4"]))
-    assert config.ab and config.policy_b == "reference:skill=0.3" and config.num_envs == 4
+    assert config.ab and config.policies.policy_b == "reference:skill=0.3" and config.plan.num_envs == 4
 
 
 def test_pair_tracker_summary_futility_difference_and_arm_dependent_errors():

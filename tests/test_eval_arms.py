@@ -15,7 +15,7 @@ from dz_gym.eval import cli
 from dz_gym.eval.clients import ArmRouter
 from dz_gym.eval.config import EvalConfig
 from dz_gym.eval.evaluate import evaluate
-from dz_gym.eval.plan import build_plan, plan_of
+from dz_gym.eval.plan import build_plan, plan_of, servers_of_arms
 from dz_gym.eval.rundir import RunDir
 from dz_gym.server.launch import start_server_thread
 from dz_gym.server.policies import HoldPolicy
@@ -48,7 +48,13 @@ def test_the_plan_puts_the_k_arms_of_a_seed_on_neighbouring_slots():
     with pytest.raises(ValueError, match="num_envs"):
         build_plan(scenes=[1], episodes=1, num_envs=2, seed=0, servers=["ws://x"], arm_servers=arms)
     config = EvalConfig(num_envs=3, backend="mujoco", arm_specs=["p=ws://127.0.0.1:1/x", "q=hold", "r=reference"])
-    assert [e.server for e in plan_of(config, ["embedded"]).entries] == ["ws://127.0.0.1:1/x", "embedded", "embedded"]
+    plan = plan_of(config)  # from the config alone: no servers yet
+    assert plan.slot_servers == () and {e.server for e in plan.entries} == {None}
+    with pytest.raises(ValueError, match="^arm_servers: arm 'q' names a policy; it needs its server's URL"):
+        servers_of_arms(config)
+    started = servers_of_arms(config, {"q": ["ws://127.0.0.1:2/q"], "r": ["ws://127.0.0.1:3/r"]})
+    assert [e.server for e in plan.resolve(arm_servers=started).entries] == [
+        "ws://127.0.0.1:1/x", "ws://127.0.0.1:2/q", "ws://127.0.0.1:3/r"]  # fmt: skip
 
 
 def test_arm_router_routes_slot_k_j_plus_i_to_arm_i():
@@ -90,7 +96,7 @@ def test_three_arms_on_server_urls_write_rows_for_every_arm_and_a_ranking(tmp_pa
         config = EvalConfig(scenes=[1], num_envs=3, episodes=4, max_steps=5, video=False, report=False,
                             arm_specs=[f"{n}={u}" for n, u in urls.items()])  # fmt: skip
         run_dir = RunDir.create(tmp_path, config)
-        factory = lambda scene, cfg: ToyDroidEnv(cfg.num_envs, scene=scene, max_episode_length=cfg.max_steps)  # noqa: E731
+        factory = lambda scene, cfg: ToyDroidEnv(cfg.plan.num_envs, scene=scene, max_episode_length=cfg.plan.max_steps)  # noqa: E731
         summary = evaluate(config, run_dir, env_factory=factory, progress=False)
     rows = run_dir.read_rows()
     assert sorted((r["episode"], r["arm"]) for r in rows) == [(k, n) for k in range(4) for n in "xyz"]
@@ -175,7 +181,7 @@ def test_select_best_eliminates_the_worse_arms_and_stops_with_the_best(tmp_path)
                             arm_specs=specs, select_best=True)  # fmt: skip
         run_dir = RunDir.create(tmp_path, config)
         summary = evaluate(config, run_dir, progress=False,
-                           env_factory=lambda s, cfg: GripperToyEnv(cfg.num_envs, scene=s, max_episode_length=6))  # fmt: skip
+                           env_factory=lambda s, cfg: GripperToyEnv(cfg.plan.num_envs, scene=s, max_episode_length=6))  # fmt: skip
     selection = summary["selection"]
     assert selection["best"] == "x" and selection["stopped"], selection["why"]
     after = selection["eliminated_after_seeds"]

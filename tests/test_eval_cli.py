@@ -71,15 +71,23 @@ def test_resolve_config_defaults_and_reference_client_flags():
     parser = cli.build_parser(isaac_args=False)
     config, run_dir, servers = cli.resolve_config(parser, parser.parse_args(["--num-envs", "3"]))
     assert run_dir is None and servers is None
-    assert config.episodes == 3 and config.scenes == [1] and config.max_steps == 450 and config.video
-    assert config.policy == cli.default_policy(config.backend) and config.backend in ("mujoco", "isaac")
+    assert (
+        config.plan.episodes == 3
+        and config.plan.scenes == [1]
+        and config.plan.max_steps == 450
+        and config.outputs.video
+    )
+    assert config.policies.policy == cli.default_policy(config.plan.backend) and config.plan.backend in (
+        "mujoco",
+        "isaac",
+    )
     assert cli.default_policy("mujoco") == "reference" and cli.default_policy("isaac") == "hold"
     config, _, _ = cli.resolve_config(parser, parser.parse_args(["--auth-env", "DZ_TOKEN", "--server", "ws://h:1/p"]))
-    assert config.auth_env == "DZ_TOKEN"  # the variable's name, never its value
+    assert config.transport.auth_env == "DZ_TOKEN"  # the variable's name, never its value
     args = parser.parse_args(["--host", "10.1.2.3", "--port", "9000", "--scene", "2", "--scene", "3", "--scene", "2"])
     config, _, servers = cli.resolve_config(parser, args)
     assert servers == ["ws://10.1.2.3:9000/v1/realtime/robot/openpi"]
-    assert config.scenes == [2, 3] and config.policy == "external" and config.servers == servers
+    assert config.plan.scenes == [2, 3] and config.policies.policy == "external" and config.policies.servers == servers
 
 
 def test_resume_may_change_how_but_not_what(tmp_path):
@@ -89,7 +97,13 @@ def test_resume_may_change_how_but_not_what(tmp_path):
     args = parser.parse_args(["--resume", str(run.path), "--num-envs", "4", "--no-video", "--episodes", "6"])
     resumed, run_dir, servers = cli.resolve_config(parser, args)
     assert run_dir.path == run.path and servers is None
-    assert (resumed.num_envs, resumed.video, resumed.episodes, resumed.seed, resumed.policy) == (4, False, 6, 3, "hold")
+    assert (
+        resumed.plan.num_envs,
+        resumed.outputs.video,
+        resumed.plan.episodes,
+        resumed.plan.seed,
+        resumed.policies.policy,
+    ) == (4, False, 6, 3, "hold")
 
 
 def test_resume_of_an_external_server_run(capsys, tmp_path):
@@ -100,7 +114,7 @@ def test_resume_of_an_external_server_run(capsys, tmp_path):
     assert servers == ["ws://127.0.0.1:9/x"]
     args = ["--resume", str(run.path), "--server", "ws://127.0.0.1:10/x"]
     resumed, _, servers = cli.resolve_config(parser, parser.parse_args(args))
-    assert servers == resumed.servers == ["ws://127.0.0.1:10/x"]
+    assert servers == resumed.policies.servers == ["ws://127.0.0.1:10/x"]
     assert "--policy" in usage_error(capsys, ["--resume", str(run.path), "--policy", "hold"])
 
 
@@ -111,8 +125,8 @@ def test_defaults_come_from_eval_config_in_code_help_and_docs():
 
     parser = cli.build_parser(isaac_args=False)
     config, _, _ = cli.resolve_config(parser, parser.parse_args([]))
-    default = EvalConfig(backend=config.backend)
-    assert config == default and config.episodes == config.num_envs
+    default = EvalConfig(backend=config.plan.backend)
+    assert config == default and config.plan.episodes == config.plan.num_envs
     assert EvalConfig.default("request_timeout") == TransportConfig().request_timeout
     assert EvalConfig.default("retry_server_errors") == TransportConfig().retry_server_errors == 0
     assert EvalConfig.default("backend") == "auto"
@@ -160,7 +174,7 @@ def test_flags_reach_the_transport_config():
     config, _, _ = cli.resolve_config(parser, parser.parse_args(argv))
     transport = config.transport_config()
     assert (transport.retry_server_errors, transport.request_timeout) == (2, 30.0)
-    assert (config.server_max_sessions, config.server_idle_timeout) == (4, 0.0)
+    assert (config.transport.server_max_sessions, config.transport.server_idle_timeout) == (4, 0.0)
 
 
 def test_preflight_failures_leave_no_run_directory(capsys, tmp_path):
@@ -280,8 +294,14 @@ def test_every_config_field_has_one_flag_and_every_flag_a_field():
     fields = [flag.field for flag in flag_table.ALL if flag.field]
     assert len(fields) == len(set(fields))
     assert all(flag_table.config_class(flag) is not None for flag in flag_table.ALL if flag.field)
-    eval_fields = {f.name for f in dataclasses.fields(EvalConfig)} - {"version"}
+    from dz_gym.eval.config import PATHS
+
+    # every saved section's every field, dotted; of how this process runs it, those a flag sets directly (the
+    # rest: --ray's RayOptions, --progress, the command line itself, or Python objects)
+    python_only = {"ray", "progress", "command", "argv", "only_scenes", "env_factory", "env_kwargs", "control"}
+    eval_fields = {path for name, path in PATHS.items() if name not in python_only}
     assert eval_fields <= set(fields), eval_fields - set(fields)
+    assert all(flag.key == flag.field.split(".")[-1] or flag.dest for flag in flag_table.eval_flags())
     ray_fields = {f.name for f in dataclasses.fields(RayOptions)} - {
         "resources",
         "local_cpus",
@@ -298,7 +318,7 @@ def test_help_groups_by_decision_and_marks_the_flags_locked_on_resume():
     titles = [g.title for g in parser._action_groups][2:]
     assert titles == ["what to run", "which policy and server", "how requests are timed", "outputs and faults",
                       "scale-out", "A/B and K arms: every seed under several policies"]  # fmt: skip
-    assert set(RESULT_KEYS) == {"backend", "scenes", "seed", "max_steps", "open_loop_horizon", "policy", "prefetch",
+    assert {key.split(".")[-1] for key in RESULT_KEYS} == {"backend", "scenes", "seed", "max_steps", "open_loop_horizon", "policy", "prefetch",
                                 "simulated_delay", "max_stale_steps", "policy_b", "sequential", "alpha",
                                 "min_difference", "power", "max_episodes", "policy_seed", "num_inference_steps", "arm_specs",
                                 "select_best", "episode_retries", "server_kind", "latency_honest", "control_hz",

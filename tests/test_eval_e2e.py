@@ -23,10 +23,10 @@ from eval_process import BOUND_S, Evaluator  # noqa: E402
 
 from dz_gym.eval import cli, results  # noqa: E402
 from dz_gym.eval.config import EvalConfig  # noqa: E402
+from dz_gym.eval.control import RunControl  # noqa: E402
 from dz_gym.eval.evaluate import evaluate  # noqa: E402
 from dz_gym.eval.row import PLACEMENT, comparable  # noqa: E402
 from dz_gym.eval.rundir import RunDir  # noqa: E402
-from dz_gym.eval.runner import RunControl  # noqa: E402
 from dz_gym.server.launch import start_server_process, start_server_thread  # noqa: E402
 from dz_gym.server.policies import load_policy  # noqa: E402
 from dz_gym.testing.gated import GatedPolicy  # noqa: E402
@@ -81,7 +81,7 @@ def test_outputs_complete_and_consistent(reference_run):
     assert summary["env_steps_per_s"] > 0 and 0 <= summary["server_utilization"] <= 1
     assert summary["command"].startswith("dz-gym-eval ")
     config = json.loads((run.path / "config.json").read_text())
-    assert config["episodes"] == 4 and config["max_steps"] == 16
+    assert config["plan"]["episodes"] == 4 and config["plan"]["max_steps"] == 16
     for row in rows:
         data = np.load(run.path / row["trajectory"])
         assert data["actions"].shape == (16, 8) and data["joint_pos"].shape == (16, 7)
@@ -110,7 +110,7 @@ def test_simulated_delay_is_recorded_and_independent_of_num_envs(tmp_path):
         assert row["chunk_delays"] == [3] * len(row["chunk_delays"]) and len(row["chunk_delays"]) >= 2
         assert row["wait_steps"] == 3  # the first chunk of an episode also takes 3 steps: the arm holds
     config = json.loads((run_dir_of(tmp_path / "1").path / "config.json").read_text())
-    assert config["prefetch"] == 4 and config["simulated_delay"] == 3
+    assert config["schedule"]["prefetch"] == 4 and config["schedule"]["simulated_delay"] == 3
 
 
 @pytest.mark.slow  # about 10 s
@@ -128,7 +128,7 @@ def test_latency_honest_delays_are_measured_recorded_and_replayed_on_resume(tmp_
             assert delay in (honest_delay(ms / 1e3, 1 / 15), honest_delay(ms / 1e3 + 1e-6, 1 / 15))
         assert 2 <= row["wait_steps"] <= sum(delays)  # the arm held its pose while each request was out
     config = json.loads((run.path / "config.json").read_text())
-    assert config["latency_honest"] is True and config["control_hz"] == 15.0
+    assert config["schedule"]["latency_honest"] is True and config["schedule"]["control_hz"] == 15.0
 
     with pytest.raises(SystemExit) as refused:  # the mode is locked on resume
         cli.main(["--resume", str(run.path), "--no-progress", "--control-hz", "10"])

@@ -51,7 +51,7 @@ def _run(tmp_path, url, *, episodes=9, seed=0, video=False):
     config = EvalConfig(scenes=[1], episodes=episodes, num_envs=3, seed=seed, max_steps=STAGED_LENGTH, video=video,
                         report=False)  # fmt: skip
     run_dir = RunDir.create(tmp_path, config)
-    summary = evaluate(config, run_dir, [url], env_factory=lambda scene, cfg: StagedToyEnv(cfg.num_envs, scene),
+    summary = evaluate(config, run_dir, [url], env_factory=lambda scene, cfg: StagedToyEnv(cfg.plan.num_envs, scene),
                        progress=False)  # fmt: skip
     return summary, run_dir
 

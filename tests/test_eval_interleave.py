@@ -18,12 +18,12 @@ from collections import Counter
 import pytest
 
 from dz_gym.eval.config import EvalConfig
+from dz_gym.eval.control import RunControl
 from dz_gym.eval.evaluate import evaluate
 from dz_gym.eval.plan import pair_order, plan_of
 from dz_gym.eval.processes import merge_segments
 from dz_gym.eval.row import comparable
 from dz_gym.eval.rundir import RunDir
-from dz_gym.eval.runner import RunControl
 from dz_gym.eval.segment import RunSegment
 from dz_gym.eval.shared import SharedTest
 from dz_gym.eval.summary import pair_tracker
@@ -36,7 +36,7 @@ NUM_ENVS = 4  # per scene: 2 pairs in flight in each scene's batch
 
 
 def factory(scene, cfg):
-    return GripperToyEnv(cfg.num_envs, scene=scene, max_episode_length=cfg.max_steps)
+    return GripperToyEnv(cfg.plan.num_envs, scene=scene, max_episode_length=cfg.plan.max_steps)
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +185,7 @@ def test_the_session_warning_counts_every_scene_side_by_side(tmp_path):
     lines = []
     for scenes, warned in (([1], False), ([1, 2], True)):
         cfg = EvalConfig(scenes=scenes, num_envs=40, episodes=1, backend="mujoco", video=False, report=False)
-        RunSegment(cfg, RunDir.create(tmp_path / str(len(scenes)), cfg), plan_of(cfg, ["ws://a"]),
+        RunSegment(cfg, RunDir.create(tmp_path / str(len(scenes)), cfg), plan_of(cfg).resolve(["ws://a"]),
                    servers=["ws://a"], progress=False, log=lines.append)  # fmt: skip
         assert any("80 envs share the server ws://a" in line for line in lines) == warned, lines
 

@@ -38,12 +38,13 @@ def config(**kw) -> EvalConfig:
 
 
 def rows_of(cfg: EvalConfig, episodes, **kw) -> list[dict]:
-    plan = plan_of(cfg, cfg.servers or ["embedded"])
+    stand_in = {arm: ["embedded"] for arm in cfg.arms}  # the rows name a server; none runs here
+    plan = plan_of(cfg).resolve(cfg.policies.servers or ["embedded"], arm_servers=stand_in)
     out = []
     for entry in plan.entries:
         if entry.episode in episodes:
-            row = EpisodeRow.of(entry, prompt="p", task="DROID-CubeInBowl", max_steps=cfg.max_steps,
-                                backend=cfg.backend, steps=8, ended_by="time_limit", success_at_end=True,
+            row = EpisodeRow.of(entry, prompt="p", task="DROID-CubeInBowl", max_steps=cfg.plan.max_steps,
+                                backend=cfg.plan.backend, steps=8, ended_by="time_limit", success_at_end=True,
                                 success_any_step=True)  # fmt: skip
             out.append({**row.to_dict(), **kw})
     return out
@@ -119,10 +120,17 @@ def test_a_run_segment_holds_the_lock_until_it_closes(tmp_path, holder):
     run_dir = run_with_rows(tmp_path, cfg, [])
     proc = holder(run_dir.path)
     with pytest.raises(RunLocked, match=f"pid {proc.pid}"):
-        RunSegment(cfg, run_dir, plan_of(cfg, cfg.servers), servers=cfg.servers, progress=False, log=lambda _: None)
+        RunSegment(
+            cfg,
+            run_dir,
+            plan_of(cfg).resolve(cfg.policies.servers),
+            servers=cfg.policies.servers,
+            progress=False,
+            log=lambda _: None,
+        )
     proc.kill()
     proc.wait(timeout=60)
-    segment = RunSegment(cfg, run_dir, plan_of(cfg, cfg.servers), servers=cfg.servers, progress=False,
+    segment = RunSegment(cfg, run_dir, plan_of(cfg).resolve(cfg.policies.servers), servers=cfg.policies.servers, progress=False,
                          log=lambda _: None)  # fmt: skip
     probe = [sys.executable, "-c", "import sys; from dz_gym.eval.runlock import RunLock; RunLock.acquire(sys.argv[1])",
              str(run_dir.path)]  # fmt: skip
@@ -266,7 +274,7 @@ class VideoRows:
             for _ in range(3):
                 self.recorder.add(key, frame)
             self.recorder.finish(key)
-            row = EpisodeRow.of(entry, prompt="p", task=None, max_steps=8, backend=segment.config.backend, steps=8,
+            row = EpisodeRow.of(entry, prompt="p", task=None, max_steps=8, backend=segment.config.plan.backend, steps=8,
                                 ended_by="time_limit", success_at_end=True, success_any_step=True,
                                 video=segment.run_dir.video_relpath(entry.scene, entry.episode))  # fmt: skip
             segment.run_dir.append_row(row.to_dict())
@@ -306,7 +314,7 @@ def test_a_video_that_failed_is_deleted_and_unlinked_and_resume_never_links_an_u
     run_dir = RunDir.create(tmp_path / "runs", cfg)
 
     def segment() -> RunSegment:
-        return RunSegment(cfg, run_dir, plan_of(cfg, cfg.servers), servers=cfg.servers, progress=False,
+        return RunSegment(cfg, run_dir, plan_of(cfg).resolve(cfg.policies.servers), servers=cfg.policies.servers, progress=False,
                           log=lambda _: None)  # fmt: skip
 
     disk_full_for(monkeypatch, "ep0001")
@@ -349,7 +357,7 @@ def test_a_full_disk_while_writing_rows_stops_the_run_cleanly_and_a_resume_finis
             real(self, [row])
 
     def factory(scene, c):
-        return ToyDroidEnv(c.num_envs, scene=scene, max_episode_length=c.max_steps, image_shape=(18, 32))
+        return ToyDroidEnv(c.plan.num_envs, scene=scene, max_episode_length=c.plan.max_steps, image_shape=(18, 32))
 
     with start_server_thread("hold") as server:
         url = server.url + "/v1/realtime/robot/openpi"
@@ -411,7 +419,7 @@ def test_a_real_full_disk_mid_run_then_a_resume_once_there_is_room(tmp_path, tmp
     run_dir = RunDir.create(root, cfg)
 
     def factory(scene, c):
-        return ToyDroidEnv(c.num_envs, scene=scene, max_episode_length=c.max_steps, image_shape=(18, 32))
+        return ToyDroidEnv(c.plan.num_envs, scene=scene, max_episode_length=c.plan.max_steps, image_shape=(18, 32))
 
     def leftovers():
         return sorted(p.name for p in run_dir.path.rglob(".*tmp*"))

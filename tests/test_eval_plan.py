@@ -60,6 +60,9 @@ def test_bad_plans_are_one_line_errors(kw, needle):
 
 def test_plan_of_a_config_and_only_scenes():
     config = EvalConfig(scenes=[3, 1], episodes=2, num_envs=2, backend="mujoco")
-    p = plan_of(config, ["ws://a"], ["ws://ignored"])  # not an A/B config: no arms
-    assert p.arms == () and p.scene_order() == [3, 1]
+    p = plan_of(config)  # from the config alone: the servers come once they run
+    assert p.arms == () and p.scene_order() == [3, 1] and {e.server for e in p.entries} == {None}
+    resolved = p.resolve(["ws://a", "ws://b"], ["ws://ignored"])  # not an A/B config: no arms
+    assert [e.server for e in resolved.entries] == ["ws://a", "ws://a", "ws://b", "ws://b"]
+    assert [(e.scene, e.episode, e.slot) for e in resolved.entries] == [(e.scene, e.episode, e.slot) for e in p.entries]
     assert [e.scene for e in p.only_scenes([1]).entries] == [1, 1]

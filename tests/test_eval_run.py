@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from dz_gym.eval.config import EvalConfig
+from dz_gym.eval.control import RunControl
 from dz_gym.eval.run import run_eval
-from dz_gym.eval.runner import RunControl
 from dz_gym.server.launch import start_server_thread
 from dz_gym.testing.toy_env import STAGED_LENGTH, StagedToyEnv
 
@@ -21,12 +21,12 @@ def _config(**fields):
 
 
 def _toy(scene, cfg):
-    return StagedToyEnv(cfg.num_envs, scene)
+    return StagedToyEnv(cfg.plan.num_envs, scene)
 
 
 def test_a_server_that_does_not_answer_is_refused_before_anything_is_written(tmp_path):
-    result = run_eval(_config(servers=["ws://127.0.0.1:1/v1/realtime/robot/openpi"]), output_root=tmp_path,
-                      env_factory=_toy)  # fmt: skip
+    result = run_eval(_config(servers=["ws://127.0.0.1:1/v1/realtime/robot/openpi"], env_factory=_toy),
+                      output_root=tmp_path)  # fmt: skip
     assert result.status == "aborted" and result.run_dir is None and result.error.startswith("--server")
     assert not any(tmp_path.iterdir())
 
@@ -35,21 +35,21 @@ def test_a_stop_before_the_start_writes_nothing(tmp_path):
     with start_server_thread("hold") as server:
         control = RunControl()
         control.stop.set()
-        result = run_eval(_config(servers=[server.url + PATH]), output_root=tmp_path, control=control,
-                          env_factory=_toy)  # fmt: skip
+        result = run_eval(_config(servers=[server.url + PATH], control=control, env_factory=_toy),
+                          output_root=tmp_path)  # fmt: skip
     assert result.status == "interrupted" and result.run_dir is None and not any(tmp_path.iterdir())
 
 
 def test_an_env_factory_cannot_cross_into_scene_processes(tmp_path):
     with pytest.raises(ValueError, match="^process_per_scene: an env_factory cannot cross"):
-        run_eval(_config(scenes=[1, 2]), output_root=tmp_path, env_factory=_toy, process_per_scene=True)
+        run_eval(_config(scenes=[1, 2], env_factory=_toy, process_per_scene=True), output_root=tmp_path)
 
 
 def test_a_run_on_a_scripted_env_with_its_trackers(tmp_path):
     pytest.importorskip("tensorboard")
     with start_server_thread("hold") as server:
-        result = run_eval(_config(scenes=[1, 2], servers=[server.url + PATH], log=["tensorboard"]),
-                          output_root=tmp_path, env_factory=_toy, command="test")  # fmt: skip
+        result = run_eval(_config(scenes=[1, 2], servers=[server.url + PATH], log=["tensorboard"], env_factory=_toy,
+                                  command="test"), output_root=tmp_path)  # fmt: skip
     assert result.status == "complete" and result.error is None and result.exception is None
     rows = result.run_dir.read_rows()
     assert len(rows) == 8 and {r["scene"] for r in rows} == {1, 2}
@@ -62,8 +62,8 @@ def test_a_run_on_a_scripted_env_with_its_trackers(tmp_path):
 def test_a_run_with_retries_says_once_and_in_its_summary_what_they_assume(tmp_path):
     said: list[str] = []
     with start_server_thread("hold") as server:
-        result = run_eval(_config(servers=[server.url + PATH]), output_root=tmp_path, env_factory=_toy,
-                          say=said.append)  # fmt: skip
+        result = run_eval(_config(servers=[server.url + PATH], env_factory=_toy), output_root=tmp_path,
+                          on_line=said.append)  # fmt: skip
     assert result.status == "complete"
     retries = result.summary["retries"]
     assert retries["episode_retries"] == 2 and retries["policy_seed"] is False

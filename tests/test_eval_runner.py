@@ -9,11 +9,11 @@ import pytest
 from dz_gym.envs import droid
 from dz_gym.eval import results
 from dz_gym.eval.config import EvalConfig
+from dz_gym.eval.control import RunControl
 from dz_gym.eval.evaluate import evaluate
 from dz_gym.eval.plan import PlanEntry
 from dz_gym.eval.row import PLACEMENT, comparable
 from dz_gym.eval.rundir import RunDir
-from dz_gym.eval.runner import RunControl
 from dz_gym.server.launch import start_server_thread
 from dz_gym.server.policies import HoldPolicy
 from dz_gym.testing.toy_env import ToyDroidEnv, expected_success
@@ -75,7 +75,7 @@ def run(
     made = []
 
     def factory(scene, cfg):
-        env = ToyDroidEnv(cfg.num_envs, scene=scene, max_episode_length=env_length or cfg.max_steps)
+        env = ToyDroidEnv(cfg.plan.num_envs, scene=scene, max_episode_length=env_length or cfg.plan.max_steps)
         made.append(env)
         return env
 
@@ -137,7 +137,7 @@ def test_the_env_hears_which_slots_run_their_last_episode(tmp_path, hold_server)
             super().set_last_episodes(mask)
 
     def factory(scene, cfg):
-        return Recording(cfg.num_envs, scene=scene, max_episode_length=cfg.max_steps)
+        return Recording(cfg.plan.num_envs, scene=scene, max_episode_length=cfg.plan.max_steps)
 
     config = EvalConfig(scenes=[1], episodes=3, num_envs=2, max_steps=4, video=False)
     evaluate(config, RunDir.create(tmp_path, config), [hold_server], env_factory=factory, progress=False)
@@ -303,7 +303,9 @@ def test_isaac_stand_in_end_to_end(tmp_path, hold_server):
     run_dir = RunDir.create(tmp_path, config)
 
     def factory(scene, cfg, **_):
-        return IsaacDroidStandIn(scene=scene, num_envs=cfg.num_envs, max_episode_length=50, success_steps=[3, None])
+        return IsaacDroidStandIn(
+            scene=scene, num_envs=cfg.plan.num_envs, max_episode_length=50, success_steps=[3, None]
+        )
 
     summary = evaluate(config, run_dir, [hold_server], env_factory=factory, progress=False)
     rows = sorted(run_dir.read_rows(), key=lambda r: r["episode"])

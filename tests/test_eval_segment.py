@@ -35,7 +35,7 @@ class Rows:
 
     def run(self, segment: RunSegment) -> None:
         for entry in segment.todo.entries[: self.n]:
-            row = EpisodeRow.of(entry, prompt="p", task=None, max_steps=8, backend=segment.config.backend, steps=8,
+            row = EpisodeRow.of(entry, prompt="p", task=None, max_steps=8, backend=segment.config.plan.backend, steps=8,
                                 ended_by="time_limit", success_at_end=entry.episode % 2 == 0,
                                 success_any_step=True)  # fmt: skip
             segment.run_dir.append_row(row.to_dict())
@@ -49,7 +49,7 @@ class Rows:
 
 
 def segment(run_dir: RunDir, cfg: EvalConfig, **kw) -> RunSegment:
-    return RunSegment(cfg, run_dir, plan_of(cfg, ["ws://a"]), servers=["ws://a"], progress=False,
+    return RunSegment(cfg, run_dir, plan_of(cfg).resolve(["ws://a"]), servers=["ws://a"], progress=False,
                       log=lambda _: None, **kw)  # fmt: skip
 
 

@@ -3,7 +3,6 @@ and to a W&B offline run, then read back from those files (no network)."""
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 import struct
@@ -14,9 +13,9 @@ import pytest
 from dz_gym import extras
 from dz_gym.eval import tracking
 from dz_gym.eval.config import EvalConfig
+from dz_gym.eval.control import RunControl
 from dz_gym.eval.evaluate import evaluate
 from dz_gym.eval.rundir import RunDir
-from dz_gym.eval.runner import RunControl
 from dz_gym.server.launch import start_server_thread
 from dz_gym.testing.toy_env import STAGED_LENGTH, StagedToyEnv
 
@@ -29,11 +28,11 @@ def _logged_run(tmp_path, choices):
                         report=False, log=list(choices))  # fmt: skip
     run_dir = RunDir.create(tmp_path, config)
     control = RunControl()
-    log = tracking.open_logs(config.log, run_dir.path, dataclasses.asdict(config), "dz-gym-test")
+    log = tracking.open_logs(config.outputs.log, run_dir.path, config.to_flat_dict(), "dz-gym-test")
     log.attach(control)
     with start_server_thread("hold") as server:
         summary = evaluate(config, run_dir, [server.url + PATH], control=control, progress=False,
-                           env_factory=lambda scene, cfg: StagedToyEnv(cfg.num_envs, scene))  # fmt: skip
+                           env_factory=lambda scene, cfg: StagedToyEnv(cfg.plan.num_envs, scene))  # fmt: skip
     log.finish(run_dir.path, run_dir.read_rows(), summary)
     return run_dir, summary
 

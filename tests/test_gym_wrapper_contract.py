@@ -181,12 +181,14 @@ def test_run_eval_and_eval_config_are_exported():
 def _documented_env_factory(scene, config, **env_kwargs):
     """docs/eval.md's factory: a registered id through gym.make_vec."""
     ids = {1: "dz_gym/DROID-CubeInBowl-v0", 2: "dz_gym/DROID-CanInMug-v0", 3: "dz_gym/DROID-BananaInBin-v0"}
-    return gym.make_vec(ids[scene], num_envs=config.num_envs, max_episode_steps=config.max_steps, seed=config.seed,
+    plan = config.plan
+    return gym.make_vec(ids[scene], num_envs=plan.num_envs, max_episode_steps=plan.max_steps, seed=plan.seed,
                         image_shape=(180, 320), **env_kwargs)  # fmt: skip
 
 
 @pytest.mark.slow  # an embedded server's process and two short episodes: ~7 s
 def test_run_eval_runs_the_documented_env_factory(tmp_path):
-    config = dz_gym.EvalConfig(scenes=[1], episodes=2, num_envs=2, max_steps=10, video=False)
-    result = dz_gym.run_eval(config, env_factory=_documented_env_factory, output_root=tmp_path, say=lambda line: None)
+    config = dz_gym.EvalConfig(scenes=[1], episodes=2, num_envs=2, max_steps=10, video=False,
+                               env_factory=_documented_env_factory)  # fmt: skip
+    result = dz_gym.run_eval(config, output_root=tmp_path, on_line=lambda line: None)
     assert result.status == "complete" and result.summary["overall"]["episodes"] == 2

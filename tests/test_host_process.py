@@ -259,7 +259,7 @@ def _recording_factory(counts: list, at_close: list, settings: list):
             at_close.append(gc.get_freeze_count())
             super().close()
 
-    return lambda scene, cfg: Recording(cfg.num_envs, scene=scene, max_episode_length=cfg.max_steps)
+    return lambda scene, cfg: Recording(cfg.plan.num_envs, scene=scene, max_episode_length=cfg.plan.max_steps)
 
 
 def test_the_evaluator_opts_in_steps_frozen_and_thaws_once_its_batch_is_closed(tmp_path):
@@ -304,7 +304,7 @@ def test_a_failing_scene_thaws(tmp_path):
             raise RuntimeError("the simulator broke")
 
     def factory(scene, cfg):
-        return Failing(cfg.num_envs, scene=scene, max_episode_length=cfg.max_steps)
+        return Failing(cfg.plan.num_envs, scene=scene, max_episode_length=cfg.plan.max_steps)
 
     config = EvalConfig(scenes=[1], episodes=2, num_envs=2, max_steps=4, video=False)
     with start_server_thread("hold") as server, pytest.raises(RuntimeError, match="the simulator broke"):
@@ -325,7 +325,7 @@ def test_a_scene_is_built_under_a_growing_hold_and_steps_under_the_plain_one(tmp
         heap = [[i] for i in range(5000)]
         gc.collect()
         seen["frozen by the build's pass"] = not any(obj is heap[0] for obj in gc.get_objects())
-        env = Built(cfg.num_envs, scene=scene, max_episode_length=cfg.max_steps)
+        env = Built(cfg.plan.num_envs, scene=scene, max_episode_length=cfg.plan.max_steps)
         env.heap = heap
         return env
 

@@ -418,9 +418,9 @@ def test_task_flag_sets_scenes_prompts_and_the_default_horizon():
         ]
     )
     config, _, _ = cli.resolve_config(parser, args)
-    assert config.scenes == [1, 101, 103] and config.max_steps == 600
+    assert config.plan.scenes == [1, 101, 103] and config.plan.max_steps == 600
     args = parser.parse_args(["--backend", "isaac", "--task", "place_spoon_in_sink", "--max-steps", "50"])
-    assert cli.resolve_config(parser, args)[0].max_steps == 50
+    assert cli.resolve_config(parser, args)[0].plan.max_steps == 50
     from dz_gym.eval.summary import build_summary  # noqa: F401  (prompts of task ids come from the task table)
 
     assert scenes.scene_prompt(101) == "Pick up the spoon and place it in the sink."

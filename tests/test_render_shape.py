@@ -38,8 +38,8 @@ def test_the_config_and_flag_take_a_render_shape_for_the_embedded_simulator_only
     assert height_by_width("360x640") == [360, 640]
     with pytest.raises(Exception, match="HEIGHTxWIDTH"):
         height_by_width("360")
-    assert EvalConfig(backend="mujoco").render_shape is None
-    assert EvalConfig(backend="mujoco", render_shape=(360, 640)).render_shape == [360, 640]
+    assert EvalConfig(backend="mujoco").plan.render_shape is None
+    assert EvalConfig(backend="mujoco", render_shape=(360, 640)).plan.render_shape == [360, 640]
     with pytest.raises(ValueError, match="render_shape: expected"):
         EvalConfig(backend="mujoco", render_shape=[8, 8])
     with pytest.raises(ValueError, match="render_shape: Isaac Lab renders its own size"):
@@ -52,13 +52,13 @@ def metadata(resolution):
 
 def test_a_new_run_renders_what_its_servers_ask_and_dreamzero_runs_stay_as_they_were():
     config = EvalConfig(backend="mujoco", servers=["ws://127.0.0.1:1/x"])
-    assert render_shape_from_servers(config, [metadata([180, 320])] * 2) is None and config.render_shape is None
+    assert render_shape_from_servers(config, [metadata([180, 320])] * 2) is None and config.plan.render_shape is None
     assert render_shape_from_servers(config, [metadata([360, 640]), metadata([180, 320])]) is None  # disagree
-    assert config.render_shape is None
+    assert config.plan.render_shape is None
     assert "360x640" in render_shape_from_servers(config, [metadata([360, 640])] * 2)
-    assert config.render_shape == [360, 640]
+    assert config.plan.render_shape == [360, 640]
     chosen = EvalConfig(backend="mujoco", servers=["ws://127.0.0.1:1/x"], render_shape=[720, 1280])
-    assert render_shape_from_servers(chosen, [metadata([360, 640])]) is None and chosen.render_shape == [720, 1280]
+    assert render_shape_from_servers(chosen, [metadata([360, 640])]) is None and chosen.plan.render_shape == [720, 1280]
 
 
 @pytest.mark.slow  # two short runs of the embedded simulator (about 6 s)
@@ -76,7 +76,7 @@ def test_the_embedded_simulator_renders_a_servers_size_end_to_end(tmp_path):
             url = server.url + "/v1/realtime/robot/openpi"
             assert cli.main([*base, "--server", url, "--output-root", str(root)]) == 0
         (run,) = [p for p in root.iterdir() if p.is_dir()]
-        assert json.loads((run / "config.json").read_text())["render_shape"] == saved
+        assert json.loads((run / "config.json").read_text())["plan"]["render_shape"] == saved
         trajectory = np.load(run / "trajectories" / "scene1_ep0000.npz")
         assert len(trajectory["actions"]) == 4
 

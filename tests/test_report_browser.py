@@ -13,7 +13,7 @@ import json
 import pytest
 from report_runs import FailOnSeed, replicated_run, toy_ab_run, toy_arms_run, toy_run
 
-from dz_gym.eval.runner import RunControl
+from dz_gym.eval.control import RunControl
 from dz_gym.report import write_report
 from dz_gym.stats.comparison import compare_rows
 

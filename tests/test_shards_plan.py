@@ -79,8 +79,10 @@ def test_servers_follow_global_slots_or_per_shard_groups():
     assert grouped.servers_of(1) == [urls[2], urls[3], urls[2]]
     with pytest.raises(ValueError, match="servers_per_shard: expected at most the 4 servers"):
         plan(6, 2, servers=urls, servers_per_shard=5)
+    unresolved = plan(6, 2, servers=())  # the layout alone: its servers come once they run
+    assert unresolved.slot_servers == () and [len(q) for q in unresolved.slot_queues(1, shard=1)] == [4, 4, 3]
     with pytest.raises(ValueError, match="servers: expected at least one"):
-        plan(6, 2, servers=())
+        unresolved.resolve(())
 
 
 def test_default_shards_and_cpus():

@@ -31,10 +31,10 @@ from eval_process import BOUND_S, Evaluator  # noqa: E402
 
 from dz_gym.eval import cli  # noqa: E402
 from dz_gym.eval.config import EvalConfig  # noqa: E402
+from dz_gym.eval.control import RunControl  # noqa: E402
 from dz_gym.eval.evaluate import evaluate  # noqa: E402
 from dz_gym.eval.row import EpisodeRow, comparable  # noqa: E402
 from dz_gym.eval.rundir import RunDir  # noqa: E402
-from dz_gym.eval.runner import RunControl  # noqa: E402
 from dz_gym.eval.shards.driver import actor_name, evaluate_sharded  # noqa: E402
 from dz_gym.eval.shards.options import RayOptions  # noqa: E402
 from dz_gym.eval.shards.worker import TOKEN_FILE  # noqa: E402
@@ -152,7 +152,7 @@ def _kill_shard_after_its_first_row(run_root, shard: int, gate: GatedPolicy):
 @pytest.fixture
 def shard1_gated(server):
     """[the module's server, a server for shard 1 (slot 1) that holds all but its first episode's 2 inferences]."""
-    gate = GatedPolicy(load_policy("reference"), free=config().max_steps // 8)
+    gate = GatedPolicy(load_policy("reference"), free=config().plan.max_steps // 8)
     with start_server_thread(gate) as srv:
         yield [server, srv.url + PATH], gate
         gate.open()
@@ -189,7 +189,7 @@ def test_a_shard_lost_beyond_its_restarts_is_recorded_errored(cluster, shard1_ga
     for r in errored:
         assert set(r) == set(rows[0]) and EpisodeRow.from_dict(r).to_dict() == r
         ran = next(r for r in rows if r["shard"] == 0)  # and the configuration of the rows that ran
-        assert (r["backend"], r["policy"]) == (ran["backend"], ran["policy"]) == (config().backend, "reference")
+        assert (r["backend"], r["policy"]) == (ran["backend"], ran["policy"]) == (config().plan.backend, "reference")
         assert r["task"] == "DROID-CubeInBowl" and r["env"] == r["episode"] % 2 and r["error_step"] == 0
 
 

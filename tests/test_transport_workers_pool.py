@@ -366,7 +366,7 @@ def test_the_evaluator_chooses_its_worker_processes_when_none_are_given(monkeypa
     assert EvalConfig.default("transport_processes") is None
     big = EvalConfig(num_envs=1024, backend="mujoco")
     assert big.transport_process_count() == big.transport_config().process_count(1024) == 8
-    assert EvalConfig.from_dict(big.to_dict()).transport_processes is None
+    assert EvalConfig.from_dict(big.to_dict()).transport.processes is None
     ab = EvalConfig(num_envs=1024, backend="mujoco", policy_b="hold")
     assert ab.transport_process_count() == 8  # 512 envs a pool, 8 cores a pool
     monkeypatch.setattr(config_module, "usable_cores", lambda: 8)

@@ -24,6 +24,7 @@ Isaac Lab is installed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -49,8 +50,6 @@ from dz_gym.eval.signals import StopOnSignal
 if TYPE_CHECKING:
     from dz_gym.eval.config import EvalConfig
     from dz_gym.eval.rundir import RunDir
-    from dz_gym.eval.runner import RunControl
-    from dz_gym.eval.shards.options import RayOptions
 
 __all__ = ["DEFAULT_PATH", "build_parser", "default_policy", "main", "resolve_config"]
 
@@ -83,14 +82,12 @@ def main(argv: list[str] | None = None) -> int:
 
                 hold_to_parent(args.parent_pid, "dz-gym-eval", death_signal=False)  # SIGUSR1 may be Isaac Sim's
             config, run_dir, _ = resolve_config(parser, args)
-            if args.scene_processes is not None and args.scene_processes < 1:
-                parser.error(f"--scene-processes: expected an integer >= 1, got {args.scene_processes}")
             from dz_gym.eval.shards.options import ray_options_from_args
 
             ray_options = ray_options_from_args(parser, args, config)
             logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+            from dz_gym.eval.control import RunControl
             from dz_gym.eval.evaluate import python_command
-            from dz_gym.eval.runner import RunControl
 
             command = os.environ.get(COMMAND_ENV) or python_command(["dz-gym-eval", *argv])
             control = RunControl(config.error_budget)
@@ -98,43 +95,27 @@ def main(argv: list[str] | None = None) -> int:
             if early_stop.is_set():
                 _say("dz-gym-eval: stopped before the run started; nothing was written")
                 return EXIT_INTERRUPTED
-            return _main(args, argv, config, run_dir, ray_options, command, control, signals)
+            from dz_gym.envs.backends import traits
+
+            config = dataclasses.replace(config, execution=dataclasses.replace(
+                config.execution, ray=ray_options, progress=args.progress, command=command, argv=argv,
+                only_scenes=args.only_scene, control=control,
+                env_kwargs={"app_args": args} if traits(config.plan.backend).starts_app else {}))  # fmt: skip
+            return _main(args, config, run_dir, signals)
         except KeyboardInterrupt:  # a repeated signal where stopping at once was safe (nothing half-written)
             return EXIT_INTERRUPTED
 
 
-def _main(
-    args: argparse.Namespace,
-    argv: list[str],
-    config: EvalConfig,
-    run_dir: RunDir | None,
-    ray_options: RayOptions | None,
-    command: str,
-    control: RunControl,
-    signals: StopOnSignal,
-) -> int:
+def _main(args: argparse.Namespace, config: EvalConfig, run_dir: RunDir | None, signals: StopOnSignal) -> int:
     """Call :func:`~dz_gym.eval.run.run_eval` with what the flags say, print what it gives, map it to the exit
     status."""
-    from dz_gym.envs.backends import auto_reason, traits
+    from dz_gym.envs.backends import auto_reason
     from dz_gym.eval.run import run_eval
 
     if args.backend in (None, "auto") and args.resume is None and not args.only_scene:
-        _say(f"dz-gym-eval: backend {config.backend} (auto: {auto_reason(config.backend)})")
+        _say(f"dz-gym-eval: backend {config.plan.backend} (auto: {auto_reason(config.plan.backend)})")
     result = run_eval(
-        config,
-        run_dir=run_dir,
-        output_root=args.output_root,
-        serve_args=args.serve_arg,
-        process_per_scene=args.process_per_scene,
-        ray_options=ray_options,
-        control=control,
-        progress=args.progress,
-        command=command,
-        env_kwargs={"app_args": args} if traits(config.backend).starts_app else None,
-        only_scenes=args.only_scene,
-        scene_processes=args.scene_processes,
-        argv=argv,
-        say=lambda line: _say(f"dz-gym-eval: {line}"),
+        config, run_dir=run_dir, output_root=args.output_root, on_line=lambda line: _say(f"dz-gym-eval: {line}")
     )
     if result.status == "usage":
         if result.exception is None and result.error:  # an output that cannot be written: nothing started

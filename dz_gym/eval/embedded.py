@@ -52,10 +52,10 @@ class EmbeddedServers:
         self.serve_args = list(serve_args)
         self.say = say
         self.started: list[Any] = []
-        self.servers: list[str] = list(config.servers)
-        self.servers_b: list[str] = list(config.servers_b)
+        self.servers: list[str] = list(config.policies.servers)
+        self.servers_b: list[str] = list(config.policies.servers_b)
         self.arm_servers: dict[str, list[str]] | None = None
-        self.info: dict[str, Any] = {"embedded": not config.servers}
+        self.info: dict[str, Any] = {"embedded": not config.policies.servers}
         self.flavor = served_flavor(self.serve_args)
 
     def _start(self, policy: str) -> str:
@@ -68,7 +68,7 @@ class EmbeddedServers:
 
     def __enter__(self) -> EmbeddedServers:
         try:
-            if self.config.arm_specs:
+            if self.config.policies.arm_specs:
                 self._start_arms()
             elif not self.servers:
                 self._start_ab()
@@ -94,16 +94,20 @@ class EmbeddedServers:
 
     def _start_ab(self) -> None:
         config = self.config
-        policies = [config.policy] + ([config.policy_b] if config.ab else [])
+        policies = [config.policies.policy] + ([config.policies.policy_b] if config.ab else [])
         urls = [self._start(policy) for policy in policies]  # an A/B run: one per arm, the same flavor and args
         self.servers, self.servers_b = urls[:1], urls[1:]
-        self.info.update(policy=config.policy, flavor=self.flavor, serve_args=list(self.serve_args), url=urls[0])
+        self.info.update(
+            policy=config.policies.policy, flavor=self.flavor, serve_args=list(self.serve_args), url=urls[0]
+        )
         if config.ab:
-            self.info.update(policy_b=config.policy_b, url_b=urls[1])
-            self.say(f"no --server given; started two embedded reference servers: arm A (policy {config.policy}) "
-                     f"at {urls[0]}, arm B (policy {config.policy_b}) at {urls[1]}")  # fmt: skip
+            self.info.update(policy_b=config.policies.policy_b, url_b=urls[1])
+            self.say(f"no --server given; started two embedded reference servers: arm A (policy {config.policies.policy}) "
+                     f"at {urls[0]}, arm B (policy {config.policies.policy_b}) at {urls[1]}")  # fmt: skip
         else:
-            self.say(f"no --server given; started the embedded reference server (policy {config.policy}) at {urls[0]}")
+            self.say(
+                f"no --server given; started the embedded reference server (policy {config.policies.policy}) at {urls[0]}"
+            )
 
     def close(self) -> None:
         """Stop every server started, last first."""

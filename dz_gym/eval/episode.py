@@ -4,24 +4,35 @@
 runner's :class:`~dz_gym.eval.steplog.StepLog` (the whole batch's steps). When the episode ends, the log's
 columns of its steps (:func:`step_columns`: keyed as the trajectory file's per-step arrays, plus
 ``success_any_step``; and its first reported ``object_start_pos`` and ``episode_seed``) become the
-trajectory's arrays (:meth:`EpisodeInProgress.arrays`) and the row's measured fields (:func:`measures`).
+trajectory's arrays (:meth:`EpisodeInProgress.arrays`) and the row's measured fields (:func:`measures`), and
+the episode's identity and measures its row (:meth:`EpisodeInProgress.row`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import datetime as _dt
+import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from dz_gym.eval import trajectory
 from dz_gym.eval.plan import PlanEntry
+from dz_gym.eval.results import latency_stats
+from dz_gym.eval.row import EpisodeRow
+from dz_gym.records import EpisodeStats
 from dz_gym.requests import to_numpy
 
-__all__ = ["STEP_KEYS", "EpisodeInProgress", "measures", "step_columns"]
+__all__ = ["STEP_KEYS", "EpisodeInProgress", "iso_time", "measures", "step_columns"]
 
 STEP_KEYS = tuple(a.key for a in trajectory.ARRAYS if a.per == "step")  # the trajectory's per-step arrays
+
+
+def iso_time(timestamp: float) -> str:
+    """A wall-clock time as the rows write it: ISO 8601, UTC, milliseconds."""
+    return _dt.datetime.fromtimestamp(timestamp, _dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
 @dataclasses.dataclass
@@ -56,6 +67,53 @@ class EpisodeInProgress:
                 "milestone_first_step": None if names is None else list(self.milestones.values()),
             }
         )
+
+    def row(self, *, steps: int, seen: Mapping[str, Any], error: str | None, event: str | None, ended_by: str,
+            trajectory_path: str, video: str | None, stats: EpisodeStats | None, retried: Sequence[str],
+            max_steps: int, backend: str | None, server: str, placement: Mapping[str, Any]) -> dict[str, Any]:  # fmt: skip
+        """The finished episode's :class:`~dz_gym.eval.row.EpisodeRow` as the dict written to ``episodes.jsonl``
+        (``seen``: :func:`measures` of its steps; ``stats``: the wrapper's record of its requests; ``retried``:
+        the events of its earlier attempts; ``server``: where its requests went)."""
+        latencies = seen["latencies"]
+        milestones = None
+        if self.milestones is not None:
+            milestones = {name: (step if step >= 0 else None) for name, step in self.milestones.items()}
+        measured: dict[str, Any] = dict(seen.get("success", {}))
+        if stats is not None:
+            measured.update(chunk_delays=list(stats.delays), request_delays=list(stats.drawn_delays),
+                            wait_steps=int(stats.wait_steps),
+                            stale_steps=int(stats.stale_steps), reconnects=int(stats.reconnects),
+                            retries=int(stats.retries))  # fmt: skip
+        row = EpisodeRow.of(
+            self.entry,
+            attempts=1 + len(retried),
+            retried_events=list(retried),
+            prompt=self.prompt,
+            task=self.task,
+            max_steps=max_steps,
+            backend=backend,
+            server=server,
+            session_id=self.session_id,
+            steps=steps,
+            ended_by=ended_by,
+            milestones=milestones,
+            server_calls=seen["server_calls"],
+            server_errors=self.server_errors,
+            latency_ms=latency_stats(latencies),
+            latencies_ms=latencies,
+            error=error,
+            error_event=event,
+            env_seed=seen["env_seed"],
+            final_object_pos=seen["final_object_pos"],
+            final_container_pos=seen["final_container_pos"],
+            started_at=iso_time(self.started_at),
+            wall_s=round(time.perf_counter() - self.t0, 4),
+            trajectory=trajectory_path,
+            video=video,
+            **placement,
+            **measured,
+        )
+        return row.to_dict()
 
 
 def step_columns(info: Mapping[str, Any], joints, gripper, reward, latency_ms, success, success_any) -> dict:

@@ -11,12 +11,12 @@ the plan's entries that have no row yet. The segment always (also
 on Ctrl-C, an exhausted error budget or a crash) rewrites ``summary.json`` from every row of
 ``episodes.jsonl``. With ``ray_options`` the same plan runs as shards on Ray
 (:func:`dz_gym.eval.shards.driver.evaluate_sharded`). It warns (through ``log``) when more envs share a server
-than it keeps sessions resident (``config.server_max_sessions``) and, from the first replies, when an env may
-wait longer between requests than the servers' idle timeout (``config.server_idle_timeout``).
+than it keeps sessions resident (``config.transport.server_max_sessions``) and, from the first replies, when an env may
+wait longer between requests than the servers' idle timeout (``config.transport.server_idle_timeout``).
 
 An A/B run (``config.ab``: ``servers_b``, or ``policy_b`` on the embedded servers) runs every seed under both
 arms on neighbouring env slots, through one :class:`~dz_gym.eval.clients.ArmRouter` (``servers_b``: arm B's
-URLs); with ``config.sequential`` a :class:`~dz_gym.eval.ab.PairTracker` stops starting episodes once the
+URLs); with ``config.stats.sequential`` a :class:`~dz_gym.eval.ab.PairTracker` stops starting episodes once the
 sequential test decides. The summary then has ``arms`` (per arm, per scene and overall), ``comparison`` (the
 JSON of ``dz-gym-compare``) and ``sequential`` (the test's decision and why the run stopped).
 
@@ -26,6 +26,7 @@ network, never the simulator's start-up or the writing of the results.
 Example::
 
     from dz_gym.eval.config import EvalConfig
+from dz_gym.eval.executors import RAY_SHARDS, SCENE_PROCESSES, choose_executor
     from dz_gym.eval.evaluate import evaluate
     from dz_gym.eval.rundir import RunDir
 
@@ -37,6 +38,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -44,9 +46,10 @@ from typing import Any
 
 from dz_gym import host_process
 from dz_gym.eval.config import EvalConfig
-from dz_gym.eval.plan import plan_of
+from dz_gym.eval.control import RunControl
+from dz_gym.eval.executors import RAY_SHARDS, SCENE_PROCESSES, choose_executor
+from dz_gym.eval.plan import plan_of, servers_of_arms
 from dz_gym.eval.rundir import RunDir
-from dz_gym.eval.runner import RunControl
 from dz_gym.eval.scene import EnvFactory, default_env_factory
 from dz_gym.eval.segment import RunSegment, run_segment
 from dz_gym.eval.shared import SharedTest
@@ -70,17 +73,17 @@ class InProcess:
 
     def run(self, segment: RunSegment) -> None:
         config, todo = segment.config, segment.todo
-        self.recorder = VideoRecorder() if config.video else None
+        self.recorder = VideoRecorder() if config.outputs.video else None
         scenes = [(scene, todo.slot_queues(scene)) for scene in todo.scene_order()]
         for scene, queues in scenes:
-            segment.say(f"scene {scene}: {sum(len(q) for q in queues)} episode(s) on {config.num_envs} env(s)")
+            segment.say(f"scene {scene}: {sum(len(q) for q in queues)} episode(s) on {config.plan.num_envs} env(s)")
         if len(scenes) > 1:
             segment.say(f"scenes {', '.join(str(s) for s, _ in scenes)} side by side, a batch each")
         processes = config.transport_process_count()
         if processes:
             chosen = " (chosen for the envs and cores; --transport-processes 0: none)"
             segment.say(f"transport: {processes} worker processes a connection pool"
-                        + (chosen if config.transport_processes is None else ""))  # fmt: skip
+                        + (chosen if config.transport.processes is None else ""))  # fmt: skip
         with host_process.applied():  # the evaluator's opt-in (or the settings this process chose already)
             result = run_side_by_side(
                 config,
@@ -123,7 +126,7 @@ def evaluate(
 ) -> dict[str, Any]:
     """Run every episode of ``config`` that has no row in ``run_dir`` yet; returns the summary written.
 
-    ``servers`` are the policy servers' URLs (default ``config.servers``; the command line passes the
+    ``servers`` are the policy servers' URLs (default ``config.policies.servers``; the command line passes the
     embedded server's URL here);
     ``env_factory(scene, config, **env_kwargs)`` builds the batched env (default:
     :func:`default_env_factory`; ``env_kwargs`` go to the backend, e.g. Isaac Lab's ``app_args``);
@@ -134,46 +137,50 @@ def evaluate(
     ``command`` and ``server_info`` are recorded in the summary; ``log`` receives the lines for the user (default: above the
     progress bars, on stderr); ``ray_options`` (a :class:`~dz_gym.eval.shards.options.RayOptions`) runs the
     episodes as shards on a Ray cluster instead, with the same rows and the same run directory
-    (``docs/ray.md``); ``servers_b``: arm B's URLs of an A/B run (default ``config.servers_b``; the command
+    (``docs/ray.md``); ``servers_b``: arm B's URLs of an A/B run (default ``config.policies.servers_b``; the command
     line passes the second embedded server's); ``arm_servers``: per arm of a ``--arm`` run its URLs (default:
     the arms' own URLs; the command line passes the embedded servers' of the arms that name a policy).
 
     Raises what ended the run early (after writing the summary): ``KeyboardInterrupt`` on a repeated stop
     signal, or the simulator's/wrapper's error (the summary then says ``aborted``).
     """
-    if env_factory is None and only_scenes is None and ray_options is None and len(config.scenes) > 1:
-        from dz_gym.envs.backends import traits
-
-        if traits(config.backend).one_scene_per_process:
-            logger.warning("backend %s needs a process per scene; evaluate() runs every scene in this one: "
-                           "dz_gym.eval.run.run_eval chooses the executor as dz-gym-eval does", config.backend)  # fmt: skip
-    if ray_options is not None:  # K shards on a Ray cluster (dz_gym.eval.shards); Ray is imported only there
-        if env_factory is not None or only_scenes is not None:
-            raise ValueError("ray_options: a sharded run builds its envs in its shards (no env_factory, only_scenes)")
+    given = {"env_factory": env_factory, "only_scenes": only_scenes, "ray": ray_options, "env_kwargs": env_kwargs}
+    given = {name: value for name, value in given.items() if value is not None}  # None: the config's
+    if given:
+        config = dataclasses.replace(config, execution=dataclasses.replace(config.execution, **given))
+    run = config.execution
+    executor = choose_executor(config)
+    if executor == SCENE_PROCESSES:
+        logger.warning("backend %s needs a process per scene; evaluate() runs every scene in this one: "
+                       "dz_gym.eval.run.run_eval starts the scene processes as dz-gym-eval does",
+                       config.plan.backend)  # fmt: skip
+    if executor == RAY_SHARDS:  # K shards on a Ray cluster (dz_gym.eval.shards); Ray is imported only there
         from dz_gym.eval.shards.driver import evaluate_sharded
 
-        return evaluate_sharded(config, run_dir, servers, ray_options, control=control, progress=progress,
-                                command=command, server_info=server_info, env_kwargs=env_kwargs, log=log)  # fmt: skip
-    if config.arm_specs:  # named arms: their URLs (an arm that names a policy needs its embedded server's)
-        named = plan_of(config, ["-"], arm_servers=arm_servers).slot_servers
-        if "embedded" in named:
-            raise ValueError("arm_servers: an arm that names a policy needs its server's URL (dz-gym-eval starts it)")
-        servers = list(dict.fromkeys(named)) if servers is None else servers
-    servers = list(config.servers if servers is None else servers)
+        return evaluate_sharded(config, run_dir, servers, run.ray, control=control, progress=progress,
+                                command=command, server_info=server_info, env_kwargs=run.env_kwargs, log=log)  # fmt: skip
+    named = servers_of_arms(config, arm_servers) if config.policies.arm_specs else {}  # per named arm, its URLs
+    if named and servers is None:
+        servers = list(dict.fromkeys(url for urls in named.values() for url in urls))
+    servers = list(config.policies.servers if servers is None else servers)
     if not servers:
-        raise ValueError("servers: expected at least one policy server URL (in config.servers or the servers argument)")
-    servers_b = list(config.servers_b if servers_b is None else servers_b)
+        raise ValueError(
+            "servers: expected at least one policy server URL (in config.policies.servers or the servers argument)"
+        )
+    servers_b = list(config.policies.servers_b if servers_b is None else servers_b)
     if config.ab and not servers_b:
-        raise ValueError("servers_b: an A/B run needs arm B's policy server URLs (in config.servers_b or servers_b)")
-    plan = plan_of(config, servers, servers_b, arm_servers=arm_servers)
-    if only_scenes is not None:
-        plan = plan.only_scenes(only_scenes)
+        raise ValueError(
+            "servers_b: an A/B run needs arm B's policy server URLs (in config.policies.servers_b or servers_b)"
+        )
+    plan = plan_of(config).resolve(servers, servers_b if config.ab else (), arm_servers=named)
+    if run.only_scenes is not None:
+        plan = plan.only_scenes(run.only_scenes)
     segment = RunSegment(config, run_dir, plan, servers=servers, servers_b=servers_b if config.ab else (),
                          control=control, progress=progress, log=log, command=command, server_info=server_info,
-                         report=config.report and only_scenes is None)  # fmt: skip
-    if only_scenes is not None and segment.pairs is not None:  # other processes run the other scenes at once
-        segment.pairs = SharedTest(lambda rows: pair_tracker(config, rows), run_dir, only_scenes)
-    return run_segment(segment, InProcess(env_factory, env_kwargs))
+                         report=config.outputs.report and run.only_scenes is None)  # fmt: skip
+    if run.only_scenes is not None and segment.pairs is not None:  # other processes run the other scenes at once
+        segment.pairs = SharedTest(lambda rows: pair_tracker(config, rows), run_dir, run.only_scenes)
+    return run_segment(segment, InProcess(run.env_factory, run.env_kwargs))
 
 
 def python_command(argv: Sequence[str] | None = None) -> str:

@@ -108,11 +108,11 @@ def resolve_config(
     Returns the config, the run directory to resume (or None) and the external servers (None: the
     embedded one). Bad values and result-changing differences on resume end in ``parser.error``.
     """
-    from dz_gym.eval.config import EvalConfig, resume_conflicts
+    from dz_gym.eval.config import PATHS, EvalConfig, resume_conflicts
     from dz_gym.eval.rundir import RunDir
 
-    given: dict[str, Any] = given_fields(args, eval_flags())
-    given.pop("servers", None)  # --server and --host/--port/--path: below
+    given: dict[str, Any] = given_fields(args, eval_flags())  # by dotted field: "plan.scenes"
+    given.pop("policies.servers", None)  # --server and --host/--port/--path: below
     if getattr(args, "tasks", None):  # named sim-evals tasks run as scene ids (see dz_gym.envs.scenes)
         from dz_gym.envs import backends
         from dz_gym.envs.scenes import tasks_from_names
@@ -121,19 +121,19 @@ def resolve_config(
             named = tasks_from_names(args.tasks)
         except ValueError as exc:
             parser.error(str(exc))
-        given["scenes"] = list(given.get("scenes") or []) + [task.key for task in named]
-        given.setdefault("max_steps", max(task.max_steps for task in named))
+        given["plan.scenes"] = list(given.get("plan.scenes") or []) + [task.key for task in named]
+        given.setdefault("plan.max_steps", max(task.max_steps for task in named))
         mila = [task.name for task in named if task.is_mila]
         able = [name for name, traits in backends.REGISTRY.items() if traits.named_tasks]
-        if mila and given.get("backend") not in (None, backends.AUTO, *able):
+        if mila and given.get("plan.backend") not in (None, backends.AUTO, *able):
             parser.error(f"--task {mila[0]}: a sim-evals MILA task, only on --backend {' or '.join(able)}")
-        if mila and given.get("backend") in (None, backends.AUTO):
-            given["backend"] = able[0]  # the backends that have them
-    if "scenes" in given:
-        given["scenes"] = list(dict.fromkeys(given["scenes"]))
+        if mila and given.get("plan.backend") in (None, backends.AUTO):
+            given["plan.backend"] = able[0]  # the backends that have them
+    if "plan.scenes" in given:
+        given["plan.scenes"] = list(dict.fromkeys(given["plan.scenes"]))
     servers = _servers_from_flags(parser, args)
     if servers is not None:
-        given["servers"] = servers
+        given["policies.servers"] = servers
     values: dict[str, Any] = {}
     saved: EvalConfig | None = None
     run_dir: RunDir | None = None
@@ -143,11 +143,11 @@ def resolve_config(
             saved = run_dir.load_config()
         except ValueError as exc:
             parser.error(f"--resume: {exc}")
-        values = saved.to_dict()
-        if "servers" in given:
-            values["policy"] = None  # external servers now: "external" unless --policy says otherwise
-        if "servers_b" in given:
-            values["policy_b"] = None
+        values = {path: saved.get(path) for path in PATHS.values()}
+        if "policies.servers" in given:
+            values["policies.policy"] = None  # external servers now: "external" unless --policy says otherwise
+        if "policies.servers_b" in given:
+            values["policies.policy_b"] = None
     values.update(given)
     try:
         config = EvalConfig(**values)
@@ -157,4 +157,4 @@ def resolve_config(
         conflicts = resume_conflicts(saved, config)
         if conflicts:
             parser.error(f"--resume: settings that change results differ from {args.resume}: " + "; ".join(conflicts))
-    return config, run_dir, (list(config.servers) or None)
+    return config, run_dir, (list(config.policies.servers) or None)

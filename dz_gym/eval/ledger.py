@@ -69,9 +69,9 @@ class LedgerSpec:
 
 def spec_of(config: Any, tasks: Mapping[int, str | None] | None = None) -> LedgerSpec:
     """The :class:`LedgerSpec` of an :class:`~dz_gym.eval.config.EvalConfig`."""
-    return LedgerSpec(scenes=tuple(int(s) for s in config.scenes), episodes=int(config.episodes),
-                      arms=tuple(config.arms), seed=int(config.seed), max_steps=int(config.max_steps),
-                      tasks=dict(tasks or {}), backend=str(config.backend),
+    return LedgerSpec(scenes=tuple(int(s) for s in config.plan.scenes), episodes=int(config.plan.episodes),
+                      arms=tuple(config.arms), seed=int(config.plan.seed), max_steps=int(config.plan.max_steps),
+                      tasks=dict(tasks or {}), backend=str(config.plan.backend),
                       policies=config.arm_policies())  # fmt: skip
 
 

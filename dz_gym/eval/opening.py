@@ -30,7 +30,7 @@ def check_outputs(config: EvalConfig, run_dir: RunDir | None, output_root: str |
     if run_dir is None:
         return check_writable(output_root or DEFAULT_OUTPUT_ROOT, "--output-root")
     problem = check_writable(run_dir.path, "--resume")
-    if problem is None and config.video:
+    if problem is None and config.outputs.video:
         problem = check_writable(run_dir.path / "videos", "--resume")
     return problem
 
@@ -86,7 +86,7 @@ def _finished(config: EvalConfig, rows: list[dict[str, Any]]) -> bool:
     from dz_gym.eval.plan import plan_of
     from dz_gym.eval.segment import remaining
 
-    todo, _ = remaining(config, plan_of(config, config.servers or ["embedded"], config.servers_b or ["embedded"]), rows)
+    todo, _ = remaining(config, plan_of(config), rows)
     return len(todo) == 0
 
 
@@ -102,11 +102,10 @@ def _finished_summary(config: EvalConfig, run_dir: RunDir, say: Callable[[str], 
     if summary is not None and summary.get("complete") and not withdrawn:
         return summary
     previous = summary or {}
-    servers = list(previous.get("servers") or config.servers)
-    plan = plan_of(config, servers or ["embedded"], config.servers_b or ["embedded"])
-    segment = RunSegment(config, run_dir, plan, servers=servers, servers_b=list(previous.get("servers_b") or []),
+    servers = list(previous.get("servers") or config.policies.servers)
+    segment = RunSegment(config, run_dir, plan_of(config), servers=servers, servers_b=list(previous.get("servers_b") or []),
                          progress=False, log=say, command=str(previous.get("command", "")),
-                         server_info=previous.get("server"), report=config.report)  # fmt: skip
+                         server_info=previous.get("server"), report=config.outputs.report)  # fmt: skip
     segment.video_errors.update(withdrawn)
     return run_segment(segment, _NoEpisodes())
 

@@ -3,14 +3,16 @@
 Every executor (one process, a process per scene, Ray shards) runs the entries of one :class:`RunPlan` and
 decides nothing itself; the rows a run writes are therefore the same whichever executor runs it.
 
-The map, fixed for a run by its config (``num_envs``, servers, shard count) and independent of timing:
+The map, fixed for a run by its config (``num_envs``, arms, shard count) and independent of timing and of
+the servers' URLs: :func:`plan_of` builds it from the config alone, and :meth:`RunPlan.resolve` puts in the
+servers once they run (the embedded servers' URLs are known only then):
 
 - episode ``k`` of a scene has seed ``seed + k``;
 - without arms it runs on env slot ``k % num_envs``; in a run of ``K`` arms (an A/B run: ``K = 2``, arms
   ``a`` and ``b``) arm ``i`` on slot ``K (k % P) + i`` with ``P = num_envs // K`` (the ``K`` runs of a seed
   side by side, in the same batch);
 - each slot runs its entries in plan order; a slot whose entries are done idles;
-- server: slot ``g`` talks to ``servers[g % len(servers)]`` (as the transport's pool numbers its sessions);
+- server (:meth:`RunPlan.resolve`): slot ``g`` talks to ``servers[g % len(servers)]`` (as the transport's pool numbers its sessions);
   in an A/B run the slots of arm A (``2j``) to ``servers[j % len(servers)]`` and those of arm B to
   ``servers_b[j % len(servers_b)]``; with ``K`` named arms slot ``K j + i`` to arm ``i``'s
   ``servers[j % len(servers)]``; with ``servers_per_shard = M`` shard ``s`` uses its own group of ``M``
@@ -60,12 +62,23 @@ def is_url(value: str) -> bool:
     return str(value).startswith(("ws://", "wss://"))
 
 
-__all__ = ["ARMS", "is_url", "PlanEntry", "RunPlan", "build_plan", "pair_order", "plan_of", "slot_ranges"]
+__all__ = [
+    "ARMS",
+    "PlanEntry",
+    "RunPlan",
+    "build_plan",
+    "is_url",
+    "pair_order",
+    "plan_of",
+    "servers_of_arms",
+    "slot_ranges",
+]
 
 
 @dataclasses.dataclass(frozen=True)
 class PlanEntry:
-    """One episode of the plan: what it is (scene, episode, arm, seed) and where it runs (slot, server, shard).
+    """One episode of the plan: what it is (scene, episode, arm, seed) and where it runs (slot, server, shard);
+    ``server`` is None until the plan is resolved (:meth:`RunPlan.resolve`).
 
     ``order``: its position in the whole plan (kept by :meth:`RunPlan.remaining`); ``pair``: A/B runs only,
     the index of its (scene, episode) among the plan's pairs, in plan order; ``policy``: its arm's policy
@@ -77,7 +90,7 @@ class PlanEntry:
     arm: str | None
     seed: int
     slot: int
-    server: str
+    server: str | None
     shard: int = 0
     pair: int | None = None
     policy: str | None = None
@@ -95,14 +108,38 @@ def row_key(row: Mapping[str, Any]) -> tuple[int, int, str | None]:
 
 @dataclasses.dataclass(frozen=True)
 class RunPlan:
-    """Entries in plan order, and the run's slot layout (see the module docstring)."""
+    """Entries in plan order, and the run's slot layout (see the module docstring); ``slot_servers`` is empty
+    until :meth:`resolve` names the servers."""
 
     entries: tuple[PlanEntry, ...]
     num_envs: int
     scenes: tuple[int, ...]
     arms: tuple[str, ...]
     shards: tuple[tuple[int, int], ...]  # per shard, its global slots [start, stop)
-    slot_servers: tuple[str, ...]  # per global slot, its server URL
+    slot_servers: tuple[str, ...] = ()  # per global slot, its server URL (empty: not resolved)
+
+    def resolve(
+        self,
+        servers: Sequence[str] = (),
+        servers_b: Sequence[str] = (),
+        *,
+        arm_servers: Sequence[tuple[str, Sequence[str]]] | Mapping[str, Sequence[str]] = (),
+        servers_per_shard: int | None = None,
+    ) -> RunPlan:
+        """This plan with its servers (see the module docstring): ``servers`` for a run without arms, arm ``a``'s
+        with ``servers_b`` arm ``b``'s in an A/B run, ``arm_servers`` per named arm (a mapping or ``(name,
+        urls)`` pairs) in a run of named arms."""
+        named = dict(arm_servers)
+        if self.arms and not named:
+            named = {"a": list(servers), "b": list(servers_b)} if self.arms == ARMS else {}
+        missing = [arm for arm in self.arms if not named.get(arm)]
+        if missing:
+            raise ValueError(f"arm_servers: expected at least one server URL for arm {missing[0]!r}")
+        ordered = [(arm, list(named[arm])) for arm in self.arms]
+        first = list(servers) or (ordered[0][1] if ordered else [])
+        slot_servers = _slot_servers(self.num_envs, first, ordered, self.shards, servers_per_shard)
+        entries = tuple(dataclasses.replace(e, server=slot_servers[e.slot]) for e in self.entries)
+        return dataclasses.replace(self, entries=entries, slot_servers=slot_servers)
 
     def remaining(self, rows: Iterable[Mapping[str, Any]]) -> RunPlan:
         """The plan without the entries that have a row (an errored episode's row counts: it is not re-run)."""
@@ -228,33 +265,33 @@ def build_plan(
     episodes: int,
     num_envs: int,
     seed: int,
-    servers: Sequence[str],
+    servers: Sequence[str] = (),
     servers_b: Sequence[str] = (),
+    arms: Sequence[str] = (),
     shards: int = 1,
     servers_per_shard: int | None = None,
     interleave: bool = False,
     arm_servers: Sequence[tuple[str, Sequence[str]]] = (),
     policies: Mapping[str | None, str] | None = None,
 ) -> RunPlan:
-    """The plan of a run (see the module docstring); ``servers_b`` non-empty makes it an A/B run (arms ``a``:
-    ``servers`` and ``b``: ``servers_b``); ``arm_servers``: ``(name, servers)`` per arm of a run of ``K >= 2``
-    named arms, in arm order (``servers`` then only has to be non-empty); ``policies``: per arm (None without
-    arms) the policy its entries name."""
+    """The plan of a run (see the module docstring); ``arms``: the arms' names in order (none: a run without
+    arms); ``policies``: per arm (None without arms) the policy its entries name. With servers it comes resolved
+    (:meth:`RunPlan.resolve`): ``servers_b`` non-empty makes it an A/B run (arms ``a``: ``servers`` and ``b``:
+    ``servers_b``); ``arm_servers``: ``(name, servers)`` per arm of a run of ``K >= 2`` named arms, in arm order."""
     if not isinstance(episodes, int) or isinstance(episodes, bool) or episodes < 0:
         raise ValueError(f"episodes: expected an integer >= 0, got {episodes!r}")
     if servers_b:
         arm_servers = (("a", list(servers)), ("b", list(servers_b)))
     arm_servers = tuple((str(name), list(urls)) for name, urls in arm_servers)
-    arms = tuple(name for name, _ in arm_servers)
+    arms = tuple(name for name, _ in arm_servers) or tuple(str(arm) for arm in arms)
     if len(arms) == 1 or len(set(arms)) != len(arms):
         raise ValueError(f"arm_servers: expected at least 2 arms with distinct names, got {list(arms)}")
-    what = "an A/B run" if servers_b else f"a run of {len(arms)} arms"
+    what = "an A/B run" if arms == ARMS else f"a run of {len(arms)} arms"
     if arms and num_envs < len(arms):
         raise ValueError(f"num_envs: {what} needs at least {len(arms)} env slots (one per arm), got {num_envs}")
     if arms and shards != 1:
         raise ValueError(f"shards: {what} runs in one process (its arms share each batch); expected 1 shard")
     ranges = slot_ranges(int(num_envs), int(shards))
-    slot_servers = _slot_servers(int(num_envs), list(servers), arm_servers, ranges, servers_per_shard)
     shard_of = [j for j, (start, stop) in enumerate(ranges) for _ in range(start, stop)]
     per_arm = int(num_envs) // max(1, len(arms))
     scene_list = [int(s) for s in scenes]
@@ -263,38 +300,40 @@ def build_plan(
         for arm in arms or (None,):
             slot = k % int(num_envs) if arm is None else len(arms) * (k % per_arm) + arms.index(arm)
             entries.append(PlanEntry(order=len(entries), scene=scene, episode=k, arm=arm, seed=int(seed) + k,
-                                     slot=slot, server=slot_servers[slot], shard=shard_of[slot],
+                                     slot=slot, server=None, shard=shard_of[slot],
                                      pair=pair if arm is not None else None,
                                      policy=(policies or {}).get(arm)))  # fmt: skip
-    return RunPlan(tuple(entries), int(num_envs), tuple(scene_list), arms, tuple(ranges), slot_servers)
+    plan = RunPlan(tuple(entries), int(num_envs), tuple(scene_list), arms, tuple(ranges))
+    if servers or arm_servers:
+        return plan.resolve(servers, arm_servers=arm_servers, servers_per_shard=servers_per_shard)
+    return plan
 
 
-def plan_of(
-    config: Any,
-    servers: Sequence[str],
-    servers_b: Sequence[str] = (),
-    *,
-    shards: int = 1,
-    servers_per_shard: int | None = None,
-    arm_servers: Mapping[str, Sequence[str]] | None = None,
-) -> RunPlan:
-    """The plan of an :class:`~dz_gym.eval.config.EvalConfig` with these servers (arm B's only in A/B runs;
-    ``arm_servers``: per named arm of a ``--arm`` run its URLs, default the config's: an arm's URL, or
-    ``"embedded"`` for an arm whose embedded server is not started yet)."""
-    named: list[tuple[str, Sequence[str]]] = []
-    if config.arm_specs:
-        given = dict(arm_servers or {})
-        named = [(n, given.get(n) or ([v] if is_url(v) else ["embedded"])) for n, v in config.arm_table()]
+def plan_of(config: Any, *, shards: int = 1) -> RunPlan:
+    """The plan of an :class:`~dz_gym.eval.config.EvalConfig`, from the config alone: who runs what, on which
+    slot and shard; its servers are put in once they run (:meth:`RunPlan.resolve`, :func:`servers_of_arms`)."""
     return build_plan(
-        scenes=config.scenes,
-        episodes=config.episodes,
-        num_envs=config.num_envs,
-        seed=config.seed,
-        servers=servers,
-        servers_b=servers_b if config.ab else (),
-        arm_servers=named,
+        scenes=config.plan.scenes,
+        episodes=config.plan.episodes,
+        num_envs=config.plan.num_envs,
+        seed=config.plan.seed,
+        arms=config.arms,
         shards=shards,
-        servers_per_shard=servers_per_shard,
         policies=config.arm_policies(),
         interleave=True,  # pairs numbered as the sequential test takes them (eval/ab.py), the scenes side by side
     )
+
+
+def servers_of_arms(config: Any, arm_servers: Mapping[str, Sequence[str]] | None = None) -> dict[str, list[str]]:
+    """A run of named arms: each arm's server URLs, ``arm_servers``' where given, else the arm's own URL; an arm
+    that names a policy needs its embedded server's URL in ``arm_servers`` (a one-line error naming it)."""
+    given = dict(arm_servers or {})
+    out = {}
+    for name, value in config.arm_table():
+        urls = list(given.get(name) or ([value] if is_url(value) else []))
+        if not urls:
+            raise ValueError(
+                f"arm_servers: arm {name!r} names a policy; it needs its server's URL (dz-gym-eval starts it)"
+            )
+        out[name] = urls
+    return out

@@ -143,9 +143,9 @@ def server_profile(server_metadata: Mapping[str, Any], server_info: Mapping[str,
 def _seeds(config: Any) -> dict[str, Any]:
     from dz_gym.eval.clients import policy_seed
 
-    first, last = int(config.seed), int(config.seed) + int(config.episodes) - 1
-    out: dict[str, Any] = {"seed": int(config.seed), "episode_seeds": [first, last], "policy_seed": None}
-    if config.policy_seed:
+    first, last = int(config.plan.seed), int(config.plan.seed) + int(config.plan.episodes) - 1
+    out: dict[str, Any] = {"seed": int(config.plan.seed), "episode_seeds": [first, last], "policy_seed": None}
+    if config.policies.policy_seed:
         out["policy_seed"] = {"rule": "SplitMix64 of the episode seed, in [0, 2**31) (dz_gym.eval.clients.policy_seed)",
                               "first": policy_seed(first), "last": policy_seed(last)}  # fmt: skip
     return out
@@ -161,7 +161,7 @@ def provenance(config: Any, server_metadata: Mapping[str, Any], server_info: Map
         handshakes[str(url)] = json_safe(raw)
     return {
         "gpu": gpu(),
-        "renderer": renderer(str(config.backend)),
+        "renderer": renderer(str(config.plan.backend)),
         "simulator": simulator_versions(),
         "dz_gym": dz_gym_source(),
         "server_handshakes": handshakes,

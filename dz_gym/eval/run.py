@@ -10,8 +10,8 @@ the run leaves nothing behind:
 1. **preflight** (:mod:`dz_gym.eval.preflight`): the backend can run here, every ``--log`` tracker is installed (W&B: with its credentials and a writable ``WANDB_DIR``),
    every external server completes the handshake; else ``aborted`` with the one-line reason, nothing written;
 2. **the executor**: scene processes (:class:`~dz_gym.eval.processes.SceneProcesses`, one ``dz-gym-eval`` child
-   per scene) when the backend needs one scene per process (Isaac Lab) or ``process_per_scene`` asks for it and
-   the run has several scenes; Ray shards with ``ray_options``; else in this process;
+   per scene) when the backend needs one scene per process (Isaac Lab) or ``execution.process_per_scene`` asks
+   for it and the run has several scenes; Ray shards with ``execution.ray``; else in this process;
 3. **the embedded servers** (:class:`~dz_gym.eval.embedded.EmbeddedServers`) for a config that names policies
    instead of servers (scene processes start their own, in each child), stopped when the run ends;
 4. **the run directory**: a new one under ``output_root``, or ``run_dir`` resumed (its config saved again);
@@ -40,10 +40,10 @@ from typing import Any
 from dz_gym.envs import droid
 from dz_gym.errors import HorizonError, UnknownServer, first_line
 from dz_gym.eval.config import EvalConfig
+from dz_gym.eval.control import RunControl
 from dz_gym.eval.flag_table import DEFAULT_OUTPUT_ROOT
 from dz_gym.eval.opening import check_outputs, open_ledger
 from dz_gym.eval.rundir import RunDir
-from dz_gym.eval.runner import RunControl
 from dz_gym.eval.signals import interruptible
 
 __all__ = ["STATUSES", "RunResult", "run_eval"]
@@ -78,8 +78,8 @@ def preflight(config: EvalConfig, metadata: list | None = None) -> str | None:
     from dz_gym.eval.preflight import check_backend, check_servers
     from dz_gym.eval.tracking import log_problem
 
-    urls = config.servers + config.servers_b + [v for _, v in config.arm_table() if is_url(v)]
-    return (check_backend(config.backend) or log_problem(config.log)
+    urls = config.policies.servers + config.policies.servers_b + [v for _, v in config.arm_table() if is_url(v)]
+    return (check_backend(config.plan.backend) or log_problem(config.outputs.log)
             or check_servers(urls, config.transport_config(), metadata))  # fmt: skip
 
 
@@ -89,7 +89,7 @@ def _asked_resolution(config: EvalConfig, meta) -> tuple[int, int] | None:
     from dz_gym.protocol.profiles import detect_profile
 
     try:
-        profile = detect_profile(getattr(meta, "raw", None), server_kind=config.server_kind)
+        profile = detect_profile(getattr(meta, "raw", None), server_kind=config.policies.server_kind)
     except UnknownServer:
         return None
     return profile.render_resolution or getattr(meta, "image_resolution", None)
@@ -98,17 +98,17 @@ def _asked_resolution(config: EvalConfig, meta) -> tuple[int, int] | None:
 def render_shape_from_servers(config: EvalConfig, metadata: list) -> str | None:
     """A new run on the embedded simulator without ``--render-shape`` renders the views its servers ask for
     (:func:`~dz_gym.envs.render_shape.render_shape_for` of their profiles' or handshakes' ``image_resolution``) when they
-    all ask for the same size and it is not the default: sets ``config.render_shape`` and says so (a line), else
+    all ask for the same size and it is not the default: sets ``config.plan.render_shape`` and says so (a line), else
     None. DreamZero's 180x320 (and a handshake that names no size) leave the config as it was."""
     from dz_gym.envs.backends import traits
     from dz_gym.envs.render_shape import render_shape_for
 
-    if config.render_shape is not None or not traits(config.backend).render_shape_kwarg or not metadata:
+    if config.plan.render_shape is not None or not traits(config.plan.backend).render_shape_kwarg or not metadata:
         return None
     shapes = {render_shape_for(_asked_resolution(config, meta)) for meta in metadata}
     if len(shapes) != 1 or (shape := shapes.pop()) == tuple(droid.DEFAULT_EMBEDDED_IMAGE_SHAPE):
         return None
-    config.render_shape = list(shape)
+    config.plan.render_shape = list(shape)
     return f"the servers ask for {shape[0]}x{shape[1]} views: the embedded simulator renders at that size"
 
 
@@ -124,11 +124,11 @@ def _status(summary: Mapping[str, Any] | None) -> str:
 
 def _open_logs(config: EvalConfig, run_dir: RunDir, control: RunControl | None):
     """The ``--log`` trackers of this run segment, hooked on ``control``'s rows; None without ``--log``."""
-    if not config.log:
+    if not config.outputs.log:
         return None
     from dz_gym.eval.tracking import open_logs
 
-    log = open_logs(config.log, run_dir.path, dataclasses.asdict(config), config.log_project)
+    log = open_logs(config.outputs.log, run_dir.path, config.to_flat_dict(), config.outputs.log_project)
     if control is not None:
         log.attach(control)
     return log
@@ -173,9 +173,9 @@ def _scene_processes(config, run_dir: RunDir, argv, command: str, say, at_once: 
     from dz_gym.eval.processes import SceneProcesses
     from dz_gym.eval.segment import RunSegment, run_segment
 
-    plan = plan_of(config, config.servers or ["embedded"], config.servers_b or ["embedded"])
+    plan = plan_of(config)  # the children resolve its servers: their own embedded ones, or the config's
     plain = lambda line: say(line.removeprefix("dz-gym-eval: "))  # noqa: E731 - the executor's lines name the command
-    segment = RunSegment(config, run_dir, plan, servers=config.servers, servers_b=config.servers_b, progress=False,
+    segment = RunSegment(config, run_dir, plan, servers=config.policies.servers, servers_b=config.policies.servers_b, progress=False,
                          log=plain, command=command, inherit=True)  # fmt: skip
     executor = SceneProcesses(argv, command, plain, at_once)
     summary = None
@@ -195,19 +195,17 @@ def _scene_processes(config, run_dir: RunDir, argv, command: str, say, at_once: 
     return RunResult(status[code], run_dir, summary, error)
 
 
-def _in_this_process(config, run_dir: RunDir, servers: EmbeddedServersLike, options: dict[str, Any]) -> RunResult:
+def _in_this_process(config, run_dir: RunDir, servers: EmbeddedServersLike, control: RunControl) -> RunResult:
     """The in-process or sharded run of an open run directory, with its trackers; errors become the result."""
     from dz_gym.eval.evaluate import evaluate
 
-    control = options["control"]
-    log = None if options["only_scenes"] else _open_logs(config, run_dir, control)  # a scene's child: parent logs
+    run = config.execution
+    log = None if run.only_scenes else _open_logs(config, run_dir, control)  # a scene's child: its parent logs
     summary = None
     try:
         summary = evaluate(config, run_dir, servers.servers, servers_b=servers.servers_b,
                            arm_servers=servers.arm_servers, server_info=servers.info, control=control,
-                           progress=options["progress"], command=options["command"],
-                           only_scenes=options["only_scenes"], env_factory=options["env_factory"],
-                           env_kwargs=options["env_kwargs"], ray_options=options["ray_options"])  # fmt: skip
+                           progress=run.progress, command=run.command)  # fmt: skip
     except KeyboardInterrupt:
         summary = run_dir.read_summary() or {"interrupted": True}
         summary["interrupted"] = True
@@ -225,61 +223,43 @@ def run_eval(
     *,
     run_dir: RunDir | str | Path | None = None,
     output_root: str | Path | None = None,
-    serve_args: Sequence[str] = (),
-    process_per_scene: bool | None = None,
-    ray_options: Any = None,
-    control: RunControl | None = None,
-    progress: bool | None = False,
-    command: str | None = None,
-    env_factory: Callable[..., Any] | None = None,
-    env_kwargs: Mapping[str, Any] | None = None,
-    only_scenes: Sequence[int] | None = None,
-    scene_processes: int | None = None,
-    argv: Sequence[str] | None = None,
-    say: Callable[[str], None] | None = None,
+    on_line: Callable[[str], None] | None = None,
 ) -> RunResult:
     """Run ``config`` (or the rest of ``run_dir``, resumed) as ``dz-gym-eval`` does; see the module docstring.
 
-    ``output_root``: where a new run directory is made (default ``runs/dz_gym_eval``); ``serve_args``: extra
-    ``dz-gym-serve`` arguments of the embedded servers; ``process_per_scene``: one process per scene (default: the
-    backend's ``one_scene_per_process``; never with ``env_factory``, which cannot cross a process); ``ray_options``
-    (a :class:`~dz_gym.eval.shards.options.RayOptions`): shards on Ray; ``control``: the stop request and error
-    budget (default: a fresh one with ``config.error_budget``); ``progress``: bars (None: on a TTY);
-    ``command``: what the summary records (default: this process's command line); ``env_factory``: builds
-    each scene's env in this process, called as ``env_factory(scene, config, **env_kwargs)`` with the scene's
-    id and the run's :class:`~dz_gym.eval.config.EvalConfig`; it returns a batched env of ``config.num_envs``
-    envs that follows :mod:`dz_gym.envs.base` (same-step autoreset, ``set_episode_seeds``; e.g.
-    ``gym.make_vec(id, num_envs=config.num_envs, max_episode_steps=config.max_steps, seed=config.seed)`` or
-    :func:`~dz_gym.eval.scene.default_env_factory`, the default); ``env_kwargs``: more keyword arguments for it
-    (Isaac Lab's ``app_args``); ``only_scenes``: this call runs these scenes only (a scene's child
-    process); ``scene_processes``: how many scene processes run at once (default: all); ``argv``: the command line the scene processes repeat (the command line's own; from Python the
-    flags the children need are made from ``serve_args`` and ``progress``); ``say``: where the lines for the user
-    go (default: stderr)."""
-    say = say or _default_say
-    if command is None:
+    ``output_root``: where a new run directory is made (default ``runs/dz_gym_eval``); ``on_line``: where the
+    lines for the user go (default: stderr). How this process runs it is ``config.execution``
+    (:class:`~dz_gym.eval.config.ExecutionSettings`: a process per scene, Ray shards, the embedded servers'
+    arguments, progress bars, the env factory, the stop control ...): ``env_factory`` builds each scene's env in
+    this process, called as ``env_factory(scene, config, **env_kwargs)`` with the scene's id and the run's
+    :class:`~dz_gym.eval.config.EvalConfig`; it returns a batched env of ``config.plan.num_envs`` envs that follows
+    :mod:`dz_gym.envs.base` (same-step autoreset, ``set_episode_seeds``; e.g. ``gym.make_vec(id,
+    num_envs=config.plan.num_envs, max_episode_steps=config.plan.max_steps, seed=config.plan.seed)`` or
+    :func:`~dz_gym.eval.scene.default_env_factory`, the default)."""
+    say = on_line or _default_say
+    run = config.execution
+    if run.command is None:
         from dz_gym.eval.evaluate import python_command
 
-        command = python_command()
-    control = control or RunControl(config.error_budget)
+        config = dataclasses.replace(config, execution=dataclasses.replace(run, command=python_command()))
+    control = config.execution.control or RunControl(config.error_budget)
     resumed = run_dir if run_dir is None or isinstance(run_dir, RunDir) else RunDir(run_dir)
     problem = check_outputs(config, resumed, output_root)
     if problem is not None:  # before anything starts: nothing is written
         return RunResult("usage", error=problem)
     plain = lambda line: say(line.removeprefix("dz-gym-eval: "))  # noqa: E731 - a segment's lines name the command
-    ledger = open_ledger(config, resumed, part=bool(only_scenes), say=plain)
+    ledger = open_ledger(config, resumed, part=bool(run.only_scenes), say=plain)
     if ledger.error is not None:
         return RunResult("aborted", error=ledger.error)
     if ledger.finished:
         return RunResult("complete", resumed, ledger.summary)
     try:
-        return _run(config, resumed, output_root, serve_args, process_per_scene, ray_options, control, progress,
-                    command, env_factory, env_kwargs, only_scenes, scene_processes, argv, say)  # fmt: skip
+        return _run(config, resumed, output_root, control, say)
     finally:
         ledger.release()
 
 
-def _run(config, run_dir, output_root, serve_args, process_per_scene, ray_options, control, progress, command,
-         env_factory, env_kwargs, only_scenes, scene_processes, argv, say) -> RunResult:  # fmt: skip
+def _run(config: EvalConfig, run_dir, output_root, control: RunControl, say) -> RunResult:
     """:func:`run_eval` once the outputs and the ledger are checked (the resumed run's lock held)."""
     metadata: list = []
     try:
@@ -293,23 +273,20 @@ def _run(config, run_dir, output_root, serve_args, process_per_scene, ray_option
         say(line)  # a resumed run keeps the render shape its config saved
     if control.stop.is_set():
         return RunResult("interrupted", error="stopped before the run started; nothing was written")
-    from dz_gym.envs.backends import traits
+    from dz_gym.eval.executors import SCENE_PROCESSES, choose_executor
 
-    backend = traits(config.backend)
-    if process_per_scene and env_factory is not None:
-        raise ValueError("process_per_scene: an env_factory cannot cross into a scene's process")
-    per_process = backend.one_scene_per_process if process_per_scene is None else process_per_scene
-    if per_process and env_factory is None and not only_scenes and len(config.scenes) > 1 and ray_options is None:
+    run = config.execution
+    if choose_executor(config) == SCENE_PROCESSES:  # the children start their own embedded servers
         opened, created = _open_run_dir(config, run_dir, output_root, False, say)
-        child = list(argv) if argv is not None else _child_argv(serve_args, progress)
-        result = _scene_processes(config, opened, child, command, say, scene_processes)
+        child = list(run.argv) if run.argv is not None else _child_argv(run.serve_args, run.progress)
+        result = _scene_processes(config, opened, child, run.command, say, run.scene_processes)
         if result.status == "usage" and created and not opened.read_rows():  # a child's horizon error: nothing ran
             shutil.rmtree(opened.path, ignore_errors=True)
             result.run_dir = None
         return result
     from dz_gym.eval.embedded import EmbeddedServers
 
-    servers = EmbeddedServers(config, serve_args, say)
+    servers = EmbeddedServers(config, run.serve_args, say)
     try:
         with interruptible():
             servers.__enter__()
@@ -320,10 +297,8 @@ def _run(config, run_dir, output_root, serve_args, process_per_scene, ray_option
     try:
         if control.stop.is_set():
             return RunResult("interrupted", error="stopped before the run started; nothing was written")
-        opened, created = _open_run_dir(config, run_dir, output_root, bool(only_scenes), say)
-        options = {"control": control, "progress": progress, "command": command, "only_scenes": only_scenes,
-                   "env_factory": env_factory, "env_kwargs": env_kwargs, "ray_options": ray_options}  # fmt: skip
-        result = _in_this_process(config, opened, servers, options)
+        opened, created = _open_run_dir(config, run_dir, output_root, bool(run.only_scenes), say)
+        result = _in_this_process(config, opened, servers, control)
     finally:
         servers.close()
     if result.status == "usage" and created and not opened.read_rows():

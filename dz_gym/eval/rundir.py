@@ -116,7 +116,7 @@ class RunDir:
         """A new, uniquely named run directory under ``output_root`` holding ``config.json``."""
         root = Path(output_root)
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-        scenes = "-".join(str(s) for s in config.scenes)
+        scenes = "-".join(str(s) for s in config.plan.scenes)
         for attempt in range(1000):
             name = f"{stamp}_scene{scenes}" + (f"_{attempt}" if attempt else "")
             path = root / name

@@ -31,7 +31,12 @@ ones, so running an episode again draws no new delays for the requests already r
 
 The runner uses only the wrapper's public surface (``set_idle``, ``render_policy``, ``episode_stats``,
 ``server_url``, ``admission_retry_at``, ``session_ids``, ``last_obs``, ``replay_delays``, the step's ``info``);
-it never reconnects.
+it never reconnects. Its parts, a module each: what each slot runs next (:class:`~dz_gym.eval.slots.SlotQueues`:
+the queues, the waiting slots, the stop of an adaptive test), the retried attempts
+(:class:`~dz_gym.eval.attempts.Attempts`), the per-step values (:class:`~dz_gym.eval.steplog.StepLog`), an
+episode and its row (:class:`~dz_gym.eval.episode.EpisodeInProgress`), the writing off the loop
+(:class:`~dz_gym.eval.writer.EpisodeWriter`) and the stop request and error budget
+(:class:`~dz_gym.eval.control.RunControl`); the runner steps the batch and starts and ends the episodes.
 
 A/B runs (entries with an ``arm``): episode ``k`` runs twice, under arm A on slot ``2j`` and under arm B on
 slot ``2j + 1`` with ``j = k % (num_envs / 2)`` (the plan's): the two runs of a seed are on neighbouring slots,
@@ -56,91 +61,33 @@ on ``--resume``.
 
 from __future__ import annotations
 
-import datetime as _dt
 import functools
 import logging
 import sys
-import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from dz_gym.envs import droid
-from dz_gym.envs.vector_info import entries
 from dz_gym.eval.attempts import Attempts
+from dz_gym.eval.control import RunControl
 from dz_gym.eval.episode import EpisodeInProgress as _Episode
-from dz_gym.eval.episode import measures, step_columns
+from dz_gym.eval.episode import iso_time, measures, step_columns
 from dz_gym.eval.plan import PlanEntry
 from dz_gym.eval.progress import Progress
-from dz_gym.eval.results import latency_stats
-from dz_gym.eval.row import EpisodeRow
 from dz_gym.eval.rundir import RunDir, episode_name
+from dz_gym.eval.slots import SlotQueues
+from dz_gym.eval.step_outcome import StepOutcome, info_column, milestone_columns
 from dz_gym.eval.steplog import StepLog
 from dz_gym.eval.timing import SceneResult, union_seconds
 from dz_gym.eval.video import VideoRecorder, strip_frames
 from dz_gym.eval.writer import EpisodeWriter
 from dz_gym.records import SESSION_REFUSED, EpisodeStats
-from dz_gym.requests import proprio, to_numpy
+from dz_gym.requests import proprio
 
 logger = logging.getLogger(__name__)
-
-
-class RunControl:
-    """What the command line and the runner share: the stop request and the error budget.
-
-    ``stop`` is set by Ctrl-C (or a test); ``record`` counts errored episodes and sets ``aborted`` (and
-    ``stop``) once more than ``error_budget`` have errored.
-    """
-
-    def __init__(self, error_budget: int | None = None, errored: int = 0):
-        self.stop = threading.Event()
-        self.error_budget = error_budget
-        self.errored = int(errored)
-        self.aborted: str | None = None
-        self.rows_written = 0
-        self.on_row: Callable[[dict], None] | None = None  # hook called with each finished episode's row
-
-    def record(self, row: Mapping[str, Any]) -> None:
-        self.rows_written += 1
-        if row["error"] is not None:
-            self.errored += 1
-            if self.error_budget is not None and self.errored > self.error_budget and self.aborted is None:
-                self.aborted = f"more than --max-errors={self.error_budget} errored episodes"
-                self.stop.set()
-        if self.on_row is not None:
-            self.on_row(dict(row))
-
-    @property
-    def interrupted(self) -> bool:
-        return self.stop.is_set() and self.aborted is None
-
-
-def _iso(timestamp: float) -> str:
-    return _dt.datetime.fromtimestamp(timestamp, _dt.timezone.utc).isoformat(timespec="milliseconds")
-
-
-def _column(info: Mapping[str, Any], key: str) -> np.ndarray | None:
-    value = info.get(key)
-    return None if value is None else to_numpy(value)
-
-
-def _flags(info: Mapping[str, Any], key: str, num_envs: int) -> np.ndarray:
-    """``info[key]`` as ``(N,)`` bools, all False where the env does not report it."""
-    value = _column(info, key)
-    return np.zeros(num_envs, dtype=bool) if value is None else np.asarray(value).astype(bool).reshape(-1)
-
-
-def _milestone_columns(info: Mapping[str, Any]) -> dict[str, np.ndarray] | None:
-    """``info["milestones"]`` as name -> ``(N,)`` int64 host arrays (None when the env reports none)."""
-    value = info.get("milestones")
-    if not isinstance(value, Mapping):
-        return None
-    return {
-        str(name): np.asarray(to_numpy(steps), dtype=np.int64).reshape(-1) for name, steps in entries(value).items()
-    }
 
 
 def task_name(scene: int) -> str | None:
@@ -192,8 +139,8 @@ class SceneRunner:
             raise ValueError(f"queues: expected one entry list per env slot ({self.num_envs}), got {len(queues)}")
         if any(e.scene != self.scene for q in queues for e in q):
             raise ValueError(f"queues: expected entries of scene {self.scene} only")
-        self._todo = {(e.episode, e.arm) for q in queues for e in q}
-        self.episodes = sorted({k for k, _ in self._todo})
+        self.slots = SlotQueues(queues)  # what each slot runs next
+        self.episodes = sorted({k for k, _ in self.slots.todo})
         self.placement = dict(placement or {})
         self.max_steps = int(max_steps)
         self.backend = backend
@@ -201,7 +148,6 @@ class SceneRunner:
         self.control = control
         self.recorder = recorder
         self.progress = progress
-        self._queues: list[deque[PlanEntry]] = [deque(q) for q in queues]
         # slots with nothing queued run their last episode: their autoreset's frames are read by nobody
         self._set_last_episodes = getattr(self.base, "set_last_episodes", None)
         self._current: list[_Episode | None] = [None] * self.num_envs
@@ -211,13 +157,10 @@ class SceneRunner:
         self.pairs = pairs
         self.on_episode_start = on_episode_start
         self.task = task_name(self.scene)
-        self._started: set[tuple[int, str | None]] = set()
-        self._drain = False  # the sequential test stopped: start nothing new
         self._result: SceneResult | None = None
         self._writer: EpisodeWriter | None = None
-        self._waiting: set[int] = set()  # slots whose episode waits to start again (admission or retry)
         self.episode_retries = int(episode_retries)
-        self._attempts = Attempts(run_dir.read_attempts(), self.scene, self._todo, self.episode_retries,
+        self._attempts = Attempts(run_dir.read_attempts(), self.scene, self.slots.todo, self.episode_retries,
                                   run_dir.append_attempt)  # fmt: skip
         self.hold_starts = False  # True: the caller runs refill() after each step (scenes side by side)
         self._ended: list[tuple[int, bool]] = []  # slots whose episode ended at the last step, and autoreset
@@ -238,28 +181,27 @@ class SceneRunner:
         """Reset the batch and start each slot's first entry (:meth:`run` is begin, :meth:`tick` till False,
         :meth:`end`; an executor that runs several scenes side by side calls them itself)."""
         self._result, self._t0 = SceneResult(self.scene), time.perf_counter()
-        first = [i for i in range(self.num_envs) if self._queues[i]]
+        first = self.slots.first()
         if not first:
             return
         self._writer = EpisodeWriter(self.run_dir)
-        self.base.set_episode_seeds(first, [self._queues[i][0].seed for i in first])
+        self.base.set_episode_seeds(first, [self.slots.next_seed(slot) for slot in first])
         self.wrapper.render_policy = "all" if self.recorder is not None else "due"
         self._set_idle()
         self.wrapper.reset()
-        for i in first:
-            self._start(i, self._queues[i].popleft())
+        for slot in first:
+            self._start(slot, self.slots.pop(slot))
         self._set_idle()
 
     def tick(self) -> bool:
         """One step of the batch (or a wait for a refused session's retry); False once done or stopped."""
         result = self._result
-        if not (self._live.any() or self._waiting):
+        if not (self._live.any() or self.slots.waiting):
             return False
         if self.control.stop.is_set():
             result.stopped = True
             return False
-        if not self._drain and getattr(self.pairs, "stopped", False):  # another scene's row ended the test
-            self._drain = True
+        if not self.slots.draining and getattr(self.pairs, "stopped", False):  # another scene's row ended the test
             self._drop_unpaired()
         self._resume_waiting()
         if self._live.any():
@@ -279,12 +221,12 @@ class SceneRunner:
         if sys.exc_info()[1] is None:
             result.wall_s = time.perf_counter() - self._t0
             result.busy_s = {url: union_seconds(spans) for url, spans in result.intervals.items()}
-        self._waiting.clear()  # refused episodes not restarted yet run again on resume
-        for i, ep in enumerate(self._current):
+        self.slots.waiting.clear()  # refused episodes not restarted yet run again on resume
+        for slot, ep in enumerate(self._current):
             if ep is not None:  # stopped mid-episode: no row; it runs again on resume
                 if self.recorder is not None and ep.video_key is not None:
                     self.recorder.abort(ep.video_key)
-                self._clear(i)
+                self._clear(slot)
         self.wrapper.set_idle(np.zeros(self.num_envs, dtype=bool))
         if self._set_last_episodes is not None:
             self._set_last_episodes(None)
@@ -323,23 +265,17 @@ class SceneRunner:
         policy_obs = wrapper.last_obs[droid.POLICY_GROUP]
         joints, gripper = proprio(policy_obs)
         if self.recorder is not None:
-            for i, frame in strip_frames(policy_obs, active.tolist()).items():
-                self.recorder.add(self._current[i].video_key, frame)
+            for slot, frame in strip_frames(policy_obs, active.tolist()).items():
+                self.recorder.add(self._current[slot].video_key, frame)
 
         if self._set_last_episodes is not None:
-            self._set_last_episodes(np.fromiter((not q for q in self._queues), dtype=bool, count=self.num_envs))
+            self._set_last_episodes(self.slots.last_episodes())
         _, reward, terminated, truncated, info = wrapper.step()
 
-        n = self.num_envs
-        terminated = np.asarray(to_numpy(terminated), dtype=bool).reshape(-1)
-        done = terminated | np.asarray(to_numpy(truncated), dtype=bool).reshape(-1)
-        errors, events = info["policy_error"], info["integrity_event"]
-        failed = np.not_equal(np.asarray(errors, dtype=object), None)
-        received = np.asarray(info.get("chunk_received", info["policy_called"]), dtype=bool)
-        latency_ms = np.where(received | failed, np.asarray(info["chunk_latency_s"], dtype=np.float64) * 1e3, np.nan)
-        reward = np.asarray(to_numpy(reward), dtype=np.float64).reshape(-1)
-        success, success_any = _flags(info, "success", n), _flags(info, "success_any_step", n)
-        self._log.append(step_columns(info, joints, gripper, reward, latency_ms, success, success_any), active)
+        out = StepOutcome.read(reward, terminated, truncated, info, self.num_envs)
+        latency_ms = out.latency_ms
+        self._log.append(step_columns(info, joints, gripper, out.reward, latency_ms, out.success, out.success_any),
+                         active)  # fmt: skip
         self._keep_first_values(info, active)
         self._account_busy(result, info)
         result.env_steps += len(active)
@@ -347,27 +283,23 @@ class SceneRunner:
             seen = latency_ms[active][np.isfinite(latency_ms[active])]
             self.progress.steps(len(active), seen[-1] if seen.size else None)
 
-        ends = active[failed[active] | done[active] | (self._log.steps(active) >= self.max_steps)]
-        finished: list[tuple[int, str | None, str | None, str]] = []
-        for i in ends.tolist():  # an error first; else the env's end, else max_steps (the env's limit is longer)
-            if failed[i]:
-                self._current[i].server_errors += 1
-                finished.append((i, str(errors[i]), None if events[i] is None else str(events[i]), "error"))
-            else:
-                finished.append((i, None, None, "terminated" if terminated[i] else "time_limit"))
-        milestones = _milestone_columns(info) if finished else None
-        columns = self._log.episodes([i for i, *_ in finished])
-        for (i, error, event, ended_by), episode_columns in zip(finished, columns, strict=True):
+        ended = out.ends(active, self._log.steps(active), self.max_steps).tolist()
+        finished = [(slot, *out.end_of(slot)) for slot in ended]
+        for slot, *_ in finished:
+            self._current[slot].server_errors += int(out.failed[slot])
+        milestones = milestone_columns(info) if finished else None
+        columns = self._log.episodes([slot for slot, *_ in finished])
+        for (slot, error, event, ended_by), episode_columns in zip(finished, columns, strict=True):
             # a done env's record comes with the step's info; one ended here is still the wrapper's current one
-            stats = EpisodeStats.from_info(info, i) if done[i] else wrapper.episode_stats(i)
-            if event == SESSION_REFUSED and self._defer(i):
+            stats = EpisodeStats.from_info(info, slot) if out.done[slot] else wrapper.episode_stats(slot)
+            if event == SESSION_REFUSED and self._defer(slot):
                 continue
-            if error is not None and event != SESSION_REFUSED and self._retry(i, error, event, stats.drawn_delays):
+            if error is not None and event != SESSION_REFUSED and self._retry(slot, error, event, stats.drawn_delays):
                 continue
             if milestones is not None:  # this step's info is the finished episode's (before any autoreset)
-                self._current[i].milestones = {name: int(steps[i]) for name, steps in milestones.items()}
-            self._finish(i, error, event, ended_by, episode_columns, stats)
-            self._ended.append((i, bool(done[i])))  # done: the env has already reset itself (autoreset)
+                self._current[slot].milestones = {name: int(steps[slot]) for name, steps in milestones.items()}
+            self._finish(slot, error, event, ended_by, episode_columns, stats)
+            self._ended.append((slot, bool(out.done[slot])))  # done: the env has already reset itself (autoreset)
         self._idle_due = self._idle_due or bool(finished)
         if not self.hold_starts:
             self.refill()
@@ -375,15 +307,15 @@ class SceneRunner:
     def _keep_first_values(self, info: Mapping[str, Any], active: np.ndarray) -> None:
         """Keep each episode's first reported object start position and env seed (warn, once per scene, when
         the env's seed is not the one the evaluator asked for)."""
-        self._log.keep_first("object_start_pos", _column(info, "object_start_pos"), active)
-        env_seed = _column(info, "episode_seed")
+        self._log.keep_first("object_start_pos", info_column(info, "object_start_pos"), active)
+        env_seed = info_column(info, "episode_seed")
         new = self._log.keep_first("episode_seed", env_seed, active)
-        for i in [] if self._warned_seed else new.tolist():
-            ep = self._current[i]
-            if int(env_seed[i]) != ep.seed:
+        for slot in [] if self._warned_seed else new.tolist():
+            ep = self._current[slot]
+            if int(env_seed[slot]) != ep.seed:
                 self._warned_seed = True
                 logger.warning("scene %d episode %d: the env reports seed %d, the evaluator asked for %d",
-                               self.scene, ep.episode, int(env_seed[i]), ep.seed)  # fmt: skip
+                               self.scene, ep.episode, int(env_seed[slot]), ep.seed)  # fmt: skip
                 break
 
     def refill(self) -> None:
@@ -391,16 +323,15 @@ class SceneRunner:
         test has stopped. With ``hold_starts`` the caller calls it, after every scene of a side-by-side run has
         stepped, so that a stop on any scene's row of that step comes before any new episode."""
         ended, self._ended = self._ended, []
-        if self._drain or (ended and getattr(self.pairs, "stopped", False)):  # the test stopped: nothing new
-            self._drain = True
+        if self.slots.draining or (ended and getattr(self.pairs, "stopped", False)):  # the test stopped: nothing new
             ended = []
             self._drop_unpaired()
-        starts = [(i, self._queues[i].popleft(), autoreset) for i, autoreset in ended if self._queues[i]]
-        to_reset = [i for i, _, autoreset in starts if not autoreset]
+        starts = [(slot, self.slots.pop(slot), autoreset) for slot, autoreset in ended if self.slots.has_next(slot)]
+        to_reset = [slot for slot, _, autoreset in starts if not autoreset]
         if to_reset:
             self.wrapper.reset(options={"env_ids": np.asarray(to_reset, dtype=np.int64)})
-        for i, item, _ in starts:
-            self._start(i, item)
+        for slot, item, _ in starts:
+            self._start(slot, item)
         if self._idle_due:
             self._idle_due = False
             self._set_idle()
@@ -420,7 +351,7 @@ class SceneRunner:
         ep = self._current[slot]
         attempt = self._attempts.retry(scene=ep.scene, episode=ep.episode, arm=ep.arm, seed=ep.seed,
                                        steps=self._steps(slot), error_event=event, error=error,
-                                       started_at=_iso(ep.started_at), delays=delays)  # fmt: skip
+                                       started_at=iso_time(ep.started_at), delays=delays)  # fmt: skip
         if attempt is None:
             return False
         logger.info("scene %d episode %d%s: %s; running it again from its reset (retry %d of %d)", ep.scene,
@@ -434,50 +365,47 @@ class SceneRunner:
         ep = self._clear(slot)
         if self.recorder is not None and ep.video_key is not None:
             self.recorder.abort(ep.video_key)
-        self._started.discard((ep.episode, ep.arm))
-        self._queues[slot].appendleft(ep.entry)
-        self._waiting.add(slot)
+        self.slots.requeue(slot, ep.entry)
 
     def _resume_waiting(self) -> None:
         """Restart the waiting slots whose retry time has come; with nothing to step, sleep (<= 1 s) till one."""
-        if self._drain:
-            self._waiting.clear()
-        if not self._waiting:
+        waiting = self.slots.waiting
+        if self.slots.draining:
+            waiting.clear()
+        if not waiting:
             return
         now = time.monotonic()
-        retry = {i: self.wrapper.admission_retry_at(i) or now for i in self._waiting}
-        ready = sorted(i for i, at in retry.items() if at <= now)
+        retry = {slot: self.wrapper.admission_retry_at(slot) or now for slot in waiting}
+        ready = sorted(slot for slot, at in retry.items() if at <= now)
         if not ready:
             if not self.stepping and not self.hold_starts:  # side by side, the caller waits (other scenes step)
                 self.control.stop.wait(min(min(retry.values()) - now, 1.0))
             return
-        self._waiting.difference_update(ready)
-        items = [(i, self._queues[i].popleft()) for i in ready]
+        waiting.difference_update(ready)
+        items = [(slot, self.slots.pop(slot)) for slot in ready]
         self.base.set_episode_seeds(ready, [entry.seed for _, entry in items])
         self.wrapper.reset(options={"env_ids": np.asarray(ready, dtype=np.int64)})
-        for i, item in items:
-            self._start(i, item)
+        for slot, item in items:
+            self._start(slot, item)
         self._set_idle()
 
     def _drop_unpaired(self) -> None:
         """After a sequential stop: clear every queue and drop each running episode whose twin has not
         started (it could never be paired); running pairs finish."""
-        for queue in self._queues:
-            queue.clear()
+        self.slots.drain()
         if not getattr(self.pairs, "pairs_twins", True):  # no twins to wait for (--select-best): running ones finish
             return
-        for i, ep in enumerate(self._current):
+        for slot, ep in enumerate(self._current):
             if ep is None or ep.arm is None:
                 continue
-            twin = (ep.episode, "b" if ep.arm == "a" else "a")
-            if twin in self._started or twin not in self._todo:  # running, finished, or done before a resume
+            if not self.slots.twin_pending(ep.episode, ep.arm):  # running, finished, or done before a resume
                 continue
             if self.recorder is not None and ep.video_key is not None:
                 self.recorder.abort(ep.video_key)
-            self._clear(i)
+            self._clear(slot)
             if self._result is not None:
                 self._result.dropped.append({"scene": ep.scene, "episode": ep.episode, "seed": ep.seed, "arm": ep.arm,
-                                             "steps": self._steps(i)})  # fmt: skip
+                                             "steps": self._steps(slot)})  # fmt: skip
         self._set_idle()
 
     def _account_busy(self, result: SceneResult, info: Mapping[str, Any]) -> None:
@@ -485,17 +413,17 @@ class SceneRunner:
         ours is outstanding there (exact for a server that serves one request at a time)."""
         sent = np.asarray(info.get("chunk_sent_at", ()), dtype=np.float64)
         received = np.asarray(info.get("chunk_received_at", ()), dtype=np.float64)
-        for i in np.flatnonzero(np.isfinite(sent) & np.isfinite(received)):
-            url = self.wrapper.server_url(int(i))
-            result.intervals.setdefault(url, []).append((float(sent[i]), float(received[i])))
+        for slot in np.flatnonzero(np.isfinite(sent) & np.isfinite(received)):
+            url = self.wrapper.server_url(int(slot))
+            result.intervals.setdefault(url, []).append((float(sent[slot]), float(received[slot])))
 
     # -- episode boundaries ---------------------------------------------------------------------------
     def _start(self, slot: int, entry: PlanEntry) -> None:
         """Begin ``entry`` on ``slot`` (its env was just reset) and queue the slot's next seed."""
         episode, arm = entry.episode, entry.arm
-        self._started.add((episode, arm))
-        if self._queues[slot]:
-            self.base.set_episode_seeds([slot], [self._queues[slot][0].seed])
+        self.slots.started(entry)
+        if self.slots.has_next(slot):
+            self.base.set_episode_seeds([slot], [self.slots.next_seed(slot)])
         if self.on_episode_start is not None:
             self.on_episode_start(slot, entry.seed)
         key = None
@@ -536,65 +464,16 @@ class SceneRunner:
         if self.recorder is not None:
             self.recorder.finish(ep.video_key)
             video = self.run_dir.video_relpath(self.scene, ep.episode, ep.arm)
-        row = self._row(
-            ep, steps, measures(columns, error is not None), error, event, ended_by, trajectory, video, stats
-        )
+        row = ep.row(steps=steps, seen=measures(columns, error is not None), error=error, event=event,
+                     ended_by=ended_by, trajectory_path=trajectory, video=video, stats=stats,
+                     retried=self._attempts.events(ep.episode, ep.arm), max_steps=self.max_steps,
+                     backend=self.backend, server=self.wrapper.server_url(ep.slot), placement=self.placement)  # fmt: skip
         self._writer.submit(self.scene, ep.episode, ep.arm, functools.partial(ep.arrays, columns), row)
         self.control.record(row)
         if self.pairs is not None and self.pairs.add(row):
-            self._drain = True
+            self.slots.draining = True  # refill() drops what is queued and the unpaired episodes
         out = getattr(self.pairs, "eliminated_arms", None)  # --select-best: drop the eliminated arms' entries
         if out:
-            for queue in self._queues:
-                kept = [e for e in queue if e.arm not in out]
-                if len(kept) != len(queue):
-                    queue.clear()
-                    queue.extend(kept)
+            self.slots.drop_arms(out)
         if self.progress is not None:
             self.progress.episode(row["success_at_end"], error is not None, unused_steps=self.max_steps - steps)
-
-    def _row(self, ep: _Episode, steps: int, seen: dict, error, event, ended_by, trajectory, video,
-             stats: EpisodeStats | None) -> dict:  # fmt: skip
-        """The episode's :class:`~dz_gym.eval.row.EpisodeRow` as the dict written to ``episodes.jsonl``
-        (``seen``: :func:`~dz_gym.eval.episode.measures` of its steps)."""
-        latencies = seen["latencies"]
-        milestones = None
-        if ep.milestones is not None:
-            milestones = {name: (step if step >= 0 else None) for name, step in ep.milestones.items()}
-        measured: dict[str, Any] = dict(seen.get("success", {}))
-        if stats is not None:
-            measured.update(chunk_delays=list(stats.delays), request_delays=list(stats.drawn_delays),
-                            wait_steps=int(stats.wait_steps),
-                            stale_steps=int(stats.stale_steps), reconnects=int(stats.reconnects),
-                            retries=int(stats.retries))  # fmt: skip
-        retried = self._attempts.events(ep.episode, ep.arm)
-        row = EpisodeRow.of(
-            ep.entry,
-            attempts=1 + len(retried),
-            retried_events=list(retried),
-            prompt=ep.prompt,
-            task=ep.task,
-            max_steps=self.max_steps,
-            backend=self.backend,
-            server=self.wrapper.server_url(ep.slot),  # where its requests went (the plan's server)
-            session_id=ep.session_id,
-            steps=steps,
-            ended_by=ended_by,
-            milestones=milestones,
-            server_calls=seen["server_calls"],
-            server_errors=ep.server_errors,
-            latency_ms=latency_stats(latencies),
-            latencies_ms=latencies,
-            error=error,
-            error_event=event,
-            env_seed=seen["env_seed"],
-            final_object_pos=seen["final_object_pos"],
-            final_container_pos=seen["final_container_pos"],
-            started_at=_iso(ep.started_at),
-            wall_s=round(time.perf_counter() - ep.t0, 4),
-            trajectory=trajectory,
-            video=video,
-            **self.placement,
-            **measured,
-        )
-        return row.to_dict()

@@ -34,17 +34,17 @@ __all__ = ["EnvFactory", "default_env_factory", "policy_client", "run_scene", "s
 
 
 def default_env_factory(scene: int, config: EvalConfig, **backend_kwargs: Any):
-    """``make_droid_env`` for ``config.backend``; the embedded simulator gets the episode length directly, and
-    its views' size when ``config.render_shape`` sets one."""
+    """``make_droid_env`` for ``config.plan.backend``; the embedded simulator gets the episode length directly, and
+    its views' size when ``config.plan.render_shape`` sets one."""
     from dz_gym.envs.backends import traits
 
-    backend = traits(config.backend)
+    backend = traits(config.plan.backend)
     kwargs = dict(backend_kwargs)
     for keyword, field in backend.config_kwargs.items():
-        kwargs.setdefault(keyword, getattr(config, field))
-    if config.render_shape is not None:
-        kwargs.setdefault(backend.render_shape_kwarg, tuple(config.render_shape))
-    return backend.make_env(scene, config.num_envs, **kwargs)
+        kwargs.setdefault(keyword, config.get(field))
+    if config.plan.render_shape is not None:
+        kwargs.setdefault(backend.render_shape_kwarg, tuple(config.plan.render_shape))
+    return backend.make_env(scene, config.plan.num_envs, **kwargs)
 
 
 def policy_client(config: EvalConfig, slot_servers: Sequence[str]):
@@ -54,7 +54,10 @@ def policy_client(config: EvalConfig, slot_servers: Sequence[str]):
     ``slot_servers``: the server of each env slot (the plan's); in an A/B run slot ``2j`` is arm A's slot ``j``
     and ``2j + 1`` arm B's; with ``K`` named arms slot ``K j + i`` is arm ``i``'s slot ``j``."""
     if not (
-        config.armed or config.policy_seed or config.num_inference_steps is not None or config.transport_process_count()
+        config.armed
+        or config.policies.policy_seed
+        or config.policies.num_inference_steps is not None
+        or config.transport_process_count()
     ):
         return None
     from dz_gym.eval.clients import build_client
@@ -64,9 +67,10 @@ def policy_client(config: EvalConfig, slot_servers: Sequence[str]):
     per_arm = len(servers) // max(1, len(arms))
     by_arm = {arm: [servers[len(arms) * j + i] for j in range(per_arm)] for i, arm in enumerate(arms)}
     arm_a, arm_b = (by_arm["a"], by_arm["b"]) if config.ab else (servers, [])
-    return build_client(arm_a, arm_b, len(servers), config.transport_config(), policy_seed=config.policy_seed,
-                        num_inference_steps=config.num_inference_steps,
-                        arm_servers=by_arm if config.arm_specs else None, host=host_process.in_effect())  # fmt: skip
+    return build_client(arm_a, arm_b, len(servers), config.transport_config(), policy_seed=config.policies.policy_seed,
+                        num_inference_steps=config.policies.num_inference_steps,
+                        arm_servers=by_arm if config.policies.arm_specs else None,
+                        host=host_process.in_effect())  # fmt: skip
 
 
 def _wrapper(env, config: EvalConfig, slot_servers: Sequence[str], client, profiler=None):
@@ -81,12 +85,12 @@ def _wrapper(env, config: EvalConfig, slot_servers: Sequence[str], client, profi
     return (DreamZeroPolicyWrapper if profiler is None else ProfiledPolicyWrapper)(
         env,
         **connection,
-        open_loop_horizon=config.open_loop_horizon,
-        server_kind=config.server_kind,
-        prefetch=config.prefetch,
-        simulated_delay=config.simulated_delay,
+        open_loop_horizon=config.schedule.open_loop_horizon,
+        server_kind=config.policies.server_kind,
+        prefetch=config.schedule.prefetch,
+        simulated_delay=config.schedule.simulated_delay,
         latency_honest_hz=config.latency_honest_hz,
-        max_stale_steps=config.max_stale_steps,
+        max_stale_steps=config.schedule.max_stale_steps,
     )
 
 
@@ -125,7 +129,7 @@ def scene_batch(
             profiler = None
             if not runner_kwargs["control"].stop.is_set():
                 client = policy_client(config, slot_servers)
-                if config.profile:
+                if config.outputs.profile:
                     from dz_gym.eval.profile_run import ProfileRun
 
                     profiler = ProfileRun(scene, runner_kwargs["run_dir"])
@@ -135,9 +139,9 @@ def scene_batch(
                         server_metadata[url] = {**metadata_dict(wrapper.server_metadata[i]),
                                                 "profile": wrapper.profile.name,
                                                 "open_loop_horizon": wrapper.open_loop_horizon}  # fmt: skip
-                runner = SceneRunner(wrapper, scene=scene, queues=queues, max_steps=config.max_steps,
-                                     backend=config.backend, on_episode_start=getattr(client, "begin_episode", None),
-                                     episode_retries=config.episode_retries, **runner_kwargs)  # fmt: skip
+                runner = SceneRunner(wrapper, scene=scene, queues=queues, max_steps=config.plan.max_steps,
+                                     backend=config.plan.backend, on_episode_start=getattr(client, "begin_episode", None),
+                                     episode_retries=config.errors.episode_retries, **runner_kwargs)  # fmt: skip
         # the simulator's objects, out of the collector's full passes while the batch steps
         thaw = host_process.freeze_collector()
         building()

@@ -13,7 +13,7 @@ runs inside :func:`run_segment`, which does the rest the same way for all of the
 - running: ``executor.run(segment)``, then always ``executor.close(segment, error)`` (its own clean-up);
 - closing, also after Ctrl-C, an exhausted error budget or a crash: the links to videos that were not
   finished withdrawn (``video: null``, the reason in ``video_errors``), ``summary.json`` from every row and every
-  segment's timing (:func:`~dz_gym.eval.summary.build_summary`), then ``report.html`` (``config.report``),
+  segment's timing (:func:`~dz_gym.eval.summary.build_summary`), then ``report.html`` (``config.outputs.report``),
   written by the ``dz-gym-report`` command in a process of its own, so that the evaluator does not import the
   report and a report that fails never changes the run's outcome; then what ended the run early is raised; the lock is released.
 
@@ -36,13 +36,14 @@ from typing import Any, Protocol
 from dz_gym.errors import first_line
 from dz_gym.eval.capacity import IdleGapCheck, envs_per_server, session_warning
 from dz_gym.eval.config import EvalConfig
+from dz_gym.eval.control import RunControl
 from dz_gym.eval.ledger import check_ledger, spec_of
 from dz_gym.eval.plan import RunPlan
 from dz_gym.eval.progress import Progress
 from dz_gym.eval.provenance import provenance
 from dz_gym.eval.rundir import ROWS_FILE, RunDir
 from dz_gym.eval.runlock import RunLock
-from dz_gym.eval.runner import RunControl, task_name
+from dz_gym.eval.runner import task_name
 from dz_gym.eval.shared import summary_lock
 from dz_gym.eval.signals import shielded
 from dz_gym.eval.summary import build_summary, pair_tracker, versions
@@ -85,7 +86,7 @@ class Executor(Protocol):
 def checked_rows(config: EvalConfig, run_dir: RunDir) -> list[dict[str, Any]]:
     """The rows of ``run_dir``, each checked against ``config``'s plan (:func:`~dz_gym.eval.ledger.check_ledger`);
     a bad one is a one-line ``ValueError`` ``.../episodes.jsonl:LINE: why``."""
-    spec = spec_of(config, {s: task_name(s) for s in config.scenes})
+    spec = spec_of(config, {s: task_name(s) for s in config.plan.scenes})
     return check_ledger(run_dir.read_numbered_rows(), spec, str(run_dir.path / ROWS_FILE))  # type: ignore[return-value]
 
 
@@ -107,7 +108,7 @@ class RunSegment:
 
     ``plan``: the whole run's plan (its entries with a row are skipped); ``servers``/``servers_b``: what the
     summary names as the run's servers; ``report``: write ``report.html`` at the end (default
-    ``config.report``; a per-scene child leaves it to its parent); ``inherit``: the executor's processes write
+    ``config.outputs.report``; a per-scene child leaves it to its parent); ``inherit``: the executor's processes write
     their own segments, so the summary keeps their timing and server fields."""
 
     def __init__(
@@ -129,7 +130,7 @@ class RunSegment:
         self.config, self.run_dir, self.plan = config, run_dir, plan
         self.servers, self.servers_b = list(servers), list(servers_b)
         self.command, self.server_info = command, server_info
-        self.report = config.report if report is None else bool(report)
+        self.report = config.outputs.report if report is None else bool(report)
         self.inherit = inherit
         self.lock = RunLock.acquire(run_dir.path)
         try:
@@ -159,16 +160,18 @@ class RunSegment:
     def _bars(self, progress: bool | None, log: Callable[[str], None] | None):
         config, total = self.config, len(self.todo)
         say_later: list[Callable[[str], None]] = []
-        per_server = config.envs_per_server() if config.armed else envs_per_server(config.num_envs, len(self.servers))
-        idle_check = IdleGapCheck(per_server, config.server_idle_timeout, lambda line: say_later[0](line))
-        bars = Progress(total, total * config.max_steps, enabled=progress, on_latency=idle_check.observe)
+        per_server = (
+            config.envs_per_server() if config.armed else envs_per_server(config.plan.num_envs, len(self.servers))
+        )
+        idle_check = IdleGapCheck(per_server, config.transport.server_idle_timeout, lambda line: say_later[0](line))
+        bars = Progress(total, total * config.plan.max_steps, enabled=progress, on_latency=idle_check.observe)
         say = log or bars.write
         say_later.append(say)
-        per_arm = config.num_envs // max(1, len(config.arms))  # a run with K arms: 1/K of the slots per arm
+        per_arm = config.plan.num_envs // max(1, len(config.arms))  # a run with K arms: 1/K of the slots per arm
         per_arm *= max(1, len(self.todo.scene_order()))  # the scenes run side by side, a batch each
-        crowded = session_warning(per_arm, self.servers, config.server_max_sessions) if self.servers else None
+        crowded = session_warning(per_arm, self.servers, config.transport.server_max_sessions) if self.servers else None
         if crowded is None and config.ab and self.servers_b:
-            crowded = session_warning(per_arm, self.servers_b, config.server_max_sessions)
+            crowded = session_warning(per_arm, self.servers_b, config.transport.server_max_sessions)
         if crowded is not None:
             say(f"dz-gym-eval: warning: {crowded}")
         return bars, say
@@ -220,7 +223,7 @@ class RunSegment:
             "interrupted": self.control.interrupted and aborted is None,
             "aborted": aborted,
             "command": self.command,
-            "backend": self.config.backend,
+            "backend": self.config.plan.backend,
             "servers": list(self.servers),
             "server": {**(self.server_info or {}), **server_profile(server_metadata)},
             "server_metadata": server_metadata,

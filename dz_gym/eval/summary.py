@@ -63,12 +63,12 @@ def metadata_dict(meta: Any) -> dict[str, Any]:
 def pair_tracker(config: EvalConfig, rows: Sequence[Mapping[str, Any]]):
     """The :class:`~dz_gym.eval.ab.PairTracker` of an A/B run, or the :class:`~dz_gym.eval.race.ArmRace` of a
     ``--select-best`` run, rebuilt from its rows (None otherwise)."""
-    if config.select_best:
+    if config.stats.select_best:
         from dz_gym.eval.plan import pair_order
         from dz_gym.eval.race import ArmRace
 
-        order = pair_order(config.scenes, config.episodes, interleave=True)
-        return ArmRace(config.arms, order=order, alpha=config.alpha, rows=rows)
+        order = pair_order(config.plan.scenes, config.plan.episodes, interleave=True)
+        return ArmRace(config.arms, order=order, alpha=config.stats.alpha, rows=rows)
     if not config.ab:
         return None
     from dz_gym.eval.ab import PairTracker
@@ -76,13 +76,13 @@ def pair_tracker(config: EvalConfig, rows: Sequence[Mapping[str, Any]]):
 
     # The test's pair order is the plan's, the scenes interleaved (episode-major), so that it never decides
     # before every scene has contributed its share, even when the scenes run one after another.
-    order = pair_order(config.scenes, config.episodes, interleave=True)
-    return PairTracker(sequential=config.sequential, alpha=config.alpha, max_pairs=config.sequential_max_pairs,
-                       rows=rows, order=order, min_difference=config.min_difference, power=config.power)  # fmt: skip
+    order = pair_order(config.plan.scenes, config.plan.episodes, interleave=True)
+    return PairTracker(sequential=config.stats.sequential, alpha=config.stats.alpha, max_pairs=config.sequential_max_pairs,
+                       rows=rows, order=order, min_difference=config.stats.min_difference, power=config.stats.power)  # fmt: skip
 
 
 def _planned(config: EvalConfig) -> dict[int, int]:
-    return {s: config.episodes * max(1, len(config.arms)) for s in config.scenes}
+    return {s: config.plan.episodes * max(1, len(config.arms)) for s in config.plan.scenes}
 
 
 def _ab_summary(
@@ -95,15 +95,20 @@ def _ab_summary(
     from dz_gym.stats.ranking import outcomes_by_seed, rank_arms
 
     labels = {}
-    for arm, servers, policy in (("a", config.servers, config.policy), ("b", config.servers_b, config.policy_b)):
+    for arm, servers, policy in (
+        ("a", config.policies.servers, config.policies.policy),
+        ("b", config.policies.servers_b, config.policies.policy_b),
+    ):
         labels[arm] = f"arm {arm.upper()} (" + (", ".join(servers) if servers else f"policy {policy}") + ")"
-    planned = {s: config.episodes for s in config.scenes}
+    planned = {s: config.plan.episodes for s in config.plan.scenes}
     out: dict[str, Any] = {"arms": summarize_arms(rows, config.arms, planned=planned)}
     out["arms"]["labels"] = labels  # what each arm ran (also comparison.arms)
     out["comparison"] = compare_rows(rows, labels=labels)
     by_arm = {arm: [r for r in rows if r.get("arm") == arm] for arm in config.arms}
     tracker = pair_tracker(config, rows)
-    out["sequential"] = tracker.summary(rows, planned_pairs=config.episodes * len(config.scenes), finished=finished)
+    out["sequential"] = tracker.summary(
+        rows, planned_pairs=config.plan.episodes * len(config.plan.scenes), finished=finished
+    )
     if out["sequential"] is None:
         out["ranking"] = rank_arms(outcomes_by_seed(by_arm))  # per arm: Wilson interval, rank with an interval
     else:
@@ -112,7 +117,7 @@ def _ab_summary(
         out["comparison"] = descriptive_comparison(out["comparison"])
         better = out["sequential"].get("better") if out["sequential"].get("stop") else None
         claims = [(better, "b" if better == "a" else "a")] if better in ("a", "b") else []
-        out["ranking"] = rank_arms(outcomes_by_seed(by_arm), config.alpha, claims=claims,
+        out["ranking"] = rank_arms(outcomes_by_seed(by_arm), config.stats.alpha, claims=claims,
                                    claims_method="the sequential test's decision (valid at its stop)")  # fmt: skip
         out["descriptive"] = ADAPTIVE_RATES
         out["sequential"]["dropped"] = [dict(d) for d in dropped]
@@ -129,7 +134,7 @@ def _raced_seeds(config: EvalConfig, rows: Sequence[Mapping[str, Any]], race) ->
     table = {(int(r["scene"]), int(r["episode"]), r.get("arm")): r for r in rows}
     out_after = race.seeds  # per eliminated arm: the seeds folded when it went out
     seeds = []
-    for index, (scene, episode) in enumerate(pair_order(config.scenes, config.episodes, interleave=True)):
+    for index, (scene, episode) in enumerate(pair_order(config.plan.scenes, config.plan.episodes, interleave=True)):
         if index >= race.next_group:
             break
         seed = {}
@@ -147,18 +152,18 @@ def _arms_summary(config: EvalConfig, rows: Sequence[Mapping[str, Any]]) -> dict
     from dz_gym.eval.results import summarize_arms
     from dz_gym.stats.ranking import anytime_claims, outcomes_by_seed, rank_arms
 
-    planned = {s: config.episodes for s in config.scenes}
+    planned = {s: config.plan.episodes for s in config.plan.scenes}
     out: dict[str, Any] = {"arms": summarize_arms(rows, config.arms, planned=planned)}
     out["arms"]["labels"] = {name: f"arm {name} ({value})" for name, value in config.arm_table()}
     by_arm = {arm: [r for r in rows if r.get("arm") == arm] for arm in config.arms}
-    if not config.select_best:
+    if not config.stats.select_best:
         out["ranking"] = rank_arms(outcomes_by_seed(by_arm))
     else:
         race = pair_tracker(config, rows)
         # The race stopped arms adaptively: the leaderboard's claims come from its e-processes, replayed in
         # plan order on the seeds it folded (anytime-valid); rates and Wilson intervals are descriptive.
-        claims = anytime_claims(_raced_seeds(config, rows, race), config.alpha)
-        out["ranking"] = rank_arms(outcomes_by_seed(by_arm), config.alpha, claims=claims)
+        claims = anytime_claims(_raced_seeds(config, rows, race), config.stats.alpha)
+        out["ranking"] = rank_arms(outcomes_by_seed(by_arm), config.stats.alpha, claims=claims)
         out["selection"] = race.summary()
         out["descriptive"] = ADAPTIVE_RATES
         if race.stopped:
@@ -190,11 +195,11 @@ def build_summary(
             busy[url] = busy.get(url, 0.0) + seconds
     from dz_gym.envs.scenes import scene_prompt
 
-    prompts = {s: scene_prompt(s) for s in config.scenes}
+    prompts = {s: scene_prompt(s) for s in config.plan.scenes}
     fields = dict(extra)
     dropped = fields.pop("dropped", [])
     fields["segments"] = segments
-    fields["config"] = config.to_dict()
+    fields["config"] = config.to_flat_dict()  # the flat layout summaries have always had
     fields["retries"] = config.retries_assumption()  # what --episode-retries assumes (None: no retries)
     summary = summarize(
         rows,
@@ -208,7 +213,9 @@ def build_summary(
     if config.ab:
         if finished is None:
             done = {(int(r["scene"]), int(r["episode"]), r.get("arm")) for r in rows}
-            wanted = {(s, k, arm) for s in config.scenes for k in range(config.episodes) for arm in config.arms}
+            wanted = {
+                (s, k, arm) for s in config.plan.scenes for k in range(config.plan.episodes) for arm in config.arms
+            }
             finished = wanted <= done
         summary.update(_ab_summary(config, rows, dropped, finished))
     elif config.armed:

@@ -38,15 +38,15 @@ VIDEO_VIEW_SHAPE = (180, 320)  # each view of the strip, (H, W)
 _STOP = object()
 
 
-def strip_frames(policy_obs: Mapping[str, Any], env_ids: Sequence[int]) -> dict[int, np.ndarray]:
-    """The video strip of each env in ``env_ids`` from ``obs["policy"]``: ``{env_id: (H, 3W, 3) uint8}``.
+def strip_frames(policy_obs: Mapping[str, Any], slots: Sequence[int]) -> dict[int, np.ndarray]:
+    """The video strip of each env slot in ``slots`` from ``obs["policy"]``: ``{slot: (H, 3W, 3) uint8}``.
 
     Views are resized with pad to 180x320 when they have another size (e.g. Isaac Lab's 720x1280), on the
     tensors' device before the host copy.
     """
-    if len(env_ids) == 0:
+    if len(slots) == 0:
         return {}
-    index = np.asarray(env_ids, dtype=np.int64)
+    index = np.asarray(slots, dtype=np.int64)
     native = all(
         isinstance(policy_obs[camera], np.ndarray) and tuple(policy_obs[camera].shape[1:3]) == VIDEO_VIEW_SHAPE
         for camera in droid.VIDEO_STRIP_KEYS
@@ -56,10 +56,10 @@ def strip_frames(policy_obs: Mapping[str, Any], env_ids: Sequence[int]) -> dict[
     else:
         from dz_gym.requests import resized_views
 
-        resized = resized_views(policy_obs, list(env_ids), VIDEO_VIEW_SHAPE)
+        resized = resized_views(policy_obs, list(slots), VIDEO_VIEW_SHAPE)
         views = [resized[camera] for camera in droid.VIDEO_STRIP_KEYS]
-    strips = np.concatenate(views, axis=2)  # (len(env_ids), H, 3W, 3), a fresh copy
-    return {int(env_id): strips[row] for row, env_id in enumerate(env_ids)}
+    strips = np.concatenate(views, axis=2)  # (len(slots), H, 3W, 3), a fresh copy
+    return {int(slot): strips[row] for row, slot in enumerate(slots)}
 
 
 class VideoRecorder:

@@ -92,7 +92,9 @@ def _read_config(path: Path) -> dict[str, Any] | None:
         raise ValueError(f"{path}: unreadable ({exc})") from None
     if not isinstance(config, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(config).__name__}")
-    return config
+    from dz_gym.eval.config import flat_layout
+
+    return flat_layout(config)  # the layout summaries hold, whichever dz-gym wrote it
 
 
 def _planned(config: dict[str, Any]) -> dict[int, int] | None:

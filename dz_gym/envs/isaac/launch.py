@@ -60,7 +60,8 @@ def isaac_flags_wanted(argv: list[str]) -> bool:
             import json
             from pathlib import Path
 
-            backend = json.loads((Path(known.resume) / "config.json").read_text()).get("backend")
+            saved = json.loads((Path(known.resume) / "config.json").read_text())
+            backend = saved.get("plan", saved).get("backend")  # nested, or flat (saved before the sections)
         except (OSError, ValueError, AttributeError):
             backend = None
     if backend == "isaac":

@@ -35,10 +35,11 @@ from typing import Any
 from dz_gym.envs.backends import traits
 from dz_gym.errors import first_line
 from dz_gym.eval.config import EvalConfig
+from dz_gym.eval.control import RunControl
 from dz_gym.eval.plan import PlanEntry, RunPlan, plan_of, row_key
 from dz_gym.eval.row import EpisodeRow
 from dz_gym.eval.rundir import RunDir
-from dz_gym.eval.runner import RunControl, task_name
+from dz_gym.eval.runner import task_name
 from dz_gym.eval.segment import RunSegment, run_segment
 from dz_gym.eval.shards import require_ray
 from dz_gym.eval.shards.collector import Collector
@@ -109,9 +110,9 @@ def cluster_layout(config: EvalConfig, options: RayOptions) -> Layout:
     nodes = [n for n in require_ray().nodes() if n.get("Alive")]
     node_gpus = [float(n.get("Resources", {}).get("GPU", 0)) for n in nodes]
     node_cpus = max((float(n.get("Resources", {}).get("CPU", 0)) for n in nodes), default=1.0)
-    backend = traits(config.backend)
-    k = options.shards or default_shard_count(config.num_envs, nodes=len(nodes), gpus=sum(node_gpus),
-                                              backend=config.backend, shard_gpus=options.shard_gpus)  # fmt: skip
+    backend = traits(config.plan.backend)
+    k = options.shards or default_shard_count(config.plan.num_envs, nodes=len(nodes), gpus=sum(node_gpus),
+                                              backend=config.plan.backend, shard_gpus=options.shard_gpus)  # fmt: skip
     per_node = -(-k // max(1, len(nodes)))
     shard_gpus = gpus_per_shard(backend.shard_gpus, options.shard_gpus, per_node, min(node_gpus, default=0.0))
     backend.check_shard_gpus(shard_gpus)
@@ -164,7 +165,7 @@ class ShardedRun:
     def run(self, segment: RunSegment) -> None:
         self.control, self.bars, self.say = segment.control, segment.bars, segment.say
         total = len(self.plan)
-        self.say(f"{total} episode(s) on {self.num_shards} shard(s) of {self.config.num_envs} env(s) in all (Ray)")
+        self.say(f"{total} episode(s) on {self.num_shards} shard(s) of {self.config.plan.num_envs} env(s) in all (Ray)")
         with interruptible():
             self.start()
             self.loop()
@@ -193,7 +194,7 @@ class ShardedRun:
     # -- set-up ---------------------------------------------------------------------------------------
     def _actor_options(self, st: _ShardState) -> dict[str, Any]:
         opts: dict[str, Any] = {"max_restarts": 0, "max_task_retries": 0, "scheduling_strategy": "SPREAD"}
-        backend = traits(self.config.backend)
+        backend = traits(self.config.plan.backend)
         if self.shard_gpus:
             opts["num_gpus"] = self.shard_gpus
         opts["num_cpus"] = backend.shard_cpus if backend.shard_cpus is not None else self._cpus(st)
@@ -203,7 +204,7 @@ class ShardedRun:
 
     def _env_kwargs(self, st: _ShardState) -> dict[str, Any]:
         kwargs = {k: v for k, v in self.env_kwargs.items() if k != "app_args"}
-        if traits(self.config.backend).worker_processes:
+        if traits(self.config.plan.backend).worker_processes:
             kwargs.setdefault("num_workers", env_workers(len(st.servers), self._cpus(st)))
         return kwargs
 
@@ -214,7 +215,7 @@ class ShardedRun:
         st.attempt += 1
         name = actor_name(self.token, st.index, st.attempt)
         remote = self.ray.remote(ShardWorker).options(name=name, **self._actor_options(st))
-        st.actor = remote.remote(self.config.backend, self.env_kwargs.get("app_args"), self.options.worker_setup)
+        st.actor = remote.remote(self.config.plan.backend, self.env_kwargs.get("app_args"), self.options.worker_setup)
 
     def _queues(self, st: _ShardState, scene: int) -> list[list[PlanEntry]]:
         """The shard's per-slot plan entries of ``scene`` that have no row yet."""
@@ -242,8 +243,8 @@ class ShardedRun:
             "env_kwargs": self._env_kwargs(st),
             "start_line": start_line,
         }
-        if self.config.auth_env and os.environ.get(self.config.auth_env):
-            spec["auth_token"] = os.environ[self.config.auth_env]  # in the object store only, never logged
+        if self.config.transport.auth_env and os.environ.get(self.config.transport.auth_env):
+            spec["auth_token"] = os.environ[self.config.transport.auth_env]  # in the object store only, never logged
         st.ref = st.actor.run_scene.remote(spec, self.collector)
 
     def start(self) -> None:
@@ -313,7 +314,7 @@ class ShardedRun:
         self.bars.episode(
             row["success_at_end"],
             row["error"] is not None,
-            unused_steps=max(0, self.config.max_steps - int(row["steps"])),
+            unused_steps=max(0, self.config.plan.max_steps - int(row["steps"])),
         )
 
     def _finished(self, st: _ShardState) -> None:
@@ -346,7 +347,7 @@ class ShardedRun:
         if result["stopped"] or self.control.stop.is_set() or not self._skip_done_scenes(st):
             self._kill(st)
             return
-        if traits(self.config.backend).one_scene_per_process:
+        if traits(self.config.plan.backend).one_scene_per_process:
             self._kill(st)
             self._new_actor(st)
         self._submit(st)
@@ -372,7 +373,7 @@ class ShardedRun:
             for queue in self._queues(st, scene):
                 for entry in queue:
                     row = EpisodeRow.of(entry, prompt=scene_prompt(scene), task=task_name(scene),
-                                        max_steps=self.config.max_steps, backend=self.config.backend,
+                                        max_steps=self.config.plan.max_steps, backend=self.config.plan.backend,
                                         error=why, error_event=SHARD_LOST,
                                         shard=st.index, node=st.where.get("node"),
                                         gpu=st.where.get("gpu"))  # fmt: skip
@@ -450,18 +451,20 @@ def evaluate_sharded(
 ) -> dict[str, Any]:
     """Run every episode of ``config`` without a row in ``run_dir`` on Ray shards; returns the summary written.
 
-    The arguments are :func:`~dz_gym.eval.evaluate.evaluate`'s (``servers`` default to ``config.servers``),
+    The arguments are :func:`~dz_gym.eval.evaluate.evaluate`'s (``servers`` default to ``config.policies.servers``),
     plus ``options`` (default: a private local Ray instance, one shard per node).
     """
-    servers = list(config.servers if servers is None else servers)
+    servers = list(config.policies.servers if servers is None else servers)
     if not servers:
-        raise ValueError("servers: expected at least one policy server URL (in config.servers or the servers argument)")
+        raise ValueError(
+            "servers: expected at least one policy server URL (in config.policies.servers or the servers argument)"
+        )
     check_shardable(config)
     options = options or RayOptions()
     owns_ray = connect(options)
     try:
         layout = cluster_layout(config, options)
-        plan = plan_of(config, servers, shards=layout.shards, servers_per_shard=options.servers_per_shard)
+        plan = plan_of(config, shards=layout.shards).resolve(servers, servers_per_shard=options.servers_per_shard)
         segment = RunSegment(config, run_dir, plan, servers=servers, control=control, progress=progress, log=log,
                              command=command, server_info=server_info)  # fmt: skip
         run = ShardedRun(config, run_dir, segment.todo, options, layout, env_kwargs=env_kwargs)

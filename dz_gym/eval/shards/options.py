@@ -130,7 +130,7 @@ RAY_FLAGS = (
 def ray_options_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace, config) -> RayOptions | None:
     """:class:`RayOptions` from the flags (None without ``--ray``) for the run ``config`` (an ``EvalConfig``);
     bad flags end in ``parser.error``. A flag not given keeps :class:`RayOptions`' default."""
-    num_envs = config.num_envs
+    num_envs = config.plan.num_envs
     given = given_fields(args, RAY_FLAGS)
     if given.pop("address", None) is None:
         others = [f.name for f in RAY_FLAGS if getattr(args, f.key, None) is not None]
@@ -157,7 +157,7 @@ def ray_options_from_args(parser: argparse.ArgumentParser, args: argparse.Namesp
     try:
         options = RayOptions(address=args.address, resources=resources, **given)
         if options.shard_gpus is not None:
-            traits(config.backend).check_shard_gpus(options.shard_gpus)
+            traits(config.plan.backend).check_shard_gpus(options.shard_gpus)
         return options
     except ValueError as exc:
         parser.error(flag_message(exc, RAY_FLAGS))

@@ -38,9 +38,9 @@ from dz_gym import host_process
 from dz_gym.envs.backends import traits
 from dz_gym.envs.devices import GpuPin, pin_gpu, place_options
 from dz_gym.eval.config import EvalConfig
+from dz_gym.eval.control import RunControl
 from dz_gym.eval.plan import PlanEntry
 from dz_gym.eval.rundir import RunDir, episode_name
-from dz_gym.eval.runner import RunControl
 from dz_gym.eval.scene import run_scene
 
 logger = logging.getLogger(__name__)
@@ -287,12 +287,12 @@ class ShardWorker:
 
         queues = [[PlanEntry(**e) for e in q] for q in spec["queues"]]
         config = dataclasses.replace(EvalConfig.from_dict(spec["config"]), num_envs=len(queues))
-        if config.auth_env and spec.get("auth_token") and not os.environ.get(config.auth_env):
-            os.environ[config.auth_env] = spec["auth_token"]
+        if config.transport.auth_env and spec.get("auth_token") and not os.environ.get(config.transport.auth_env):
+            os.environ[config.transport.auth_env] = spec["auth_token"]
         ship = spec.get("ship_files")
         shared = _sees_run_dir(spec["run_dir"], spec["token"]) if ship is None else not ship
         root = Path(spec["run_dir"]) if shared else Path(tempfile.mkdtemp(prefix=f"dz-gym-shard{spec['shard']}-"))
-        recorder = VideoRecorder() if config.video else None
+        recorder = VideoRecorder() if config.outputs.video else None
         shard = int(spec["shard"])
         placement = {"shard": shard, "node": self.node_id, "gpu": self.pin.gpu}
         outbox = Outbox(root, meta=placement, ship_files=not shared, recorder=recorder)
