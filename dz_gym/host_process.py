@@ -23,7 +23,7 @@ The evaluator gives the settings in effect to the pools it builds (``open_pool(.
 :class:`~dz_gym.transport.ProcessSessionPool`'s view memory does what they say); nothing else of the
 transport asks here.
 
-dz-gym sets neither glibc's heap thresholds (``mallopt``) nor freezes the garbage collector's heap
+dz-gym neither sets glibc's heap thresholds (``mallopt``) nor freezes the garbage collector's heap
 (``gc.freeze``): both were measured end to end and gained nothing beyond the run-to-run spread (the A/B of
 benchmarks/README.md). A user who wants the thresholds sets ``MALLOC_MMAP_THRESHOLD_`` and
 ``MALLOC_TRIM_THRESHOLD_`` in the environment; the worker processes inherit them.
