@@ -19,13 +19,12 @@ temporary worktree, its own child process), interleaved with this tree's runs, a
 ``--cprofile N`` it writes this tree's run at N under :mod:`cProfile` and prints its top functions.
 ``--heap-objects M`` makes the child hold M objects the garbage collector tracks before the runs, as a
 simulator's process does (Isaac Lab's holds about 1.3 million); ``full gc ms`` and ``full gcs`` are the
-collector's full (generation 2) passes from the env's first reset to its close. ``--freeze-ab`` compares this
-tree with itself, the collector's freeze (``freeze_collector``, :mod:`dz_gym.host_process`) turned off in the baseline's child.
+collector's full (generation 2) passes from the env's first reset to its close.
 
 Usage::
 
     python benchmarks/bench_bookkeeping.py [--sizes 256,1024] [--max-steps 64] [--repeats 2] [--baseline main]
-        [--prefetch 4 --simulated-delay 4] [--heap-objects 1300000] [--freeze-ab]
+        [--prefetch 4 --simulated-delay 4] [--heap-objects 1300000]
 """
 
 from __future__ import annotations
@@ -166,16 +165,12 @@ def measure(
 
 
 def _child(args) -> int:
-    from dz_gym import host_process
     from dz_gym.server.launch import start_server_process
 
-    settings = host_process.HostProcessSettings()  # the evaluator's, which it would apply itself
-    if args.no_freeze:  # the same tree without the collector's freeze (--freeze-ab's baseline)
-        settings = settings.without("freeze_collector")
     serve = ["--policy", "hold", "--workers", "8", "--quiet"]
     # a simulator's process holds many objects the collector tracks (Isaac Lab's: about 1.3 million)
     held = [[i] for i in range(args.heap_objects)]  # noqa: F841 - held for the collector to walk
-    with start_server_process(serve) as server, host_process.applied(settings):
+    with start_server_process(serve) as server:  # the evaluator applies its own settings
         url = server.url + "/v1/realtime/robot/openpi"
         results = {n: measure(url, n, args.max_steps, args.cprofile if n == args.cprofile_n else None,
                               args.prefetch, args.simulated_delay) for n in args.sizes}  # fmt: skip
@@ -183,13 +178,12 @@ def _child(args) -> int:
     return 0
 
 
-def _run_tree(tree: Path, args, cprofile_n: int = 0, cprofile: str = "", extra=()) -> dict[int, dict]:
-    """This benchmark's child run on the package of ``tree`` (its own process; ``extra``: more child flags),
-    the results per N."""
+def _run_tree(tree: Path, args, cprofile_n: int = 0, cprofile: str = "") -> dict[int, dict]:
+    """This benchmark's child run on the package of ``tree`` (its own process), the results per N."""
     env = dict(os.environ, PYTHONPATH=str(tree))
     cmd = [sys.executable, str(HERE / "bench_bookkeeping.py"), "--child", "--sizes", ",".join(map(str, args.sizes)),
            "--max-steps", str(args.max_steps), "--prefetch", str(args.prefetch),
-           "--heap-objects", str(args.heap_objects), *extra]  # fmt: skip
+           "--heap-objects", str(args.heap_objects)]  # fmt: skip
     if args.simulated_delay is not None:
         cmd += ["--simulated-delay", str(args.simulated_delay)]
     if cprofile_n:
@@ -219,37 +213,28 @@ def main() -> int:
         default=0,
         help="objects the collector tracks, held in the child as a simulator's process holds them",
     )
-    parser.add_argument(
-        "--freeze-ab",
-        action="store_true",
-        help="baseline: this tree with the collector's freeze turned off (instead of --baseline)",
-    )
-    parser.add_argument("--no-freeze", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         return _child(args)
 
     tree = HERE.parent
-    trees: dict[str, tuple[Path, tuple[str, ...]]] = {"this tree": (tree, ())}
+    trees: dict[str, Path] = {"this tree": tree}
     base_name = None
     with contextlib.ExitStack() as stack:
-        if args.freeze_ab:
-            base_name = "no freeze"
-            trees = {base_name: (tree, ("--no-freeze",)), "this tree": (tree, ())}
-        elif args.baseline:
+        if args.baseline:
             base = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "baseline"
             subprocess.run(["git", "-C", str(tree), "worktree", "add", "--detach", str(base), args.baseline],
                            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
             stack.callback(subprocess.run, ["git", "-C", str(tree), "worktree", "remove", "--force", str(base)],
                            check=False)  # fmt: skip
             base_name = f"baseline {args.baseline}"
-            trees = {base_name: (base, ()), "this tree": (tree, ())}
+            trees = {base_name: base, "this tree": tree}
         results: dict[str, list[dict[int, dict]]] = {name: [] for name in trees}
         for repeat in range(args.repeats):
-            for name, (path, extra) in trees.items():
+            for name, path in trees.items():
                 profile_n = args.cprofile_n if name == "this tree" and repeat == 0 else 0
-                results[name].append(_run_tree(path, args, profile_n, args.cprofile, extra))
+                results[name].append(_run_tree(path, args, profile_n, args.cprofile))
     mode = f"prefetch {args.prefetch}" + (
         "" if args.simulated_delay is None else f", simulated delay {args.simulated_delay}"
     )

@@ -7,12 +7,12 @@ compares ``packb`` with msgpack's own packer and dz_gym's array hook (``packb``'
 of it before the fast path of :mod:`dz_gym.protocol.packer`).
 
 ``--round N`` instead encodes N distinct requests (views of (N, 180, 320, 3) camera batches, as a batched env
-gives them) and keeps them all, as one ``SessionPool.submit_many`` round does, with the heap setting a pool of
-a process opted in to ``heap_thresholds`` (:mod:`dz_gym.host_process`, as the evaluator is) makes for such a round (``--default-trim``: the 256 MiB trim threshold a pool had before it raised it), and
-prints the median per-request time and the page faults per request of each encoder. Each encoder runs its
-rounds in a block of its own: interleaved, one encoder's leftovers pin the heap's top and hide the trimming.
+gives them) and keeps them all, as one ``SessionPool.submit_many`` round does, with the process's heap as
+glibc sets it (dz-gym sets no heap thresholds), and prints the median per-request time and the page faults per
+request of each encoder. Each encoder runs its rounds in a block of its own: interleaved, one encoder's
+leftovers pin the heap's top and hide the trimming.
 
-Usage: python benchmarks/bench_codec.py [--repeats 200] [--rounds 7] [--round 1024 [--default-trim]]
+Usage: python benchmarks/bench_codec.py [--repeats 200] [--rounds 7] [--round 1024]
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import uuid
 import msgpack
 import numpy as np
 
-from dz_gym import host_process
 from dz_gym.protocol import build_infer_request, codec, packb, unpackb
 
 CAMERAS = ("observation/exterior_image_0_left", "observation/exterior_image_1_left", "observation/wrist_image_left")
@@ -57,7 +56,7 @@ def time_per_call(fn, repeats: int) -> float:
     return (time.perf_counter() - start) / repeats
 
 
-def encode_round(num: int, rounds: int, default_trim: bool) -> None:
+def encode_round(num: int, rounds: int) -> None:
     """Per-request time and page faults of encoding a round of ``num`` distinct requests, all kept at once."""
     rng = np.random.default_rng(1)
     batches = [rng.integers(0, 256, (num, 180, 320, 3), dtype=np.uint8) for _ in CAMERAS]
@@ -67,9 +66,7 @@ def encode_round(num: int, rounds: int, default_trim: bool) -> None:
         for i in range(num)
     ]  # fmt: skip
     size = len(packb(requests[0]))
-    host_process.keep_round(0 if default_trim else 2 * num * size)  # what a SessionPool of an opted-in process does
-    trim = host_process.trim_threshold() >> 20
-    print(f"round of {num} requests ({num * size / 2**20:.0f} MiB), trim threshold {trim} MiB")
+    print(f"round of {num} requests ({num * size / 2**20:.0f} MiB)")
     times: dict[str, list[float]] = {"packb": [], "msgpack path": []}
     faults: dict[str, list[float]] = {"packb": [], "msgpack path": []}
     for name, encode in (("packb", packb), ("msgpack path", msgpack_path)):  # not interleaved: see below
@@ -92,11 +89,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=200, help="calls per timing")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved timings per codec (median taken)")
     parser.add_argument("--round", type=int, default=0, help="encode rounds of N distinct requests instead")
-    parser.add_argument("--default-trim", action="store_true", help="--round with the 256 MiB trim threshold")
     args = parser.parse_args()
-    if args.round:  # alone: the heap setting it makes would change the openpi baseline's page faults
-        with host_process.applied(host_process.HostProcessSettings()):  # the evaluator's heap thresholds
-            encode_round(args.round, args.rounds, args.default_trim)
+    if args.round:  # alone: the heap its rounds leave would change the openpi baseline's page faults
+        encode_round(args.round, args.rounds)
         return 0
     try:
         from openpi_client import msgpack_numpy

@@ -46,8 +46,7 @@ three views' ``NewtonWarpRendererCfg`` (tile size, traversal order, block size: 
 render kernels), ``--override env.KEY=VALUE`` any field of the task's config (an Isaac Lab Hydra override,
 checked against the config's fields: e.g. ``env.sim.physics.bvh_constructor_geometry=sah``, the mesh BVH the
 renderer casts against), ``--transport-processes P`` spreads the evaluator's sessions over P processes (``auto``:
-the evaluator's default), ``--no-collector-freeze`` turns the evaluator's freeze of the collector's heap off (an
-A/B of ``freeze_collector``, :mod:`dz_gym.host_process`).
+the evaluator's default).
 
 Usage (the GPU host; Isaac Lab 3.0 installed by ``scripts/setup_isaac3.sh``)::
 
@@ -285,8 +284,7 @@ def run_child(backend: str, n: int, args, scene: int = 1) -> dict | None:
     command = [sys.executable, __file__, "--child", backend, "--num-envs", str(n), "--latency-ms", str(args.latency_ms),
                "--max-steps", str(args.max_steps), "--prefetch", str(args.prefetch), "--cycles", str(args.cycles),
                "--device", args.device, "--scene", str(scene), "--servers", str(args.servers), "--modes", args.modes,
-               "--transport-processes", str(args.transport_processes), "--profile" if args.profile else "--no-profile",
-               "--collector-freeze" if args.collector_freeze else "--no-collector-freeze"]  # fmt: skip
+               "--transport-processes", str(args.transport_processes), "--profile" if args.profile else "--no-profile"]  # fmt: skip
     for item in args.renderer:
         command += ["--renderer", item]
     for item in args.override:
@@ -318,8 +316,7 @@ def report(results: list[dict], args) -> bool | None:
     print(f"L={args.latency_ms:.0f} ms, {args.max_steps}-step episodes, policy hold, W=N server workers, prefetch "
           f"K={args.prefetch} (locked: --simulated-delay K too); raw = the simulator alone: the batch's reset and "
           f"the episode's steps with the evaluator's renders (ceil(T/8) - 1 an episode), raw all = N/s_N all (every view every step); transport processes "
-          f"{args.transport_processes}; collector freeze "
-          f"{'on' if args.collector_freeze else 'off'}; renderer "
+          f"{args.transport_processes}; renderer "
           f"{' '.join(args.renderer) or 'defaults'}; overrides {' '.join(args.override) or 'none'}")  # fmt: skip
     cols = ["s_N ms", "s_all ms", "reset ms", "raw", "raw all", "GPU MiB", "bound"]
     for mode in modes:
@@ -405,13 +402,6 @@ def main() -> int:
         help="the evaluator's transport processes (0, the default here: in-process; auto: the evaluator's own "
         "default, chosen from N and the cores)",
     )
-    parser.add_argument(
-        "--collector-freeze",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="the evaluator's freeze of the collector's heap while a scene is built and steps "
-        "(freeze_collector of dz_gym.host_process); --no-collector-freeze for an A/B",
-    )
     parser.add_argument("--cycles", type=int, default=3, help="8-step cycles timed for s_N")
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--child-timeout", type=float, default=900.0)
@@ -448,10 +438,7 @@ def main() -> int:
     if args.child:
         from dz_gym import host_process
 
-        settings = host_process.HostProcessSettings()  # the evaluator's, which it would apply itself
-        if not args.collector_freeze:  # the A/B's baseline: the evaluator without its freeze of the collector
-            settings = settings.without("freeze_collector")
-        with host_process.applied(settings):
+        with host_process.applied():  # the evaluator's settings, which it would apply itself
             result = child(args)
         print(RESULT + json.dumps(result), flush=True)
         os._exit(0)  # skip Isaac Lab's and Warp's teardown

@@ -16,16 +16,14 @@ The mechanisms (what turning one off does here, in this process, on the tree as 
   memory, every request is copied into its worker's arena;
 - ``worker_framing``: the workers frame a batch's requests from one template -- off: the caller packs
   every request;
-- ``heap_thresholds``: glibc's mmap and trim thresholds raised so request-sized buffers are reused -- off:
-  glibc's initial values (128 KiB both; glibc's own dynamic raising of the mmap threshold stays off once
-  set, so "off" is close to, not exactly, a process that never set them);
-- ``collector_freeze``: the built simulator's objects out of the collector's full passes -- off: no freeze;
 - ``page_lock``: the view memory page-locked for CUDA (one DMA copy from the GPU) -- off: pageable;
 - ``populate_views``: the view memory made and its pages mapped ahead (``madvise``) while the env resets --
   off: the first batch makes it and its first copy faults the pages in.
 
-The last four are the settings of :mod:`dz_gym.host_process` (``collector_freeze`` is ``freeze_collector``):
-a configuration applies the evaluator's settings with that one turned off, which the evaluator then keeps.
+The last two are the settings of :mod:`dz_gym.host_process`: a configuration applies the evaluator's settings
+with that one turned off, which the evaluator then keeps. (The run recorded in benchmarks/results/ also turned
+off two mechanisms since removed, ``heap_thresholds`` and ``collector_freeze``: :func:`table` renders a result
+file whatever mechanisms it names.)
 
 A mechanism *pays* at a size and mode when its runs' range lies wholly above the runs' range without it;
 it *costs* when wholly below; otherwise its gain is within the run-to-run spread. Ratios are on/off of the
@@ -61,16 +59,13 @@ MECHANISMS = (
     "worker_processes",
     "host_views",
     "worker_framing",
-    "heap_thresholds",
-    "collector_freeze",
     "page_lock",
     "populate_views",
 )
 MODES = {"sync": (0, None), "locked": (4, 4)}
 RESULT = "BENCH_RESULT "
-HOST_SETTINGS = {"heap_thresholds": "heap_thresholds", "collector_freeze": "freeze_collector",
-                 "page_lock": "page_lock", "populate_views": "populate_views"}  # fmt: skip
-"""Each mechanism that is a setting of dz_gym.host_process, and its name there."""
+HOST_SETTINGS = ("page_lock", "populate_views")
+"""The mechanisms that are settings of dz_gym.host_process (by the same name)."""
 
 
 @contextlib.contextmanager
@@ -91,7 +86,7 @@ def mechanism_off(name: str):
     from dz_gym.transport.workers import pool as processes
 
     if name in HOST_SETTINGS:  # the evaluator's settings with this one off; evaluate() keeps them
-        with host_process.applied(host_process.HostProcessSettings().without(HOST_SETTINGS[name])):
+        with host_process.applied(host_process.HostProcessSettings().without(name)):
             yield
     elif name == "host_views":
         init = processes.ProcessSessionPool.__init__

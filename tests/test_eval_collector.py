@@ -1,5 +1,5 @@
 """dz_gym.eval.collector: the collector's passes per generation and their seconds while entered (``--profile``'s
-``collector``); the freeze of what the process held is :mod:`dz_gym.host_process`'s (tests/test_host_process.py)."""
+``collector``)."""
 
 from __future__ import annotations
 

@@ -3,8 +3,8 @@
 interpreter (all threads wait for a pass).
 
 A process that has built a simulator holds many objects the collector tracks (about 1.3 million for Isaac
-Lab), and each full (generation 2) pass walks all of them; the evaluator keeps them out of those passes
-(``freeze_collector`` of :mod:`dz_gym.host_process`), and these counts show what passes are left.
+Lab), and each full (generation 2) pass walks all of them; these counts show how often that happens and what
+it costs.
 """
 
 from __future__ import annotations

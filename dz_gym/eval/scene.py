@@ -7,11 +7,8 @@ one :class:`~dz_gym.eval.clients.ArmRouter`; a run that sends sampling fields th
 :class:`~dz_gym.eval.clients.RequestFields`), runs the slots' plan entries with
 :class:`~dz_gym.eval.runner.SceneRunner` and closes everything, also on failure. :func:`scene_batch` is the
 same batch held open, for an executor that steps several scenes' batches side by side
-(:mod:`dz_gym.eval.sidebyside`). Where the process opted in to ``freeze_collector``
-(:mod:`dz_gym.host_process`; the executors do), what the process held once the batch was built is kept out of
-the garbage collector's full passes while the batch is open, and while it is built each full pass walks only
-what came since the one before; the thaw comes after the batch is closed, so that its objects can be
-collected. The pools of the batch get the host-process settings in effect (page-locking of their view memory).
+(:mod:`dz_gym.eval.sidebyside`). The pools of the batch get the host-process settings in effect
+(:mod:`dz_gym.host_process`: page-locking of their view memory).
 """
 
 from __future__ import annotations
@@ -113,15 +110,8 @@ def scene_batch(
     if any(e.arm not in (None, *arms) for q in queues for e in q):
         raise ValueError(f"queues: expected arms in {arms}")
     factory = env_factory or default_env_factory
-    # while the simulator imports and builds, a full pass walks only what came since the last one
-    building = host_process.freeze_collector(as_it_grows=True)
-    try:
-        env = factory(scene, config, **dict(env_kwargs or {}))
-    except BaseException:
-        building()
-        raise
+    env = factory(scene, config, **dict(env_kwargs or {}))
     wrapper = runner = None
-    thaw: Callable[[], None] | None = None
     try:
         with interruptible():  # not while the batch is held: another scene's simulator may be starting then
             if before_connect is not None:
@@ -142,24 +132,16 @@ def scene_batch(
                 runner = SceneRunner(wrapper, scene=scene, queues=queues, max_steps=config.plan.max_steps,
                                      backend=config.plan.backend, on_episode_start=getattr(client, "begin_episode", None),
                                      episode_retries=config.errors.episode_retries, **runner_kwargs)  # fmt: skip
-        # the simulator's objects, out of the collector's full passes while the batch steps
-        thaw = host_process.freeze_collector()
-        building()
         # --profile: the span is this batch's whole stepping (with scenes side by side the process's CPU time
         # in it is every scene's)
         with contextlib.nullcontext() if profiler is None else profiler.span(wrapper):
             yield runner
     finally:
         with shielded():
-            try:
-                if wrapper is not None:
-                    wrapper.close()
-                else:
-                    env.close()
-            finally:
-                building()  # a no-op once the batch stepped
-                if thaw is not None:
-                    thaw()
+            if wrapper is not None:
+                wrapper.close()
+            else:
+                env.close()
 
 
 def run_scene(

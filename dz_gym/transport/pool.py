@@ -29,7 +29,6 @@ import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from dz_gym import host_process
 from dz_gym.errors import DzGymError, PartialConnectError, RequestTimeout
 from dz_gym.policy_client import Outcome
 from dz_gym.protocol import ServerMetadata
@@ -157,11 +156,7 @@ class SessionPool(PoolBase):
     def submit_many(self, items: Iterable[tuple[int, dict | bytes]]) -> list[concurrent.futures.Future[Outcome]]:
         """:meth:`submit` for each ``(i, request)``: all encoded here, then handed to the loop thread at once
         (one wake-up instead of one per request: with hundreds of sessions the two threads otherwise trade
-        the interpreter lock at every request).
-
-        Where this process opted in to ``heap_thresholds`` (:mod:`dz_gym.host_process`), the heap keeps at
-        least twice the bytes encoded here when they are freed (this round and one more in flight), so that the
-        next round does not fault its buffers in again."""
+        the interpreter lock at every request)."""
         return self._send_all(items, lambda i, request: encode_request(request))
 
     def submit_batch(self, batch: RequestBatch, env_ids: Sequence[int]) -> list[concurrent.futures.Future[Outcome]]:
@@ -175,7 +170,6 @@ class SessionPool(PoolBase):
         profiler = self._profiler
         futures: list[concurrent.futures.Future[Outcome] | None] = []
         coros, slots = [], []
-        encoded = 0
         for i, item in items:
             session = self._session(i)
             start = time.perf_counter()
@@ -188,11 +182,9 @@ class SessionPool(PoolBase):
                 continue
             if profiler is not None:
                 profiler.add("encode", time.perf_counter() - start)
-            encoded += len(payload)
             slots.append(len(futures))
             futures.append(None)
             coros.append(session.send(payload, index=i))
-        host_process.keep_round(2 * encoded)
         start = time.perf_counter()
         for slot, future in zip(slots, self._loop.submit_many(coros)):
             futures[slot] = future

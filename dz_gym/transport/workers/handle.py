@@ -94,9 +94,8 @@ class WorkerHandle:
 
     def __init__(self, number: int, sessions: list[tuple[int, str]], config: TransportConfig, *, concurrency: int,
                  arena_bytes: int, start_timeout: float, max_restarts: int,
-                 views: HostViews | None = None, heap_thresholds: bool = False):  # fmt: skip
+                 views: HostViews | None = None):  # fmt: skip
         self.number = number
-        self.heap_thresholds = heap_thresholds  # the worker sets glibc's heap thresholds (dz_gym.host_process)
         self.views = views  # the pool's view segments, mapped by every worker
         self.sessions = sessions
         self.config = config
@@ -140,7 +139,6 @@ class WorkerHandle:
             self.concurrency,
             [[k, name] for k, name in self.arena.names],
             [] if self.views is None else [[k, name] for k, name in self.views.names],
-            bool(self.heap_thresholds),
         )
         parent_conn.send_bytes(pack_message(init))
         self.process, self.conn = process, parent_conn

@@ -59,10 +59,9 @@ class Kind:
 
 
 # fmt: off
-INIT = Kind("init", TO_WORKER, ("config", "sessions", "concurrency", "segments", "views", "heap_thresholds"),
+INIT = Kind("init", TO_WORKER, ("config", "sessions", "concurrency", "segments", "views"),
             "the first message: the transport config's fields, the worker's sessions `[session, url]`, how many "
-            "connect at once, the arena's and the view memory's segments `[k, name]` to map, whether to set "
-            "glibc's heap thresholds in the worker (`dz_gym.host_process`)")
+            "connect at once, the arena's and the view memory's segments `[k, name]` to map")
 SEND = Kind("send", TO_WORKER, ("requests",),
             "send requests that lie in the worker's arena, each `[token, session, segment, offset, length]`")
 SENDB = Kind("sendb", TO_WORKER, ("token", "session", "frame"),

@@ -94,8 +94,8 @@ class ProcessSessionPool(PoolBase):
     ``processes``: how many workers (at most one per session). ``arena_bytes``: the most shared memory of one
     worker. ``views_bytes``: the most shared memory of :attr:`host_views` (0: none). ``start_timeout``: bound
     on a worker's start-up. ``max_restarts``: how often a dead worker is restarted by ``connect``/``reconnect``.
-    ``host``: what the pool may do to this process and its workers' (:mod:`dz_gym.host_process`: page-locked
-    and populated view memory here, the heap thresholds in the workers); None: nothing.
+    ``host``: what the pool may do to this process (:mod:`dz_gym.host_process`: page-locked and populated view
+    memory); None: nothing.
     """
 
     def __init__(
@@ -147,7 +147,6 @@ class ProcessSessionPool(PoolBase):
                 start_timeout=start_timeout,
                 max_restarts=max_restarts,
                 views=self._views,
-                heap_thresholds=host.heap_thresholds,
             )  # fmt: skip
             for w in range(count)
         ]

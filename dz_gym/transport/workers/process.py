@@ -14,7 +14,6 @@ import time
 from multiprocessing import shared_memory
 from typing import Any
 
-from dz_gym import host_process
 from dz_gym.errors import DzGymError
 from dz_gym.protocol import packb
 from dz_gym.protocol.request_batch import frame_of
@@ -82,8 +81,7 @@ class WorkerLoop:
 
     def __init__(self, conn: Any, config: dict[str, Any], sessions: list, concurrency: int, segments: list,
                  views: list):  # fmt: skip
-        """The fields of the parent's ``init`` message but the last (``heap_thresholds``, which
-        :func:`worker_main` applies)."""
+        """The fields of the parent's ``init`` message."""
         self.conn = conn
         transport = TransportConfig(**config)
         self.close_timeout = transport.close_timeout
@@ -313,7 +311,4 @@ def worker_main(conn: Any) -> None:
         return
     if kind is not msg.INIT:
         raise MessageError(f"transport worker: expected an {msg.INIT.name} message first, got {kind.name}")
-    *fields, heap_thresholds = fields
-    if heap_thresholds:  # frame-sized buffers (the masked copies) are reused, as in an opted-in parent
-        host_process.set_heap_thresholds()
     asyncio.run(WorkerLoop(conn, *fields).run())
