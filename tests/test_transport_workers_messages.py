@@ -12,12 +12,14 @@ import pytest
 from dz_gym.errors import ConnectionLost, ProtocolError, ServerError
 from dz_gym.transport.workers import messages
 from dz_gym.transport.workers.messages import (
+    ARENA,
     MESSAGES,
     OUT,
     RESET,
     SEND,
     TO_PARENT,
     TO_WORKER,
+    VIEWS,
     MessageError,
     error_fields,
     markdown_table,
@@ -42,10 +44,11 @@ def test_every_kind_is_declared_once_per_direction_with_its_fields():
 
 
 def test_a_message_round_trips_through_the_pipe_encoding():
-    message = SEND([[7, 3, 0, 128, 4096]])
-    assert message == ["send", [[7, 3, 0, 128, 4096]]]
+    requests = [[7, 3, [[ARENA, 0, 128, 4096]]], [8, 3, [b"head", [VIEWS, 1, 64, 512], b"tail"]], [9, 4, [b"frame"]]]
+    message = SEND(requests)
+    assert message == ["send", requests]
     kind, fields = read_message(unpack_message(pack_message(message)), TO_WORKER)
-    assert kind is SEND and fields == [[[7, 3, 0, 128, 4096]]]
+    assert kind is SEND and fields == [requests]
     out = OUT(1, 2, b"frame", [0.5, 0.75, 10, 0, 0], None, 0.001, True)
     kind, fields = read_message(unpack_message(pack_message(out)), TO_PARENT)
     assert kind is OUT and fields[2] == b"frame" and fields[-1] is True

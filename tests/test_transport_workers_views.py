@@ -23,7 +23,7 @@ from dz_gym.profiling import StageProfiler
 from dz_gym.protocol import packb
 from dz_gym.testing.servers import ServerThread, replying
 from dz_gym.transport import ProcessSessionPool, TransportConfig
-from dz_gym.transport.workers.messages import TOOK
+from dz_gym.transport.workers.messages import TOOK, VIEWS
 from dz_gym.transport.workers.segments import create_segment
 from dz_gym.transport.workers.views import FIRST_VIEWS_SEGMENT_BYTES, HostViews
 
@@ -71,7 +71,7 @@ def test_a_block_lives_while_any_view_of_it_or_a_workers_hold_does():
         assert views.blocks == 1
         head = np.zeros(10, np.uint8)
         parts, keys, nbytes = views.refer([head, row, b"tail"], 64)  # as packer.fast_parts gives them
-        assert parts == [bytes(10), [0, 200, 100], b"tail"] and keys == [(0, 0)] and nbytes == 114
+        assert parts == [bytes(10), [VIEWS, 0, 200, 100], b"tail"] and keys == [(0, 0)] and nbytes == 114
         (key,) = keys
         del row
         gc.collect()
@@ -80,14 +80,14 @@ def test_a_block_lives_while_any_view_of_it_or_a_workers_hold_does():
         assert views.blocks == 0
         again = views.alloc(1000)
         parts, keys, _ = views.refer([again], 64)
-        assert parts == [[0, 0, 1000]]
+        assert parts == [[VIEWS, 0, 0, 1000]]
         views.release(keys[0])
         assert views.refer([np.zeros(100, np.uint8)], 64) is None  # memory of its own: not here
         assert views.refer([again[:10]], 64) is None  # nothing large: nothing to refer to
         readonly = again[:100]
         readonly.flags.writeable = False
         parts, keys, _ = views.refer([readonly], 64)
-        assert parts == [[0, 0, 100]]
+        assert parts == [[VIEWS, 0, 0, 100]]
         views.release(keys[0])
     finally:
         views.close()

@@ -352,81 +352,54 @@ class WorkerHandle:
                 item.future.set_result(None)
 
     # -- requests -----------------------------------------------------------------------------------------
-    def place(self, index: int, pieces: list[memoryview], future: concurrent.futures.Future, batch: list) -> None:
-        """Register ``future`` and write the request into this worker's arena, its descriptor appended to
-        ``batch`` (sent by :meth:`send_descriptors`); without room it goes through the pipe now (``batch``
-        first, so one session's requests keep their order); a dead worker's fails at once."""
-        nbytes = pieces_size(pieces)
-        with self.lock:
-            if not self.alive:
-                why = f" (its transport worker exited: {self.death})" if self.death else ""
-                error = ConnectionLost(f"session {index} is not connected{why}")
-                future.set_result(Outcome.failed(index, error, request_bytes=nbytes))
-                return
-            spot = self.arena.alloc(nbytes)
-            token = next(TOKENS)
-            if spot is not None:
-                seg, offset = spot
-                # written under the lock: a range is never handed out again while it is being written
-                write_pieces(pieces, self.arena.segments[seg].mapping, offset)
-                self.pending[token] = _Pending(msg.OUT, future, index, spot, nbytes)
-                batch.append([token, index, seg, offset, nbytes])
-                return
-            self.pending[token] = _Pending(msg.OUT, future, index, None, nbytes)
-        self.send_descriptors(batch)
-        batch.clear()
-        self._write(msg.SENDB(token, index, b"".join(pieces)))
-
     def _announce_segment(self, k: int, name: str) -> None:
         """Tell the worker to map the arena's new segment ``k`` (under ``lock``, before any request names it)."""
         self._write(msg.SEG(k, name))
 
     def place_many(self, entries: list[tuple[int, Any, concurrent.futures.Future, Any]]) -> None:
-        """:meth:`place` each ``(index, pieces, future, split)`` in order, then send their descriptors at once
-        (``pieces`` is None where ``split`` is given).
+        """Register each ``(index, pieces, future, split)``'s future and send the requests in one ``send``
+        message, in order (so one session's requests keep theirs); ``pieces`` is None where ``split`` is given.
 
         A request with a ``split`` of :meth:`by_reference` (its large pieces all lie in the pool's view memory)
-        goes as references to them (the worker joins the frame): nothing of it is copied here. Its descriptor
-        then goes in a ``sendv`` message, so a run of such requests and one of arena requests keep one
-        session's order by going out in turn."""
-        batch: list[list] = []
-        by_reference: list[list] = []
+        goes as references to them (the worker joins the frame): nothing of it is copied here. Any other is
+        written into this worker's arena and goes as its range there, or, without room, inline as its bytes.
+        A dead worker's requests fail at once."""
+        requests: list[list] = []
         for index, pieces, future, split in entries:
-            if split is None:
-                if by_reference:
-                    self._write(msg.SENDV(by_reference))
-                    by_reference = []
-                self.place(index, pieces, future, batch)
-                continue
-            if batch:
-                self.send_descriptors(batch)
-                batch = []
-            self._place_by_reference(index, *split, future, by_reference)
-        self.send_descriptors(batch)
-        if by_reference:
-            self._write(msg.SENDV(by_reference))
+            self._place(index, pieces, split, future, requests)
+        if requests:
+            self._write(msg.SEND(requests))
+
+    def _place(self, index: int, pieces: Any, split: Any, future: concurrent.futures.Future,
+               requests: list) -> None:  # fmt: skip
+        """Register ``future`` and append its request ``[token, session, parts]`` to ``requests``."""
+        parts, holds, nbytes = split if split is not None else (None, None, pieces_size(pieces))
+        with self.lock:
+            alive = self.alive
+            if alive:
+                token = next(TOKENS)
+                spot = None if parts is not None else self.arena.alloc(nbytes)
+                if spot is not None:
+                    seg, offset = spot
+                    # written under the lock: a range is never handed out again while it is being written
+                    write_pieces(pieces, self.arena.segments[seg].mapping, offset)
+                    parts = [[msg.ARENA, seg, offset, nbytes]]
+                self.pending[token] = _Pending(msg.OUT, future, index, spot, nbytes, holds)
+        if not alive:
+            self._release_views(holds)
+            why = f" (its transport worker exited: {self.death})" if self.death else ""
+            future.set_result(Outcome.failed(index, ConnectionLost(f"session {index} is not connected{why}"),
+                                             request_bytes=nbytes))  # fmt: skip
+            return
+        requests.append([token, index, parts if parts is not None else [b"".join(pieces)]])
 
     def by_reference(self, parts: list) -> tuple[list[Any], list[tuple[int, int]], int] | None:
         """``(parts, holds, nbytes)`` of a request's packed parts (:func:`dz_gym.protocol.packer.fast_parts`):
-        the small ones joined inline and its large arrays as ``[segment, offset, length]`` of the view memory
-        (each block held until the worker took it); None when some large array lies elsewhere (or there is no
-        view memory in use)."""
+        the small ones joined inline and its large arrays as ``[VIEWS, segment, offset, length]`` of the view
+        memory (each block held until the worker took it); None when some large array lies elsewhere (or there
+        is no view memory in use)."""
         views = self.views
         return None if views is None else views.refer(parts, BY_REFERENCE_BYTES)
-
-    def _place_by_reference(self, index: int, parts: list[Any], holds: list[tuple[int, int]], nbytes: int,
-                            future: concurrent.futures.Future, batch: list) -> None:  # fmt: skip
-        """Register ``future`` and append its ``sendv`` descriptor to ``batch``; a dead worker's fails at once."""
-        with self.lock:
-            if self.alive:
-                token = next(TOKENS)
-                self.pending[token] = _Pending(msg.OUT, future, index, None, nbytes, holds)
-                batch.append([token, index, parts])
-                return
-        self._release_views(holds)
-        why = f" (its transport worker exited: {self.death})" if self.death else ""
-        future.set_result(Outcome.failed(index, ConnectionLost(f"session {index} is not connected{why}"),
-                                         request_bytes=nbytes))  # fmt: skip
 
     def template_message(self, parts: list, columns: list[list[Any]], rows: list[tuple[int, int, list[bytes],
                          concurrent.futures.Future, int]], holds: list[tuple[int, int]]) -> list[Any] | None:  # fmt: skip
@@ -460,10 +433,6 @@ class WorkerHandle:
         """Tell the worker to map view segment ``k`` (a dead one maps them all when it is started again)."""
         if self.conn is not None:  # also while a restart starts (mapping twice is harmless)
             self._write(msg.VSEG(k, name))
-
-    def send_descriptors(self, descriptors: list[list]) -> None:
-        if descriptors:
-            self._write(msg.SEND(descriptors))
 
     def connect(self, index: int) -> concurrent.futures.Future:
         """(Re)connect session ``index``; a future of ``(metadata, None)`` or ``(None, error)``."""

@@ -25,13 +25,18 @@ from dz_gym.policy_client import Outcome
 from dz_gym.transport.config import TransportConfig
 from dz_gym.transport.session import AsyncSession
 
-__all__ = ["CLOSE", "CLOSED", "CONN", "CONNECT", "INIT", "MESSAGES", "OUT", "READY", "RESET", "RESET_DONE", "SEG",
-           "SEND", "SENDB", "SENDT", "SENDV", "TO_PARENT", "TO_WORKER", "TOOK", "VSEG", "Kind", "MessageError",
+__all__ = ["ARENA", "CLOSE", "CLOSED", "CONN", "CONNECT", "INIT", "MESSAGES", "OUT", "READY", "RESET", "RESET_DONE",
+           "SEG", "SEND", "SENDT", "TO_PARENT", "TO_WORKER", "TOOK", "VIEWS", "VSEG", "Kind", "MessageError",
            "config_fields", "error_fields", "markdown_table", "pack_message", "read_message", "rebuild_error",
            "reply_outcome", "unpack_message"]  # fmt: skip
 
 TO_WORKER = "parent -> worker"
 TO_PARENT = "worker -> parent"
+
+ARENA = 0
+"""A ``send`` part's memory: the worker's own arena (its ``seg`` segments)."""
+VIEWS = 1
+"""A ``send`` part's memory: the pool's view memory (its ``vseg`` segments, every worker's)."""
 
 
 class MessageError(ValueError):
@@ -63,12 +68,9 @@ INIT = Kind("init", TO_WORKER, ("config", "sessions", "concurrency", "segments",
             "the first message: the transport config's fields, the worker's sessions `[session, url]`, how many "
             "connect at once, the arena's and the view memory's segments `[k, name]` to map")
 SEND = Kind("send", TO_WORKER, ("requests",),
-            "send requests that lie in the worker's arena, each `[token, session, segment, offset, length]`")
-SENDB = Kind("sendb", TO_WORKER, ("token", "session", "frame"),
-             "send one request given as its bytes (no room in the arena)")
-SENDV = Kind("sendv", TO_WORKER, ("requests",),
-             "send requests whose views lie in the view memory, each `[token, session, parts]`: the worker joins "
-             "the frame from the parts (bytes inline, `[segment, offset, length]` of the view memory)")
+            "send requests, in order, each `[token, session, parts]`; its frame is its parts joined, each inline "
+            "bytes (a request with no room in the arena) or `[memory, segment, offset, length]` of the worker's "
+            "arena (memory 0: a request written there) or of the view memory (1: a request's large views)")
 SENDT = Kind("sendt", TO_WORKER, ("token", "parts", "columns", "rows"),
              "send a batch's requests, each framed by the worker from the batch's frame template: the template's "
              "parts, its columns (`[segment, offset, row bytes]` of the view memory or `[bytes, 0, row bytes]` "
@@ -89,12 +91,12 @@ CONN = Kind("conn", TO_PARENT, ("token", "session", "metadata", "error", "connec
 RESET_DONE = Kind("reset_done", TO_PARENT, ("token", "session", "error", "connected"),
                   "a `reset`'s answer: None or the error's fields")
 TOOK = Kind("took", TO_PARENT, ("token",),
-            "the worker has joined the view ranges of a `sendv` request (or of every request of a `sendt` batch) "
+            "the worker has joined the view memory's ranges of a `send` request (or of every request of a `sendt` batch) "
             "into frames: their blocks are free as far as it is concerned")
 CLOSED = Kind("closed", TO_PARENT, ("token",), "the worker has closed its sessions and exits")
 
 MESSAGES: tuple[Kind, ...] = (
-    INIT, SEND, SENDB, SENDV, SENDT, SEG, VSEG, CONNECT, RESET, CLOSE,
+    INIT, SEND, SENDT, SEG, VSEG, CONNECT, RESET, CLOSE,
     READY, OUT, CONN, RESET_DONE, TOOK, CLOSED,
 )
 # fmt: on

@@ -11,14 +11,14 @@ How the bytes move (no pickle for anything per request):
 
 - The caller encodes each request straight into a shared-memory segment of its worker's arena
   (:class:`~dz_gym.transport.workers.segments.SharedSegments` of :mod:`multiprocessing.shared_memory`) and
-  sends a small msgpack descriptor (session, segment, offset, length, token) with ``Connection.send_bytes``;
-  the worker sends a ``memoryview`` of the segment. A range is reused once the worker reports the request
-  done (its outcome: until then it may re-send the request on a fresh connection). A worker's segments grow
-  by doubling up to ``arena_bytes`` per worker; a request that finds no room then (or where /dev/shm cannot
-  hold a segment) goes through the pipe as bytes instead: nothing waits for room.
+  names its range (segment, offset, length) in the worker's ``send`` message, one ``Connection.send_bytes``
+  per call; the worker sends a ``memoryview`` of the segment. A range is reused once the worker reports the
+  request done (its outcome: until then it may re-send the request on a fresh connection). A worker's
+  segments grow by doubling up to ``arena_bytes`` per worker; a request that finds no room then (or where
+  /dev/shm cannot hold a segment) goes in the same message as its bytes instead: nothing waits for room.
 - A request whose large pieces (the views) lie in the pool's view memory (:attr:`ProcessSessionPool.host_views`,
-  where the wrapper copies a GPU batch's views to) is not copied here at all: its descriptor names those
-  ranges and carries the small pieces inline, the worker joins the frame, tells this process it took the
+  where the wrapper copies a GPU batch's views to) is not copied here at all: its ``send`` request names
+  those ranges and carries the small pieces inline, the worker joins the frame, tells this process it took the
   bytes (the block is then free once the caller's arrays of it are gone too) and sends it.
 - A batch step's requests given as a :class:`~dz_gym.protocol.request_batch.RequestBatch` (what the wrapper
   builds) are not packed here at all where its views lie in the view memory: each worker gets one ``sendt``
@@ -291,7 +291,7 @@ class ProcessSessionPool(PoolBase):
 
     def submit_many(self, items: Iterable[tuple[int, dict | bytes]]) -> list[concurrent.futures.Future[Outcome]]:
         """:meth:`submit` for each ``(i, request)``: each encoded here (into its worker's arena, or as references
-        to its views), then one descriptor message per worker.
+        to its views), then one ``send`` message per worker.
 
         A call of at least :data:`PARALLEL_COPY_BYTES` to copy writes each worker's requests on a thread of its
         own, side by side (the copies let go of the interpreter lock), and returns once all are written: the

@@ -101,8 +101,6 @@ class WorkerLoop:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.handlers = {
             msg.SEND: self._on_send,
-            msg.SENDB: self._on_sendb,
-            msg.SENDV: self._on_sendv,
             msg.SENDT: self._on_sendt,
             msg.SEG: self._attach,
             msg.VSEG: self._attach_views,
@@ -156,15 +154,8 @@ class WorkerLoop:
             self._spawn(self._close(None))
 
     def _on_send(self, requests: list) -> None:
-        for token, index, seg, offset, length in requests:
-            payload = self.segments[seg].buf[offset : offset + length]
-            self._spawn(self._send(token, index, payload))
-
-    def _on_sendb(self, token: int, index: int, frame: bytes) -> None:
-        self._spawn(self._send(token, index, frame))
-
-    def _on_sendv(self, requests: list) -> None:
-        """Large pieces in the view segments, small ones inline: joined by the send."""
+        """Requests as their parts (inline bytes, ranges of the arena or of the view memory): joined by the
+        send."""
         for token, index, parts in requests:
             self._spawn(self._send(token, index, parts))
 
@@ -189,18 +180,28 @@ class WorkerLoop:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    def _join(self, token: int, parts: list[Any]) -> bytes:
-        """The frame of a ``sendv`` request: its inline pieces and view ranges in order (the one copy of the
-        views' bytes after the GPU's); the parent is told at once that the ranges are free again."""
-        views = [part if isinstance(part, bytes) else self.views[part[0]].buf[part[1] : part[1] + part[2]]
-                 for part in parts]  # fmt: skip
+    def _range(self, part: list) -> memoryview:
+        """The bytes of a ``send`` part ``[memory, segment, offset, length]``, in place."""
+        memory, seg, offset, length = part
+        segments = self.segments if memory == msg.ARENA else self.views
+        return segments[seg].buf[offset : offset + length]
+
+    def _join(self, token: int, parts: list[Any]) -> bytes | memoryview:
+        """The frame of a ``send`` request. A request of one part (its range of the arena, or its bytes
+        inline when the arena had no room) is that part, not copied; any other is its inline pieces and view
+        ranges joined in order (the one copy of the views' bytes after the GPU's), and the parent is told at
+        once that the view ranges are free again."""
+        if len(parts) == 1 and (isinstance(parts[0], bytes) or parts[0][0] == msg.ARENA):
+            return parts[0] if isinstance(parts[0], bytes) else self._range(parts[0])
+        views = [part if isinstance(part, bytes) else self._range(part) for part in parts]
         try:
             return b"".join(views)
         finally:
             for view in views:
                 if isinstance(view, memoryview):
                     view.release()
-            self.post(msg.TOOK(token))
+            if any(isinstance(part, list) and part[0] == msg.VIEWS for part in parts):
+                self.post(msg.TOOK(token))
 
     def _frame(self, templated: _Templated) -> bytes:
         """The frame of a ``sendt`` request: the template's parts, its row of each column (view ranges or
@@ -222,16 +223,16 @@ class WorkerLoop:
                     view.release()
             templated.countdown.one_done()
 
-    async def _send(self, token: int, index: int, payload: Any) -> None:
+    async def _send(self, token: int, index: int, request: list | _Templated) -> None:
+        """Send one request (a ``send`` request's parts, or a ``sendt`` batch's request) and post its outcome."""
         session = self.sessions[index]
-        if isinstance(payload, (list, _Templated)):
-            try:
-                payload = self._join(token, payload) if isinstance(payload, list) else self._frame(payload)
-            except (KeyError, IndexError, TypeError, ValueError) as exc:  # only a bug of the parent's gets here
-                now = time.perf_counter()
-                error = DzGymError(f"session {index}: the request's views could not be read: {exc!r}")
-                self.post(msg.OUT(token, index, None, [now, now, 0, 0, 0], error_fields(error), 0.0, session.connected))
-                return
+        try:
+            payload = self._join(token, request) if isinstance(request, list) else self._frame(request)
+        except (KeyError, IndexError, TypeError, ValueError) as exc:  # only a bug of the parent's gets here
+            now = time.perf_counter()
+            error = DzGymError(f"session {index}: the request's bytes could not be read: {exc!r}")
+            self.post(msg.OUT(token, index, None, [now, now, 0, 0, 0], error_fields(error), 0.0, session.connected))
+            return
         try:
             outcome = await session.send(payload, index=index)
         except BaseException as exc:  # noqa: BLE001 - cancelled at exit; the parent fails it on its own

@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from dz_gym.transport.workers.messages import VIEWS
 from dz_gym.transport.workers.segments import Segment, SharedSegments
 
 __all__ = ["FIRST_VIEWS_SEGMENT_BYTES", "VIEWS_BYTES", "HostViews", "address_of"]
@@ -202,9 +203,9 @@ class HostViews:
 
     def refer(self, parts: list, min_bytes: int) -> tuple[list[Any], list[tuple[int, int]], int] | None:
         """A request as a worker joins it, from its packed parts (:func:`dz_gym.protocol.packer.fast_parts`):
-        ``(parts, keys, nbytes)``, where each numpy array of at least ``min_bytes`` is ``[segment, offset,
-        length]`` of a block handed out here and everything between is joined inline (bytes); each block is
-        held once (dropped by :meth:`release` of each key). None, holding nothing, when some large array lies
+        ``(parts, keys, nbytes)``, the parts of a ``send`` message's request: each numpy array of at least
+        ``min_bytes`` is ``[VIEWS, segment, offset, length]`` of a block handed out here and everything between
+        is joined inline (bytes); each block is held once (dropped by :meth:`release` of each key). None, holding nothing, when some large array lies
         elsewhere (or there is none)."""
         if not self._holds:
             return None
@@ -230,7 +231,7 @@ class HostViews:
                     out.append(joined)
                     nbytes += len(joined)
                     inline = []
-                out.append([k, offset, size])
+                out.append([VIEWS, k, offset, size])
                 nbytes += size
             if not keys:
                 return None
