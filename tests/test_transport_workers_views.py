@@ -23,7 +23,7 @@ from dz_gym.profiling import StageProfiler
 from dz_gym.protocol import packb
 from dz_gym.testing.servers import ServerThread, replying
 from dz_gym.transport import ProcessSessionPool, TransportConfig
-from dz_gym.transport.workers.messages import TOOK, VIEWS
+from dz_gym.transport.workers.messages import ARENA, SEND, TOOK, VIEWS
 from dz_gym.transport.workers.segments import create_segment
 from dz_gym.transport.workers.views import FIRST_VIEWS_SEGMENT_BYTES, HostViews
 
@@ -350,6 +350,45 @@ def test_by_reference_and_copied_requests_keep_one_sessions_order():
         assert all(f.result().ok for f in futures)
         assert len(pool._workers[0].arena) == 1, "the own-memory request went through the arena"
     assert frames == [packb(r) for r in order]
+
+
+def test_one_send_message_keeps_a_sessions_order_through_the_arena_inline_and_by_reference():
+    """One session's requests by reference, into the arena, inline (the arena full: its one request is still
+    in flight), by reference and inline again: one ``send`` message carries them in order, the server gets
+    them in that order, the arena's range is free at the outcome and the view blocks once the worker took
+    them."""
+    frames: list[bytes] = []
+    nbytes = int(np.prod(VIEW))
+    with (
+        recording_server(frames) as server,
+        ProcessSessionPool(server.url, 1, FAST, processes=1, arena_bytes=256 * 1024) as pool,
+    ):
+        pool.connect()
+        worker = pool._workers[0]
+        sent: list[list] = []
+        write = worker._write
+        worker._write = lambda message: sent.append(message) or write(message)
+        block = pool.host_views.alloc(2 * nbytes)
+        shared = views_of(block, 2)
+        shared[0], shared[1] = 11, 44
+        own = [np.full(VIEW, value, dtype=np.uint8) for value in (22, 33, 55)]
+        order = [request(0, shared[0]), request(0, own[0]), request(0, own[1]), request(0, shared[1]),
+                 request(0, own[2])]  # fmt: skip
+        futures = pool.submit_many([(0, r) for r in order])
+        concurrent.futures.wait(futures, timeout=BOUND_S)
+        assert all(f.done() and f.result().ok for f in futures)
+        assert [f.result().request_bytes for f in futures] == [len(packb(r)) for r in order]
+        sends = [fields for kind, *fields in sent if kind == SEND.name]
+        assert len(sends) == 1, "one message for the whole call"
+        shapes = [[bytes if isinstance(p, bytes) else p[0] for p in parts] for _, _, parts in sends[0][0]]
+        assert shapes == [[bytes, VIEWS, bytes], [ARENA], [bytes], [bytes, VIEWS, bytes], [bytes]]
+        assert worker.arena.segments[0].extents.allocated == 0, "the arena's range is free again"
+        assert pool.host_views.blocks == 1  # the caller still holds its arrays
+        expected = [packb(r) for r in order]
+        del block, shared, order
+        gc.collect()
+        assert pool.host_views.blocks == 0, "the worker took the views of both"
+    assert frames == expected
 
 
 def batch_in(block: np.ndarray | None, env_ids: list[int], num_envs: int):
