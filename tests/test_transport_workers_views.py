@@ -23,6 +23,7 @@ from dz_gym.profiling import StageProfiler
 from dz_gym.protocol import packb
 from dz_gym.testing.servers import ServerThread, replying
 from dz_gym.transport import ProcessSessionPool, TransportConfig
+from dz_gym.transport.workers import handle
 from dz_gym.transport.workers.messages import ARENA, SEND, TOOK, VIEWS
 from dz_gym.transport.workers.segments import create_segment
 from dz_gym.transport.workers.views import FIRST_VIEWS_SEGMENT_BYTES, HostViews
@@ -352,11 +353,16 @@ def test_by_reference_and_copied_requests_keep_one_sessions_order():
     assert frames == [packb(r) for r in order]
 
 
-def test_one_send_message_keeps_a_sessions_order_through_the_arena_inline_and_by_reference():
+@pytest.mark.parametrize("inline_message_bytes", [None, 1])  # one message, or one ended by each inline request
+def test_send_messages_keep_a_sessions_order_through_the_arena_inline_and_by_reference(
+    monkeypatch, inline_message_bytes
+):
     """One session's requests by reference, into the arena, inline (the arena full: its one request is still
-    in flight), by reference and inline again: one ``send`` message carries them in order, the server gets
-    them in that order, the arena's range is free at the outcome and the view blocks once the worker took
-    them."""
+    in flight), by reference and inline again: ``send`` messages carry them in order (one, unless the inline
+    bytes end one), the server gets them in that order, the arena's range is free at the outcome and the view
+    blocks once the worker took them."""
+    if inline_message_bytes is not None:
+        monkeypatch.setattr(handle, "INLINE_MESSAGE_BYTES", inline_message_bytes)
     frames: list[bytes] = []
     nbytes = int(np.prod(VIEW))
     with (
@@ -378,9 +384,9 @@ def test_one_send_message_keeps_a_sessions_order_through_the_arena_inline_and_by
         concurrent.futures.wait(futures, timeout=BOUND_S)
         assert all(f.done() and f.result().ok for f in futures)
         assert [f.result().request_bytes for f in futures] == [len(packb(r)) for r in order]
-        sends = [fields for kind, *fields in sent if kind == SEND.name]
-        assert len(sends) == 1, "one message for the whole call"
-        shapes = [[bytes if isinstance(p, bytes) else p[0] for p in parts] for _, _, parts in sends[0][0]]
+        sends = [message[1] for message in sent if message[0] == SEND.name]
+        assert len(sends) == (1 if inline_message_bytes is None else 2)
+        shapes = [[bytes if isinstance(p, bytes) else p[0] for p in parts] for send in sends for _, _, parts in send]
         assert shapes == [[bytes, VIEWS, bytes], [ARENA], [bytes], [bytes, VIEWS, bytes], [bytes]]
         assert worker.arena.segments[0].extents.allocated == 0, "the arena's range is free again"
         assert pool.host_views.blocks == 1  # the caller still holds its arrays

@@ -58,6 +58,9 @@ ARENA_BYTES = 2**30
 MAX_RESTARTS = 3
 BY_REFERENCE_BYTES = 4096
 """A piece of a request at least this large goes to the worker as a reference into the view memory."""
+INLINE_MESSAGE_BYTES = 32 * 2**20
+"""A ``send`` message goes out once the requests inline in it (no room in the arena) reach this many bytes, and
+the rest follow in the next: the pipe's messages stay bounded while the arena is full."""
 _MIN_SEGMENT_BYTES = 2**16
 STOP_GRACE_S = 5.0  # a worker that answered "closed" (or died) exits within this
 
@@ -357,22 +360,28 @@ class WorkerHandle:
         self._write(msg.SEG(k, name))
 
     def place_many(self, entries: list[tuple[int, Any, concurrent.futures.Future, Any]]) -> None:
-        """Register each ``(index, pieces, future, split)``'s future and send the requests in one ``send``
+        """Register each ``(index, pieces, future, split)``'s future and send the requests in a ``send``
         message, in order (so one session's requests keep theirs); ``pieces`` is None where ``split`` is given.
 
         A request with a ``split`` of :meth:`by_reference` (its large pieces all lie in the pool's view memory)
         goes as references to them (the worker joins the frame): nothing of it is copied here. Any other is
-        written into this worker's arena and goes as its range there, or, without room, inline as its bytes.
-        A dead worker's requests fail at once."""
+        written into this worker's arena and goes as its range there, or, without room, inline as its bytes
+        (:data:`INLINE_MESSAGE_BYTES` of those end a message, the rest go in the next). A dead worker's
+        requests fail at once."""
         requests: list[list] = []
+        inline = 0
         for index, pieces, future, split in entries:
-            self._place(index, pieces, split, future, requests)
+            inline += self._place(index, pieces, split, future, requests)
+            if inline >= INLINE_MESSAGE_BYTES:
+                self._write(msg.SEND(requests))
+                requests, inline = [], 0
         if requests:
             self._write(msg.SEND(requests))
 
     def _place(self, index: int, pieces: Any, split: Any, future: concurrent.futures.Future,
-               requests: list) -> None:  # fmt: skip
-        """Register ``future`` and append its request ``[token, session, parts]`` to ``requests``."""
+               requests: list) -> int:  # fmt: skip
+        """Register ``future`` and append its request ``[token, session, parts]`` to ``requests``; the bytes
+        it put inline (0 unless the arena had no room)."""
         parts, holds, nbytes = split if split is not None else (None, None, pieces_size(pieces))
         with self.lock:
             alive = self.alive
@@ -390,8 +399,12 @@ class WorkerHandle:
             why = f" (its transport worker exited: {self.death})" if self.death else ""
             future.set_result(Outcome.failed(index, ConnectionLost(f"session {index} is not connected{why}"),
                                              request_bytes=nbytes))  # fmt: skip
-            return
-        requests.append([token, index, parts if parts is not None else [b"".join(pieces)]])
+            return 0
+        if parts is not None:
+            requests.append([token, index, parts])
+            return 0
+        requests.append([token, index, [b"".join(pieces)]])
+        return nbytes
 
     def by_reference(self, parts: list) -> tuple[list[Any], list[tuple[int, int]], int] | None:
         """``(parts, holds, nbytes)`` of a request's packed parts (:func:`dz_gym.protocol.packer.fast_parts`):
