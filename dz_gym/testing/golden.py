@@ -2,7 +2,7 @@
 
 A change to how the evaluator works (its transport, its configuration objects, how a scene is stepped) must not
 change what it writes. :func:`normalized_run` reduces a finished run directory to what two runs of the same
-plan share: the file names, ``config.json``, the rows of ``episodes.jsonl``, ``summary.json``, the trajectories
+plan share: the file names, ``config.json`` (its values, in the flat layout), the rows of ``episodes.jsonl``, ``summary.json``, the trajectories
 (digests of their arrays), the videos (digests) and ``report.html`` (its page as lines, its embedded episode
 and trajectory data as JSON). What varies from run to run, or from one installation to another, is dropped
 (:data:`VOLATILE`) or masked (the embedded server's port, the output folder, the run's start time); the comment
@@ -28,6 +28,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from dz_gym.eval.config import flat_layout
 
 __all__ = ["VOLATILE", "first_differences", "normalized_run"]
 
@@ -79,7 +81,7 @@ PAGE_MASKS = (
     (r"(<dt>versions</dt><dd>)[^<]*", r"\1{versions}"),
     (r"(<summary>versions</summary><pre>)[^<]*", r"\1{versions}"),
     # The provenance's commit, as a line and in its JSON; the checkout's dirty flag; installed simulators.
-    (r"( at )[0-9a-f]{10}(; )", r"\1{commit}\2"),
+    (r"( at )[0-9a-f]{10}(?: \(local changes\))?(; )", r"\1{commit}\2"),
     (r"(&quot;commit&quot;: &quot;)[0-9a-f]+", r"\1{commit}"),
     (r"(&quot;dirty&quot;: )(true|false)", r"\1{dirty}"),
     (r"(\n &quot;simulator&quot;: )\{[^}]*\}", r"\1{simulator}"),
@@ -114,7 +116,9 @@ def normalized_run(run_dir: str | Path) -> dict[str, Any]:
         {
             "run": mask(path.name),
             "files": sorted(str(p.relative_to(path)) for p in path.rglob("*") if p.is_file()),
-            "config": json.loads((path / "config.json").read_text()),
+            # config.json's layout is not what a run shares, its values are: compared in the flat layout of
+            # version 1 (the nested sections of later versions moved key by key, dz_gym.eval.config.flat_layout)
+            "config": flat_layout(json.loads((path / "config.json").read_text())),
             "rows": [_drop(r, VOLATILE["rows"]) for r in rows],
             "summary": _drop(json.loads((path / "summary.json").read_text()), VOLATILE["summary"]),
             "trajectories": {p.name: _arrays(p) for p in sorted((path / "trajectories").glob("*.npz"))},
