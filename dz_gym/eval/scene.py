@@ -18,14 +18,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from dz_gym import host_process
-from dz_gym.eval.config import EvalConfig
+from dz_gym.eval.config import EnvFactory, EvalConfig
 from dz_gym.eval.plan import PlanEntry
 from dz_gym.eval.runner import SceneRunner
 from dz_gym.eval.signals import interruptible, shielded
 from dz_gym.eval.summary import metadata_dict
 from dz_gym.eval.timing import SceneResult
-
-EnvFactory = Callable[..., Any]  # (scene, config, **env_kwargs) -> batched env
 
 __all__ = ["EnvFactory", "default_env_factory", "policy_client", "run_scene", "scene_batch"]
 
