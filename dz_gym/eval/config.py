@@ -330,9 +330,6 @@ class EvalConfig:
         return cls(**migrate(data))
 
 
-# Settings that change what an episode does, and so its row (the fields declared with ``_result``), dotted.
-
-
 def resume_conflicts(saved: EvalConfig, wanted: EvalConfig) -> list[str]:
     """One line per result-changing setting of ``wanted`` that differs from ``saved`` (fewer episodes; more for a fixed-n comparison)."""
     lines = []

@@ -26,7 +26,6 @@ network, never the simulator's start-up or the writing of the results.
 Example::
 
     from dz_gym.eval.config import EvalConfig
-from dz_gym.eval.executors import RAY_SHARDS, SCENE_PROCESSES, choose_executor
     from dz_gym.eval.evaluate import evaluate
     from dz_gym.eval.rundir import RunDir
 

@@ -380,10 +380,11 @@ SECTIONS: dict[str, type] = {
     "stats": StatsSettings,
     "outputs": OutputSettings,
 }
-# Every field's dotted path by its name (the names are distinct across the sections).
 ALL_SECTIONS: dict[str, type] = {**SECTIONS, "execution": ExecutionSettings}  # the saved ones and how it runs
+# Every field's dotted path by its name (the names are distinct across the sections).
 PATHS: dict[str, str] = {
     f.name: f"{name}.{f.name}" for name, cls in ALL_SECTIONS.items() for f in dataclasses.fields(cls)
 }
 DOTTED = frozenset(PATHS.values())
+# Settings that change what an episode does, and so its row (the fields declared with ``_result``), dotted.
 RESULT_KEYS = tuple(path for path in PATHS.values() if _is_result(path))
