@@ -396,9 +396,7 @@ class WorkerHandle:
                 self.pending[token] = _Pending(msg.OUT, future, index, spot, nbytes, holds)
         if not alive:
             self._release_views(holds)
-            why = f" (its transport worker exited: {self.death})" if self.death else ""
-            future.set_result(Outcome.failed(index, ConnectionLost(f"session {index} is not connected{why}"),
-                                             request_bytes=nbytes))  # fmt: skip
+            future.set_result(Outcome.failed(index, self._not_connected(index), request_bytes=nbytes))
             return 0
         if parts is not None:
             requests.append([token, index, parts])
@@ -432,10 +430,8 @@ class WorkerHandle:
                     message_rows.append([request_token, index, row, *strings])
                 return msg.SENDT(token, parts, columns, message_rows)
         self._release_views(holds)
-        why = f" (its transport worker exited: {self.death})" if self.death else ""
         for index, _, _, future, nbytes in rows:
-            future.set_result(Outcome.failed(index, ConnectionLost(f"session {index} is not connected{why}"),
-                                             request_bytes=nbytes))  # fmt: skip
+            future.set_result(Outcome.failed(index, self._not_connected(index), request_bytes=nbytes))
         return None
 
     def send_message(self, message: list[Any]) -> None:
@@ -461,12 +457,16 @@ class WorkerHandle:
         future: concurrent.futures.Future = concurrent.futures.Future()
         token = self._register(_Pending(answer, future, index))
         if token is None:
-            why = f" (its transport worker exited: {self.death})" if self.death else ""
-            error = ConnectionLost(f"session {index} is not connected{why}")
+            error = self._not_connected(index)
             future.set_result((None, error) if answer is msg.CONN else error)
             return future
         self._write(message(token))
         return future
+
+    def _not_connected(self, index: int) -> ConnectionLost:
+        """The error of a request for session ``index`` of a worker that is not alive (why it exited, if known)."""
+        why = f" (its transport worker exited: {self.death})" if self.death else ""
+        return ConnectionLost(f"session {index} is not connected{why}")
 
 
 TOKENS = itertools.count(1)

@@ -56,11 +56,15 @@ class Kind:
     doc: str
 
     def __call__(self, *values: Any) -> list[Any]:
-        if len(values) != len(self.fields):
-            raise MessageError(
-                f"{self.name} message: expected {len(self.fields)} fields ({', '.join(self.fields)}), got {len(values)}"
-            )
+        self.check_count(len(values))
         return [self.name, *values]
+
+    def check_count(self, count: int) -> None:
+        """:class:`MessageError` unless ``count`` values are this kind's fields."""
+        if count != len(self.fields):
+            raise MessageError(
+                f"{self.name} message: expected {len(self.fields)} fields ({', '.join(self.fields)}), got {count}"
+            )
 
 
 # fmt: off
@@ -91,8 +95,8 @@ CONN = Kind("conn", TO_PARENT, ("token", "session", "metadata", "error", "connec
 RESET_DONE = Kind("reset_done", TO_PARENT, ("token", "session", "error", "connected"),
                   "a `reset`'s answer: None or the error's fields")
 TOOK = Kind("took", TO_PARENT, ("token",),
-            "the worker has joined the view memory's ranges of a `send` request (or of every request of a `sendt` batch) "
-            "into frames: their blocks are free as far as it is concerned")
+            "the worker has joined the view memory's ranges of a `send` request (or of every request of a "
+            "`sendt` batch) into frames: their blocks are free as far as it is concerned")
 CLOSED = Kind("closed", TO_PARENT, ("token",), "the worker has closed its sessions and exits")
 
 MESSAGES: tuple[Kind, ...] = (
@@ -115,10 +119,7 @@ def read_message(message: Any, direction: str) -> tuple[Kind, list[Any]]:
         head = message[0] if isinstance(message, list) and message else message
         raise MessageError(f"pipe message ({direction}): expected one of {sorted(_BY_NAME[direction])}, got {head!r}")
     fields = message[1:]
-    if len(fields) != len(kind.fields):
-        raise MessageError(
-            f"{kind.name} message: expected {len(kind.fields)} fields ({', '.join(kind.fields)}), got {len(fields)}"
-        )
+    kind.check_count(len(fields))
     return kind, fields
 
 

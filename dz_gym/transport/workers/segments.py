@@ -95,8 +95,7 @@ def create_segment(size: int) -> shared_memory.SharedMemory:
         try:
             os.posix_fallocate(fd, 0, size)
         except OSError:
-            segment.close()
-            segment.unlink()
+            _discard(segment)
             raise
     return segment
 
