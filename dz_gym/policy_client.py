@@ -1,12 +1,12 @@
 """The contract between :class:`~dz_gym.wrapper.DreamZeroPolicyWrapper` and a policy: :class:`PolicyClient`,
 and :class:`Outcome`, what every one of its requests comes back as.
 
-The wrapper asks a :class:`PolicyClient` for everything it needs from the policy, per env slot ``env_id``:
-send an infer request (or a batch step's requests, :meth:`PolicyClient.submit_batch`) and get a future of
-its :class:`Outcome` (a reply or a typed error, with timing and recovery counts), the URL it talks to,
-whether the slot's connection is usable, and a bounded reconnect that returns the new handshake. It is what openpi-client's ``BasePolicy`` is to its ``ActionChunkBroker``,
-with the batch, the futures and the failure types that a vectorized evaluator needs; the chunk bookkeeping
-stays in :mod:`dz_gym.chunks` and the wrapper.
+The wrapper asks a :class:`PolicyClient` for everything it needs from the policy, per env slot ``env_id``: send an
+infer request (or a batch step's requests, :meth:`PolicyClient.submit_batch`) and get a future of its
+:class:`Outcome` (a reply or a typed error, with timing and recovery counts), the URL it talks to, whether the
+slot's connection is usable, and a bounded reconnect that returns the new handshake. It is what openpi-client's
+``BasePolicy`` is to its ``ActionChunkBroker``, with the batch, the futures and the failure types that a vectorized
+evaluator needs; the chunk bookkeeping stays in :mod:`dz_gym.chunks` and the wrapper.
 
 - :class:`~dz_gym.transport.SessionPool` (the default) satisfies it directly: one websocket per env slot,
   spread over the servers round-robin.
@@ -14,8 +14,8 @@ stays in :mod:`dz_gym.chunks` and the wrapper.
   protocol's codec, with no sockets (tests, notebooks, a policy that lives in the same process).
 
 A client of your own subclasses :class:`PolicyClient` and implements the abstract methods; ``submit_many``,
-``submit_batch``, ``end_session``, ``config`` and ``reply_bound`` have defaults. This module imports nothing of the transport, so the transport
-can build its outcomes here.
+``submit_batch``, ``end_session``, ``config`` and ``reply_bound`` have defaults. This module imports nothing of the
+transport, so the transport can build its outcomes here.
 """
 
 from __future__ import annotations

@@ -22,11 +22,11 @@ Three implementations, picked by ``method``:
     integer below 2**24); on an accelerator they are gathers and integer multiply-adds. Output is
     identical to openpi-client's (with Pillow 13).
 ``"torch"``
-    torch's own antialiased bilinear kernel (``F.interpolate(..., antialias=True)``). On CPU it runs on
-    uint8: PIL's algorithm with 16-bit instead of 22-bit weights, identical output when the scale factors
-    are powers of two (720x1280 -> 180x320 among them), at most one level off otherwise, and several times
-    faster than the PIL loop on a CPU (``benchmarks/bench_preprocess.py``, benchmarks/README.md). On an accelerator it runs in float32 and rounds once (at
-    most one level off).
+    torch's own antialiased bilinear kernel (``F.interpolate(..., antialias=True)``). On CPU it runs on uint8: PIL's
+    algorithm with 16-bit instead of 22-bit weights, identical output when the scale factors are powers of two
+    (720x1280 -> 180x320 among them), at most one level off otherwise, and several times faster than the PIL loop on
+    a CPU (``benchmarks/bench_preprocess.py``, benchmarks/README.md). On an accelerator it runs in float32 and
+    rounds once (at most one level off).
 ``"auto"`` (default)
     ``"torch"`` for numpy arrays and CPU tensors when torch is importable, ``"exact"`` otherwise (numpy
     without torch, and tensors on accelerators).

@@ -1,15 +1,15 @@
 """A trajectory's ``.npz`` file as bytes, built in one pass (pure): what ``np.load`` reads, for little work.
 
-The episode writer used ``np.savez_compressed``, which goes through :mod:`zipfile` member by member (a file
-object per member, headers written and rewritten, a zip64 extra each) and deflates every member of a
-trajectory's 15 small arrays, most of it Python holding the interpreter lock: at N = 1024 envs ending on the
-same step the stepping loop waited for the lock or, at the end of a run, for the writer
-(benchmarks/journal/bookkeeping-and-geometry.md). The arrays are floats that hardly compress (8.9 KB deflated,
-12.2 KB stored, for 64 steps), so :func:`npz_bytes` stores them: per array its ``.npy`` bytes (the header of
-:func:`numpy.lib.format.write_array`, cached per dtype and shape, then the C-order data) behind a plain zip
-local header, then the central directory, a fraction of the work (``benchmarks/bench_bookkeeping.py``). Every member carries the zip format's
-earliest date (1980-01-01 00:00), not the time of writing, so a file depends only on its arrays. ``np.load``
-and :mod:`zipfile` read it as they read ``np.savez``'s files (the report and every reader use ``np.load``).
+The episode writer used ``np.savez_compressed``, which goes through :mod:`zipfile` member by member (a file object
+per member, headers written and rewritten, a zip64 extra each) and deflates every member of a trajectory's 15 small
+arrays, most of it Python holding the interpreter lock: at N = 1024 envs ending on the same step the stepping loop
+waited for the lock or, at the end of a run, for the writer (benchmarks/journal/bookkeeping-and-geometry.md). The
+arrays are floats that hardly compress (8.9 KB deflated, 12.2 KB stored, for 64 steps), so :func:`npz_bytes` stores
+them: per array its ``.npy`` bytes (the header of :func:`numpy.lib.format.write_array`, cached per dtype and shape,
+then the C-order data) behind a plain zip local header, then the central directory, a fraction of the work
+(``benchmarks/bench_bookkeeping.py``). Every member carries the zip format's earliest date (1980-01-01 00:00), not
+the time of writing, so a file depends only on its arrays. ``np.load`` and :mod:`zipfile` read it as they read
+``np.savez``'s files (the report and every reader use ``np.load``).
 
 >>> import io
 >>> import numpy as np

@@ -103,9 +103,10 @@ def _finished_summary(config: EvalConfig, run_dir: RunDir, say: Callable[[str], 
         return summary
     previous = summary or {}
     servers = list(previous.get("servers") or config.policies.servers)
-    segment = RunSegment(config, run_dir, plan_of(config), servers=servers, servers_b=list(previous.get("servers_b") or []),
-                         progress=False, log=say, command=str(previous.get("command", "")),
-                         server_info=previous.get("server"), report=config.outputs.report)  # fmt: skip
+    segment = RunSegment(config, run_dir, plan_of(config), servers=servers,
+                         servers_b=list(previous.get("servers_b") or []), progress=False, log=say,
+                         command=str(previous.get("command", "")), server_info=previous.get("server"),
+                         report=config.outputs.report)  # fmt: skip
     segment.video_errors.update(withdrawn)
     return run_segment(segment, _NoEpisodes())
 

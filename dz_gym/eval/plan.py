@@ -12,9 +12,9 @@ servers once they run (the embedded servers' URLs are known only then):
   ``a`` and ``b``) arm ``i`` on slot ``K (k % P) + i`` with ``P = num_envs // K`` (the ``K`` runs of a seed
   side by side, in the same batch);
 - each slot runs its entries in plan order; a slot whose entries are done idles;
-- server (:meth:`RunPlan.resolve`): slot ``g`` talks to ``servers[g % len(servers)]`` (as the transport's pool numbers its sessions);
-  in an A/B run the slots of arm A (``2j``) to ``servers[j % len(servers)]`` and those of arm B to
-  ``servers_b[j % len(servers_b)]``; with ``K`` named arms slot ``K j + i`` to arm ``i``'s
+- server (:meth:`RunPlan.resolve`): slot ``g`` talks to ``servers[g % len(servers)]`` (as the transport's pool
+  numbers its sessions); in an A/B run the slots of arm A (``2j``) to ``servers[j % len(servers)]`` and those of
+  arm B to ``servers_b[j % len(servers_b)]``; with ``K`` named arms slot ``K j + i`` to arm ``i``'s
   ``servers[j % len(servers)]``; with ``servers_per_shard = M`` shard ``s`` uses its own group of ``M``
   servers, ``servers[(s*M + m) % len(servers)]``, over its slots in turn;
 - shard: the ``num_envs`` slots are cut into contiguous near-equal ranges, one per shard (one shard when the

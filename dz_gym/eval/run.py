@@ -175,8 +175,8 @@ def _scene_processes(config, run_dir: RunDir, argv, command: str, say, at_once: 
 
     plan = plan_of(config)  # the children resolve its servers: their own embedded ones, or the config's
     plain = lambda line: say(line.removeprefix("dz-gym-eval: "))  # noqa: E731 - the executor's lines name the command
-    segment = RunSegment(config, run_dir, plan, servers=config.policies.servers, servers_b=config.policies.servers_b, progress=False,
-                         log=plain, command=command, inherit=True)  # fmt: skip
+    segment = RunSegment(config, run_dir, plan, servers=config.policies.servers, servers_b=config.policies.servers_b,
+                         progress=False, log=plain, command=command, inherit=True)  # fmt: skip
     executor = SceneProcesses(argv, command, plain, at_once)
     summary = None
     log = _open_logs(config, run_dir, None)  # the children's rows are logged from the run directory at the end

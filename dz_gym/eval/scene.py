@@ -128,7 +128,8 @@ def scene_batch(
                                                 "profile": wrapper.profile.name,
                                                 "open_loop_horizon": wrapper.open_loop_horizon}  # fmt: skip
                 runner = SceneRunner(wrapper, scene=scene, queues=queues, max_steps=config.plan.max_steps,
-                                     backend=config.plan.backend, on_episode_start=getattr(client, "begin_episode", None),
+                                     backend=config.plan.backend,
+                                     on_episode_start=getattr(client, "begin_episode", None),
                                      episode_retries=config.errors.episode_retries, **runner_kwargs)  # fmt: skip
         # --profile: the span is this batch's whole stepping (with scenes side by side the process's CPU time
         # in it is every scene's)

@@ -77,8 +77,9 @@ def pair_tracker(config: EvalConfig, rows: Sequence[Mapping[str, Any]]):
     # The test's pair order is the plan's, the scenes interleaved (episode-major), so that it never decides
     # before every scene has contributed its share, even when the scenes run one after another.
     order = pair_order(config.plan.scenes, config.plan.episodes, interleave=True)
-    return PairTracker(sequential=config.stats.sequential, alpha=config.stats.alpha, max_pairs=config.sequential_max_pairs,
-                       rows=rows, order=order, min_difference=config.stats.min_difference, power=config.stats.power)  # fmt: skip
+    stats = config.stats
+    return PairTracker(sequential=stats.sequential, alpha=stats.alpha, max_pairs=config.sequential_max_pairs,
+                       rows=rows, order=order, min_difference=stats.min_difference, power=stats.power)  # fmt: skip
 
 
 def _planned(config: EvalConfig) -> dict[int, int]:

@@ -1,15 +1,15 @@
 """Finished episodes are written on a background thread: the trajectory file, then the row, in order.
 
-At the end of an episode the runner used to compress the trajectory (``np.savez_compressed``; the writer now
-stores it, :mod:`dz_gym.eval.npz`) and append and ``fsync`` the row on the stepping thread, so when N envs
-ended on the same step every env waited until all N were on disk. :class:`EpisodeWriter` takes them off that thread. It keeps
-the run directory's order (a row is appended only after its trajectory is on disk, rows in the order the
-episodes finished) and its bound: at most ``max_pending`` episodes wait; a full queue makes the runner wait for
-the disk. The writer takes every episode waiting at once (up to :data:`MAX_BATCH`): their trajectories, then
-their rows in one append with one ``fsync`` (at N = 1024 envs ending on the same step, an ``fsync`` per row
-was a millisecond each, on a thread that shares the interpreter lock with the stepping loop). A write that
-fails is raised in the runner's thread at the next :meth:`submit` or at :meth:`close`, as it would have been
-raised there before. :meth:`close` writes everything pending first.
+At the end of an episode the runner used to compress the trajectory (``np.savez_compressed``; the writer now stores
+it, :mod:`dz_gym.eval.npz`) and append and ``fsync`` the row on the stepping thread, so when N envs ended on the
+same step every env waited until all N were on disk. :class:`EpisodeWriter` takes them off that thread. It keeps the
+run directory's order (a row is appended only after its trajectory is on disk, rows in the order the episodes
+finished) and its bound: at most ``max_pending`` episodes wait; a full queue makes the runner wait for the disk. The
+writer takes every episode waiting at once (up to :data:`MAX_BATCH`): their trajectories, then their rows in one
+append with one ``fsync`` (at N = 1024 envs ending on the same step, an ``fsync`` per row was a millisecond each, on
+a thread that shares the interpreter lock with the stepping loop). A write that fails is raised in the runner's
+thread at the next :meth:`submit` or at :meth:`close`, as it would have been raised there before. :meth:`close`
+writes everything pending first.
 """
 
 from __future__ import annotations

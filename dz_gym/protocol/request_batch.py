@@ -11,8 +11,8 @@ msgpack-packed each), the requests of N = 1024 envs were most of a request round
 - through :meth:`RequestBatch.frame_template`, the msgpack frame of all its requests at once: one template
   (:func:`~dz_gym.protocol.packer.fast_template`) whose slots are the columns' rows and each request's two
   packed strings (the transport's pools' ``submit_batch``). A client that frames the requests elsewhere (the
-  transport's worker processes) is handed the template once and per request its row and strings; :func:`frame_of` joins one frame, the bytes of
-  ``packb(batch[env_id])`` exactly.
+  transport's worker processes) is handed the template once and per request its row and strings; :func:`frame_of`
+  joins one frame, the bytes of ``packb(batch[env_id])`` exactly.
 
 Everything :func:`build_infer_request` checks is checked when the batch is made, with its messages: the first
 request is built (the keys, the views' dtype and shape, the vectors' sizes), every row's proprio must be

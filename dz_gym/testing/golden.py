@@ -1,13 +1,13 @@
 """What a user sees of a run directory, minus what differs between two runs of the same plan (reads only).
 
 A change to how the evaluator works (its transport, its configuration objects, how a scene is stepped) must not
-change what it writes. :func:`normalized_run` reduces a finished run directory to what two runs of the same
-plan share: the file names, ``config.json`` (its values, in the flat layout), the rows of ``episodes.jsonl``, ``summary.json``, the trajectories
-(digests of their arrays), the videos (digests) and ``report.html`` (its page as lines, its embedded episode
-and trajectory data as JSON). What varies from run to run, or from one installation to another, is dropped
-(:data:`VOLATILE`) or masked (the embedded server's port, the output folder, the run's start time); the comment
-beside each says why it varies. Everything else must be identical, so a test can compare a fresh run with a
-committed golden file, written by the generator::
+change what it writes. :func:`normalized_run` reduces a finished run directory to what two runs of the same plan
+share: the file names, ``config.json`` (its values, in the flat layout), the rows of ``episodes.jsonl``,
+``summary.json``, the trajectories (digests of their arrays), the videos (digests) and ``report.html`` (its page as
+lines, its embedded episode and trajectory data as JSON). What varies from run to run, or from one installation to
+another, is dropped (:data:`VOLATILE`) or masked (the embedded server's port, the output folder, the run's start
+time); the comment beside each says why it varies. Everything else must be identical, so a test can compare a fresh
+run with a committed golden file, written by the generator::
 
     python -m dz_gym.testing.golden RUN_DIR > tests/data/embedded_defaults_golden.json
 

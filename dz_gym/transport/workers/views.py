@@ -204,9 +204,9 @@ class HostViews:
     def refer(self, parts: list, min_bytes: int) -> tuple[list[Any], list[tuple[int, int]], int] | None:
         """A request as a worker joins it, from its packed parts (:func:`dz_gym.protocol.packer.fast_parts`):
         ``(parts, keys, nbytes)``, the parts of a ``send`` message's request: each numpy array of at least
-        ``min_bytes`` is ``[VIEWS, segment, offset, length]`` of a block handed out here and everything between
-        is joined inline (bytes); each block is held once (dropped by :meth:`release` of each key). None, holding nothing, when some large array lies
-        elsewhere (or there is none)."""
+        ``min_bytes`` is ``[VIEWS, segment, offset, length]`` of a block handed out here and everything between is
+        joined inline (bytes); each block is held once (dropped by :meth:`release` of each key). None, holding
+        nothing, when some large array lies elsewhere (or there is none)."""
         if not self._holds:
             return None
         out: list[Any] = []
