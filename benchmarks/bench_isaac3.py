@@ -436,10 +436,7 @@ def main() -> int:
     parser.add_argument("--num-envs", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        from dz_gym import host_process
-
-        with host_process.applied():  # the evaluator's settings, which it would apply itself
-            result = child(args)
+        result = child(args)  # (the evaluator applies its own host-process settings)
         print(RESULT + json.dumps(result), flush=True)
         os._exit(0)  # skip Isaac Lab's and Warp's teardown
     t0 = time.perf_counter()
