@@ -93,7 +93,7 @@ class HostViews:
         self._shared = SharedSegments(capacity, FIRST_VIEWS_SEGMENT_BYTES, create=create, announce=self._added,
                                       label="the view segments'",
                                       warning="%s; views go through this process's own memory meanwhile")  # fmt: skip
-        self._announce, self.capacity = announce, capacity
+        self._announce = announce
         self._lock = threading.RLock()  # a finalizer may run in any thread, also one that holds the lock
         self._holds: dict[tuple[int, int], int] = {}  # (segment, start) -> caller's hold + workers' holds
         self._lengths: dict[tuple[int, int], int] = {}  # (segment, start) -> bytes of each handed-out block
@@ -101,6 +101,11 @@ class HostViews:
         self._preparing: _Preparing | None = None  # a segment whose pages a thread is mapping (reserve)
 
     # -- introspection ------------------------------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        """The most bytes of shared memory the segments may hold in all."""
+        return self._shared.capacity
+
     @property
     def names(self) -> list[tuple[int, str]]:
         """``(k, name)`` of every segment (a worker started now maps these)."""
